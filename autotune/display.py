@@ -1,0 +1,113 @@
+"""Rendering results for people: rich tables on stdout, progress on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.knobs import Knob
+
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+
+@contextlib.contextmanager
+def status(message: str, quiet: bool = False) -> Iterator[None]:
+    if quiet or not err.is_terminal:
+        yield
+        return
+    with err.status(message):
+        yield
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def doctor(report: Mapping[str, Any]) -> None:
+    table = _table("This machine", "what", "found")
+    for key in ("cpu_model", "sockets", "physical_cores", "logical_cpus", "threads_per_core",
+                "numa_nodes", "usable_cpus", "usable_physical_cores", "cpu_quota_cores",
+                "torch", "onednn", "mkldnn_available"):
+        table.add_row(key, str(report[key]))
+    siblings = report["smt_siblings"]
+    table.add_row("smt_siblings", ", ".join(f"{c}:{s}" for c, s in siblings.items()) or "none")
+    table.add_row("isa", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["isa"].items()))
+    out.print(table)
+    libs = _table("Libraries", "library", "path", "install if missing")
+    for name, info in report["libraries"].items():
+        libs.add_row(name, info["path"] or "[red]missing[/red]", info["install"] or "")
+    numactl = report["numactl"]
+    state = numactl["path"] or "[red]missing[/red]"
+    if numactl["path"] and not numactl["usable"]:
+        state += f" [yellow](cannot bind here: {numactl['problem']}; taskset is used)[/yellow]"
+    libs.add_row("numactl", state, numactl["install"] or "")
+    libs.add_row("taskset", report["taskset"] or "[red]missing[/red]", "")
+    out.print(libs)
+
+
+def plan(data: Mapping[str, Any]) -> None:
+    bench = data["bench"]
+    config = " ".join(f"{k}={v}" for k, v in data["config"].items()) or "defaults"
+    out.print(f"model {bench['model']}  batch {bench['batch_size']}  knobs: {config}  "
+              f"binding: {data['binding']}")
+    if data["cleared"]:
+        out.print(f"[yellow]not passed to the benchmark (set in your shell): "
+                  f"{', '.join(data['cleared'])}[/yellow]")
+    table = _table("Instances", "#", "cpus", "numa", "env", "command")
+    for inst in data["instances"]:
+        env = "\n".join(f"{k}={v}" for k, v in inst["env"].items()) or "(unchanged)"
+        node = "-" if inst["numa_node"] is None else str(inst["numa_node"])
+        table.add_row(str(inst["index"]), _cpus(inst["cpus"]), node, env, " ".join(inst["command"]))
+    out.print(table)
+
+
+def _cpus(cpus: list[int]) -> str:
+    from autotune.topology import format_cpus
+
+    return format_cpus(cpus)
+
+
+def bench(data: Mapping[str, Any]) -> None:
+    result = data["result"]
+    table = _table("Result", "instance", "p50 ms", "p90 ms", "items/s", "peak RSS MB", "samples",
+                   "status")
+    for inst in result["instances"]:
+        if inst["ok"]:
+            table.add_row(str(inst["index"]), f"{inst['latency_p50_ms']:.2f}",
+                          f"{inst['latency_p90_ms']:.2f}", f"{inst['throughput_ips']:.2f}",
+                          f"{inst['peak_rss_mb']:.0f}", str(inst["samples"]), "ok")
+        else:
+            table.add_row(str(inst["index"]), "-", "-", "-", "-", "-",
+                          f"[red]failed: {inst['reason']}[/red]")
+    if result["ok"]:
+        table.add_row("all", f"{result['latency_p50_ms']:.2f}", f"{result['latency_p90_ms']:.2f}",
+                      f"{result['throughput_ips']:.2f}", f"{result['peak_rss_mb']:.0f}", "", "ok",
+                      style="bold")
+    out.print(table)
+    if not result["ok"]:
+        out.print(f"[red]Failed: {result['reason']}[/red]")
+        for inst in result["instances"]:
+            if not inst["ok"] and inst.get("stderr_tail"):
+                out.print(f"--- instance {inst['index']} output (tail) ---")
+                out.print(inst["stderr_tail"].rstrip(), markup=False)
+
+
+def knobs(all_knobs: Iterable[Knob]) -> None:
+    table = _table("Knobs (--set KNOB=VALUE)", "knob", "values", "applies when", "what it does")
+    for k in all_knobs:
+        when = " ".join(f"{name}={'/'.join(v)}" for name, v in k.only_when) or "always"
+        table.add_row(k.name, k.allowed(), when, k.help)
+    out.print(table)
+
+
+def models(names: Iterable[str], aliases: Mapping[str, str]) -> None:
+    out.print("Models: " + ", ".join(sorted(names)))
+    out.print("Short names: " + ", ".join(f"{k} -> {v}" for k, v in sorted(aliases.items())))

@@ -1,0 +1,223 @@
+"""Knob values + topology + libraries -> a frozen `LaunchPlan`: what each instance will run.
+
+Pure: nothing here reads `os.environ`, spawns a process or imports torch. The same plan is printed
+by `autotune plan`, executed by the runner and stored with every result.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autotune.errors import TopologyError
+from autotune.knobs import Config
+from autotune.libs import Libraries
+from autotune.topology import PhysicalCore, Topology, format_cpus
+
+KMP_AFFINITY = {
+    "compact": "granularity=fine,compact,1,0",
+    "scatter": "granularity=fine,scatter",
+    "disabled": "disabled",
+}
+# jemalloc's own defaults return memory eagerly; PyTorch's launchers set this and without it
+# jemalloc measured about 2x slower than glibc here at batch size 1.
+JEMALLOC_CONF = (
+    "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+    "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+)
+# tcmalloc prints a report for every allocation above 1 GiB by default; large batches make many.
+TCMALLOC_REPORT_THRESHOLD = str(64 << 30)
+
+# Variables a child inherits from the parent; everything else (OMP_*, KMP_*, LD_PRELOAD,
+# MALLOC_CONF, ...) is dropped so that only the plan decides how the benchmark runs.
+INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
+             "TMPDIR", "TEMP", "TMP", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX",
+             "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "TORCH_HOME", "SYSTEMROOT")
+INHERITED_PREFIXES = ("LC_", "XDG_")
+# Variables that change how PyTorch runs: shown by `plan` when the parent has them but the child won't.
+TUNING = re.compile(r"^(OMP_|KMP_|GOMP_|MKL_|DNNL_|ONEDNN_|MALLOC_|TCMALLOC_|LD_PRELOAD$|TORCH_|"
+                    r"ATEN_|OPENBLAS_)")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What the benchmark child measures; independent of how it is launched."""
+
+    model: str
+    item_shape: tuple[int, ...]
+    batch_size: int = 1
+    warmup: int = 3
+    duration_s: float = 5.0
+    min_iterations: int = 3
+    cache_dir: str = "studies/cache"
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """One benchmark process: where it runs, what it sees, what it executes."""
+
+    index: int
+    cpus: tuple[int, ...]
+    numa_node: int | None
+    env: Mapping[str, str]
+    command: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything the runner executes and the export reproduces, as plain data."""
+
+    config: Config
+    bench: BenchSpec
+    binding: str  # "none" | "numactl" | "taskset" | "sched_setaffinity"
+    instances: tuple[InstancePlan, ...]
+    cleared: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "config": self.config.as_dict(),
+            "bench": asdict(self.bench),
+            "binding": self.binding,
+            "cleared": list(self.cleared),
+            "instances": [
+                {"index": i.index, "cpus": list(i.cpus), "numa_node": i.numa_node,
+                 "env": dict(i.env), "command": list(i.command)}
+                for i in self.instances
+            ],
+        }
+
+
+def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
+    """The benchmark child's argv; the runner appends the per-run `--result` and `--ready-fd`."""
+    return (
+        python, "-m", "autotune.worker",
+        "--model", bench.model,
+        "--item-shape", "x".join(map(str, bench.item_shape)),
+        "--batch-size", str(bench.batch_size),
+        "--mkldnn", "on" if config.get("mkldnn") else "off",
+        "--weight-cache", "on" if config.get("weight_cache") else "off",
+        "--dataloader-workers", str(config.get("dataloader_workers")),
+        "--warmup", str(bench.warmup),
+        "--duration", str(bench.duration_s),
+        "--min-iterations", str(bench.min_iterations),
+        "--cache-dir", bench.cache_dir,
+    )
+
+
+def plan_launch(
+    config: Config,
+    bench: BenchSpec,
+    topology: Topology,
+    libs: Libraries,
+    python: str,
+    binder: str | None = None,
+    parent_env: Mapping[str, str] | None = None,
+) -> LaunchPlan:
+    """The whole launch. `binder` forces a binding tool (e.g. numactl when planning elsewhere)."""
+    groups = _placement(config, topology)
+    binding = "none" if groups is None else (binder or _binder(libs))
+    shared_env = _runtime_env(config, libs)
+    argv = worker_command(python, bench, config)
+    instances = []
+    for index, cores in enumerate(groups or [None]):
+        cpus = tuple(c.cpus[0] for c in cores) if cores else tuple(sorted(topology.allowed))
+        nodes = sorted({c.node for c in cores}) if cores else []
+        env = dict(shared_env)
+        if cores and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(cores))
+        prefix = _bind_prefix(binding, libs, cpus, nodes)
+        instances.append(InstancePlan(index, cpus, nodes[0] if len(nodes) == 1 else None,
+                                      env, prefix + argv))
+    cleared = tuple(sorted(k for k in (parent_env or {}) if TUNING.match(k)))
+    return LaunchPlan(config, bench, binding, tuple(instances), cleared)
+
+
+def _runtime_env(config: Config, libs: Libraries) -> dict[str, str]:
+    env: dict[str, str] = {}
+    preload: list[Path] = []
+    threads = config.get("omp_threads")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    runtime = config.get("omp_runtime")
+    if config.is_set("omp_runtime") and runtime != "gnu":
+        preload.append(libs.require("libiomp5" if runtime == "intel" else "libomp"))
+    if config.is_set("kmp_affinity"):
+        env["KMP_AFFINITY"] = KMP_AFFINITY[str(config.get("kmp_affinity"))]
+    if config.is_set("kmp_blocktime"):
+        env["KMP_BLOCKTIME"] = str(config.get("kmp_blocktime"))
+    if config.is_set("omp_proc_bind"):
+        env["OMP_PROC_BIND"] = str(config.get("omp_proc_bind"))
+        if config.get("omp_proc_bind") != "false":
+            env["OMP_PLACES"] = "cores"
+    allocator = config.get("allocator")
+    if allocator == "jemalloc":
+        preload.append(libs.require("jemalloc"))
+        env["MALLOC_CONF"] = JEMALLOC_CONF
+    elif allocator == "tcmalloc":
+        preload.append(libs.require("tcmalloc"))
+        env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"] = TCMALLOC_REPORT_THRESHOLD
+    if preload:
+        env["LD_PRELOAD"] = ":".join(str(p) for p in preload)
+    return env
+
+
+def _placement(config: Config, topology: Topology) -> list[list[PhysicalCore]] | None:
+    """Disjoint whole physical cores per instance, or None when nothing asks for binding."""
+    cores = topology.usable_cores
+    threads = config.get("omp_threads")
+    count = config.get("instances")
+    total = int(threads or 1) * int(count or 1)
+    if total > len(cores):
+        what = f"omp_threads={threads or 1} x instances={count or 1} = {total} threads"
+        raise TopologyError(
+            f"{what} is above the {len(cores)} usable physical cores "
+            f"(CPUs {format_cpus(topology.allowed)}); lower omp_threads or instances"
+        )
+    if count is None:
+        return None
+    per = int(threads) if threads is not None else len(cores) // int(count)
+    return _first_fit(cores, int(count), per)
+
+
+def _first_fit(cores: Sequence[PhysicalCore], count: int, per: int) -> list[list[PhysicalCore]]:
+    """Fill NUMA nodes in order; an instance spans nodes only when no node has room for it whole."""
+    free: dict[int, list[PhysicalCore]] = {}
+    for core in cores:
+        free.setdefault(core.node, []).append(core)
+    groups = []
+    for _ in range(count):
+        node = next((n for n, left in free.items() if len(left) >= per), None)
+        if node is not None:
+            taken, free[node] = free[node][:per], free[node][per:]
+        else:
+            pool = [c for left in free.values() for c in left]
+            taken = pool[:per]
+            free = {n: [c for c in left if c not in taken] for n, left in free.items()}
+        groups.append(taken)
+    return groups
+
+
+def _binder(libs: Libraries) -> str:
+    if libs.numactl_usable:
+        return "numactl"
+    return "taskset" if libs.taskset is not None else "sched_setaffinity"
+
+
+def _bind_prefix(binding: str, libs: Libraries, cpus: Sequence[int], nodes: Sequence[int]) -> tuple[str, ...]:
+    cpu_list = format_cpus(cpus)
+    if binding == "numactl":
+        tool = str(libs.numactl or "numactl")
+        return (tool, f"--physcpubind={cpu_list}", f"--membind={','.join(map(str, nodes))}")
+    if binding == "taskset":
+        return (str(libs.taskset or "taskset"), "-c", cpu_list)
+    return ()
+
+
+def child_environment(parent_env: Mapping[str, str], plan_env: Mapping[str, str]) -> dict[str, str]:
+    """The exact environment of a child: allow-listed parent variables plus the plan's."""
+    env = {k: v for k, v in parent_env.items()
+           if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
+    env.update(plan_env)
+    return env

@@ -1,0 +1,90 @@
+"""This machine (or a described one) as autotune sees it: topology, libraries, CPU features."""
+
+from __future__ import annotations
+
+import functools
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune import libs, topology
+from autotune.libs import Libraries
+from autotune.topology import Topology, format_cpus
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+@dataclass(frozen=True)
+class Machine:
+    topology: Topology
+    libs: Libraries
+    described: bool = False  # True when planning for a machine given by --lscpu
+
+
+def this_machine() -> Machine:
+    topo = topology.detect()
+    first = topo.usable_cores[0] if topo.usable_cores else None
+    probe = (first.cpus[0], first.node) if first else None
+    return Machine(topo, libs.discover(probe_cpu=probe))
+
+
+def described_machine(lscpu: Path) -> Machine:
+    """Another machine: its CPUs from the file, libraries as found here (their paths may differ)."""
+    return Machine(topology.from_lscpu_file(lscpu), libs.discover(), described=True)
+
+
+@functools.lru_cache(maxsize=1)
+def cpuinfo() -> tuple[str, frozenset[str]]:
+    """CPU model name and feature flags from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown", frozenset()
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    return (model.group(1).strip() if model else "unknown",
+            frozenset(flags.group(1).split()) if flags else frozenset())
+
+
+def torch_versions() -> dict[str, str | None]:
+    import torch
+
+    config = torch.__config__.show()
+    onednn = re.search(r"(?:oneDNN|MKL-DNN) v([\w.]+)", config)
+    return {
+        "torch": torch.__version__,
+        "onednn": onednn.group(1) if onednn else None,
+        "mkldnn_available": str(torch.backends.mkldnn.is_available()).lower(),
+    }
+
+
+def report(machine: Machine) -> dict[str, Any]:
+    """Everything `autotune doctor` shows, as plain data."""
+    topo, found = machine.topology, machine.libs
+    model, flags = cpuinfo()
+    siblings = {c: s for c, s in topo.smt_siblings().items() if s}
+    return {
+        "cpu_model": model,
+        "sockets": len(topo.sockets),
+        "physical_cores": len(topo.all_cores),
+        "logical_cpus": len(topo.cpus),
+        "threads_per_core": topo.threads_per_core,
+        "smt_siblings": {str(c): list(s) for c, s in siblings.items()},
+        "numa_nodes": len(topo.nodes),
+        "usable_cpus": format_cpus(topo.allowed),
+        "usable_physical_cores": len(topo.usable_cores),
+        "cpu_quota_cores": topology.cpu_quota(),
+        "isa": {flag: flag in flags for flag in ISA_FLAGS},
+        **torch_versions(),
+        "libraries": {
+            name: {"path": str(path) if path else None,
+                   "install": None if path else libs.LIBRARIES[name].install}
+            for name, path in found.paths.items()
+        },
+        "numactl": {"path": str(found.numactl) if found.numactl else None,
+                    "usable": found.numactl_usable, "problem": found.numactl_problem or None,
+                    "install": None if found.numactl else libs.NUMACTL_INSTALL},
+        "taskset": str(found.taskset) if found.taskset else None,
+    }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Set up autotune on a fresh Debian/Ubuntu machine: system libraries the knobs preload, a Python
+# virtual environment in .venv with autotune installed. `./setup.sh --test` then runs the checks.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+SYSTEM_PACKAGES=(libjemalloc2 libtcmalloc-minimal4 libomp5 numactl util-linux)
+TORCH=${AUTOTUNE_TORCH:-"torch==2.14.1 torchvision==0.29.1"}
+PYTHON=${PYTHON:-python3}
+
+install_system_packages() {
+  command -v apt-get >/dev/null || { echo "setup: no apt-get; install ${SYSTEM_PACKAGES[*]} yourself" >&2; return; }
+  local missing=()
+  for pkg in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+install_python_env() {
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  echo "setup: installing autotune into .venv (torch from: $TORCH)"
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q --disable-pip-version-check $TORCH -e ".[test]" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import autotune, torch, torchvision, optuna" \
+    || { echo "setup: the Python environment is incomplete; see pip's messages above" >&2; exit 1; }
+}
+
+install_system_packages
+install_python_env
+
+if [ "${1:-}" = "--test" ]; then
+  shift
+  .venv/bin/ruff check autotune tests benchmarks
+  .venv/bin/mypy
+  exec .venv/bin/python -m pytest "$@"
+fi
+echo "setup: done; run .venv/bin/autotune --help"

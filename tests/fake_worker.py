@@ -1,0 +1,50 @@
+"""A stand-in benchmark child that speaks the runner's protocol and misbehaves on request."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main() -> None:
+    behaviour = sys.argv[1]
+    args = dict(zip(sys.argv[2::2], sys.argv[3::2], strict=False))
+    result, ready_fd = args["--result"], int(args["--ready-fd"])
+    if behaviour == "crash-early":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if behaviour == "hang-early":
+        time.sleep(3600)
+    if behaviour == "grandchild-hang":
+        pidfile = os.environ["GRANDCHILD_PIDFILE"]
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        with open(pidfile, "w") as f:
+            f.write(str(child.pid))
+        time.sleep(3600)
+    os.write(ready_fd, b"ready\n")
+    if sys.stdin.readline().strip() != "go":
+        sys.exit(1)
+    if behaviour == "crash-late":
+        print("about to crash", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGABRT)
+    if behaviour == "exit-7":
+        print("something went wrong", file=sys.stderr)
+        sys.exit(7)
+    if behaviour == "no-result":
+        sys.exit(0)
+    if behaviour == "hang-late":
+        time.sleep(3600)
+    payload = {"status": "ok", "latencies_ms": [10.0, 11.0, 12.0, 30.0], "items": 4, "window_s": 1.0,
+               "throughput_ips": 4.0, "peak_rss_mb": 100.0, "runtime": {"env": dict(os.environ)}}
+    if behaviour == "bench-error":
+        payload = {"status": "error", "reason": "mkldnn: aten::foo has no mkldnn kernel"}
+    with open(result, "w") as f:
+        json.dump(payload, f)
+    sys.exit(3 if behaviour == "bench-error" else 0)
+
+
+if __name__ == "__main__":
+    main()
