@@ -26,8 +26,8 @@ def status(message: str, quiet: bool = False) -> Iterator[None]:
 
 def _table(title: str, *columns: str) -> Table:
     table = Table(title=title, title_justify="left", show_lines=False)
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    for i, column in enumerate(columns):
+        table.add_column(column, overflow="fold", no_wrap=i == 0)
     return table
 
 

@@ -1,0 +1,104 @@
+"""The CLI's contract: every command has --help; every bad input is one `Error:` line, exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import cli, main
+from tests.conftest import FIXTURES
+
+XEON = str(FIXTURES / "lscpu" / "xeon_2s_ht.txt")
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    captured = capsys.readouterr()
+    return int(info.value.code or 0), captured.out, captured.err
+
+
+@pytest.mark.parametrize("command", sorted(cli.commands))
+def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    code, out, _ = run_cli(capsys, command, "--help")
+    assert code == 0
+    assert "Example:" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--model", "resnet18", "--set", "omp_thread=2"],
+         "Error: unknown knob 'omp_thread'; did you mean omp_threads?"),
+        (["plan", "--model", "resnet18", "--set", "allocator=mimalloc"],
+         "Error: allocator=mimalloc is not allowed; use default, jemalloc, tcmalloc"),
+        (["plan", "--model", "resnet5"], "Error: unknown model 'resnet5'; did you mean resnet50"),
+        (["plan", "--model", "resnet18", "--lscpu", "/nonexistent/lscpu.txt"],
+         "Error: cannot read --lscpu file '/nonexistent/lscpu.txt': No such file or directory"),
+        (["plan", "--model", "resnet18", "--lscpu", XEON, "--set", "instances=9"],
+         "Error: omp_threads=1 x instances=9 = 9 threads is above the 8 usable physical cores"),
+        (["plan", "--model", "resnet18", "--batch-size", "0"],
+         "Error: --batch-size 0 is not allowed; use 1 or more"),
+        (["plan"], "Error: Missing option '--model'. (see `autotune plan --help`)"),
+        (["plna"], "Error: No such command 'plna'."),
+        (["bench", "--model", "resnet18", "--duration", "-1"], "Error: Invalid value for '--duration'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(capsys: pytest.CaptureFixture[str], args: list[str],
+                                               message: str) -> None:
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2
+    assert err.startswith(message)
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_plan_json_for_a_described_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "resnext101", "--lscpu", XEON, "--set",
+                           "instances=2", "--set", "omp_runtime=intel", "--set", "kmp_blocktime=1",
+                           "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["bench"]["model"] == "resnext101_32x8d"
+    assert [i["cpus"] for i in data["instances"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [i["numa_node"] for i in data["instances"]] == [0, 1]
+    inst = data["instances"][1]
+    assert inst["env"]["KMP_BLOCKTIME"] == "1" and inst["env"]["OMP_NUM_THREADS"] == "4"
+    assert inst["command"][1:3] == ["--physcpubind=4-7", "--membind=1"]
+
+
+def test_plan_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "resnet18", "--lscpu", XEON, "--set", "instances=2")
+    assert code == 0
+    assert "binding: numactl" in out and "OMP_NUM_THREADS=4" in out
+
+
+def test_doctor_json_lists_libraries_with_install_hints(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "doctor", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["physical_cores"] >= 1 and data["usable_physical_cores"] >= 1
+    assert set(data["libraries"]) == {"libiomp5", "libomp", "jemalloc", "tcmalloc"}
+    for info in data["libraries"].values():
+        assert (info["path"] is None) != (info["install"] is None)
+    assert set(data["isa"]) >= {"avx512f", "avx512_bf16", "amx_tile"}
+    assert data["torch"].startswith("2.")
+
+
+def test_knobs_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "knobs")
+    assert code == 0
+    for name in ("mkldnn", "weight_cache", "kmp_blocktime", "omp_proc_bind", "dataloader_workers"):
+        assert name in out
+
+
+def test_the_installed_command_exits_2_without_traceback() -> None:
+    exe = Path(sys.executable).with_name("autotune")
+    proc = subprocess.run([str(exe), "plan", "--model", "nosuchmodel"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Error: unknown model 'nosuchmodel'")
+    assert proc.stdout == ""

@@ -1,0 +1,149 @@
+"""The real thing: autotune bench launching real benchmark children with real libraries preloaded.
+
+CI installs every library (./setup.sh), so nothing here is skipped there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+QUICK = ["--duration", "0.3", "--warmup", "1"]
+
+
+def bench(tmp_path: Path, *args: str, model: str = "resnet18", timeout: float = 240) -> tuple[int, Any, str]:
+    proc = subprocess.run(
+        [AUTOTUNE, "bench", "--model", model, *QUICK, "--cache-dir", str(tmp_path / "cache"), "--json",
+         *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    data = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, data, proc.stderr
+
+
+def knobs(*assignments: str) -> list[str]:
+    return [arg for a in assignments for arg in ("--set", a)]
+
+
+def runtimes(data: Any) -> list[dict[str, Any]]:
+    return [inst["runtime"] for inst in data["result"]["instances"]]
+
+
+@pytest.mark.parametrize(
+    ("assignment", "openmp"),
+    [("omp_runtime=gnu", "gomp"), ("omp_runtime=intel", "libiomp5"), ("omp_runtime=llvm", "libomp")],
+)
+def test_each_openmp_runtime_with_two_instances(tmp_path: Path, assignment: str, openmp: str) -> None:
+    code, data, err = bench(tmp_path, *knobs("instances=2", assignment))
+    assert code == 0, err
+    result = data["result"]
+    assert result["ok"] and result["throughput_ips"] > 0
+    plan_cpus = [inst["cpus"] for inst in data["plan"]["instances"]]
+    for runtime, cpus in zip(runtimes(data), plan_cpus, strict=True):
+        assert openmp in Path(runtime["openmp_library"]).name
+        assert runtime["affinity"] == cpus
+        assert runtime["torch_threads"] == len(cpus)
+    assert sorted(c for cpus in plan_cpus for c in cpus) == sorted(set(c for cpus in plan_cpus for c in cpus))
+
+
+@pytest.mark.parametrize(
+    ("allocator", "library"),
+    [("default", "libc.so"), ("jemalloc", "libjemalloc"), ("tcmalloc", "libtcmalloc")],
+)
+def test_each_allocator_with_two_instances(tmp_path: Path, allocator: str, library: str) -> None:
+    code, data, err = bench(tmp_path, *knobs("instances=2", f"allocator={allocator}"))
+    assert code == 0, err
+    for runtime in runtimes(data):
+        assert Path(runtime["malloc_library"]).name.startswith(library)
+        if allocator == "jemalloc":
+            assert runtime["env"]["MALLOC_CONF"].startswith("oversize_threshold:1")
+
+
+def test_seed_recipe_mkldnn_weight_cache_intel_jemalloc(tmp_path: Path) -> None:
+    recipe = knobs("mkldnn=on", "weight_cache=on", "omp_runtime=intel", "allocator=jemalloc",
+                   "kmp_affinity=compact", "kmp_blocktime=1")
+    code, data, err = bench(tmp_path, *recipe)
+    assert code == 0, err
+    setup = data["result"]["instances"][0]["setup"]
+    assert setup["weight_cache_hit"] is False and setup["trace_s"] > 0
+    assert Path(setup["weight_cache_file"]).is_file()
+    code, again, err = bench(tmp_path, *recipe)
+    assert code == 0, err
+    assert again["result"]["instances"][0]["setup"]["weight_cache_hit"] is True
+    assert runtimes(again)[0]["env"]["KMP_AFFINITY"] == "granularity=fine,compact,1,0"
+
+
+def test_dataloader_workers_feed_the_benchmark(tmp_path: Path) -> None:
+    code, data, err = bench(tmp_path, *knobs("dataloader_workers=1"), "--batch-size", "2")
+    assert code == 0, err
+    inst = data["result"]["instances"][0]
+    assert inst["runtime"]["dataloader_workers"] == 1
+    assert data["result"]["throughput_ips"] > 0
+
+
+def test_mkldnn_on_an_unsupported_model_names_the_op(tmp_path: Path) -> None:
+    code, data, _ = bench(tmp_path, *knobs("mkldnn=on"), model="mobilenet_v3_small")
+    assert code == 1
+    assert data["result"]["reason"].startswith("instance 0: mkldnn: aten::hardswish_ in module")
+    assert data["result"]["reason"].endswith("use mkldnn=off for this model")
+
+
+def test_a_benchmark_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    start = time.monotonic()
+    code, data, _ = bench(tmp_path, "--timeout", "1")
+    assert code == 1
+    assert data["result"]["reason"].startswith("instance 0: timed out after 1s before measuring")
+    assert time.monotonic() - start < 30
+
+
+def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
+    """Start a long `autotune bench` and wait until its measuring children are running."""
+    proc = subprocess.Popen(
+        [AUTOTUNE, "bench", "--model", "resnet18", "--duration", "60", "--warmup", "1", "--cache-dir",
+         str(tmp_path / "cache"), "--json", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "autotune.worker" in " ".join(p.cmdline())]
+        if len(workers) == 2 and all(p.cpu_percent(0.5) > 0 for p in workers):
+            return proc, workers
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("benchmark children never started")
+
+
+def test_a_crashing_child_is_a_failed_run_with_its_signal(tmp_path: Path) -> None:
+    proc, workers = _start(tmp_path, *knobs("instances=2"))
+    time.sleep(4)  # past setup, into measuring
+    os.kill(workers[0].pid, signal.SIGSEGV)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    result = json.loads(out)["result"]
+    assert "crashed with SIGSEGV" in result["reason"]
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+
+def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
+    proc, workers = _start(tmp_path, *knobs("instances=2", "dataloader_workers=1"))
+    family = workers + [c for w in workers for c in w.children(recursive=True)]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "Interrupted: every benchmark process was stopped."
+    time.sleep(0.5)
+    left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert left == []
