@@ -7,6 +7,8 @@ Exit codes: 0 success; 1 a benchmark ran and failed; 2 bad input (one `Error:` l
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -14,8 +16,8 @@ from typing import Any, NoReturn
 
 import click
 
-from autotune import bench, display, knobs, machine, models
-from autotune.errors import AutotuneError
+from autotune import bench, display, knobs, machine, models, topology
+from autotune.errors import AutotuneError, RunFailed
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -104,6 +106,107 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, dur
         sys.exit(EXIT_FAILED)
 
 
+@cli.command()
+@click.option("--model", required=True, help="torchvision classification model, e.g. resnext101.")
+@click.option("--trials", required=True, type=int,
+              help="Total finished trials the study should hold (baseline included); a rerun resumes.")
+@click.option("--space", "space_spec", default="default", show_default=True,
+              help="Search space: a name in search_spaces/ or a .yaml path.")
+@click.option("--study", "study_name", help="Study name (default: MODEL-bsB-OBJECTIVE).")
+@click.option("--storage", help="Optuna storage URL (default: sqlite:///studies/STUDY.db).")
+@click.option("--objective", default="latency", show_default=True,
+              help="latency (min p50), throughput (max items/s) or both (Pareto front).")
+@click.option("--batch-size", default=1, show_default=True, type=int, help="Items per forward call.")
+@click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds before one trial's run is killed and recorded as failed.")
+@click.option("--duration", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds of each trial's measuring window.")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
+              help="Untimed iterations before measuring.")
+@click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
+              type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")
+def search(model: str, trials: int, space_spec: str, study_name: str | None, storage: str | None,
+           objective: str, batch_size: int, timeout: float, duration: float, warmup: int,
+           cache_dir: Path) -> None:
+    """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
+
+    \b
+    Example:
+      autotune search --model resnext101 --trials 50
+      autotune search --model resnet18 --trials 10 --space quick --objective throughput
+    """
+    from autotune import space, study
+
+    request = study.SearchRequest(
+        model=model, trials=trials, space=space.find(space_spec), objective=objective,
+        batch_size=batch_size, study=study_name, storage=storage, timeout_s=timeout,
+        duration_s=duration, warmup=warmup, cache_dir=cache_dir,
+        command_line=" ".join(["autotune", *sys.argv[1:]]))
+    here = machine.this_machine()
+    opened = study.open_search(request, here)
+    for note in opened.notes:
+        display.err.print(f"note: {note}", markup=False)
+    for number in study.abandon_stale_trials(opened.study):
+        display.err.print(f"note: trial {number} was left running by a killed autotune; marked failed")
+    progress = display.SearchProgress(objective)
+    try:
+        study.run_search(opened, here, progress)
+    finally:
+        progress.close()
+    display.best_table(opened.name, objective, study.best_trials(opened.study)[:5], opened.storage)
+
+
+@cli.command(name="export")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--study", "study_name", help="Study name (default: the newest in studies/).")
+@click.option("--storage", help="Optuna storage URL, if not a study under studies/.")
+@click.option("--trial", "trial_number", type=int, help="Export this trial instead of the best.")
+def export_command(path: Path, study_name: str | None, storage: str | None,
+                   trial_number: int | None) -> None:
+    """Write the best configuration (or --trial N) as a bash env file to `source`.
+
+    \b
+    Example:
+      autotune export best.env
+      autotune export fast.env --study resnet18-bs1-latency --trial 7
+    """
+    from autotune import export, study
+
+    found = study.find_study(Path("studies"), study_name, storage)
+    trial = export.pick_trial(found, trial_number)
+    export.write(path, export.render(found, trial))
+    display.err.print(f"wrote {path}: study {found.study_name}, trial {trial.number} "
+                      f"({trial.user_attrs.get('config')})", markup=False)
+
+
+@cli.command(name="run", context_settings={"ignore_unknown_options": True})
+@click.argument("env_file", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_command(env_file: Path, command: tuple[str, ...]) -> None:
+    """Run your own command under an exported configuration: env, preloads, instances, binding.
+
+    \b
+    Example:
+      autotune run best.env -- python serve.py --port 8000
+    """
+    from autotune import export, launch, libs, runner
+
+    loaded = export.read(env_file)
+    _check_executable(command[0])
+    launches = launch.user_launches(loaded, command, libs.discover(probe_cpu=_probe()), dict(os.environ))
+    sys.exit(runner.run_foreground(launches))
+
+
+def _probe() -> tuple[int, int] | None:
+    cores = topology.detect().usable_cores
+    return (cores[0].cpus[0], cores[0].node) if cores else None
+
+
+def _check_executable(program: str) -> None:
+    if shutil.which(program) is None and not Path(program).is_file():
+        raise AutotuneError(f"command not found: {program!r}; give the program to run after --")
+
+
 @cli.command(name="knobs")
 def knobs_command() -> None:
     """List every knob with its allowed values and what it changes.
@@ -153,6 +256,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         if "--debug" in args:
             raise
         code = _fail(str(exc), EXIT_USAGE)
+    except RunFailed as exc:
+        code = _fail(str(exc), EXIT_FAILED)
     sys.exit(code if isinstance(code, int) else 0)
 
 

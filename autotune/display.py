@@ -111,3 +111,88 @@ def knobs(all_knobs: Iterable[Knob]) -> None:
 def models(names: Iterable[str], aliases: Mapping[str, str]) -> None:
     out.print("Models: " + ", ".join(sorted(names)))
     out.print("Short names: " + ", ".join(f"{k} -> {v}" for k, v in sorted(aliases.items())))
+
+
+class SearchProgress:
+    """One line per finished trial (stderr), a live status line while a trial runs on a terminal."""
+
+    def __init__(self, objective: str, quiet: bool = False) -> None:
+        self.objective = objective
+        self.quiet = quiet
+        self._status: Any = None
+
+    def __call__(self, event: Any) -> None:
+        if self.quiet:
+            return
+        if event.kind == "start":
+            self._start(event)
+        else:
+            self._stop()
+            err.print(self._line(event), markup=False, highlight=False)
+
+    def _start(self, event: Any) -> None:
+        if not err.is_terminal:
+            return
+        what = "baseline (PyTorch defaults)" if not event.config.values else event.config.describe()
+        self._status = err.status(f"trial {event.number} ({event.finished + 1}/{event.total}): {what}  "
+                                  f"{_remaining(event)}")
+        self._status.start()
+
+    def _stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def _line(self, event: Any) -> str:
+        head = f"trial {event.number:>3} [{event.finished}/{event.total}]"
+        if event.values:
+            dup = event.result is None
+            outcome = f"{_values(self.objective, event.values)}{' (same config as before)' if dup else ''}"
+        else:
+            outcome = f"FAILED: {event.reason}"
+        best = ""
+        if event.best is not None:
+            speed = event.best.user_attrs.get("speedup_" + ("throughput" if self.objective == "throughput"
+                                                           else "latency"), 1.0)
+            best = f" | best: trial {event.best.number} {_values(self.objective, event.best.values)} ({speed:.2f}x)"
+        config = event.config.describe() if event.config.values else "baseline (PyTorch defaults)"
+        return f"{head} {outcome} | {config}{best} | {_remaining(event)}"
+
+    def close(self) -> None:
+        self._stop()
+
+
+def _values(objective: str, values: Any) -> str:
+    if objective == "latency":
+        return f"{values[0]:.2f} ms"
+    if objective == "throughput":
+        return f"{values[0]:.2f} items/s"
+    return f"{values[0]:.2f} ms, {values[1]:.2f} items/s"
+
+
+def _remaining(event: Any) -> str:
+    elapsed = _clock(event.elapsed_s)
+    done = max(event.finished, 1)
+    left = event.elapsed_s / done * max(event.total - event.finished, 0) if event.finished else None
+    return f"elapsed {elapsed}" + (f", ~{_clock(left)} left" if left is not None else "")
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def best_table(name: str, objective: str, trials: Any, storage: str) -> None:
+    title = "Pareto front (latency vs throughput)" if objective == "both" else "Best trials"
+    table = _table(f"{title} of study {name}", "trial", "knobs", "p50 ms", "p90 ms", "items/s",
+                   "RSS MB", "latency x", "throughput x")
+    for t in trials:
+        a = t.user_attrs
+        table.add_row(str(t.number), a.get("config", ""), f"{a['latency_p50_ms']:.2f}",
+                      f"{a['latency_p90_ms']:.2f}", f"{a['throughput_ips']:.2f}", f"{a['peak_rss_mb']:.0f}",
+                      f"{a.get('speedup_latency', 1):.2f}", f"{a.get('speedup_throughput', 1):.2f}")
+    out.print(table)
+    out.print(f"export the best: autotune export best.env --study {name}")
+    if storage.startswith("sqlite:///"):
+        out.print(f"review:          optuna-dashboard {storage}")

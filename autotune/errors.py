@@ -21,3 +21,7 @@ class LibraryMissing(AutotuneError):
 
 class TopologyError(AutotuneError):
     """A CPU description that cannot be read or a placement that cannot fit."""
+
+
+class RunFailed(Exception):
+    """A measurement that ran and failed (exit code 1): not the user's input, but not a success."""

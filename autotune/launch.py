@@ -117,7 +117,7 @@ def plan_launch(
 ) -> LaunchPlan:
     """The whole launch. `binder` forces a binding tool (e.g. numactl when planning elsewhere)."""
     groups = _placement(config, topology)
-    binding = "none" if groups is None else (binder or _binder(libs))
+    binding = "none" if groups is None else (binder or best_binder(libs))
     shared_env = _runtime_env(config, libs)
     argv = worker_command(python, bench, config)
     instances = []
@@ -127,7 +127,7 @@ def plan_launch(
         env = dict(shared_env)
         if cores and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(cores))
-        prefix = _bind_prefix(binding, libs, cpus, nodes)
+        prefix = bind_prefix(binding, libs, cpus, nodes)
         instances.append(InstancePlan(index, cpus, nodes[0] if len(nodes) == 1 else None,
                                       env, prefix + argv))
     cleared = tuple(sorted(k for k in (parent_env or {}) if TUNING.match(k)))
@@ -199,17 +199,19 @@ def _first_fit(cores: Sequence[PhysicalCore], count: int, per: int) -> list[list
     return groups
 
 
-def _binder(libs: Libraries) -> str:
+def best_binder(libs: Libraries) -> str:
     if libs.numactl_usable:
         return "numactl"
     return "taskset" if libs.taskset is not None else "sched_setaffinity"
 
 
-def _bind_prefix(binding: str, libs: Libraries, cpus: Sequence[int], nodes: Sequence[int]) -> tuple[str, ...]:
+def bind_prefix(binding: str, libs: Libraries, cpus: Sequence[int], nodes: Sequence[int]) -> tuple[str, ...]:
+    """The argv prefix that binds a command to `cpus` (and their NUMA memory, with numactl)."""
     cpu_list = format_cpus(cpus)
     if binding == "numactl":
         tool = str(libs.numactl or "numactl")
-        return (tool, f"--physcpubind={cpu_list}", f"--membind={','.join(map(str, nodes))}")
+        membind = (f"--membind={','.join(map(str, nodes))}",) if nodes else ()
+        return (tool, f"--physcpubind={cpu_list}", *membind)
     if binding == "taskset":
         return (str(libs.taskset or "taskset"), "-c", cpu_list)
     return ()
@@ -221,3 +223,36 @@ def child_environment(parent_env: Mapping[str, str], plan_env: Mapping[str, str]
            if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
     env.update(plan_env)
     return env
+
+
+@dataclass(frozen=True)
+class EnvFile:
+    """An exported configuration as `autotune run` needs it."""
+
+    env: dict[str, str]
+    unset: tuple[str, ...]
+    instances: int
+    cpus: tuple[tuple[int, ...], ...]
+    nodes: tuple[int | None, ...]
+    binding: str
+
+
+def user_launches(
+    env_file: EnvFile, command: Sequence[str], libs: Libraries, parent_env: Mapping[str, str]
+) -> list[tuple[tuple[str, ...], dict[str, str], tuple[int, ...]]]:
+    """`autotune run`: the user's command per instance, with the exported env and core binding.
+
+    The environment is what `source`-ing the file gives: the user's own, tuning variables the file
+    unsets removed, its exports added, plus AUTOTUNE_INSTANCE_INDEX so instances can shard work.
+    """
+    base = {k: v for k, v in parent_env.items() if k not in env_file.unset}
+    binding = "none" if env_file.binding == "none" else best_binder(libs)
+    launches = []
+    for index in range(env_file.instances):
+        cpus = env_file.cpus[index]
+        node = env_file.nodes[index]
+        env = {**base, **env_file.env, "AUTOTUNE_INSTANCE_INDEX": str(index)}
+        prefix = bind_prefix(binding, libs, cpus, [] if node is None else [node]) if cpus else ()
+        affinity = cpus if binding == "sched_setaffinity" else ()
+        launches.append(((*prefix, *command), env, affinity))
+    return launches

@@ -287,3 +287,27 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def run_foreground(launches: Sequence[tuple[Sequence[str], Mapping[str, str], Sequence[int]]]) -> int:
+    """`autotune run`: start every instance of the user's command, wait, pass their output through.
+
+    Returns the first non-zero exit code (128 + signal for a signal), else 0. Ctrl-C kills them all.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for argv, env, cpus in launches:
+            procs.append(subprocess.Popen(
+                list(argv), env=dict(env), start_new_session=True,
+                preexec_fn=(lambda c=set(cpus): os.sched_setaffinity(0, c)) if cpus else None,
+            ))
+        codes = [p.wait() for p in procs]
+    finally:
+        for proc in procs:
+            _kill_group(proc)
+        for proc in procs:
+            proc.wait()
+    failed = [c for c in codes if c != 0]
+    if not failed:
+        return 0
+    return 128 - failed[0] if failed[0] < 0 else failed[0]

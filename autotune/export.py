@@ -1,0 +1,170 @@
+"""Rendering a recorded trial as a bash env file, and reading such a file back for `autotune run`.
+
+What is exported is the plan the trial stored when it ran, never a recomputation.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import AutotuneError
+from autotune.launch import EnvFile
+from autotune.study import best_trials
+
+# Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
+# that sourcing it reproduces the trial even in a shell that had them set.
+TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
+               "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD")
+HEADER = "# autotune configuration"
+
+
+class ExportError(AutotuneError):
+    """Nothing to export, or nowhere to write it."""
+
+
+def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
+    """The requested trial, or the best one; it must have completed."""
+    trials = study.get_trials(deepcopy=False)
+    if number is not None:
+        trial = next((t for t in trials if t.number == number), None)
+        if trial is None:
+            raise ExportError(f"study {study.study_name!r} has no trial {number}; it has trials "
+                              f"0 to {len(trials) - 1}")
+        if trial.state != TrialState.COMPLETE:
+            raise ExportError(f"trial {number} of {study.study_name!r} did not complete "
+                              f"({trial.state.name.lower()}: {trial.user_attrs.get('fail_reason', '')}); "
+                              f"pick a completed trial")
+        return trial
+    best = best_trials(study)
+    if not best:
+        failed = sum(t.state == TrialState.FAIL for t in trials)
+        raise ExportError(f"study {study.study_name!r} has no completed trial ({len(trials)} trials, "
+                          f"{failed} failed); run `autotune search` first or fix what fails")
+    return best[0]
+
+
+def render(study: optuna.Study, trial: FrozenTrial) -> str:
+    plan: dict[str, Any] = trial.user_attrs["plan"]
+    attrs, sattrs = trial.user_attrs, study.user_attrs
+    instances = plan["instances"]
+    shared = _shared_env([i["env"] for i in instances])
+    lines = [
+        f"{HEADER}: study {study.study_name}, trial {trial.number}",
+        f"# model {sattrs.get('model')}, batch size {sattrs.get('batch_size')}, "
+        f"objective {sattrs.get('objective')}",
+        f"# knobs: {attrs.get('config', 'defaults')}",
+        f"# measured: p50 latency {attrs['latency_p50_ms']:.2f} ms, p90 {attrs['latency_p90_ms']:.2f} ms, "
+        f"throughput {attrs['throughput_ips']:.2f} items/s, peak RSS {attrs['peak_rss_mb']:.0f} MB",
+        f"# speedup over PyTorch defaults: latency {attrs.get('speedup_latency', 1):.2f}x, "
+        f"throughput {attrs.get('speedup_throughput', 1):.2f}x",
+        f"# host: {_host(sattrs.get('host', {}))}",
+        "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
+    ]
+    if len(best_trials(study)) > 1 and len(study.directions) > 1:
+        lines.append("# this study has several Pareto-optimal trials; pick another with --trial N")
+    unset = [v for v in TUNING_VARS if v not in shared]
+    if unset:
+        lines.append(f"unset {' '.join(unset)}")
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in shared.items()]
+    lines += ["# knobs that are not environment variables: your program (or `autotune run`) applies them"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in _knob_vars(plan).items()]
+    lines.append("# launch lines, as the trial ran them:")
+    for inst in instances:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst["env"].items())
+        lines.append(f"#   instance {inst['index']}: {env} {shlex.join(inst['command'])}".replace("  ", " "))
+    return "\n".join(lines) + "\n"
+
+
+def _shared_env(envs: list[dict[str, str]]) -> dict[str, str]:
+    """Variables every instance got with the same value (per-instance ones stay in launch lines)."""
+    first = envs[0] if envs else {}
+    return {k: v for k, v in first.items() if all(e.get(k) == v for e in envs)}
+
+
+def _knob_vars(plan: dict[str, Any]) -> dict[str, str]:
+    config = plan["config"]
+    bench = plan["bench"]
+    instances = plan["instances"]
+    return {
+        "AUTOTUNE_MODEL": str(bench["model"]),
+        "AUTOTUNE_BATCH_SIZE": str(bench["batch_size"]),
+        "AUTOTUNE_MKLDNN": "on" if config.get("mkldnn") else "off",
+        "AUTOTUNE_WEIGHT_CACHE": "on" if config.get("weight_cache") else "off",
+        "AUTOTUNE_DATALOADER_WORKERS": str(config.get("dataloader_workers", 0)),
+        "AUTOTUNE_INSTANCES": str(len(instances)),
+        "AUTOTUNE_BINDING": str(plan["binding"]),
+        "AUTOTUNE_INSTANCE_CPUS": ";".join(",".join(map(str, i["cpus"])) for i in instances),
+        "AUTOTUNE_INSTANCE_NUMA_NODES": ";".join("" if i["numa_node"] is None else str(i["numa_node"])
+                                                 for i in instances),
+    }
+
+
+def _host(host: dict[str, Any]) -> str:
+    if not host:
+        return "unknown"
+    return (f"{host.get('cpu_model')}, {host.get('usable_physical_cores')} usable physical cores, "
+            f"torch {host.get('torch')}, autotune {host.get('autotune')}")
+
+
+def write(path: Path, text: str) -> None:
+    """Atomically: the file is complete or not there at all."""
+    if path.is_dir():
+        raise ExportError(f"cannot write {path}: it is a directory; give a file name like best.env")
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    except OSError as exc:
+        raise ExportError(f"cannot write {path}: {exc.strerror}; choose a writable location") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ExportError(f"cannot write {path}: {exc.strerror}; choose a writable location") from None
+
+
+def read(path: Path) -> EnvFile:
+    """Parse a file written by `render` (export and unset lines; comments ignored)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise ExportError(f"cannot read {path}: {reason}; give a file made by `autotune export`") from None
+    if not text.startswith(HEADER):
+        raise ExportError(f"{path} is not an autotune env file; make one with `autotune export {path}`")
+    env: dict[str, str] = {}
+    unset: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        words = shlex.split(line)
+        if words[0] == "unset":
+            unset += words[1:]
+        elif words[0] == "export" and len(words) == 2 and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            env[key] = value
+        else:
+            raise ExportError(f"{path} line {number}: not an export or unset line: {line[:80]!r}")
+    return _env_file(path, env, tuple(unset))
+
+
+def _env_file(path: Path, env: dict[str, str], unset: tuple[str, ...]) -> EnvFile:
+    try:
+        count = int(env.get("AUTOTUNE_INSTANCES", "1"))
+        cpus = tuple(tuple(int(c) for c in group.split(",") if c)
+                     for group in env.get("AUTOTUNE_INSTANCE_CPUS", "").split(";"))
+        nodes = tuple(int(n) if n else None for n in env.get("AUTOTUNE_INSTANCE_NUMA_NODES", "").split(";"))
+    except ValueError:
+        raise ExportError(f"{path}: AUTOTUNE_INSTANCE_* values are damaged; export it again") from None
+    if len(cpus) != count or len(nodes) != count:
+        raise ExportError(f"{path}: AUTOTUNE_INSTANCES={count} does not match the CPU lists; export it again")
+    return EnvFile(env, unset, count, cpus, nodes, env.get("AUTOTUNE_BINDING", "none"))

@@ -1,0 +1,292 @@
+"""Search spaces: `search_spaces/*.yaml` loaded into typed knob ranges, adapted to this machine.
+
+Format (every key is a knob name from `autotune knobs`):
+
+    knobs:
+      mkldnn: [off, on]                     # a list is the choices
+      omp_runtime: [gnu, intel, llvm]
+      kmp_blocktime:
+        choices: [0, 1, 200]
+        when: {omp_runtime: intel}          # sampled only when the condition holds
+      instances: {low: 1, high: max}        # integer range; max = usable physical cores
+      omp_threads: {low: 1, high: max, log: false, step: 1}
+
+Knobs with a built-in condition (kmp_* need omp_runtime=intel, omp_proc_bind needs gnu/llvm)
+get it without writing `when`. `omp_threads x instances` never exceeds the usable physical cores:
+the range of omp_threads shrinks with the sampled instances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from autotune.errors import AutotuneError
+from autotune.knobs import KNOBS, Config, Knob, KnobValue, knob
+from autotune.libs import LIBRARIES
+
+SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+# Parents before children: conditions look at knobs sampled earlier; threads after instances.
+SAMPLE_ORDER = ("omp_runtime", "kmp_affinity", "kmp_blocktime", "omp_proc_bind", "allocator",
+                "instances", "omp_threads", "mkldnn", "weight_cache", "dataloader_workers")
+RANGE_KEYS = {"low", "high", "step", "log", "when"}
+CHOICE_KEYS = {"choices", "when"}
+# Which library each choice needs, so a machine without it never samples it.
+NEEDS = {("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
+         ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc"}
+
+
+class SpaceError(AutotuneError):
+    """A search space file that cannot be used: names the file, the key and what is allowed."""
+
+
+class Suggester(Protocol):
+    """The part of an Optuna trial that sampling uses (a fake in tests)."""
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
+
+
+@dataclass(frozen=True)
+class KnobRange:
+    """One knob's search range: choices, or an integer range whose high may be `max`."""
+
+    name: str
+    choices: tuple[KnobValue, ...] = ()
+    low: int = 0
+    high: int | str = 0
+    step: int = 1
+    log: bool = False
+    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def is_range(self) -> bool:
+        return not self.choices
+
+    def applies(self, sampled: Mapping[str, KnobValue]) -> bool:
+        return all(_text(sampled.get(k, KNOBS[k].default)) in allowed for k, allowed in self.when)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    source: str
+    knobs: tuple[KnobRange, ...]
+    notes: tuple[str, ...] = ()
+    cores: int = 0  # usable physical cores, once adapted to a machine
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.knobs)
+
+    def get(self, name: str) -> KnobRange | None:
+        return next((k for k in self.knobs if k.name == name), None)
+
+    def sample(self, trial: Suggester) -> Config:
+        """A configuration by construction valid: conditions hold, threads x instances fit."""
+        sampled: dict[str, KnobValue] = {}
+        for name in SAMPLE_ORDER:
+            rng = self.get(name)
+            if rng is None or not rng.applies(sampled):
+                continue
+            if rng.choices:
+                labels = [_text(c) for c in rng.choices]
+                sampled[name] = knob(name).parse(trial.suggest_categorical(name, labels))
+            else:
+                low, high = rng.low, self._dynamic_high(rng, sampled)
+                sampled[name] = trial.suggest_int(name, low, high, step=rng.step, log=rng.log)
+        return Config.from_mapping(sampled)
+
+    def _dynamic_high(self, rng: KnobRange, sampled: Mapping[str, KnobValue]) -> int:
+        high = int(rng.high)
+        if rng.name == "omp_threads" and "instances" in sampled:
+            high = min(high, max(rng.low, self.cores // int(sampled["instances"])))
+        return high
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "knobs": {
+            k.name: ({"choices": [_text(c) for c in k.choices]} if k.choices else
+                     {"low": k.low, "high": k.high, "step": k.step, "log": k.log})
+            | ({"when": {n: list(v) for n, v in k.when}} if k.when else {})
+            for k in self.knobs}}
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def find(spec: str) -> Path:
+    """`--space` by path, or by name in ./search_spaces or the project's search_spaces/."""
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    for folder in (Path("search_spaces"), SPACES_DIR):
+        candidate = folder / f"{spec}.yaml"
+        if candidate.is_file():
+            return candidate
+    names = sorted({p.stem for d in (Path("search_spaces"), SPACES_DIR) for p in d.glob("*.yaml")})
+    raise SpaceError(f"no search space {spec!r}; give a .yaml path or one of: {', '.join(names)}")
+
+
+def load(path: Path) -> SearchSpace:
+    """Read and validate a space file; every problem names the file and the key."""
+    where = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SpaceError(f"cannot read search space {where}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpaceError(f"{where}: not valid YAML{at}: {problem}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("knobs"), dict) or not raw["knobs"]:
+        raise SpaceError(f"{where}: expected a mapping `knobs:` with at least one knob, as in "
+                         f"search_spaces/default.yaml")
+    extra = set(raw) - {"knobs", "description"}
+    if extra:
+        raise SpaceError(f"{where}: unknown top-level key {sorted(extra)[0]!r}; allowed: knobs, description")
+    ranges = tuple(_knob_range(where, str(name), spec) for name, spec in raw["knobs"].items())
+    space = SearchSpace(source=where, knobs=ranges)
+    _check_conditions(where, space)
+    return space
+
+
+def _knob_range(where: str, name: str, spec: object) -> KnobRange:
+    try:
+        definition = knob(name)
+    except AutotuneError as exc:
+        raise SpaceError(f"{where}: knobs.{name}: {exc}") from None
+    if isinstance(spec, list):
+        spec = {"choices": spec}
+    if not isinstance(spec, dict):
+        raise SpaceError(f"{where}: knobs.{name}: expected a list of choices or a mapping with "
+                         f"choices or low/high")
+    when = _when(where, name, spec.get("when"), definition)
+    if "choices" in spec:
+        _only_keys(where, name, spec, CHOICE_KEYS)
+        return KnobRange(name, _choices(where, name, spec["choices"], definition), when=when)
+    _only_keys(where, name, spec, RANGE_KEYS)
+    if definition.kind != "int":
+        raise SpaceError(f"{where}: knobs.{name}: takes choices, not low/high; use "
+                         f"choices: [{definition.allowed()}]")
+    return _int_range(where, name, spec, definition, when)
+
+
+def _only_keys(where: str, name: str, spec: Mapping[str, object], allowed: set[str]) -> None:
+    extra = sorted(set(spec) - allowed)
+    if extra:
+        raise SpaceError(f"{where}: knobs.{name}.{extra[0]}: unknown key; allowed: "
+                         f"{', '.join(sorted(allowed))}")
+
+
+def _choices(where: str, name: str, raw: object, definition: Knob) -> tuple[KnobValue, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise SpaceError(f"{where}: knobs.{name}.choices: expected a non-empty list of "
+                         f"{definition.allowed()}")
+    try:
+        values = tuple(definition.parse(v) for v in raw)
+    except AutotuneError as exc:
+        raise SpaceError(f"{where}: knobs.{name}.choices: {exc}") from None
+    return tuple(dict.fromkeys(values))
+
+
+def _int_range(where: str, name: str, spec: Mapping[str, Any], definition: Knob,
+               when: tuple[tuple[str, tuple[str, ...]], ...]) -> KnobRange:
+    key = f"{where}: knobs.{name}"
+    low, high, step = spec.get("low", definition.low), spec.get("high"), spec.get("step", 1)
+    if high is None:
+        raise SpaceError(f"{key}.high: missing; give an integer or max")
+    for field, value in (("low", low), ("high", high), ("step", step)):
+        if not (isinstance(value, int) and not isinstance(value, bool)) and not (field == "high"
+                                                                             and value == "max"):
+            raise SpaceError(f"{key}.{field}: {value!r} is not an integer" +
+                             (" or max" if field == "high" else ""))
+    if not definition.low <= low <= definition.high or (
+            high != "max" and not definition.low <= high <= definition.high):
+        raise SpaceError(f"{key}: low/high must be {definition.allowed()}")
+    if high != "max" and low > high:
+        raise SpaceError(f"{key}: low {low} is above high {high}")
+    if step < 1 or not isinstance(spec.get("log", False), bool):
+        raise SpaceError(f"{key}: step must be 1 or more and log true or false")
+    return KnobRange(name, low=low, high=high, step=step, log=spec.get("log", False), when=when)
+
+
+def _when(where: str, name: str, raw: object, definition: Knob) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    conditions = dict(definition.only_when)
+    if raw is None:
+        return tuple(conditions.items())
+    if not isinstance(raw, dict):
+        raise SpaceError(f"{where}: knobs.{name}.when: expected a mapping like {{omp_runtime: intel}}")
+    for other, values in raw.items():
+        if other not in KNOBS or other == name:
+            raise SpaceError(f"{where}: knobs.{name}.when: condition names unknown knob {other!r}; "
+                             f"knobs are: {', '.join(KNOBS)}")
+        listed = values if isinstance(values, list) else [values]
+        try:
+            allowed = tuple(_text(knob(other).parse(v)) for v in listed)
+        except AutotuneError as exc:
+            raise SpaceError(f"{where}: knobs.{name}.when.{other}: {exc}") from None
+        builtin = conditions.get(other)
+        conditions[other] = tuple(v for v in allowed if builtin is None or v in builtin)
+        if not conditions[other]:
+            raise SpaceError(f"{where}: knobs.{name}.when.{other}: {name} applies only with "
+                             f"{other}={'/'.join(builtin or ())}")
+    return tuple(conditions.items())
+
+
+def _check_conditions(where: str, space: SearchSpace) -> None:
+    for rng in space.knobs:
+        for other, allowed in rng.when:
+            parent = space.get(other)
+            possible = ({_text(c) for c in parent.choices} if parent and parent.choices else
+                        {_text(KNOBS[other].default)} if parent is None else set(allowed))
+            if not possible & set(allowed):
+                raise SpaceError(f"{where}: knobs.{rng.name}: can never be sampled: it needs "
+                                 f"{other}={'/'.join(allowed)}, which the space never picks; add "
+                                 f"{other} to the space or remove {rng.name}")
+
+
+def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> SearchSpace:
+    """Fit a space to a machine: drop choices whose library is missing, cap ranges at the cores."""
+    notes: list[str] = []
+    adapted = []
+    for rng in space.knobs:
+        if rng.choices:
+            keep = tuple(c for c in rng.choices if available.get(NEEDS.get((rng.name, _text(c)), ""), True))
+            for dropped in (c for c in rng.choices if c not in keep):
+                lib = NEEDS[(rng.name, _text(dropped))]
+                notes.append(f"{rng.name}={_text(dropped)} dropped: {lib} is not installed "
+                             f"({LIBRARIES[lib].install})")
+            if not keep:
+                raise SpaceError(f"{space.source}: knobs.{rng.name}: no choice is available on this "
+                                 f"machine ({'; '.join(notes)}); install one or remove the knob")
+            adapted.append(replace(rng, choices=keep))
+        else:
+            adapted.append(_cap(space.source, rng, cores))
+    capped = _fit_instances(tuple(adapted), cores)
+    return SearchSpace(space.source, capped, tuple(notes), cores)
+
+
+def _cap(source: str, rng: KnobRange, cores: int) -> KnobRange:
+    if rng.name not in ("omp_threads", "instances"):
+        return replace(rng, high=int(rng.high) if rng.high != "max" else KNOBS[rng.name].high)
+    if rng.low > cores:
+        raise SpaceError(f"{source}: knobs.{rng.name}.low: {rng.low} is above the {cores} usable "
+                         f"physical cores of this machine; use at most {cores}")
+    high = cores if rng.high == "max" else min(int(rng.high), cores)
+    return replace(rng, high=high)
+
+
+def _fit_instances(ranges: tuple[KnobRange, ...], cores: int) -> tuple[KnobRange, ...]:
+    """Instances never so many that the smallest thread count no longer fits."""
+    threads = next((r for r in ranges if r.name == "omp_threads"), None)
+    if threads is None:
+        return ranges
+    return tuple(replace(r, high=max(r.low, min(int(r.high), cores // threads.low)))
+                 if r.name == "instances" else r for r in ranges)

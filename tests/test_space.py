@@ -1,0 +1,131 @@
+"""Search space files: the format, every bad file's message, adaptation to the machine, sampling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune import space
+from autotune.space import SpaceError
+
+ALL_LIBS = {"libiomp5": True, "libomp": True, "jemalloc": True, "tcmalloc": True}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", ["default", "quick"])
+def test_shipped_spaces_load(name: str) -> None:
+    loaded = space.load(space.find(name))
+    assert loaded.knobs
+
+
+def test_builtin_conditions_apply_without_when() -> None:
+    loaded = space.load(space.find("default"))
+    assert loaded.get("kmp_blocktime").when == (("omp_runtime", ("intel",)),)  # type: ignore[union-attr]
+    assert loaded.get("omp_proc_bind").when == (("omp_runtime", ("gnu", "llvm")),)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("knobs:\n  mkldnn: [on\n  allocator: x: y\n", "not valid YAML at line 3"),
+        ("knobs:\n  omp_thread: [1, 2]\n", "knobs.omp_thread: unknown knob 'omp_thread'; did you mean omp_threads?"),
+        ("knobs:\n  allocator: [default, mimalloc]\n",
+         "knobs.allocator.choices: allocator=mimalloc is not allowed; use default, jemalloc, tcmalloc"),
+        ("knobs:\n  instances: {low: 3, high: 2}\n", "knobs.instances: low 3 is above high 2"),
+        ("knobs:\n  instances: {low: 0, high: 2}\n", "knobs.instances: low/high must be an integer from 1 to 4096"),
+        ("knobs:\n  instances: {low: 1}\n", "knobs.instances.high: missing; give an integer or max"),
+        ("knobs:\n  instances: {low: 1, high: lots}\n", "knobs.instances.high: 'lots' is not an integer or max"),
+        ("knobs:\n  instances: {low: 1, hi: 2}\n",
+         "knobs.instances.hi: unknown key; allowed: high, log, low, step, when"),
+        ("knobs:\n  allocator: {low: 1, high: 2}\n", "knobs.allocator: takes choices, not low/high"),
+        ("knobs:\n  omp_runtime: [gnu]\n  kmp_blocktime:\n    choices: [1]\n    when: {omp_runtme: intel}\n",
+         "knobs.kmp_blocktime.when: condition names unknown knob 'omp_runtme'"),
+        ("knobs:\n  kmp_blocktime: [0, 1]\n",
+         "knobs.kmp_blocktime: can never be sampled: it needs omp_runtime=intel, which the space never picks"),
+        ("knobs:\n  omp_runtime: [gnu, intel]\n  omp_proc_bind:\n    choices: [close]\n"
+         "    when: {omp_runtime: intel}\n",
+         "knobs.omp_proc_bind.when.omp_runtime: omp_proc_bind applies only with omp_runtime=gnu/llvm"),
+        ("knobs: {}\n", "expected a mapping `knobs:` with at least one knob"),
+        ("knob:\n  mkldnn: [on]\n", "expected a mapping `knobs:` with at least one knob"),
+        ("knobs:\n  mkldnn: [on]\nextra: 1\n", "unknown top-level key 'extra'"),
+    ],
+)
+def test_every_bad_file_names_file_key_and_what_is_allowed(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(SpaceError) as info:
+        space.load(path)
+    assert str(info.value).startswith(f"{path}: "), str(info.value)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unreadable_and_unknown_spaces(tmp_path: Path) -> None:
+    with pytest.raises(SpaceError, match="cannot read search space .*missing.yaml: No such file"):
+        space.load(tmp_path / "missing.yaml")
+    with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, quick"):
+        space.find("nope")
+
+
+def test_adapt_drops_missing_libraries_and_caps_ranges() -> None:
+    loaded = space.load(space.find("default"))
+    adapted = space.adapt(loaded, cores=2, available={**ALL_LIBS, "libomp": False, "tcmalloc": False})
+    assert adapted.get("omp_runtime").choices == ("gnu", "intel")  # type: ignore[union-attr]
+    assert adapted.get("allocator").choices == ("default", "jemalloc")  # type: ignore[union-attr]
+    assert adapted.get("instances").high == 2  # type: ignore[union-attr]
+    assert adapted.notes == ("omp_runtime=llvm dropped: libomp is not installed (apt-get install libomp5)",
+                             "allocator=tcmalloc dropped: tcmalloc is not installed "
+                             "(apt-get install libtcmalloc-minimal4)")
+
+
+def test_adapt_refuses_what_no_install_can_provide(tmp_path: Path) -> None:
+    path = write(tmp_path, "knobs:\n  instances: {low: 4, high: max}\n")
+    with pytest.raises(SpaceError, match=r"knobs.instances.low: 4 is above the 2 usable physical cores"):
+        space.adapt(space.load(path), cores=2, available=ALL_LIBS)
+    only = write(tmp_path, "knobs:\n  allocator: [jemalloc]\n")
+    with pytest.raises(SpaceError, match="knobs.allocator: no choice is available on this machine"):
+        space.adapt(space.load(only), cores=2, available={**ALL_LIBS, "jemalloc": False})
+
+
+class FakeTrial:
+    """Picks the last choice and the top of each range: the hardest case for the constraints."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, Any] = {}
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        self.asked[name] = list(choices)
+        return choices[-1]
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        self.asked[name] = (low, high)
+        return high
+
+
+def test_sampling_respects_conditions_and_the_core_budget() -> None:
+    adapted = space.adapt(space.load(space.find("default")), cores=8, available=ALL_LIBS)
+    trial = FakeTrial()
+    config = adapted.sample(trial)
+    assert config.get("omp_runtime") == "llvm"
+    assert "kmp_blocktime" not in trial.asked and "omp_proc_bind" in trial.asked
+    assert trial.asked["instances"] == (1, 8)
+    assert trial.asked["omp_threads"] == (1, 1)  # 8 instances leave one core each
+    assert int(config.get("omp_threads")) * int(config.get("instances")) <= 8  # type: ignore[arg-type]
+
+
+def test_every_optuna_sample_is_a_valid_configuration() -> None:
+    adapted = space.adapt(space.load(space.find("default")), cores=4, available=ALL_LIBS)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(200):
+        trial = study.ask()
+        config = adapted.sample(trial)  # Config.from_mapping validates conditions
+        assert int(config.get("omp_threads") or 1) * int(config.get("instances") or 1) <= 4
+        study.tell(trial, 1.0)

@@ -1,0 +1,172 @@
+"""The study layer with a fake runner: baseline first, what trials record, failures, resume."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import study
+from autotune.errors import RunFailed
+from autotune.launch import LaunchPlan
+from autotune.libs import Libraries
+from autotune.machine import Machine
+from autotune.runner import InstanceResult, RunResult
+from autotune.space import SpaceError
+from tests.conftest import lscpu
+
+SPACE = Path(__file__).parent / "fixtures" / "spaces" / "small.yaml"
+
+
+@pytest.fixture
+def here(fake_libs: Libraries) -> Machine:
+    return Machine(lscpu("amd_1s_smt"), fake_libs)
+
+
+def fake_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+    """Latency 100 ms at defaults; jemalloc -20, intel -10; mkldnn crashes."""
+    config = plan.config
+    if config.get("mkldnn"):
+        bad = InstanceResult(0, False, "crashed with SIGSEGV", -11, "segfault in oneDNN\n")
+        return RunResult(False, "instance 0: crashed with SIGSEGV", (bad,), 1.0)
+    latency = 100.0 - 20 * (config.get("allocator") == "jemalloc") - 10 * (config.get("omp_runtime") == "intel")
+    metrics = {"latencies_ms": [latency] * 5, "throughput_ips": 1000 / latency, "peak_rss_mb": 500.0,
+               "window_s": 1.0, "items": 5}
+    return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), 1.0)
+
+
+def request(tmp_path: Path, trials: int, **kw: object) -> study.SearchRequest:
+    return study.SearchRequest(model="resnet18", trials=trials, space=SPACE, studies_dir=tmp_path / "studies",
+                               cache_dir=tmp_path / "cache", **kw)  # type: ignore[arg-type]
+
+
+def search(tmp_path: Path, here: Machine, trials: int, **kw: object) -> optuna.Study:
+    opened = study.open_search(request(tmp_path, trials, **kw), here)
+    study.run_search(opened, here, lambda event: None, runner=fake_runner)
+    return opened.study
+
+
+def test_baseline_is_trial_zero_and_every_trial_records_its_run(tmp_path: Path, here: Machine) -> None:
+    result = search(tmp_path, here, trials=8)
+    trials = result.get_trials()
+    assert len(trials) == 8
+    zero = trials[0]
+    assert zero.user_attrs["baseline"] is True and zero.params == {} and zero.user_attrs["config"] == "defaults"
+    assert zero.values == [100.0]
+    assert zero.user_attrs["plan"]["instances"][0]["env"] == {}
+    for t in trials:
+        if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs:
+            assert {"latency_p50_ms", "latency_p90_ms", "throughput_ips", "peak_rss_mb", "speedup_latency",
+                    "speedup_throughput", "plan", "instances"} <= set(t.user_attrs)
+            assert t.user_attrs["speedup_latency"] == pytest.approx(100.0 / t.values[0], rel=1e-3)
+        if t.state == TrialState.FAIL:
+            assert t.user_attrs["fail_reason"] == "instance 0: crashed with SIGSEGV"
+            assert t.user_attrs["stderr_tail"] == "segfault in oneDNN\n"
+    attrs = result.user_attrs
+    assert attrs["model"] == "resnet18" and attrs["objective"] == "latency"
+    assert attrs["host"]["physical_cores"] == 8 and attrs["space"]["knobs"]
+
+
+def test_study_lives_in_sqlite_under_studies_named_after_the_request(tmp_path: Path, here: Machine) -> None:
+    search(tmp_path, here, trials=2, objective="throughput", batch_size=4)
+    assert (tmp_path / "studies" / "resnet18-bs4-throughput.db").is_file()
+
+
+def test_rerun_resumes_and_trials_counts_the_total(tmp_path: Path, here: Machine) -> None:
+    first = search(tmp_path, here, trials=3)
+    numbers = [t.number for t in first.get_trials()]
+    again = search(tmp_path, here, trials=3)
+    assert [t.number for t in again.get_trials()] == numbers
+    more = search(tmp_path, here, trials=5)
+    assert len(more.get_trials()) == 5
+    assert sum(bool(t.user_attrs.get("baseline")) for t in more.get_trials()) == 1
+
+
+def test_stale_running_trials_of_dead_processes_become_failed(tmp_path: Path, here: Machine) -> None:
+    opened = study.open_search(request(tmp_path, 1), here)
+    dead = opened.study.ask()
+    dead.set_user_attr("host", socket.gethostname())
+    dead.set_user_attr("pid", 2**22 + 12345)  # no such process
+    alive = opened.study.ask()
+    alive.set_user_attr("host", socket.gethostname())
+    alive.set_user_attr("pid", os.getppid())
+    assert study.abandon_stale_trials(opened.study) == [dead.number]
+    trials = opened.study.get_trials()
+    assert trials[0].state == TrialState.FAIL
+    assert trials[0].user_attrs["fail_reason"].startswith("left running by an autotune process")
+    assert trials[1].state == TrialState.RUNNING
+
+
+def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine) -> None:
+    search(tmp_path, here, trials=1, study="mine")
+    with pytest.raises(study.StudyError, match="study 'mine' was made for model=resnet18, not resnet50"):
+        study.open_search(study.SearchRequest(model="resnet50", trials=1, space=SPACE, study="mine",
+                                              studies_dir=tmp_path / "studies"), here)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"objective": "speed"}, "--objective 'speed' is not allowed; use latency, throughput or both"),
+        ({"trials": 0}, "--trials 0 is not allowed; use 1 or more"),
+        ({"study": "bad name!"}, "--study 'bad name!' is not a usable name"),
+        ({"storage": "studies/x.db"}, "--storage 'studies/x.db' is not a storage URL"),
+        ({"model": "resnet5"}, "unknown model 'resnet5'"),
+    ],
+)
+def test_bad_requests_write_nothing(tmp_path: Path, here: Machine, change: dict[str, object],
+                                    message: str) -> None:
+    fields = {"model": "resnet18", "trials": 2, "space": SPACE, "studies_dir": tmp_path / "studies", **change}
+    with pytest.raises(study.StudyError if "model" not in change else Exception, match=message):
+        study.open_search(study.SearchRequest(**fields), here)  # type: ignore[arg-type]
+    assert not (tmp_path / "studies").exists()
+
+
+def test_a_bad_space_writes_nothing(tmp_path: Path, here: Machine) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("knobs:\n  omp_runtime: [gnu]\n  kmp_blocktime: [1]\n")
+    with pytest.raises(SpaceError):
+        study.open_search(study.SearchRequest(model="resnet18", trials=2, space=bad,
+                                              studies_dir=tmp_path / "studies"), here)
+    assert not (tmp_path / "studies").exists()
+
+
+def test_a_failing_baseline_stops_the_search(tmp_path: Path, here: Machine) -> None:
+    def broken(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        bad = InstanceResult(0, False, "exited with code 1: out of memory", 1, "")
+        return RunResult(False, "instance 0: exited with code 1: out of memory", (bad,), 1.0)
+
+    opened = study.open_search(request(tmp_path, 3), here)
+    with pytest.raises(RunFailed, match=r"the baseline \(PyTorch defaults\) failed: instance 0: exited"):
+        study.run_search(opened, here, lambda e: None, runner=broken)
+    assert [t.state for t in opened.study.get_trials()] == [TrialState.FAIL]
+
+
+def test_ctrl_c_mid_trial_records_it_failed_and_loses_nothing(tmp_path: Path, here: Machine) -> None:
+    calls = []
+
+    def interrupted(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        calls.append(plan)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return fake_runner(plan, timeout_s)
+
+    opened = study.open_search(request(tmp_path, 6), here)
+    with pytest.raises(KeyboardInterrupt):
+        study.run_search(opened, here, lambda e: None, runner=interrupted)
+    states = [t.state for t in opened.study.get_trials()]
+    assert TrialState.RUNNING not in states
+    assert states[-1] == TrialState.FAIL
+    assert opened.study.get_trials()[-1].user_attrs["fail_reason"] == "interrupted by the user (Ctrl-C)"
+    resumed = search(tmp_path, here, trials=6)
+    assert len(resumed.get_trials()) == 6
+
+
+def test_both_objectives_give_a_pareto_front(tmp_path: Path, here: Machine) -> None:
+    result = search(tmp_path, here, trials=6, objective="both")
+    front = study.best_trials(result)
+    assert front and all(len(t.values) == 2 for t in front)
