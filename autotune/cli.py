@@ -148,12 +148,17 @@ def search(model: str, trials: int, space_spec: str, study_name: str | None, sto
         display.err.print(f"note: {note}", markup=False)
     for number in study.abandon_stale_trials(opened.study):
         display.err.print(f"note: trial {number} was left running by a killed autotune; marked failed")
+    done = study.finished(opened.study)
+    if done >= trials:
+        display.err.print(f"note: study {opened.name} already holds {done} finished trials; raise --trials "
+                          "to search further", markup=False)
     progress = display.SearchProgress(objective)
     try:
         study.run_search(opened, here, progress)
     finally:
         progress.close()
-    display.best_table(opened.name, objective, study.best_trials(opened.study)[:5], opened.storage)
+    best = [t for t in study.best_trials(opened.study) if "duplicate_of" not in t.user_attrs]
+    display.best_table(opened.name, objective, best[:5], opened.storage)
 
 
 @cli.command(name="export")

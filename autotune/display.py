@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -11,8 +13,9 @@ from rich.table import Table
 
 from autotune.knobs import Knob
 
-out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+# Piped output (CI logs, `| less`) gets wide tables instead of 80 columns of folded cells.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 
 
 @contextlib.contextmanager
@@ -128,7 +131,7 @@ class SearchProgress:
             self._start(event)
         else:
             self._stop()
-            err.print(self._line(event), markup=False, highlight=False)
+            err.print(self._line(event), markup=False, highlight=False, soft_wrap=True)
 
     def _start(self, event: Any) -> None:
         if not err.is_terminal:
@@ -193,6 +196,8 @@ def best_table(name: str, objective: str, trials: Any, storage: str) -> None:
                       f"{a['latency_p90_ms']:.2f}", f"{a['throughput_ips']:.2f}", f"{a['peak_rss_mb']:.0f}",
                       f"{a.get('speedup_latency', 1):.2f}", f"{a.get('speedup_throughput', 1):.2f}")
     out.print(table)
-    out.print(f"export the best: autotune export best.env --study {name}")
+    out.print(f"export the best: autotune export best.env --study {name}", soft_wrap=True)
     if storage.startswith("sqlite:///"):
-        out.print(f"review:          optuna-dashboard {storage}")
+        path = os.path.relpath(storage[len("sqlite:///"):])
+        shown = storage if path.startswith("..") else f"sqlite:///{path}"
+        out.print(f"review:          optuna-dashboard {shown}", soft_wrap=True)

@@ -72,14 +72,19 @@ def render(study: optuna.Study, trial: FrozenTrial) -> str:
     unset = [v for v in TUNING_VARS if v not in shared]
     if unset:
         lines.append(f"unset {' '.join(unset)}")
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in shared.items()]
+    lines += [f"export {k}={quote(v)}" for k, v in shared.items()]
     lines += ["# knobs that are not environment variables: your program (or `autotune run`) applies them"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in _knob_vars(plan).items()]
+    lines += [f"export {k}={quote(v)}" for k, v in _knob_vars(plan).items()]
     lines.append("# launch lines, as the trial ran them:")
     for inst in instances:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst["env"].items())
         lines.append(f"#   instance {inst['index']}: {env} {shlex.join(inst['command'])}".replace("  ", " "))
     return "\n".join(lines) + "\n"
+
+
+def quote(value: str) -> str:
+    """Always single-quoted, so no value is ever expanded or split by the shell."""
+    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
 def _shared_env(envs: list[dict[str, str]]) -> dict[str, str]:
@@ -94,6 +99,7 @@ def _knob_vars(plan: dict[str, Any]) -> dict[str, str]:
     instances = plan["instances"]
     return {
         "AUTOTUNE_MODEL": str(bench["model"]),
+        "AUTOTUNE_KNOBS": " ".join(f"{k}={_knob_text(v)}" for k, v in config.items()),
         "AUTOTUNE_BATCH_SIZE": str(bench["batch_size"]),
         "AUTOTUNE_MKLDNN": "on" if config.get("mkldnn") else "off",
         "AUTOTUNE_WEIGHT_CACHE": "on" if config.get("weight_cache") else "off",
@@ -104,6 +110,12 @@ def _knob_vars(plan: dict[str, Any]) -> dict[str, str]:
         "AUTOTUNE_INSTANCE_NUMA_NODES": ";".join("" if i["numa_node"] is None else str(i["numa_node"])
                                                  for i in instances),
     }
+
+
+def _knob_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 def _host(host: dict[str, Any]) -> str:

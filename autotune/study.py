@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 import time
 import warnings
@@ -294,6 +295,9 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
         _record_failure(trial, str(exc), "")
         return (), str(exc), None
     trial.set_user_attr("plan", plan.to_json())
+    for inst in plan.instances:  # readable in optuna-dashboard, which truncates long JSON values
+        trial.set_user_attr(f"instance_{inst.index}_env", " ".join(f"{k}={v}" for k, v in inst.env.items()))
+        trial.set_user_attr(f"instance_{inst.index}_command", shlex.join(inst.command))
     result = runner(plan, request.timeout_s)
     if not result.ok:
         tail = next((i.stderr_tail for i in result.instances if not i.ok and i.stderr_tail), "")
