@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune import models
 from autotune.errors import ConfigError
 from autotune.knobs import Config
-from autotune.launch import BenchSpec, LaunchPlan, plan_launch
+from autotune.launch import BenchSpec, LaunchPlan, MeasureSettings, plan_launch
 from autotune.machine import Machine
-from autotune.runner import RunResult, run_plan
 
 
 @dataclass(frozen=True)
@@ -23,9 +22,7 @@ class BenchRequest:
     model: str
     config: Config
     batch_size: int = 1
-    warmup: int = 3
-    duration_s: float = 5.0
-    min_iterations: int = 3
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
     cache_dir: Path = Path("studies/cache")
 
     @classmethod
@@ -41,13 +38,22 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     spec = models.resolve(request.model)
     bench = BenchSpec(
         model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,
-        warmup=request.warmup, duration_s=request.duration_s,
-        min_iterations=request.min_iterations, cache_dir=str(request.cache_dir.resolve()),
+        measure=request.measure, cache_dir=str(request.cache_dir.resolve()),
     )
     binder = "numactl" if machine.described else None
     return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
                        binder=binder, parent_env=dict(os.environ))
 
 
-def run(plan: LaunchPlan, timeout_s: float) -> RunResult:
-    return run_plan(plan, timeout_s)
+def plan_from_exported(env: Mapping[str, str], machine: Machine,
+                       measure: MeasureSettings | None = None) -> LaunchPlan:
+    """An exported configuration planned again for `machine` from its recorded knobs
+    (AUTOTUNE_MODEL, AUTOTUNE_BATCH_SIZE, AUTOTUNE_KNOBS)."""
+    try:
+        batch_size = int(env.get("AUTOTUNE_BATCH_SIZE", "1"))
+    except ValueError:
+        raise ConfigError(f"AUTOTUNE_BATCH_SIZE={env['AUTOTUNE_BATCH_SIZE']!r} is not a number; export again") from None
+    request = BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=batch_size,
+                           config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
+                           measure=measure or MeasureSettings())
+    return make_plan(request, machine)

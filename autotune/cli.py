@@ -35,6 +35,28 @@ def cli(debug: bool) -> None:
     """
 
 
+def _measure_options(func: Any) -> Any:
+    """The in-process protocol, shared by bench, search, confirm and compare."""
+    func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
+                        help="Timed samples at least, per process.")(func)
+    func = click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
+                        help="Seconds of timed samples at least, per process (a common window).")(func)
+    func = click.option("--warmup-time", default=1.0, show_default=True, type=click.FloatRange(min=0),
+                        help="Seconds of untimed warmup at least.")(func)
+    func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
+                        help="Untimed warmup iterations at least.")(func)
+    func = click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
+                        help="Seconds before one run is killed and recorded as failed.")(func)
+    return func
+
+
+def _settings(options: dict[str, Any]) -> Any:
+    from autotune.launch import MeasureSettings
+
+    return MeasureSettings(warmup=options.pop("warmup"), warmup_s=options.pop("warmup_time"),
+                           duration_s=options.pop("duration"), min_iterations=options.pop("min_iterations"))
+
+
 def _model_options(func: Any) -> Any:
     func = click.option("--batch-size", default=1, show_default=True, type=int,
                         help="Items per forward call.")(func)
@@ -78,29 +100,26 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, lscpu: Path 
 
 @cli.command(name="bench")
 @_model_options
-@click.option("--duration", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds of the common measuring window.")
-@click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
-              help="Untimed iterations before the barrier.")
-@click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds before a run is killed and recorded as failed.")
+@_measure_options
 @click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
               type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, duration: float,
-                  warmup: int, timeout: float, cache_dir: Path, as_json: bool) -> None:
-    """Run one configuration and print latency, throughput and memory.
+def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, cache_dir: Path, as_json: bool,
+                  timeout: float, **options: Any) -> None:
+    """Run one configuration once and print latency, throughput and memory.
 
     \b
     Example:
       autotune bench --model resnet18 --set instances=2 --set omp_runtime=intel
     """
-    request = bench.BenchRequest.from_flags(model, assignments, batch_size, duration_s=duration,
-                                            warmup=warmup, cache_dir=cache_dir)
+    from autotune.runner import run_plan
+
+    request = bench.BenchRequest.from_flags(model, assignments, batch_size, measure=_settings(options),
+                                            cache_dir=cache_dir)
     launch = bench.make_plan(request, machine.this_machine())
     with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
                         f"{len(launch.instances)} instance(s)", quiet=as_json):
-        result = bench.run(launch, timeout)
+        result = run_plan(launch, timeout)
     _emit({"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench)
     if not result.ok:
         sys.exit(EXIT_FAILED)
@@ -117,17 +136,22 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, dur
 @click.option("--objective", default="latency", show_default=True,
               help="latency (min p50), throughput (max items/s) or both (Pareto front).")
 @click.option("--batch-size", default=1, show_default=True, type=int, help="Items per forward call.")
-@click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds before one trial's run is killed and recorded as failed.")
-@click.option("--duration", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds of each trial's measuring window.")
-@click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
-              help="Untimed iterations before measuring.")
+@click.option("--seed", type=int, help="Seed of the sampler, for a reproducible sequence of trials.")
+@click.option("--replicates", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Fresh processes per trial; more are added (up to 2) while a trial stays noisy.")
+@click.option("--confirm-top", default=3, show_default=True, type=click.IntRange(min=0),
+              help="Candidates re-measured against the baseline at the end (0: skip).")
+@click.option("--confirm-rounds", default=10, show_default=True, type=click.IntRange(min=5),
+              help="Interleaved rounds of that confirmation (5 at least: fewer can never be significant).")
+@click.option("--min-effect", default=0.03, show_default=True, type=click.FloatRange(min=0, max=10),
+              help="Smallest gain over the baseline worth recommending (0.03 = 3%).")
+@_measure_options
 @click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
               type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")
 def search(model: str, trials: int, space_spec: str, study_name: str | None, storage: str | None,
-           objective: str, batch_size: int, timeout: float, duration: float, warmup: int,
-           cache_dir: Path) -> None:
+           objective: str, batch_size: int, seed: int | None, replicates: int, confirm_top: int,
+           confirm_rounds: int,
+           min_effect: float, timeout: float, cache_dir: Path, **options: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -136,11 +160,12 @@ def search(model: str, trials: int, space_spec: str, study_name: str | None, sto
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
     """
     from autotune import space, study
+    from autotune.protocol import Protocol
 
     request = study.SearchRequest(
         model=model, trials=trials, space=space.find(space_spec), objective=objective,
-        batch_size=batch_size, study=study_name, storage=storage, timeout_s=timeout,
-        duration_s=duration, warmup=warmup, cache_dir=cache_dir,
+        batch_size=batch_size, study=study_name, storage=storage, measure=_settings(options),
+        protocol=Protocol(replicates=replicates, timeout_s=timeout), cache_dir=cache_dir, seed=seed,
         command_line=" ".join(["autotune", *sys.argv[1:]]))
     here = machine.this_machine()
     opened = study.open_search(request, here)
@@ -159,6 +184,89 @@ def search(model: str, trials: int, space_spec: str, study_name: str | None, sto
         progress.close()
     best = [t for t in study.best_trials(opened.study) if "duplicate_of" not in t.user_attrs]
     display.best_table(opened.name, objective, best[:5], opened.storage)
+    if confirm_top > 0:
+        _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout)
+
+
+def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float) -> None:
+    from autotune import confirm
+
+    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress)
+    display.confirmation(verdict)
+
+
+@cli.command(name="confirm")
+@click.option("--study", "study_name", help="Study name (default: the newest in studies/).")
+@click.option("--storage", help="Optuna storage URL, if not a study under studies/.")
+@click.option("--top", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Best distinct candidates re-measured against the baseline.")
+@click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=5),
+              help="Interleaved rounds, each contender once per round in a fresh process (5 at least).")
+@click.option("--min-effect", default=0.03, show_default=True, type=click.FloatRange(min=0, max=10),
+              help="Smallest gain over the baseline worth recommending (0.03 = 3%).")
+@click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds before one run is killed and recorded as failed.")
+def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
+                    timeout: float) -> None:
+    """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
+
+    \b
+    Example:
+      autotune confirm --study resnext101_32x8d-bs1-latency --top 3 --rounds 10
+    """
+    from autotune import study
+
+    _confirm(study.find_study(Path("studies"), study_name, storage), top, rounds, min_effect, timeout)
+
+
+@cli.command(name="compare")
+@click.argument("first")
+@click.argument("second")
+@click.option("--study", "study_name", help="Study whose trial numbers FIRST/SECOND name (default: newest).")
+@click.option("--storage", help="Optuna storage URL, if not a study under studies/.")
+@click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=5),
+              help="Interleaved rounds, each configuration once per round in a fresh process (5 at least).")
+@click.option("--min-effect", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
+              help="Gain the test must exceed to call SECOND faster.")
+@click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
+@click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds before one run is killed and recorded as failed.")
+def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
+                    min_effect: float, objective: str, timeout: float) -> None:
+    """Measure two configurations (trial numbers or env files) the same way; speedup of SECOND over FIRST.
+
+    \b
+    Example:
+      autotune compare 0 12 --study resnet18-bs1-latency
+      autotune compare baseline.env best.env --rounds 20
+    """
+    from autotune import confirm, study
+
+    if objective not in ("latency", "throughput"):
+        raise AutotuneError(f"--objective {objective!r} is not allowed; use latency or throughput")
+
+    def loaded() -> Any:
+        return study.find_study(Path("studies"), study_name, storage)
+
+    pair = [confirm.contender_from(spec, loaded, _plan_from_env_file) for spec in (first, second)]
+    metric = confirm.metric_of(objective)
+    values = confirm.interleave(pair, rounds, metric, timeout, _run_plan, display.confirm_progress)
+    comparison = confirm.paired(values[pair[0].label], values[pair[1].label], metric, min_effect)
+    display.comparison(pair[0].label, pair[1].label, values, metric, comparison)
+    if comparison is None:
+        sys.exit(EXIT_FAILED)
+
+
+def _run_plan(plan: Any, timeout: float) -> Any:
+    from autotune.runner import run_plan
+
+    return run_plan(plan, timeout)
+
+
+def _plan_from_env_file(path: str) -> Any:
+    from autotune import export
+
+    return bench.plan_from_exported(export.read(Path(path)).env, machine.this_machine())
 
 
 @cli.command(name="export")
@@ -181,7 +289,10 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
     trial = export.pick_trial(found, trial_number)
     export.write(path, export.render(found, trial))
     display.err.print(f"wrote {path}: study {found.study_name}, trial {trial.number} "
-                      f"({trial.user_attrs.get('config')})", markup=False)
+                      f"({trial.user_attrs.get('config')})", markup=False, soft_wrap=True)
+    verdict = found.user_attrs.get("confirmation")
+    if verdict and trial_number is None and not verdict["significant"]:
+        display.err.print(f"note: the baseline was exported: {verdict['message']}", markup=False, soft_wrap=True)
 
 
 @cli.command(name="run", context_settings={"ignore_unknown_options": True})
@@ -263,6 +374,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = _fail(str(exc), EXIT_USAGE)
     except RunFailed as exc:
         code = _fail(str(exc), EXIT_FAILED)
+    except Exception as exc:  # a bug or an unexpected outside failure: still one line, unless --debug
+        if "--debug" in args:
+            raise
+        code = _fail(f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
+                     "rerun with --debug for the traceback and report it", EXIT_FAILED)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -148,18 +148,26 @@ class SearchProgress:
 
     def _line(self, event: Any) -> str:
         head = f"trial {event.number:>3} [{event.finished}/{event.total}]"
-        if event.values:
-            dup = event.result is None
-            outcome = f"{_values(self.objective, event.values)}{' (same config as before)' if dup else ''}"
+        outcome = event.outcome
+        state = outcome.state.name
+        if state == "COMPLETE":
+            text = _values(self.objective, outcome.values)
+            if outcome.duplicate_of is not None:
+                text += f" (same config as trial {outcome.duplicate_of})"
+            elif outcome.measurement is not None:
+                m = outcome.measurement
+                text += f" ±{m.spread:.0%} IQR, {len(m.runs)} runs" + (" NOISY" if m.spread > 0.10 else "")
+        elif state == "PRUNED":
+            text = f"pruned: {outcome.reason}"
         else:
-            outcome = f"FAILED: {event.reason}"
+            text = f"FAILED: {outcome.reason}"
         best = ""
         if event.best is not None:
             speed = event.best.user_attrs.get("speedup_" + ("throughput" if self.objective == "throughput"
                                                            else "latency"), 1.0)
             best = f" | best: trial {event.best.number} {_values(self.objective, event.best.values)} ({speed:.2f}x)"
         config = event.config.describe() if event.config.values else "baseline (PyTorch defaults)"
-        return f"{head} {outcome} | {config}{best} | {_remaining(event)}"
+        return f"{head} {text} | {config}{best} | {_remaining(event)}"
 
     def close(self) -> None:
         self._stop()
@@ -201,3 +209,48 @@ def best_table(name: str, objective: str, trials: Any, storage: str) -> None:
         path = os.path.relpath(storage[len("sqlite:///"):])
         shown = storage if path.startswith("..") else f"sqlite:///{path}"
         out.print(f"review:          optuna-dashboard {shown}", soft_wrap=True)
+
+
+def confirm_progress(event: Any) -> None:
+    result = event.result
+    outcome = (f"p50 {result.latency_p50_ms:.2f} ms, {result.throughput_ips:.2f} items/s" if result.ok
+               else f"FAILED: {result.reason}")
+    err.print(f"round {event.round + 1}/{event.rounds}: {event.contender.label}: {outcome}", markup=False,
+              soft_wrap=True)
+
+
+def confirmation(verdict: Mapping[str, Any]) -> None:
+    unit = "ms" if verdict["metric"] == "latency_p50_ms" else "items/s"
+    table = _table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial {verdict['baseline_trial']} "
+                   f"(baseline)", "trial", "knobs", f"median {unit}", "speedup", "95% CI", "p", "significant",
+                   "failed runs")
+    for row in verdict["candidates"]:
+        ci = f"{row['ci95'][0]:.3f}-{row['ci95'][1]:.3f}" if row["ci95"] else "-"
+        table.add_row(str(row["trial"]), str(row["config"]), _num(row["median"]), _num(row["speedup"], "x"), ci,
+                      f"{row['p_value']:.3g}" if row["p_value"] is not None else "-",
+                      "yes" if row["significant"] else "no", str(row["failed_runs"]))
+    out.print(table)
+    out.print(("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"],
+              markup=False, soft_wrap=True)
+
+
+def comparison(first: str, second: str, values: Mapping[str, list[float | None]], metric: str,
+               result: Any) -> None:
+    unit = "ms" if metric == "latency_p50_ms" else "items/s"
+    table = _table("Comparison", "configuration", f"median {unit}", "runs ok")
+    for label in (first, second):
+        ran = [v for v in values[label] if v is not None]
+        median = sorted(ran)[len(ran) // 2] if ran else None
+        table.add_row(label, _num(median), f"{len(ran)}/{len(values[label])}")
+    out.print(table)
+    if result is None:
+        out.print("Not enough rounds where both ran to compare.")
+        return
+    verdict = "faster" if metric == "latency_p50_ms" else "more throughput"
+    out.print(f"{second} vs {first}: {result.describe()}; "
+              f"{'significantly ' + verdict if result.significant else 'no significant difference'}",
+              markup=False, soft_wrap=True)
+
+
+def _num(value: float | None, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.3f}{suffix}"

@@ -30,7 +30,7 @@ class ExportError(AutotuneError):
 
 
 def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
-    """The requested trial, or the best one; it must have completed."""
+    """The requested trial; else the confirmed winner (the baseline when nothing won); else the best."""
     trials = study.get_trials(deepcopy=False)
     if number is not None:
         trial = next((t for t in trials if t.number == number), None)
@@ -42,6 +42,9 @@ def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
                               f"({trial.state.name.lower()}: {trial.user_attrs.get('fail_reason', '')}); "
                               f"pick a completed trial")
         return trial
+    confirmation = study.user_attrs.get("confirmation")
+    if confirmation:
+        return next(t for t in trials if t.number == confirmation["winner_trial"])
     best = best_trials(study)
     if not best:
         failed = sum(t.state == TrialState.FAIL for t in trials)
@@ -65,6 +68,7 @@ def render(study: optuna.Study, trial: FrozenTrial) -> str:
         f"# speedup over PyTorch defaults: latency {attrs.get('speedup_latency', 1):.2f}x, "
         f"throughput {attrs.get('speedup_throughput', 1):.2f}x",
         f"# host: {_host(sattrs.get('host', {}))}",
+        *_confirmation_lines(sattrs.get("confirmation"), trial.number),
         "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
     ]
     if len(best_trials(study)) > 1 and len(study.directions) > 1:
@@ -80,6 +84,17 @@ def render(study: optuna.Study, trial: FrozenTrial) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst["env"].items())
         lines.append(f"#   instance {inst['index']}: {env} {shlex.join(inst['command'])}".replace("  ", " "))
     return "\n".join(lines) + "\n"
+
+
+def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:
+    if not confirmation:
+        return ["# not confirmed: this is the search's best single estimate; `autotune confirm` re-measures "
+                "it against the baseline in interleaved rounds"]
+    if confirmation["winner_trial"] != number:
+        return [f"# note: confirmation chose trial {confirmation['winner_trial']}; this file is trial {number}"]
+    if confirmation["significant"]:
+        return [f"# confirmed: {confirmation['message']}"]
+    return [f"# baseline exported: {confirmation['message']}"]
 
 
 def quote(value: str) -> str:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autotune.errors import TopologyError
 from autotune.knobs import Config
@@ -42,15 +43,28 @@ TUNING = re.compile(r"^(OMP_|KMP_|GOMP_|MKL_|DNNL_|ONEDNN_|MALLOC_|TCMALLOC_|LD_
 
 
 @dataclass(frozen=True)
+class MeasureSettings:
+    """The measurement protocol inside one child.
+
+    Warmup runs until both `warmup` iterations and `warmup_s` seconds have passed (first-call
+    costs such as tracing are recorded apart and never timed); then samples are taken until both
+    `min_iterations` samples and `duration_s` seconds are reached.
+    """
+
+    warmup: int = 3
+    warmup_s: float = 1.0
+    duration_s: float = 2.0
+    min_iterations: int = 10
+
+
+@dataclass(frozen=True)
 class BenchSpec:
     """What the benchmark child measures; independent of how it is launched."""
 
     model: str
     item_shape: tuple[int, ...]
     batch_size: int = 1
-    warmup: int = 3
-    duration_s: float = 5.0
-    min_iterations: int = 3
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
     cache_dir: str = "studies/cache"
 
 
@@ -75,7 +89,19 @@ class LaunchPlan:
     instances: tuple[InstancePlan, ...]
     cleared: tuple[str, ...] = field(default=())
 
-    def to_json(self) -> dict[str, object]:
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LaunchPlan:
+        """The plan a trial recorded, to run it again exactly (confirmation, compare)."""
+        bench = dict(data["bench"])
+        bench["item_shape"] = tuple(bench["item_shape"])
+        bench["measure"] = MeasureSettings(**bench["measure"])
+        instances = tuple(
+            InstancePlan(i["index"], tuple(i["cpus"]), i["numa_node"], dict(i["env"]), tuple(i["command"]))
+            for i in data["instances"])
+        return cls(Config.from_mapping(data["config"]), BenchSpec(**bench), data["binding"], instances,
+                   tuple(data.get("cleared", ())))
+
+    def to_json(self) -> dict[str, Any]:
         return {
             "config": self.config.as_dict(),
             "bench": asdict(self.bench),
@@ -99,9 +125,10 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         "--mkldnn", "on" if config.get("mkldnn") else "off",
         "--weight-cache", "on" if config.get("weight_cache") else "off",
         "--dataloader-workers", str(config.get("dataloader_workers")),
-        "--warmup", str(bench.warmup),
-        "--duration", str(bench.duration_s),
-        "--min-iterations", str(bench.min_iterations),
+        "--warmup", str(bench.measure.warmup),
+        "--warmup-time", str(bench.measure.warmup_s),
+        "--duration", str(bench.measure.duration_s),
+        "--min-iterations", str(bench.measure.min_iterations),
         "--cache-dir", bench.cache_dir,
     )
 

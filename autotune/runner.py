@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from autotune.launch import InstancePlan, LaunchPlan, child_environment
+from autotune.stats import percentile
 
 STDERR_TAIL_CHARS = 2000
 
@@ -48,6 +51,7 @@ class RunResult:
     reason: str
     instances: tuple[InstanceResult, ...]
     wall_s: float
+    noise: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def latency_p50_ms(self) -> float:
@@ -67,7 +71,8 @@ class RunResult:
 
     def summary(self) -> dict[str, Any]:
         """Aggregated metrics, or the failure, as plain data for JSON and the study."""
-        out: dict[str, Any] = {"ok": self.ok, "reason": self.reason, "wall_s": round(self.wall_s, 3)}
+        out: dict[str, Any] = {"ok": self.ok, "reason": self.reason, "wall_s": round(self.wall_s, 3),
+                               "noise": dict(self.noise)}
         if self.ok:
             out.update(latency_p50_ms=self.latency_p50_ms, latency_p90_ms=self.latency_p90_ms,
                        throughput_ips=self.throughput_ips, peak_rss_mb=self.peak_rss_mb)
@@ -87,15 +92,6 @@ def instance_summary(result: InstanceResult) -> dict[str, Any]:
     else:
         out["stderr_tail"] = result.stderr_tail
     return out
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass
@@ -122,12 +118,16 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
     deadline = start + timeout_s
     with tempfile.TemporaryDirectory(prefix="autotune-run-") as tmp:
         children: list[_Child] = []
+        after: _Snapshot | None = None
+        before = after
         try:
             for instance in plan.instances:
                 children.append(_start(instance, plan.binding, Path(tmp), env))
             if _barrier(children, deadline, timeout_s):
+                before = _machine_snapshot()
                 _go(children)
                 _wait(children, deadline, timeout_s)
+                after = _machine_snapshot()
         except OSError as exc:  # could not start an instance (e.g. a binding tool is missing)
             index = len(children)
             _stop_unfinished(children, f"stopped because instance {index} could not start")
@@ -135,7 +135,37 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
             return _result((*(_collect(c) for c in _finish(children)), unstarted), start)
         finally:
             _kill_all(children)
-        return _result(tuple(_collect(c) for c in children), start)
+        results = tuple(_collect(c) for c in children)
+        noise = _noise(before, after, results) if before and after else {}
+        return _result(results, start, noise)
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    at: float
+    busy_s: float
+    steal_s: float
+    load1: float
+
+
+def _machine_snapshot() -> _Snapshot:
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    steal = getattr(times, "steal", 0.0)
+    return _Snapshot(time.monotonic(), sum(times) - idle - steal, steal, os.getloadavg()[0])
+
+
+def _noise(before: _Snapshot, after: _Snapshot, results: Sequence[InstanceResult]) -> dict[str, float]:
+    """What else used the machine while the instances measured: other processes' CPU (busy time
+    not spent by our children), hypervisor steal, and the load average on both sides."""
+    window = max(after.at - before.at, 1e-9)
+    ours = sum(float(r.metrics.get("cpu_s", 0.0)) for r in results if r.ok)
+    cpus = len(os.sched_getaffinity(0))
+    other = max(after.busy_s - before.busy_s - ours, 0.0)
+    return {"window_s": round(window, 3), "own_cpu_s": round(ours, 3), "other_cpu_s": round(other, 3),
+            "other_cpu_share": round(other / (window * cpus), 4),
+            "steal_share": round((after.steal_s - before.steal_s) / (window * cpus), 4),
+            "load_before": before.load1, "load_after": after.load1}
 
 
 def _finish(children: list[_Child]) -> list[_Child]:
@@ -143,10 +173,12 @@ def _finish(children: list[_Child]) -> list[_Child]:
     return children
 
 
-def _result(results: tuple[InstanceResult, ...], start: float) -> RunResult:
+def _result(results: tuple[InstanceResult, ...], start: float,
+            noise: Mapping[str, float] | None = None) -> RunResult:
     failed = [r for r in results if not r.ok]
     reason = "" if not failed else f"instance {failed[0].index}: {failed[0].reason}"
-    return RunResult(ok=not failed, reason=reason, instances=results, wall_s=time.monotonic() - start)
+    return RunResult(ok=not failed, reason=reason, instances=results, wall_s=time.monotonic() - start,
+                     noise=noise or {})
 
 
 def _start(instance: InstancePlan, binding: str, tmp: Path, parent_env: Mapping[str, str]) -> _Child:

@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import __version__, bench, models, space
+from autotune import __version__, bench, models, protocol, space, stats
 from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
-from autotune.launch import LaunchPlan
+from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.machine import Machine, cpuinfo
+from autotune.protocol import Measurement, Protocol, Runner
 from autotune.runner import RunResult, run_plan
 
 MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE
@@ -49,11 +51,11 @@ class SearchRequest:
     batch_size: int = 1
     study: str | None = None
     storage: str | None = None
-    timeout_s: float = 900.0
-    duration_s: float = 5.0
-    warmup: int = 3
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    protocol: Protocol = field(default_factory=Protocol)
     cache_dir: Path = Path("studies/cache")
     studies_dir: Path = Path("studies")
+    seed: int | None = None
     command_line: str = ""
 
 
@@ -67,9 +69,7 @@ class TrialEvent:
     finished: int
     total: int
     elapsed_s: float
-    result: RunResult | None = None
-    reason: str = ""
-    values: tuple[float, ...] = ()
+    outcome: Any = None  # Outcome, once done
     best: FrozenTrial | None = None
 
 
@@ -131,17 +131,66 @@ def open_search(request: SearchRequest, machine: Machine) -> Search:
     url = storage_url(name, request.storage, request.studies_dir)
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    with _quiet_optuna():
-        study = optuna.create_study(study_name=name, storage=url, load_if_exists=True,
-                                    directions=OBJECTIVES[request.objective], sampler=_sampler())
+    study = _create(name, url, request)
     _claim(study, request, model, adapted, machine)
     return Search(request, study, adapted, model, name, url, adapted.notes)
 
 
-def _sampler() -> optuna.samplers.BaseSampler:
+def _create(name: str, url: str, request: SearchRequest) -> optuna.Study:
+    """Create or load; a brand-new SQLite file opened by two processes at once (a dashboard, a
+    second command) can race on schema creation, so that one error is retried."""
+    for attempt in range(3):
+        try:
+            with _quiet_optuna():
+                return optuna.create_study(study_name=name, storage=url, load_if_exists=True,
+                                           directions=OBJECTIVES[request.objective],
+                                           sampler=_sampler(request.seed), pruner=_pruner(request.objective))
+        except sqlalchemy.exc.IntegrityError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def _sampler(seed: int | None) -> optuna.samplers.BaseSampler:
     with _quiet_optuna():
         # group=True keeps conditional knobs (kmp_* only with Intel OpenMP) in their own groups.
-        return optuna.samplers.TPESampler(multivariate=True, group=True, n_startup_trials=8)
+        return optuna.samplers.TPESampler(multivariate=True, group=True, n_startup_trials=8, seed=seed)
+
+
+def _pruner(objective: str) -> optuna.pruners.BasePruner:
+    if objective == "both":
+        return optuna.pruners.NopPruner()
+    return MarginWilcoxonPruner()
+
+
+class MarginWilcoxonPruner(optuna.pruners.BasePruner):
+    """Stops a trial that is clearly worse than the best: a one-sided Wilcoxon signed-rank test on
+    paired deciles says it is more than `margin` worse with p < `p_threshold`.
+
+    Unlike Optuna's WilcoxonPruner (which tests any difference), the margin keeps a configuration
+    that is merely a hair behind on a noisy machine alive for confirmation to judge.
+    """
+
+    def __init__(self, p_threshold: float = 0.01, margin: float = 0.05, min_steps: int = 9) -> None:
+        self.p_threshold, self.margin, self.min_steps = p_threshold, margin, min_steps
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return self.p_worse(study, trial)[0] < self.p_threshold
+
+    def p_worse(self, study: optuna.Study, trial: FrozenTrial) -> tuple[float, int, int | None]:
+        """(p, paired steps, best trial number); p = 1 when there is nothing to compare yet."""
+        try:
+            best = study.best_trial
+        except ValueError:
+            return 1.0, 0, None
+        steps = sorted(set(trial.intermediate_values) & set(best.intermediate_values))
+        if len(steps) < self.min_steps or best.number == trial.number:
+            return 1.0, len(steps), best.number
+        minimize = study.direction == optuna.study.StudyDirection.MINIMIZE
+        p = stats.paired_worse_p([trial.intermediate_values[s] for s in steps],
+                                 [best.intermediate_values[s] for s in steps], minimize, self.margin)
+        return p, len(steps), best.number
 
 
 @contextmanager
@@ -207,7 +256,7 @@ def finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
-def values_of(objective: str, result: RunResult) -> tuple[float, ...]:
+def values_of(objective: str, result: RunResult | Measurement) -> tuple[float, ...]:
     if objective == "latency":
         return (result.latency_p50_ms,)
     if objective == "throughput":
@@ -225,11 +274,11 @@ def best_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],
-               runner: Callable[[LaunchPlan, float], RunResult] = run_plan) -> None:
+               runner: Runner = run_plan) -> None:
     """Run trials until the study holds `--trials` finished ones; the first is the baseline."""
-    request, study = search.request, search.study
+    study = search.study
     start = time.monotonic()
-    while finished(study) < request.trials:
+    while finished(study) < search.request.trials:
         is_baseline = baseline(study) is None
         trial = study.ask()
         try:
@@ -247,27 +296,37 @@ def _interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
     study.tell(trial, state=TrialState.FAIL)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a trial ended: values when complete, a reason when failed or pruned."""
+
+    state: TrialState
+    values: tuple[float, ...] = ()
+    reason: str = ""
+    measurement: Measurement | None = None
+    duplicate_of: int | None = None
+
+
 def _run_trial(search: Search, machine: Machine, trial: optuna.Trial, is_baseline: bool, start: float,
-               on_event: Callable[[TrialEvent], None],
-               runner: Callable[[LaunchPlan, float], RunResult]) -> None:
-    request, study = search.request, search.study
+               on_event: Callable[[TrialEvent], None], runner: Runner) -> None:
+    study = search.study
     trial.set_user_attr("host", socket.gethostname())
     trial.set_user_attr("pid", os.getpid())
     config = Config() if is_baseline else search.space.sample(trial)
     trial.set_user_attr("baseline", is_baseline)
     trial.set_user_attr("config", config.describe())
-    event: dict[str, Any] = dict(number=trial.number, config=config, total=request.trials)
+    event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials)
     on_event(TrialEvent("start", finished=finished(study), elapsed_s=time.monotonic() - start, **event))
-    values, reason, result = _measure(search, machine, trial, config, runner)
-    if values:
-        study.tell(trial, list(values))
+    outcome = _measure(search, machine, trial, config, runner)
+    if outcome.state == TrialState.COMPLETE:
+        study.tell(trial, list(outcome.values))
     else:
-        study.tell(trial, state=TrialState.FAIL)
-    if is_baseline and not values:
-        raise RunFailed(f"the baseline (PyTorch defaults) failed: {reason}; autotune needs it to "
-                        f"tune; try `autotune bench --model {request.model}` to see why")
+        study.tell(trial, state=outcome.state)
+    if is_baseline and outcome.state != TrialState.COMPLETE:
+        raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
+                        f"tune; try `autotune bench --model {search.request.model}` to see why")
     on_event(TrialEvent("done", finished=finished(study), elapsed_s=time.monotonic() - start,
-                        result=result, reason=reason, values=values, best=_best(study), **event))
+                        outcome=outcome, best=_best(study), **event))
 
 
 def _best(study: optuna.Study) -> FrozenTrial | None:
@@ -275,37 +334,97 @@ def _best(study: optuna.Study) -> FrozenTrial | None:
     return best[0] if best else None
 
 
-def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config,
-             runner: Callable[[LaunchPlan, float], RunResult]) -> tuple[tuple[float, ...], str, RunResult | None]:
-    """Run one trial's configuration and record it; a failure is a reason, never an exception."""
+def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, runner: Runner) -> Outcome:
+    """Measure one trial's configuration and record it; a failure is a reason, never an exception."""
     request = search.request
     duplicate = _same_config(search.study, trial, config)
     if duplicate is not None:
-        for key, value in duplicate.user_attrs.items():
-            if key not in ("host", "pid", "baseline"):
-                trial.set_user_attr(key, value)
-        trial.set_user_attr("duplicate_of", duplicate.number)
-        return tuple(duplicate.values), "", None
-    bench_request = bench.BenchRequest(
-        model=search.model.name, config=config, batch_size=request.batch_size,
-        warmup=request.warmup, duration_s=request.duration_s, cache_dir=request.cache_dir)
+        return _reuse(trial, duplicate)
+    bench_request = bench.BenchRequest(model=search.model.name, config=config, batch_size=request.batch_size,
+                                       measure=request.measure, cache_dir=request.cache_dir)
     try:
         plan = bench.make_plan(bench_request, machine)
     except AutotuneError as exc:
         _record_failure(trial, str(exc), "")
-        return (), str(exc), None
+        return Outcome(TrialState.FAIL, reason=str(exc))
+    _record_plan(trial, plan)
+    pruner = _PruneCheck(search, trial)
+    measurement = protocol.measure(plan, request.protocol, runner, after_each=pruner)
+    if not measurement.ok:
+        failed = next(r for r in measurement.runs if not r.ok)
+        tail = next((i.stderr_tail for i in failed.instances if not i.ok and i.stderr_tail), "")
+        _record_failure(trial, measurement.reason, tail)
+        trial.set_user_attr("instances", failed.summary()["instances"])
+        return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)
+    _record_metrics(search.study, trial, measurement)
+    if measurement.stopped_early:
+        trial.set_user_attr("status", "pruned")
+        trial.set_user_attr("prune_reason", pruner.reason)
+        return Outcome(TrialState.PRUNED, reason=pruner.reason, measurement=measurement)
+    return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
+
+
+class _PruneCheck:
+    """After each replicate: report its deciles as intermediate values and ask the pruner.
+
+    Deciles (9 steps per replicate) pair trials quantile by quantile, so the Wilcoxon pruner has
+    enough pairs to stop a clearly worse configuration after its first replicate.
+    """
+
+    def __init__(self, search: Search, trial: optuna.Trial) -> None:
+        self.search, self.trial, self.reason = search, trial, ""
+
+    def __call__(self, index: int, run: RunResult) -> bool:
+        if len(self.search.study.directions) > 1:
+            return False  # Optuna prunes single-objective studies only
+        for offset, value in enumerate(_step_values(self.search.request.objective, run)):
+            self.trial.report(value, index * DECILES + offset)
+        if not self.trial.should_prune():
+            return False
+        self.reason = self._why(index)
+        return True
+
+    def _why(self, index: int) -> str:
+        study = self.search.study
+        pruner = MarginWilcoxonPruner()
+        p, steps, best = pruner.p_worse(study, study._storage.get_trial(self.trial._trial_id))
+        return (f"more than {pruner.margin:.0%} worse than trial {best} after {index + 1} replicate(s): "
+                f"Wilcoxon p={p:.3g} on {steps} paired deciles")
+
+
+DECILES = 9
+
+
+def _step_values(objective: str, run: RunResult) -> list[float]:
+    """Deciles of the replicate's forward latencies, or of its items/s per iteration."""
+    if objective == "throughput":
+        per_instance = [[1000.0 * len_batch(i.metrics) / ms for ms in i.metrics["iterations_ms"]]
+                        for i in run.instances]
+        return [sum(d) for d in zip(*(stats.deciles(v) for v in per_instance), strict=True)]
+    return stats.deciles([x for i in run.instances for x in i.metrics["latencies_ms"]])
+
+
+def len_batch(metrics: Any) -> float:
+    iterations = len(metrics["latencies_ms"]) or 1
+    return float(metrics["items"]) / iterations
+
+
+def _reuse(trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:
+    """The same configuration ran before: its measurement (and intermediate values) are reused."""
+    for key, value in duplicate.user_attrs.items():
+        if key not in ("host", "pid", "baseline"):
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", duplicate.number)
+    for step, value in duplicate.intermediate_values.items():
+        trial.report(value, step)
+    return Outcome(TrialState.COMPLETE, tuple(duplicate.values), duplicate_of=duplicate.number)
+
+
+def _record_plan(trial: optuna.Trial, plan: LaunchPlan) -> None:
     trial.set_user_attr("plan", plan.to_json())
     for inst in plan.instances:  # readable in optuna-dashboard, which truncates long JSON values
         trial.set_user_attr(f"instance_{inst.index}_env", " ".join(f"{k}={v}" for k, v in inst.env.items()))
         trial.set_user_attr(f"instance_{inst.index}_command", shlex.join(inst.command))
-    result = runner(plan, request.timeout_s)
-    if not result.ok:
-        tail = next((i.stderr_tail for i in result.instances if not i.ok and i.stderr_tail), "")
-        _record_failure(trial, result.reason, tail)
-        trial.set_user_attr("instances", result.summary()["instances"])
-        return (), result.reason, result
-    _record_metrics(search.study, trial, result)
-    return values_of(request.objective, result), "", result
 
 
 def _same_config(study: optuna.Study, trial: optuna.Trial, config: Config) -> FrozenTrial | None:
@@ -324,21 +443,31 @@ def _record_failure(trial: optuna.Trial, reason: str, stderr_tail: str) -> None:
         trial.set_user_attr("stderr_tail", stderr_tail[-2000:])
 
 
-def _record_metrics(study: optuna.Study, trial: optuna.Trial, result: RunResult) -> None:
-    summary = result.summary()
+def _record_metrics(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) -> None:
+    summary = measurement.summary()
     trial.set_user_attr("status", "ok")
-    for key in ("latency_p50_ms", "latency_p90_ms", "throughput_ips", "peak_rss_mb"):
-        trial.set_user_attr(key, round(float(summary[key]), 4))
+    for key, value in summary.items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("samples_ms", " ".join(f"{x:.2f}" for x in measurement.samples()))
     base = baseline(study)
-    if base is not None:
-        trial.set_user_attr("speedup_latency",
-                            round(base.user_attrs["latency_p50_ms"] / result.latency_p50_ms, 4))
-        trial.set_user_attr("speedup_throughput",
-                            round(result.throughput_ips / base.user_attrs["throughput_ips"], 4))
-    else:
-        trial.set_user_attr("speedup_latency", 1.0)
-        trial.set_user_attr("speedup_throughput", 1.0)
-    trial.set_user_attr("instances", summary["instances"])
+    speedups = (1.0, 1.0) if base is None else (
+        base.user_attrs["latency_p50_ms"] / measurement.latency_p50_ms,
+        measurement.throughput_ips / base.user_attrs["throughput_ips"])
+    trial.set_user_attr("speedup_latency", round(speedups[0], 4))
+    trial.set_user_attr("speedup_throughput", round(speedups[1], 4))
+    trial.set_user_attr("instances", measurement.runs[-1].summary()["instances"])
+    trial.set_user_attr("first_call_s", _first_call(measurement))
+
+
+def _first_call(measurement: Measurement) -> dict[str, float]:
+    """Set-up costs never mixed into latency: build, convert, trace, first forward (worst instance)."""
+    costs: dict[str, float] = {}
+    for run in measurement.runs:
+        for inst in run.instances:
+            for key, value in inst.metrics.get("setup", {}).items():
+                if key.endswith("_s") and isinstance(value, (int, float)):
+                    costs[key] = round(max(costs.get(key, 0.0), float(value)), 3)
+    return costs
 
 
 def find_study(studies_dir: Path, name: str | None, storage: str | None) -> optuna.Study:

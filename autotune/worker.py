@@ -8,6 +8,7 @@ write a line to `--ready-fd` once warm, read `go` from stdin, measure, write `--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import hashlib
@@ -37,8 +38,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--weight-cache", choices=("on", "off"), default="off")
     p.add_argument("--dataloader-workers", type=int, default=0)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--duration", type=float, default=5.0)
-    p.add_argument("--min-iterations", type=int, default=3)
+    p.add_argument("--warmup-time", type=float, default=1.0)
+    p.add_argument("--duration", type=float, default=2.0)
+    p.add_argument("--min-iterations", type=int, default=10)
     p.add_argument("--cache-dir", default="studies/cache")
     p.add_argument("--result", required=True)
     p.add_argument("--ready-fd", type=int, default=-1)
@@ -230,24 +232,52 @@ def runtime_report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and its children so far (DataLoader workers included)."""
+    import psutil
+
+    me = psutil.Process()
+    total = float(sum(me.cpu_times()[:2]))
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a worker that just exited
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+def warm_up(args: argparse.Namespace, forward: Any, batches: Any) -> int:
+    """Untimed iterations until both the count and the time are reached."""
+    count = 0
+    deadline = time.perf_counter() + args.warmup_time
+    while count < args.warmup or time.perf_counter() < deadline:
+        forward(next(batches))
+        count += 1
+    return count
+
+
 def measure(args: argparse.Namespace, forward: Any, batches: Any) -> dict[str, Any]:
     """Timed loop over a common window: forward latency per batch, end-to-end items per second."""
     import torch
 
     latencies_ms: list[float] = []
+    iterations_ms: list[float] = []
     items = 0
     with torch.no_grad():
+        cpu_before = cpu_seconds()
         start = time.perf_counter()
         deadline = start + args.duration
         while time.perf_counter() < deadline or len(latencies_ms) < args.min_iterations:
+            t_fetch = time.perf_counter()
             batch = next(batches)
             t0 = time.perf_counter()
             forward(batch)
-            latencies_ms.append((time.perf_counter() - t0) * 1e3)
+            t1 = time.perf_counter()
+            latencies_ms.append((t1 - t0) * 1e3)
+            iterations_ms.append((t1 - t_fetch) * 1e3)
             items += batch.shape[0]
         window = time.perf_counter() - start
-    return {"latencies_ms": latencies_ms, "items": items, "window_s": window,
-            "throughput_ips": items / window}
+        cpu_s = cpu_seconds() - cpu_before
+    return {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
+            "window_s": window, "throughput_ips": items / window, "cpu_s": cpu_s}
 
 
 def wait_for_go(ready_fd: int) -> None:
@@ -279,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             forward(example)
             setup["first_forward_s"] = time.perf_counter() - start
-            for _ in range(args.warmup):
-                forward(next(batches))
+            warmup_start = time.perf_counter()
+            setup["warmup_iterations"] = warm_up(args, forward, batches)
+            setup["warmup_s"] = time.perf_counter() - warmup_start
     except Exception as exc:  # the model's own failure is this configuration's result
         write_json(args.result, {"status": "error", "reason": explain(exc)})
         return EXIT_BENCH_ERROR

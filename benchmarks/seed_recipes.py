@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from autotune import bench, machine
+from autotune.launch import MeasureSettings
 from autotune.runner import run_plan
 
 SEED_RECIPE = ["mkldnn=on", "weight_cache=on", "omp_runtime=intel", "allocator=jemalloc",
@@ -37,7 +38,8 @@ def main() -> None:
     here = machine.this_machine()
     configs = [[], SEED_RECIPE, *SINGLE_CHANGES]
     plans = [bench.make_plan(bench.BenchRequest.from_flags(
-        args.model, c, args.batch_size, duration_s=args.duration, cache_dir=args.cache_dir), here)
+        args.model, c, args.batch_size, measure=MeasureSettings(duration_s=args.duration),
+        cache_dir=args.cache_dir), here)
         for c in configs]
     rows: dict[int, list[dict[str, float]]] = {i: [] for i in range(len(plans))}
     for round_no in range(args.rounds):

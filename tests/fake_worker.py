@@ -37,7 +37,8 @@ def main() -> None:
         sys.exit(0)
     if behaviour == "hang-late":
         time.sleep(3600)
-    payload = {"status": "ok", "latencies_ms": [10.0, 11.0, 12.0, 30.0], "items": 4, "window_s": 1.0,
+    payload = {"status": "ok", "latencies_ms": [10.0, 11.0, 12.0, 30.0],
+               "iterations_ms": [11.0, 12.0, 13.0, 31.0], "cpu_s": 0.5, "items": 4, "window_s": 1.0,
                "throughput_ips": 4.0, "peak_rss_mb": 100.0, "runtime": {"env": dict(os.environ)}}
     if behaviour == "bench-error":
         payload = {"status": "error", "reason": "mkldnn: aten::foo has no mkldnn kernel"}

@@ -20,7 +20,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
-QUICK = ["--duration", "0.3", "--warmup", "1"]
+QUICK = ["--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1", "--min-iterations", "3"]
 
 
 def bench(tmp_path: Path, *args: str, model: str = "resnet18", timeout: float = 240) -> tuple[int, Any, str]:

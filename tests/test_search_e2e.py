@@ -21,7 +21,8 @@ from optuna.trial import TrialState
 pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
-QUICK = ["--model", "resnet18", "--space", "quick", "--duration", "0.3", "--warmup", "1"]
+QUICK = ["--model", "resnet18", "--space", "quick", "--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1",
+         "--min-iterations", "5", "--replicates", "2"]
 
 
 def autotune(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -36,7 +37,7 @@ def load(cwd: Path, name: str) -> optuna.Study:
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     cwd = tmp_path_factory.mktemp("search")
-    return cwd, autotune(cwd, "search", *QUICK, "--trials", "4")
+    return cwd, autotune(cwd, "search", *QUICK, "--trials", "4", "--confirm-top", "1", "--confirm-rounds", "5")
 
 
 def test_search_makes_a_study_whose_trial_zero_is_the_baseline(
@@ -56,6 +57,32 @@ def test_search_makes_a_study_whose_trial_zero_is_the_baseline(
     assert "Best trials of study resnet18-bs1-latency" in proc.stdout
 
 
+def test_search_ends_with_a_stored_confirmation(searched: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    cwd, proc = searched
+    verdict = load(cwd, "resnet18-bs1-latency").user_attrs["confirmation"]
+    assert verdict["rounds"] == 5 and verdict["baseline_trial"] == 0
+    assert len(verdict["candidates"]) <= 1
+    assert ("Confirmed: " in proc.stdout) == verdict["significant"]
+    assert "round 5/5: trial 0 (baseline)" in proc.stderr
+    for trial in load(cwd, "resnet18-bs1-latency").get_trials():
+        if trial.state == TrialState.COMPLETE and "duplicate_of" not in trial.user_attrs:
+            assert trial.user_attrs["replicates"] >= 2
+            assert trial.user_attrs["latency_ci95_ms"][0] <= trial.user_attrs["latency_p50_ms"]
+            assert len(trial.user_attrs["samples_ms"].split()) == trial.user_attrs["samples"]
+            assert "other_cpu_share_max" in trial.user_attrs and "child_cpu_utilization" in trial.user_attrs
+
+
+def test_compare_two_trials_prints_a_speedup_with_its_interval(
+        searched: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    cwd, _ = searched
+    other = next(t.number for t in load(cwd, "resnet18-bs1-latency").get_trials()
+                 if t.state == TrialState.COMPLETE and t.number > 0)
+    proc = autotune(cwd, "compare", "0", str(other), "--rounds", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert f"trial {other} vs trial 0: " in proc.stdout and "95% CI" in proc.stdout
+    assert proc.stderr.count("round ") == 10
+
+
 def test_export_and_run_reproduce_the_best_trial(searched: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     cwd, _ = searched
     proc = autotune(cwd, "export", "best.env")
@@ -65,8 +92,8 @@ def test_export_and_run_reproduce_the_best_trial(searched: tuple[Path, subproces
     run = autotune(cwd, "run", "best.env", "--", sys.executable, "-c", probe)
     assert run.returncode == 0, run.stderr
     seen = [json.loads(line) for line in run.stdout.splitlines()]
-    best = load(cwd, "resnet18-bs1-latency").best_trial
-    plan = best.user_attrs["plan"]
+    exported = int((cwd / "best.env").read_text().split("trial ")[1].split()[0])
+    plan = load(cwd, "resnet18-bs1-latency").get_trials()[exported].user_attrs["plan"]
     assert len(seen) == len(plan["instances"])
     for inst in plan["instances"]:
         child = next(s for s in seen if s["env"]["AUTOTUNE_INSTANCE_INDEX"] == str(inst["index"]))
@@ -113,12 +140,13 @@ def _get(port: int, path: str) -> Any:
 
 
 def test_resume_after_ctrl_c_loses_nothing_and_leaves_no_running_trial(tmp_path: Path) -> None:
-    args = [str(BIN / "autotune"), "search", *QUICK, "--trials", "5", "--study", "resume"]
+    args = [str(BIN / "autotune"), "search", *QUICK, "--trials", "5", "--study", "resume", "--confirm-top", "0"]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     db = tmp_path / "studies" / "resume.db"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        if db.exists() and _finished_so_far(tmp_path) >= 2 and _workers(proc.pid):
+        # Read the study only once a benchmark runs: the file exists and its schema is complete.
+        if db.exists() and _workers(proc.pid) and _finished_so_far(tmp_path) >= 2:
             break
         time.sleep(0.3)
     workers = _workers(proc.pid)
@@ -129,13 +157,15 @@ def test_resume_after_ctrl_c_loses_nothing_and_leaves_no_running_trial(tmp_path:
     assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     before = load(tmp_path, "resume").get_trials()
     assert TrialState.RUNNING not in [t.state for t in before]
-    kept = {t.number: t.values for t in before if t.state == TrialState.COMPLETE}
+    kept = {t.number: (t.state, t.values) for t in before
+            if t.state.is_finished() and t.user_attrs.get("fail_reason") != "interrupted by the user (Ctrl-C)"}
     assert len(kept) >= 2
-    again = autotune(tmp_path, "search", *QUICK, "--trials", "5", "--study", "resume")
+    assert before[-1].user_attrs.get("fail_reason") == "interrupted by the user (Ctrl-C)"
+    again = autotune(tmp_path, "search", *QUICK, "--trials", "5", "--study", "resume", "--confirm-top", "0")
     assert again.returncode == 0, again.stderr
     after = load(tmp_path, "resume").get_trials()
     assert _finished(load(tmp_path, "resume")) == 5
-    assert {t.number: t.values for t in after if t.number in kept} == kept
+    assert {t.number: (t.state, t.values) for t in after if t.number in kept} == kept
     assert sum(bool(t.user_attrs.get("baseline")) for t in after) == 1
 
 

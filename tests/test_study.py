@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 from pathlib import Path
 
 import optuna
@@ -34,8 +35,13 @@ def fake_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
         bad = InstanceResult(0, False, "crashed with SIGSEGV", -11, "segfault in oneDNN\n")
         return RunResult(False, "instance 0: crashed with SIGSEGV", (bad,), 1.0)
     latency = 100.0 - 20 * (config.get("allocator") == "jemalloc") - 10 * (config.get("omp_runtime") == "intel")
-    metrics = {"latencies_ms": [latency] * 5, "throughput_ips": 1000 / latency, "peak_rss_mb": 500.0,
-               "window_s": 1.0, "items": 5}
+    return fake_result([latency + jitter for jitter in (-1.0, -0.5, 0.0, 0.5, 1.0)])
+
+
+def fake_result(latencies: list[float]) -> RunResult:
+    metrics = {"latencies_ms": latencies, "iterations_ms": [x + 1 for x in latencies],
+               "throughput_ips": 1000 / statistics.median(latencies), "peak_rss_mb": 500.0, "window_s": 1.0,
+               "items": len(latencies), "cpu_s": 0.9}
     return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), 1.0)
 
 

@@ -1,0 +1,115 @@
+"""One configuration measured the trustworthy way: several fresh processes (replicates), pooled
+statistics, noise detection and a bounded re-measure when the spread is too large."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune import stats
+from autotune.launch import LaunchPlan
+from autotune.runner import RunResult
+
+NOISY = 0.10  # IQR/median above this is flagged
+REMEASURE = 0.25  # above this more replicates are taken, at most `max_extra` of them
+
+Runner = Callable[[LaunchPlan, float], RunResult]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a configuration is measured across processes (inside one process: MeasureSettings)."""
+
+    replicates: int = 3
+    max_extra: int = 2
+    timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """All replicates of one configuration; metrics exist when every replicate succeeded."""
+
+    runs: tuple[RunResult, ...]
+    stopped_early: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.runs) and all(r.ok for r in self.runs)
+
+    @property
+    def reason(self) -> str:
+        failed = next((r for r in self.runs if not r.ok), None)
+        return "" if failed is None else failed.reason
+
+    def samples(self) -> list[float]:
+        return [x for r in self.runs if r.ok for i in r.instances for x in i.metrics["latencies_ms"]]
+
+    @property
+    def latency_p50_ms(self) -> float:
+        return statistics.median(r.latency_p50_ms for r in self.runs)
+
+    @property
+    def throughput_ips(self) -> float:
+        return statistics.median(r.throughput_ips for r in self.runs)
+
+    @property
+    def spread(self) -> float:
+        return stats.relative_iqr(self.samples())
+
+    def summary(self) -> dict[str, Any]:
+        """Everything a trial records about its measurement."""
+        samples = self.samples()
+        low, high = stats.median_ci(samples)
+        noise = [r.noise for r in self.runs if r.noise]
+        return {
+            "latency_p50_ms": round(self.latency_p50_ms, 4),
+            "latency_p90_ms": round(stats.percentile(samples, 90), 4),
+            "latency_iqr_ms": round(stats.iqr(samples), 4),
+            "latency_iqr_rel": round(self.spread, 4),
+            "latency_ci95_ms": [round(low, 4), round(high, 4)],
+            "throughput_ips": round(self.throughput_ips, 4),
+            "peak_rss_mb": round(max(r.peak_rss_mb for r in self.runs), 1),
+            "samples": len(samples),
+            "replicates": len(self.runs),
+            "replicate_p50_ms": [round(r.latency_p50_ms, 3) for r in self.runs],
+            "replicate_throughput_ips": [round(r.throughput_ips, 3) for r in self.runs],
+            "noisy": self.spread > NOISY,
+            "child_cpu_utilization": round(_utilization(self.runs), 3),
+            "other_cpu_share_max": max((n.get("other_cpu_share", 0.0) for n in noise), default=0.0),
+            "steal_share_max": max((n.get("steal_share", 0.0) for n in noise), default=0.0),
+            "load_before": noise[0].get("load_before") if noise else None,
+            "load_after": noise[-1].get("load_after") if noise else None,
+        }
+
+
+def _utilization(runs: Sequence[RunResult]) -> float:
+    """Child CPU time over (window x threads): well below 1 means it waited for CPUs or data."""
+    shares = []
+    for run in runs:
+        for inst in run.instances:
+            threads = inst.metrics.get("runtime", {}).get("torch_threads") or 1
+            window = inst.metrics.get("window_s") or 0
+            if window:
+                shares.append(float(inst.metrics.get("cpu_s", 0.0)) / (window * threads))
+    return statistics.median(shares) if shares else 0.0
+
+
+def measure(plan: LaunchPlan, protocol: Protocol, runner: Runner,
+            after_each: Callable[[int, RunResult], bool] = lambda i, r: False) -> Measurement:
+    """Run `plan` `protocol.replicates` times, plus up to `max_extra` while the spread stays above
+    REMEASURE. `after_each(index, run)` may stop early (pruning) by returning True."""
+    runs: list[RunResult] = []
+    limit = protocol.replicates
+    while len(runs) < limit:
+        run = runner(plan, protocol.timeout_s)
+        runs.append(run)
+        if not run.ok:
+            break
+        if after_each(len(runs) - 1, run):
+            return Measurement(tuple(runs), stopped_early=True)
+        room = limit < protocol.replicates + protocol.max_extra
+        if len(runs) == limit and room and Measurement(tuple(runs)).spread > REMEASURE:
+            limit += 1
+    return Measurement(tuple(runs))

@@ -1,0 +1,110 @@
+"""The statistics and the measurement protocol, deterministic: fake sample times, fake runs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autotune import protocol, stats
+from autotune.knobs import Config
+from autotune.launch import BenchSpec, LaunchPlan
+from autotune.runner import RunResult
+from tests.test_study import fake_result
+
+PLAN = LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", ())
+
+
+def test_median_ci_uses_binomial_order_statistics() -> None:
+    assert stats.median_ci(list(range(1, 11))) == (2, 9)  # covers 97.9%, the tightest above 95%
+    assert stats.median_ci(list(range(1, 101))) == (40, 61)
+    assert stats.median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few for 95%: the full range
+
+
+def test_relative_iqr_and_deciles() -> None:
+    values = [float(x) for x in range(1, 101)]
+    assert stats.iqr(values) == pytest.approx(49.5)
+    assert stats.relative_iqr(values) == pytest.approx(49.5 / 50.5)
+    assert stats.deciles(values)[0] == pytest.approx(10.9) and len(stats.deciles(values)) == 9
+
+
+def test_a_clearly_faster_configuration_is_significant() -> None:
+    rng = random.Random(1)
+    ratios = [1.20 + rng.uniform(-0.05, 0.05) for _ in range(10)]
+    result = stats.paired_speedup(ratios, min_effect=0.03)
+    assert result.significant and result.p_value < 0.01
+    assert result.ci_low > 1.1 and result.ci_high < 1.3
+
+
+def test_an_equal_configuration_is_not_significant() -> None:
+    rng = random.Random(2)
+    ratios = [1.0 + rng.uniform(-0.08, 0.08) for _ in range(10)]
+    result = stats.paired_speedup(ratios, min_effect=0.03)
+    assert not result.significant
+    assert result.ci_low < 1.0 < result.ci_high
+
+
+def test_a_gain_below_the_minimum_effect_is_not_significant() -> None:
+    ratios = [1.02 + 0.001 * i for i in range(10)]  # consistently 2% faster
+    assert stats.paired_speedup(ratios, min_effect=0.0).significant
+    assert not stats.paired_speedup(ratios, min_effect=0.03).significant
+
+
+def test_paired_worse_with_margin() -> None:
+    best = [10.0 + i for i in range(9)]
+    assert stats.paired_worse_p([2 * b for b in best], best, minimize=True, margin=0.05) < 0.01
+    assert stats.paired_worse_p([1.01 * b for b in best], best, minimize=True, margin=0.05) > 0.5
+    assert stats.paired_worse_p([b / 2 for b in best], best, minimize=False, margin=0.05) < 0.01
+
+
+def runs_of(*sample_lists: list[float]) -> protocol.Runner:
+    queue = [fake_result(s) for s in sample_lists]
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        return queue.pop(0)
+
+    return runner
+
+
+def test_a_quiet_configuration_takes_the_planned_replicates() -> None:
+    quiet = [20.0, 20.1, 20.2, 19.9, 20.0]
+    measured = protocol.measure(PLAN, protocol.Protocol(replicates=3), runs_of(quiet, quiet, quiet, quiet))
+    assert len(measured.runs) == 3
+    summary = measured.summary()
+    assert summary["noisy"] is False and summary["replicates"] == 3 and summary["samples"] == 15
+    assert summary["latency_ci95_ms"][0] <= summary["latency_p50_ms"] <= summary["latency_ci95_ms"][1]
+
+
+def test_a_noisy_configuration_is_remeasured_then_flagged() -> None:
+    calm = [20.0, 20.1, 20.2, 19.9, 20.0]
+    spell = [60.0, 80.0, 70.0, 90.0, 75.0]
+    measured = protocol.measure(PLAN, protocol.Protocol(replicates=2, max_extra=2),
+                                runs_of(calm, spell, spell, calm, calm))
+    assert len(measured.runs) == 4  # 2 planned + 2 extra while IQR/median stayed above 25%
+    assert measured.summary()["noisy"] is True
+    off = [27.0] * 5
+    settled = protocol.measure(PLAN, protocol.Protocol(replicates=3, max_extra=2),
+                               runs_of(calm, calm, off, calm, calm))
+    assert len(settled.runs) == 4  # one extra replicate brought the spread under 25%
+    assert settled.summary()["noisy"] is False
+
+
+def test_a_failed_replicate_stops_the_measurement() -> None:
+    from autotune.runner import InstanceResult
+
+    crash = RunResult(False, "instance 0: crashed with SIGSEGV", (InstanceResult(0, False, "crashed", -11, ""),), 1)
+    calm = [20.0] * 5
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        return crash if runner.calls else fake_result(calm)  # type: ignore[attr-defined]
+
+    runner.calls = 0  # type: ignore[attr-defined]
+
+    def counted(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        result = runner(plan, timeout_s)
+        runner.calls += 1  # type: ignore[attr-defined]
+        return result
+
+    measured = protocol.measure(PLAN, protocol.Protocol(replicates=3), counted)
+    assert not measured.ok and measured.reason == "instance 0: crashed with SIGSEGV"
+    assert len(measured.runs) == 2
