@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune import models
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, ModelError
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, LaunchPlan, MeasureSettings, plan_launch
-from autotune.machine import Machine
+from autotune.machine import Machine, machine_has_bf16
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class BenchRequest:
     batch_size: int = 1
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     cache_dir: Path = Path("studies/cache")
+    input_shape: str | None = None
+    tolerance: float = -1.0
 
     @classmethod
     def from_flags(cls, model: str, assignments: Iterable[str], batch_size: int,
@@ -35,10 +37,14 @@ class BenchRequest:
 
 
 def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
-    spec = models.resolve(request.model)
+    if request.config.get("precision") == "bf16" and not machine.described and not machine_has_bf16():
+        raise ConfigError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
+                          "use precision=fp32")
+    spec = models.resolve(request.model, input_shape=request.input_shape)
     bench = BenchSpec(
         model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,
-        measure=request.measure, cache_dir=str(request.cache_dir.resolve()),
+        measure=request.measure, cache_dir=str(request.cache_dir.resolve()), tolerance=request.tolerance,
+        import_path=spec.import_path,
     )
     binder = "numactl" if machine.described else None
     return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
@@ -57,3 +63,20 @@ def plan_from_exported(env: Mapping[str, str], machine: Machine,
                            config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
                            measure=measure or MeasureSettings())
     return make_plan(request, machine)
+
+
+def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600) -> None:
+    """A user model (factory, .pt, .pt2, or any --input-shape) is built and run once before
+    measuring; a model that cannot is a bad input (exit code 2), not a failed trial."""
+    from autotune.runner import probe
+
+    spec = models.resolve(request.model, input_shape=request.input_shape)
+    if not spec.needs_probe and request.input_shape is None:
+        return
+    plan = make_plan(BenchRequest(model=request.model, config=Config(), batch_size=1,
+                                  cache_dir=request.cache_dir, input_shape=request.input_shape), machine)
+    reason = probe(plan, timeout_s)
+    if reason:
+        shape = "x".join(map(str, spec.item_shape))
+        raise ModelError(f"model {request.model} does not run on input shape {shape}: {reason}; check the model "
+                         f"and --input-shape")

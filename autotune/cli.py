@@ -20,6 +20,9 @@ from autotune import bench, display, knobs, machine, models, topology
 from autotune.errors import AutotuneError, RunFailed
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
+              "(importable from here), a TorchScript .pt or an exported .pt2 file.")
+SHAPE_HELP = "One input item's shape, e.g. 3x224x224 (default for image models) or 128."
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,7 +39,9 @@ def cli(debug: bool) -> None:
 
 
 def _measure_options(func: Any) -> Any:
-    """The in-process protocol, shared by bench, search, confirm and compare."""
+    """The in-process protocol, shared by bench and search."""
+    func = click.option("--tolerance", default=-1.0, type=float, show_default=False,
+                        help="Relative error allowed against eager fp32 (default: 1e-3 fp32, 5e-2 bf16).")(func)
     func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
                         help="Timed samples at least, per process.")(func)
     func = click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
@@ -51,6 +56,7 @@ def _measure_options(func: Any) -> Any:
 
 
 def _settings(options: dict[str, Any]) -> Any:
+    options.pop("tolerance", None)
     from autotune.launch import MeasureSettings
 
     return MeasureSettings(warmup=options.pop("warmup"), warmup_s=options.pop("warmup_time"),
@@ -62,8 +68,8 @@ def _model_options(func: Any) -> Any:
                         help="Items per forward call.")(func)
     func = click.option("--set", "assignments", multiple=True, metavar="KNOB=VALUE",
                         help="Set a knob (repeatable); `autotune knobs` lists them.")(func)
-    func = click.option("--model", required=True,
-                        help="torchvision classification model, e.g. resnext101.")(func)
+    func = click.option("--model", required=True, help=MODEL_HELP)(func)
+    func = click.option("--input-shape", help=SHAPE_HELP)(func)
     return func
 
 
@@ -85,15 +91,15 @@ def doctor(as_json: bool) -> None:
 @click.option("--lscpu", type=click.Path(path_type=Path, dir_okay=False),
               help="Plan for another machine: a file with its `lscpu --parse=CPU,Core,Socket,Node`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def plan(model: str, assignments: tuple[str, ...], batch_size: int, lscpu: Path | None,
-         as_json: bool) -> None:
+def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
+         lscpu: Path | None, as_json: bool) -> None:
     """Show what would be launched for a configuration, without running it.
 
     \b
     Example:
       autotune plan --model resnext101 --set instances=2 --set allocator=jemalloc --json
     """
-    request = bench.BenchRequest.from_flags(model, assignments, batch_size)
+    request = bench.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape)
     target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
     _emit(bench.make_plan(request, target).to_json(), as_json, display.plan)
 
@@ -104,8 +110,8 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, lscpu: Path 
 @click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
               type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, cache_dir: Path, as_json: bool,
-                  timeout: float, **options: Any) -> None:
+def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
+                  cache_dir: Path, as_json: bool, timeout: float, tolerance: float, **options: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
 
     \b
@@ -115,8 +121,10 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, cac
     from autotune.runner import run_plan
 
     request = bench.BenchRequest.from_flags(model, assignments, batch_size, measure=_settings(options),
-                                            cache_dir=cache_dir)
-    launch = bench.make_plan(request, machine.this_machine())
+                                            cache_dir=cache_dir, input_shape=input_shape, tolerance=tolerance)
+    here = machine.this_machine()
+    launch = bench.make_plan(request, here)
+    bench.check_model(request, here, timeout)
     with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
                         f"{len(launch.instances)} instance(s)", quiet=as_json):
         result = run_plan(launch, timeout)
@@ -126,7 +134,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, cac
 
 
 @cli.command()
-@click.option("--model", required=True, help="torchvision classification model, e.g. resnext101.")
+@click.option("--model", required=True, help=MODEL_HELP)
+@click.option("--input-shape", help=SHAPE_HELP)
 @click.option("--trials", required=True, type=int,
               help="Total finished trials the study should hold (baseline included); a rerun resumes.")
 @click.option("--space", "space_spec", default="default", show_default=True,
@@ -135,7 +144,10 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, cac
 @click.option("--storage", help="Optuna storage URL (default: sqlite:///studies/STUDY.db).")
 @click.option("--objective", default="latency", show_default=True,
               help="latency (min p50), throughput (max items/s) or both (Pareto front).")
-@click.option("--batch-size", default=1, show_default=True, type=int, help="Items per forward call.")
+@click.option("--batch-size", default="1", show_default=True,
+              help="Items per forward call; a list like 1,2,4,8 is searched with --objective throughput.")
+@click.option("--max-latency-ms", type=float,
+              help="With --objective throughput: only configurations whose p90 latency stays under this.")
 @click.option("--seed", type=int, help="Seed of the sampler, for a reproducible sequence of trials.")
 @click.option("--replicates", default=3, show_default=True, type=click.IntRange(min=1),
               help="Fresh processes per trial; more are added (up to 2) while a trial stays noisy.")
@@ -148,10 +160,10 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, cac
 @_measure_options
 @click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
               type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")
-def search(model: str, trials: int, space_spec: str, study_name: str | None, storage: str | None,
-           objective: str, batch_size: int, seed: int | None, replicates: int, confirm_top: int,
-           confirm_rounds: int,
-           min_effect: float, timeout: float, cache_dir: Path, **options: Any) -> None:
+def search(model: str, input_shape: str | None, trials: int, space_spec: str, study_name: str | None,
+           storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
+           seed: int | None, replicates: int, confirm_top: int, confirm_rounds: int, min_effect: float,
+           timeout: float, tolerance: float, cache_dir: Path, **options: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -162,13 +174,16 @@ def search(model: str, trials: int, space_spec: str, study_name: str | None, sto
     from autotune import space, study
     from autotune.protocol import Protocol
 
+    sizes = _batch_sizes(batch_size)
     request = study.SearchRequest(
         model=model, trials=trials, space=space.find(space_spec), objective=objective,
-        batch_size=batch_size, study=study_name, storage=storage, measure=_settings(options),
+        batch_size=sizes[0], batch_sizes=sizes if len(sizes) > 1 else (), max_latency_ms=max_latency_ms,
+        study=study_name, storage=storage, measure=_settings(options),
         protocol=Protocol(replicates=replicates, timeout_s=timeout), cache_dir=cache_dir, seed=seed,
+        input_shape=input_shape, tolerance=tolerance,
         command_line=" ".join(["autotune", *sys.argv[1:]]))
     here = machine.this_machine()
-    opened = study.open_search(request, here)
+    opened = study.open_search(request, here, check=bench.check_model)
     for note in opened.notes:
         display.err.print(f"note: {note}", markup=False)
     for number in study.abandon_stale_trials(opened.study):
@@ -186,6 +201,16 @@ def search(model: str, trials: int, space_spec: str, study_name: str | None, sto
     display.best_table(opened.name, objective, best[:5], opened.storage)
     if confirm_top > 0:
         _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout)
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise AutotuneError(f"--batch-size {text!r} is not allowed; give a number like 8 or a list like 1,2,4,8")
+    return tuple(dict.fromkeys(sizes))
 
 
 def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float) -> None:

@@ -58,10 +58,20 @@ class Knob:
 def _knob_table() -> dict[str, Knob]:
     intel = (("omp_runtime", ("intel",)),)
     not_intel = (("omp_runtime", ("gnu", "llvm")),)
+    eager = (("backend", ("eager",)),)
+    dense = (("mkldnn", ("off",)),)
     knobs = [
-        Knob("mkldnn", "bool", "convert model and input to the mkldnn (oneDNN) layout", default=False),
-        Knob("weight_cache", "bool", "trace (script with mkldnn), freeze, save and load the model "
-             "so weights are reordered once, cached on disk", default=False),
+        Knob("backend", "choice", "eager; torchscript = trace + freeze (saved, cached on disk) + "
+             "optimize_for_inference; inductor = torch.compile with freezing",
+             choices=("eager", "torchscript", "inductor"), default="eager"),
+        Knob("mkldnn", "bool", "convert model and input to the mkldnn (oneDNN) layout (eager only)",
+             default=False, only_when=eager),
+        Knob("weight_cache", "bool", "the seed's recipe 2.c for eager models: trace (script with "
+             "mkldnn), freeze, save and load, cached on disk", default=False, only_when=eager),
+        Knob("memory_format", "choice", "model weights and inputs in this layout",
+             choices=("contiguous", "channels_last"), default="contiguous", only_when=dense),
+        Knob("precision", "choice", "fp32, or bf16 autocast (offered where the CPU has avx512_bf16 or AMX)",
+             choices=("fp32", "bf16"), default="fp32", only_when=dense),
         Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance", low=1, high=4096),
         Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
              "(libiomp5 preloaded), llvm (libomp preloaded)", choices=("gnu", "intel", "llvm"),
@@ -131,16 +141,20 @@ class Config:
         """The value set, else the knob's documented default (None: the runtime decides)."""
         return self.as_dict().get(name, KNOBS[name].default)
 
+    def text(self, name: str) -> str:
+        """The value as a user types it (on/off for switches)."""
+        return _show(self.get(name)) if self.get(name) is not None else "default"
+
     def is_set(self, name: str) -> bool:
         return name in self.as_dict()
 
     def check_conditions(self) -> None:
         for name, _ in self.values:
             for other, allowed in KNOBS[name].only_when:
-                if str(self.get(other)) not in allowed:
+                if self.text(other) not in allowed:
                     raise ConfigError(
                         f"{name} applies only with {other}={'/'.join(allowed)} "
-                        f"(here {other}={self.get(other)}); set {other} or drop {name}"
+                        f"(here {other}={self.text(other)}); set {other} or drop {name}"
                     )
 
     def describe(self) -> str:
@@ -150,7 +164,7 @@ class Config:
         return " ".join(f"{k}={_show(v)}" for k, v in self.values)
 
 
-def _show(value: KnobValue) -> str:
+def _show(value: KnobValue | None) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)

@@ -66,6 +66,8 @@ class BenchSpec:
     batch_size: int = 1
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     cache_dir: str = "studies/cache"
+    tolerance: float = -1.0  # relative error allowed against eager fp32; < 0: per precision
+    import_path: str = ""  # where a `pkg.module:factory` model is imported from
 
 
 @dataclass(frozen=True)
@@ -124,12 +126,17 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         "--batch-size", str(bench.batch_size),
         "--mkldnn", "on" if config.get("mkldnn") else "off",
         "--weight-cache", "on" if config.get("weight_cache") else "off",
+        "--backend", str(config.get("backend")),
+        "--memory-format", str(config.get("memory_format")),
+        "--precision", str(config.get("precision")),
+        "--tolerance", str(bench.tolerance),
         "--dataloader-workers", str(config.get("dataloader_workers")),
         "--warmup", str(bench.measure.warmup),
         "--warmup-time", str(bench.measure.warmup_s),
         "--duration", str(bench.measure.duration_s),
         "--min-iterations", str(bench.measure.min_iterations),
         "--cache-dir", bench.cache_dir,
+        *(("--import-path", bench.import_path) if bench.import_path else ()),
     )
 
 

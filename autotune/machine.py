@@ -48,6 +48,11 @@ def cpuinfo() -> tuple[str, frozenset[str]]:
             frozenset(flags.group(1).split()) if flags else frozenset())
 
 
+def machine_has_bf16() -> bool:
+    flags = cpuinfo()[1]
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def torch_versions() -> dict[str, str | None]:
     import torch
 

@@ -1,10 +1,16 @@
-"""Resolving what users type for `--model` into a torchvision classification model."""
+"""Resolving what users type for `--model`: a torchvision classification model (short names
+included), `pkg.module:factory`, a TorchScript file (`.pt`) or an exported program (`.pt2`)."""
 
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
+import os
+import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from autotune.errors import ModelError
 
@@ -38,10 +44,29 @@ IMAGE_SIZE = {"inception_v3": 299}
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A resolved model: the torchvision builder and the input shape of one item (C, H, W)."""
+    """A resolved model: what the child loads, the shape of one input item, and where from."""
 
     name: str
     item_shape: tuple[int, ...]
+    kind: str = "torchvision"  # | "factory" | "torchscript" | "exported"
+    import_path: str = ""
+
+    @property
+    def needs_probe(self) -> bool:
+        """User models are tried once (build + one forward) before any run, to fail early and clearly."""
+        return self.kind != "torchvision"
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """`3x224x224` (or `3,224,224`) -> (3, 224, 224): one item's shape, the batch dimension excluded."""
+    try:
+        shape = tuple(int(part) for part in re.split(r"[x,]", text.strip().lower()) if part)
+    except ValueError:
+        shape = ()
+    if not shape or any(n < 1 for n in shape):
+        raise ModelError(f"--input-shape {text!r} is not a shape; give one item's dimensions like 3x224x224 "
+                         f"(the batch dimension comes from --batch-size)")
+    return shape
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,8 +77,49 @@ def classification_models() -> tuple[str, ...]:
     return tuple(torchvision.models.list_models(module=torchvision.models))
 
 
-def resolve(text: str, available: tuple[str, ...] | None = None) -> ModelSpec:
-    """Map `resnext101`, `ResNet-50`, `resnet50` ... to a builder name, or suggest close names."""
+def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: str | None = None) -> ModelSpec:
+    """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name."""
+    shape = parse_shape(input_shape) if input_shape else None
+    if text.endswith((".pt", ".pt2")) or "/" in text:
+        return _file(text, shape)
+    if ":" in text:
+        return _factory(text, shape)
+    spec = _torchvision(text, available)
+    return spec if shape is None else ModelSpec(spec.name, shape)
+
+
+def _file(text: str, shape: tuple[int, ...] | None) -> ModelSpec:
+    path = Path(text).expanduser()
+    kind = "exported" if path.suffix == ".pt2" else "torchscript"
+    if path.suffix not in (".pt", ".pt2"):
+        raise ModelError(f"model file {text!r} is neither TorchScript (.pt) nor an exported program (.pt2)")
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {text!r}: {exc.strerror}; give a readable .pt or .pt2") from None
+    return ModelSpec(str(path.resolve()), shape or (3, 224, 224), kind)
+
+
+def _factory(text: str, shape: tuple[int, ...] | None) -> ModelSpec:
+    module, _, factory = text.partition(":")
+    if not module or not factory.isidentifier():
+        raise ModelError(f"--model {text!r} is not pkg.module:factory (a callable returning an nn.Module)")
+    here = os.getcwd()
+    sys.path.insert(0, here)
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    finally:
+        sys.path.remove(here)
+    if found is None:
+        raise ModelError(f"no module named {module!r} (looked in {here} and the Python path); run autotune "
+                         f"from the folder that holds it")
+    return ModelSpec(text, shape or (3, 224, 224), "factory", here)
+
+
+def _torchvision(text: str, available: tuple[str, ...] | None) -> ModelSpec:
     names = classification_models() if available is None else available
     name = _match(text, names)
     if name is None:
@@ -62,7 +128,7 @@ def resolve(text: str, available: tuple[str, ...] | None = None) -> ModelSpec:
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ModelError(
             f"unknown model {text!r}; {hint}use a torchvision classification model name "
-            f"(`autotune models` lists them) or a short name like resnext101"
+            f"(`autotune models` lists them), pkg.module:factory, or a .pt/.pt2 file"
         )
     size = IMAGE_SIZE.get(name, 224)
     return ModelSpec(name=name, item_shape=(3, size, size))

@@ -343,3 +343,13 @@ def run_foreground(launches: Sequence[tuple[Sequence[str], Mapping[str, str], Se
     if not failed:
         return 0
     return 128 - failed[0] if failed[0] < 0 else failed[0]
+
+
+def probe(plan: LaunchPlan, timeout_s: float) -> str:
+    """Build the model and run one checked forward in a child, unbound; '' when that works,
+    else the reason. Catches a broken user model before any measurement is spent on it."""
+    first = plan.instances[0]
+    command = first.command[first.command.index("-m") - 1:] if "-m" in first.command else first.command
+    trial = InstancePlan(0, first.cpus, first.numa_node, first.env, (*command, "--probe"))
+    result = run_plan(LaunchPlan(plan.config, plan.bench, "none", (trial,)), timeout_s)
+    return result.reason.removeprefix("instance 0: ")

@@ -32,12 +32,17 @@ from autotune.libs import LIBRARIES
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 # Parents before children: conditions look at knobs sampled earlier; threads after instances.
 SAMPLE_ORDER = ("omp_runtime", "kmp_affinity", "kmp_blocktime", "omp_proc_bind", "allocator",
-                "instances", "omp_threads", "mkldnn", "weight_cache", "dataloader_workers")
+                "instances", "omp_threads", "backend", "mkldnn", "weight_cache", "memory_format", "precision",
+                "dataloader_workers")
 RANGE_KEYS = {"low", "high", "step", "log", "when"}
 CHOICE_KEYS = {"choices", "when"}
 # Which library each choice needs, so a machine without it never samples it.
 NEEDS = {("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
-         ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc"}
+         ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
+         ("precision", "bf16"): "bf16"}
+# What is missing when a need is not met, and what to do about it.
+MISSING = {**{name: f"{name} is not installed ({spec.install})" for name, spec in LIBRARIES.items()},
+           "bf16": "this CPU has neither avx512_bf16 nor AMX"}
 
 
 class SpaceError(AutotuneError):
@@ -260,9 +265,7 @@ def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> Sear
         if rng.choices:
             keep = tuple(c for c in rng.choices if available.get(NEEDS.get((rng.name, _text(c)), ""), True))
             for dropped in (c for c in rng.choices if c not in keep):
-                lib = NEEDS[(rng.name, _text(dropped))]
-                notes.append(f"{rng.name}={_text(dropped)} dropped: {lib} is not installed "
-                             f"({LIBRARIES[lib].install})")
+                notes.append(f"{rng.name}={_text(dropped)} dropped: {MISSING[NEEDS[(rng.name, _text(dropped))]]}")
             if not keep:
                 raise SpaceError(f"{space.source}: knobs.{rng.name}: no choice is available on this "
                                  f"machine ({'; '.join(notes)}); install one or remove the knob")

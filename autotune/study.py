@@ -6,6 +6,7 @@ themselves, and several processes writing one SQLite study can run an enqueued t
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -26,7 +27,7 @@ from autotune import __version__, bench, models, protocol, space, stats
 from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import LaunchPlan, MeasureSettings
-from autotune.machine import Machine, cpuinfo
+from autotune.machine import Machine, cpuinfo, machine_has_bf16
 from autotune.protocol import Measurement, Protocol, Runner
 from autotune.runner import RunResult, run_plan
 
@@ -56,6 +57,10 @@ class SearchRequest:
     cache_dir: Path = Path("studies/cache")
     studies_dir: Path = Path("studies")
     seed: int | None = None
+    input_shape: str | None = None
+    tolerance: float = -1.0
+    max_latency_ms: float | None = None
+    batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
     command_line: str = ""
 
 
@@ -87,7 +92,11 @@ class Search:
 
 
 def study_name(request: SearchRequest, model: models.ModelSpec) -> str:
-    name = request.study or f"{model.name}-bs{request.batch_size}-{request.objective}"
+    batch = "-".join(map(str, request.batch_sizes)) if len(request.batch_sizes) > 1 else str(request.batch_size)
+    limit = f"-p90max{request.max_latency_ms:g}ms" if request.max_latency_ms else ""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(model.name).stem if model.kind in ("torchscript", "exported")
+                  else model.name)
+    name = request.study or f"{stem}-bs{batch}-{request.objective}{limit}"
     if not NAME.match(name):
         raise StudyError(f"--study {name!r} is not a usable name; use letters, digits, '.', '_', '-'")
     return name
@@ -108,10 +117,17 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
         raise StudyError(f"--objective {request.objective!r} is not allowed; use latency, throughput or both")
     if request.trials < 1:
         raise StudyError(f"--trials {request.trials} is not allowed; use 1 or more")
-    if request.batch_size < 1:
-        raise StudyError(f"--batch-size {request.batch_size} is not allowed; use 1 or more")
-    model = models.resolve(request.model)
+    if request.batch_size < 1 or any(b < 1 for b in request.batch_sizes):
+        raise StudyError("--batch-size must be 1 or more (a list like 1,2,4,8 is searched with --objective "
+                         "throughput)")
+    if len(request.batch_sizes) > 1 and request.objective != "throughput":
+        raise StudyError(f"a list of batch sizes is searched only with --objective throughput; with "
+                         f"{request.objective} give one --batch-size")
+    if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
+        raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
+    model = models.resolve(request.model, input_shape=request.input_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
+    available["bf16"] = machine_has_bf16()
     adapted = space.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
     return model, adapted
 
@@ -125,8 +141,12 @@ def host_fingerprint(machine: Machine) -> dict[str, Any]:
             "torch": torch.__version__, "autotune": __version__}
 
 
-def open_search(request: SearchRequest, machine: Machine) -> Search:
+def open_search(request: SearchRequest, machine: Machine,
+                check: Callable[[bench.BenchRequest, Machine], None] | None = None) -> Search:
+    """Validate everything (and, with `check`, run a user model once) before the study is touched."""
     model, adapted = validate(request, machine)
+    if check is not None:
+        check(_bench_request(request, Config()), machine)
     name = study_name(request, model)
     url = storage_url(name, request.storage, request.studies_dir)
     if url.startswith("sqlite:///"):
@@ -205,7 +225,8 @@ def _claim(study: optuna.Study, request: SearchRequest, model: models.ModelSpec,
            adapted: space.SearchSpace, machine: Machine) -> None:
     """A new study gets its description; an existing one must describe the same search."""
     attrs = study.user_attrs
-    wanted = {"model": model.name, "batch_size": request.batch_size, "objective": request.objective}
+    wanted = {"model": model.name, "batch_size": request.batch_size, "objective": request.objective,
+              "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms}
     if not attrs:
         for key, value in {**wanted, "host": host_fingerprint(machine), "space": adapted.to_json(),
                            "created_by": request.command_line,
@@ -213,7 +234,7 @@ def _claim(study: optuna.Study, request: SearchRequest, model: models.ModelSpec,
             study.set_user_attr(key, value)
         return
     for key, value in wanted.items():
-        if attrs.get(key) != value:
+        if attrs.get(key, value) != value:
             raise StudyError(f"study {study.study_name!r} was made for {key}={attrs.get(key)}, not "
                              f"{value}; use another --study name or the same {key}")
 
@@ -268,7 +289,8 @@ def best_trials(study: optuna.Study) -> list[FrozenTrial]:
     """The best trial (single objective) or the Pareto front (two objectives), best first."""
     if len(study.directions) > 1:
         return sorted(study.best_trials, key=lambda t: t.values[0])
-    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    completed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get("feasible", True)]
     reverse = study.direction == optuna.study.StudyDirection.MAXIMIZE
     return sorted(completed, key=lambda t: t.values[0], reverse=reverse)
 
@@ -313,11 +335,15 @@ def _run_trial(search: Search, machine: Machine, trial: optuna.Trial, is_baselin
     trial.set_user_attr("host", socket.gethostname())
     trial.set_user_attr("pid", os.getpid())
     config = Config() if is_baseline else search.space.sample(trial)
+    batch = _batch_size(search.request, trial, is_baseline)
     trial.set_user_attr("baseline", is_baseline)
     trial.set_user_attr("config", config.describe())
+    trial.set_user_attr("batch_size", batch)
     event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials)
     on_event(TrialEvent("start", finished=finished(study), elapsed_s=time.monotonic() - start, **event))
-    outcome = _measure(search, machine, trial, config, runner)
+    outcome = _measure(search, machine, trial, config, batch, runner)
+    if outcome.state == TrialState.COMPLETE and search.request.max_latency_ms is not None:
+        _constrain(trial, outcome, search.request.max_latency_ms)
     if outcome.state == TrialState.COMPLETE:
         study.tell(trial, list(outcome.values))
     else:
@@ -329,21 +355,39 @@ def _run_trial(search: Search, machine: Machine, trial: optuna.Trial, is_baselin
                         outcome=outcome, best=_best(study), **event))
 
 
+def _batch_size(request: SearchRequest, trial: optuna.Trial, is_baseline: bool) -> int:
+    if len(request.batch_sizes) <= 1:
+        return request.batch_size
+    if is_baseline:
+        return request.batch_sizes[0]
+    return int(trial.suggest_categorical("batch_size", list(request.batch_sizes)))
+
+
+def _constrain(trial: optuna.Trial, outcome: Outcome, limit_ms: float) -> None:
+    """p90 latency under the limit, as an Optuna constraint and mirrored in user attributes
+    (optuna-dashboard 0.21 does not show Optuna 5 constraints)."""
+    p90 = float(trial.user_attrs["latency_p90_ms"]) if "latency_p90_ms" in trial.user_attrs else math.inf
+    over = p90 - limit_ms
+    if outcome.duplicate_of is None:
+        trial.set_constraint("latency_p90_over_limit_ms", over)
+    trial.set_user_attr("constraint_latency_p90_over_limit_ms", round(over, 4))
+    trial.set_user_attr("feasible", over <= 0)
+
+
 def _best(study: optuna.Study) -> FrozenTrial | None:
     best = best_trials(study)
     return best[0] if best else None
 
 
-def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, runner: Runner) -> Outcome:
+def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, batch: int,
+             runner: Runner) -> Outcome:
     """Measure one trial's configuration and record it; a failure is a reason, never an exception."""
     request = search.request
-    duplicate = _same_config(search.study, trial, config)
+    duplicate = _same_config(search.study, trial, config, batch)
     if duplicate is not None:
         return _reuse(trial, duplicate)
-    bench_request = bench.BenchRequest(model=search.model.name, config=config, batch_size=request.batch_size,
-                                       measure=request.measure, cache_dir=request.cache_dir)
     try:
-        plan = bench.make_plan(bench_request, machine)
+        plan = bench.make_plan(_bench_request(request, config, batch), machine)
     except AutotuneError as exc:
         _record_failure(trial, str(exc), "")
         return Outcome(TrialState.FAIL, reason=str(exc))
@@ -362,6 +406,12 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
         trial.set_user_attr("prune_reason", pruner.reason)
         return Outcome(TrialState.PRUNED, reason=pruner.reason, measurement=measurement)
     return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
+
+
+def _bench_request(request: SearchRequest, config: Config, batch: int | None = None) -> bench.BenchRequest:
+    return bench.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
+                              measure=request.measure, cache_dir=request.cache_dir,
+                              input_shape=request.input_shape, tolerance=request.tolerance)
 
 
 class _PruneCheck:
@@ -410,14 +460,19 @@ def len_batch(metrics: Any) -> float:
 
 
 def _reuse(trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:
-    """The same configuration ran before: its measurement (and intermediate values) are reused."""
+    """The same configuration ran before: its result (and intermediate values) are reused, be it
+    a measurement, a pruning or a failure."""
     for key, value in duplicate.user_attrs.items():
         if key not in ("host", "pid", "baseline"):
             trial.set_user_attr(key, value)
     trial.set_user_attr("duplicate_of", duplicate.number)
     for step, value in duplicate.intermediate_values.items():
         trial.report(value, step)
-    return Outcome(TrialState.COMPLETE, tuple(duplicate.values), duplicate_of=duplicate.number)
+    if duplicate.state == TrialState.COMPLETE:
+        return Outcome(TrialState.COMPLETE, tuple(duplicate.values), duplicate_of=duplicate.number)
+    reason = duplicate.user_attrs.get("prune_reason") or duplicate.user_attrs.get("fail_reason", "")
+    return Outcome(duplicate.state, reason=f"same configuration as trial {duplicate.number}: {reason}",
+                   duplicate_of=duplicate.number)
 
 
 def _record_plan(trial: optuna.Trial, plan: LaunchPlan) -> None:
@@ -427,13 +482,20 @@ def _record_plan(trial: optuna.Trial, plan: LaunchPlan) -> None:
         trial.set_user_attr(f"instance_{inst.index}_command", shlex.join(inst.command))
 
 
-def _same_config(study: optuna.Study, trial: optuna.Trial, config: Config) -> FrozenTrial | None:
-    """An earlier completed trial that ran exactly this configuration (its measurement is reused)."""
+def _same_config(study: optuna.Study, trial: optuna.Trial, config: Config, batch: int) -> FrozenTrial | None:
+    """An earlier finished trial that ran exactly this configuration, unless it was cut short by
+    the user or a killed autotune (those are worth running again)."""
     if not config.values:
         return None
-    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return next((t for t in study.get_trials(deepcopy=False, states=FINISHED)
                  if t.user_attrs.get("config") == config.describe() and t.number != trial.number
-                 and not t.user_attrs.get("baseline")), None)
+                 and t.user_attrs.get("batch_size", batch) == batch
+                 and not t.user_attrs.get("baseline") and not _cut_short(t)), None)
+
+
+def _cut_short(trial: FrozenTrial) -> bool:
+    reason = str(trial.user_attrs.get("fail_reason", ""))
+    return reason.startswith(("interrupted by the user", "left running by"))
 
 
 def _record_failure(trial: optuna.Trial, reason: str, stderr_tail: str) -> None:

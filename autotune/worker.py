@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import ctypes
 import ctypes.util
-import hashlib
 import json
 import os
 import re
@@ -25,10 +24,6 @@ from typing import Any
 EXIT_BENCH_ERROR = 3  # a failure the worker understood and described in its result file
 
 
-class BenchError(Exception):
-    """A configuration that cannot run (e.g. an op without an mkldnn kernel), with the reason."""
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="autotune.worker")
     p.add_argument("--model", required=True)
@@ -36,6 +31,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--mkldnn", choices=("on", "off"), default="off")
     p.add_argument("--weight-cache", choices=("on", "off"), default="off")
+    p.add_argument("--backend", choices=("eager", "torchscript", "inductor"), default="eager")
+    p.add_argument("--memory-format", choices=("contiguous", "channels_last"), default="contiguous")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--tolerance", type=float, default=-1.0, help="relative error allowed; <0: per precision")
+    p.add_argument("--import-path", default="", help="folder to import a model factory from")
+    p.add_argument("--probe", action="store_true", help="build, check one forward, write the result, exit")
     p.add_argument("--dataloader-workers", type=int, default=0)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--warmup-time", type=float, default=1.0)
@@ -63,136 +64,10 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-class SyntheticImages:
-    """Fixed-size uint8 images through the usual preprocessing: resize, center crop, normalize."""
-
-    def __init__(self, item_shape: tuple[int, ...], pool: int = 8) -> None:
-        import torch
-
-        channels, height, width = item_shape
-        generator = torch.Generator().manual_seed(0)
-        raw_h, raw_w = height * 375 // 224, width * 500 // 224
-        self.images = [torch.randint(0, 256, (channels, raw_h, raw_w), dtype=torch.uint8,
-                                     generator=generator) for _ in range(pool)]
-        self.resize = height * 256 // 224
-        self.crop = (height, width)
-
-    def __len__(self) -> int:
-        return 1 << 30
-
-    def __getitem__(self, index: int) -> Any:
-        import torch
-        from torchvision.transforms.v2 import functional as F
-
-        image = F.resize(self.images[index % len(self.images)], [self.resize], antialias=True)
-        image = F.center_crop(image, list(self.crop))
-        image = F.to_dtype(image, torch.float32, scale=True)
-        return F.normalize(image, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-
-
-def build_model(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Any:
-    """The model as the knobs say, returning a forward function over dense float batches."""
-    import torchvision
-
-    start = time.perf_counter()
-    model = torchvision.models.get_model(args.model, weights=None).eval()
-    setup["build_s"] = time.perf_counter() - start
-    mkldnn = args.mkldnn == "on"
-    if mkldnn:
-        from torch.utils import mkldnn as mkldnn_utils
-
-        start = time.perf_counter()
-        model = mkldnn_utils.to_mkldnn(model)
-        setup["mkldnn_convert_s"] = time.perf_counter() - start
-        probe_mkldnn(model, example)
-    if args.weight_cache == "on":
-        model = cached_model(model, args, example, setup)
-
-    def forward(batch: Any) -> Any:
-        if mkldnn:
-            return model(batch.to_mkldnn()).to_dense()
-        return model(batch)
-
-    return forward
-
-
-def cached_model(model: Any, args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Any:
-    """Seed recipe 2.c: a saved TorchScript file, loaded back so weights are laid out once.
-
-    Without mkldnn: trace + freeze. With mkldnn: script (a frozen or traced mkldnn module cannot
-    be saved: its weights are opaque tensors; scripted mkldnn modules save dense weights and
-    reorder them once at load).
-    """
-    import torch
-
-    path = weight_cache_path(args, torch.__version__)
-    setup["weight_cache_file"] = str(path)
-    setup["weight_cache_hit"] = path.exists()
-    if not path.exists():
-        start = time.perf_counter()
-        with torch.no_grad():
-            if args.mkldnn == "on":
-                scripted = torch.jit.script(model)
-            else:
-                scripted = torch.jit.freeze(torch.jit.trace(model, example, check_trace=False))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.jit.save(scripted, str(tmp))
-        os.replace(tmp, path)
-        setup["trace_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    loaded = torch.jit.load(str(path))
-    setup["weight_cache_load_s"] = time.perf_counter() - start
-    return loaded
-
-
-def weight_cache_path(args: argparse.Namespace, torch_version: str) -> Path:
-    """Keyed by everything that changes the saved file."""
-    key = json.dumps([args.model, args.item_shape, args.batch_size, "float32", args.mkldnn,
-                      torch_version])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(args.cache_dir, "weights", f"{args.model}-{digest}.pt")
-
-
 def explain(exc: BaseException) -> str:
     """One line for a failure inside the model."""
-    if isinstance(exc, BenchError):
-        return str(exc)
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     return f"{type(exc).__name__}: {first}"
-
-
-def probe_mkldnn(model: Any, example: Any) -> None:
-    """Run once with a module stack, so an op without an mkldnn kernel is named with its module."""
-    import torch
-
-    stack: list[str] = []
-    names = {id(m): f"{n or 'model'} ({type(m).__name__})" for n, m in model.named_modules()}
-
-    def enter(module: Any, inputs: Any) -> None:
-        stack.append(names[id(module)])
-
-    def leave(module: Any, inputs: Any, output: Any) -> None:
-        stack.pop()
-
-    handles = []
-    for module in model.modules():
-        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
-    try:
-        with torch.no_grad():
-            model(example.to_mkldnn()).to_dense()
-    except Exception as exc:
-        text = str(exc)
-        op = re.search(r"aten::\w+", text)
-        where = f" in module {stack[-1]}" if stack else ""
-        detail = (text.strip().splitlines() or [""])[0][:160]
-        raise BenchError(
-            f"mkldnn: {op.group(0) if op else 'an operator'}{where} has no mkldnn (oneDNN layout) "
-            f"kernel ({detail}); use mkldnn=off for this model"
-        ) from exc
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def symbol_owner(symbol: str) -> str | None:
@@ -224,6 +99,9 @@ def runtime_report(args: argparse.Namespace) -> dict[str, Any]:
         "affinity": sorted(os.sched_getaffinity(0)),
         "torch_version": torch.__version__,
         "mkldnn": args.mkldnn == "on",
+        "backend": args.backend,
+        "memory_format": args.memory_format,
+        "precision": args.precision,
         "weight_cache": args.weight_cache == "on",
         "dataloader_workers": args.dataloader_workers,
         "pid": os.getpid(),
@@ -293,10 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     die_with_parent()
     setup: dict[str, Any] = {}
+    # Compiled kernels persist per study, so a repeated configuration does not compile again.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir, "inductor")))
     import torch
 
+    from autotune.build import BenchError, build, dataset_for
+
     shape = tuple(int(n) for n in args.item_shape.split("x"))
-    dataset: Any = SyntheticImages(shape)  # map-style by protocol; the stubs want a subclass
+    dataset: Any = dataset_for(shape)  # map-style by protocol; the stubs want a subclass
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=args.batch_size, num_workers=args.dataloader_workers,
         persistent_workers=args.dataloader_workers > 0,
@@ -304,16 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     batches = iter(loader)
     example = next(batches)
     try:
-        forward = build_model(args, example, setup)
+        forward = build(args, example, setup)
+        if args.probe:
+            write_json(args.result, {"status": "ok", "setup": setup})
+            return 0
         with torch.no_grad():
-            start = time.perf_counter()
-            forward(example)
-            setup["first_forward_s"] = time.perf_counter() - start
             warmup_start = time.perf_counter()
             setup["warmup_iterations"] = warm_up(args, forward, batches)
             setup["warmup_s"] = time.perf_counter() - warmup_start
     except Exception as exc:  # the model's own failure is this configuration's result
-        write_json(args.result, {"status": "error", "reason": explain(exc)})
+        reason = str(exc) if isinstance(exc, BenchError) else explain(exc)
+        write_json(args.result, {"status": "error", "reason": reason, "setup": setup})
         return EXIT_BENCH_ERROR
     wait_for_go(args.ready_fd)
     result = measure(args, forward, batches)

@@ -23,7 +23,7 @@ def test_values_are_typed_and_ordered_like_the_registry() -> None:
 @pytest.mark.parametrize(
     ("assignment", "message"),
     [
-        ("omp_thread=2", "unknown knob 'omp_thread'; did you mean omp_threads? knobs are: mkldnn,"),
+        ("omp_thread=2", "unknown knob 'omp_thread'; did you mean omp_threads? knobs are: backend, mkldnn,"),
         ("allocator=jemaloc", "allocator=jemaloc is not allowed; use default, jemalloc, tcmalloc"),
         ("omp_threads=0", "omp_threads=0 is not allowed; use an integer from 1 to 4096"),
         ("mkldnn=maybe", "mkldnn=maybe is not allowed; use on, off"),
@@ -48,3 +48,12 @@ def test_omp_proc_bind_is_not_for_intel_openmp() -> None:
 def test_a_knob_given_twice_is_an_error() -> None:
     with pytest.raises(ConfigError, match="--set gives omp_threads twice"):
         Config.from_assignments(["omp_threads=1", "omp_threads=2"])
+
+
+def test_layout_knobs_follow_the_backend_and_mkldnn() -> None:
+    with pytest.raises(ConfigError, match=r"mkldnn applies only with backend=eager \(here backend=inductor\)"):
+        Config.from_assignments(["backend=inductor", "mkldnn=on"])
+    with pytest.raises(ConfigError, match=r"precision applies only with mkldnn=off \(here mkldnn=on\)"):
+        Config.from_assignments(["mkldnn=on", "precision=bf16"])
+    config = Config.from_assignments(["backend=torchscript", "memory_format=channels_last", "precision=bf16"])
+    assert config.describe() == "backend=torchscript memory_format=channels_last precision=bf16"
