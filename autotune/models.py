@@ -60,7 +60,7 @@ class ModelSpec:
 def parse_shape(text: str) -> tuple[int, ...]:
     """`3x224x224` (or `3,224,224`) -> (3, 224, 224): one item's shape, the batch dimension excluded."""
     try:
-        shape = tuple(int(part) for part in re.split(r"[x,]", text.strip().lower()) if part)
+        shape = tuple(int(part) for part in re.split(r"[x,]", text.strip().lower()))
     except ValueError:
         shape = ()
     if not shape or any(n < 1 for n in shape):

@@ -70,7 +70,7 @@ def test_every_bad_file_names_file_key_and_what_is_allowed(tmp_path: Path, text:
 def test_unreadable_and_unknown_spaces(tmp_path: Path) -> None:
     with pytest.raises(SpaceError, match="cannot read search space .*missing.yaml: No such file"):
         space.load(tmp_path / "missing.yaml")
-    with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, quick"):
+    with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, quick, seed"):
         space.find("nope")
 
 
@@ -83,6 +83,12 @@ def test_adapt_drops_missing_libraries_and_caps_ranges() -> None:
     assert adapted.notes == ("omp_runtime=llvm dropped: libomp is not installed (apt-get install libomp5)",
                              "allocator=tcmalloc dropped: tcmalloc is not installed "
                              "(apt-get install libtcmalloc-minimal4)")
+
+
+def test_bf16_is_dropped_on_a_cpu_without_it() -> None:
+    adapted = space.adapt(space.load(space.find("default")), cores=2, available={**ALL_LIBS, "bf16": False})
+    assert adapted.get("precision").choices == ("fp32",)  # type: ignore[union-attr]
+    assert "precision=bf16 dropped: this CPU has neither avx512_bf16 nor AMX" in adapted.notes
 
 
 def test_adapt_refuses_what_no_install_can_provide(tmp_path: Path) -> None:
@@ -110,18 +116,21 @@ class FakeTrial:
 
 
 def test_sampling_respects_conditions_and_the_core_budget() -> None:
-    adapted = space.adapt(space.load(space.find("default")), cores=8, available=ALL_LIBS)
+    adapted = space.adapt(space.load(space.find("default")), cores=8, available={**ALL_LIBS, "bf16": True})
     trial = FakeTrial()
     config = adapted.sample(trial)
     assert config.get("omp_runtime") == "llvm"
     assert "kmp_blocktime" not in trial.asked and "omp_proc_bind" in trial.asked
+    assert config.get("backend") == "inductor"  # so no mkldnn and no weight_cache: eager-only knobs
+    assert "mkldnn" not in trial.asked and "weight_cache" not in trial.asked
+    assert config.get("memory_format") == "channels_last" and config.get("precision") == "bf16"
     assert trial.asked["instances"] == (1, 8)
     assert trial.asked["omp_threads"] == (1, 1)  # 8 instances leave one core each
     assert int(config.get("omp_threads")) * int(config.get("instances")) <= 8  # type: ignore[arg-type]
 
 
 def test_every_optuna_sample_is_a_valid_configuration() -> None:
-    adapted = space.adapt(space.load(space.find("default")), cores=4, available=ALL_LIBS)
+    adapted = space.adapt(space.load(space.find("default")), cores=4, available={**ALL_LIBS, "bf16": True})
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(200):
