@@ -38,6 +38,16 @@ def cli(debug: bool) -> None:
     """
 
 
+def _study_options(func: Any) -> Any:
+    func = click.option("--storage", help="Optuna storage URL, if not a study under studies/.")(func)
+    return click.option("--study", "study_name", help="Study name (default: the newest in studies/).")(func)
+
+
+def _timeout_option(func: Any) -> Any:
+    return click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
+                        help="Seconds before one run is killed and recorded as failed.")(func)
+
+
 def _measure_options(func: Any) -> Any:
     """The in-process protocol, shared by bench and search."""
     func = click.option("--tolerance", default=-1.0, type=float, show_default=False,
@@ -50,9 +60,7 @@ def _measure_options(func: Any) -> Any:
                         help="Seconds of untimed warmup at least.")(func)
     func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
                         help="Untimed warmup iterations at least.")(func)
-    func = click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
-                        help="Seconds before one run is killed and recorded as failed.")(func)
-    return func
+    return _timeout_option(func)
 
 
 def _settings(options: dict[str, Any]) -> Any:
@@ -221,16 +229,14 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 
 
 @cli.command(name="confirm")
-@click.option("--study", "study_name", help="Study name (default: the newest in studies/).")
-@click.option("--storage", help="Optuna storage URL, if not a study under studies/.")
+@_study_options
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1),
               help="Best distinct candidates re-measured against the baseline.")
 @click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=5),
               help="Interleaved rounds, each contender once per round in a fresh process (5 at least).")
 @click.option("--min-effect", default=0.03, show_default=True, type=click.FloatRange(min=0, max=10),
               help="Smallest gain over the baseline worth recommending (0.03 = 3%).")
-@click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds before one run is killed and recorded as failed.")
+@_timeout_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
                     timeout: float) -> None:
     """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
@@ -247,15 +253,13 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
 @cli.command(name="compare")
 @click.argument("first")
 @click.argument("second")
-@click.option("--study", "study_name", help="Study whose trial numbers FIRST/SECOND name (default: newest).")
-@click.option("--storage", help="Optuna storage URL, if not a study under studies/.")
+@_study_options
 @click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=5),
               help="Interleaved rounds, each configuration once per round in a fresh process (5 at least).")
 @click.option("--min-effect", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
               help="Gain the test must exceed to call SECOND faster.")
 @click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
-@click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds before one run is killed and recorded as failed.")
+@_timeout_option
 def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
                     min_effect: float, objective: str, timeout: float) -> None:
     """Measure two configurations (trial numbers or env files) the same way; speedup of SECOND over FIRST.
@@ -296,8 +300,7 @@ def _plan_from_env_file(path: str) -> Any:
 
 @cli.command(name="export")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--study", "study_name", help="Study name (default: the newest in studies/).")
-@click.option("--storage", help="Optuna storage URL, if not a study under studies/.")
+@_study_options
 @click.option("--trial", "trial_number", type=int, help="Export this trial instead of the best.")
 def export_command(path: Path, study_name: str | None, storage: str | None,
                    trial_number: int | None) -> None:

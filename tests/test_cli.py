@@ -46,6 +46,11 @@ def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[st
         (["plan"], "Error: Missing option '--model'. (see `autotune plan --help`)"),
         (["plna"], "Error: No such command 'plna'."),
         (["bench", "--model", "resnet18", "--duration", "-1"], "Error: Invalid value for '--duration'"),
+        (["search", "--model", "resnet18", "--trials", "2", "--batch-size", "1,x"],
+         "Error: --batch-size '1,x' is not allowed; give a number like 8 or a list like 1,2,4,8"),
+        (["confirm", "--rounds", "3"], "Error: Invalid value for '--rounds': 3 is not in the range x>=5."),
+        (["plan", "--model", "resnet18", "--set", "backend=inductor", "--set", "mkldnn=on"],
+         "Error: mkldnn applies only with backend=eager (here backend=inductor)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(capsys: pytest.CaptureFixture[str], args: list[str],

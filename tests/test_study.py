@@ -122,6 +122,9 @@ def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine
         ({"study": "bad name!"}, "--study 'bad name!' is not a usable name"),
         ({"storage": "studies/x.db"}, "--storage 'studies/x.db' is not a storage URL"),
         ({"model": "resnet5"}, "unknown model 'resnet5'"),
+        ({"batch_sizes": (1, 8)}, "a list of batch sizes is searched only with --objective throughput"),
+        ({"max_latency_ms": 50.0}, "--max-latency-ms needs --objective throughput and a positive limit"),
+        ({"objective": "throughput", "max_latency_ms": -1.0}, "--max-latency-ms needs --objective throughput"),
     ],
 )
 def test_bad_requests_write_nothing(tmp_path: Path, here: Machine, change: dict[str, object],

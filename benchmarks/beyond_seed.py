@@ -1,0 +1,106 @@
+"""PyTorch's defaults vs the best the tuner finds with the seed's knobs alone vs with all knobs.
+
+For resnext101: batch size 1 latency and batch size 8 throughput. Four searches (seed space and
+default space, each objective), then the three contenders of each setting re-measured side by
+side in interleaved rounds (fresh processes, rotating order), speedups paired by round with a 95%
+interval. The searches' own numbers are not reused: only the final interleaved rounds are printed.
+
+    .venv/bin/python benchmarks/beyond_seed.py                  # about 40 minutes on 2 cores
+    .venv/bin/python benchmarks/beyond_seed.py --trials 6 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from autotune import confirm, machine, space, study
+from autotune.confirm import Contender
+from autotune.launch import LaunchPlan, MeasureSettings
+from autotune.protocol import Protocol
+from autotune.runner import run_plan
+
+SETTINGS = [("latency", 1), ("throughput", 8)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnext101")
+    p.add_argument("--trials", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=600)
+    args = p.parse_args()
+    here = machine.this_machine()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="autotune-beyond-") as tmp:
+        for objective, batch in SETTINGS:
+            measure = MeasureSettings(min_iterations=10 if batch == 1 else 5)
+            found = {name: best_of(args, here, objective, batch, name, measure, Path(tmp))
+                     for name in ("seed", "default")}
+            rows += side_by_side(args, objective, batch, found)
+    print(f"\n{args.model}: PyTorch defaults vs the tuner's best, {args.rounds} interleaved rounds per setting "
+          f"(searches of {args.trials} trials each)\n")
+    print("| setting | contender | knobs | median p50 ms | median items/s | speedup vs defaults (95% CI) | p |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(row)
+
+
+def best_of(args: argparse.Namespace, here: machine.Machine, objective: str, batch: int, space_name: str,
+            measure: MeasureSettings, folder: Path) -> tuple[LaunchPlan, LaunchPlan, str]:
+    """Search one space; return (baseline plan, best plan, best knobs)."""
+    request = study.SearchRequest(model=args.model, trials=args.trials, space=space.find(space_name),
+                                  objective=objective, batch_size=batch, studies_dir=folder,
+                                  study=f"{space_name}-{objective}", measure=measure,
+                                  protocol=Protocol(replicates=2, timeout_s=args.timeout), seed=0)
+    opened = study.open_search(request, here)
+    study.run_search(opened, here, lambda e: progress(space_name, objective, e))
+    base = study.baseline(opened.study)
+    best = study.best_trials(opened.study)[0]
+    assert base is not None
+    return (LaunchPlan.from_json(base.user_attrs["plan"]), LaunchPlan.from_json(best.user_attrs["plan"]),
+            str(best.user_attrs.get("config")))
+
+
+def progress(space_name: str, objective: str, event: study.TrialEvent) -> None:
+    if event.kind == "done":
+        o = event.outcome
+        value = f"{o.values[0]:.2f}" if o.values else f"{o.state.name.lower()}: {o.reason[:80]}"
+        print(f"[{space_name}/{objective}] trial {event.number}: {value} ({event.config.describe()})", file=sys.stderr)
+
+
+def side_by_side(args: argparse.Namespace, objective: str, batch: int,
+                 found: dict[str, tuple[LaunchPlan, LaunchPlan, str]]) -> list[str]:
+    defaults = Contender("PyTorch defaults", found["default"][0])
+    seed = Contender("best, seed knobs", found["seed"][1])
+    everything = Contender("best, all knobs", found["default"][1])
+    metric = confirm.metric_of(objective)
+    values = confirm.interleave([defaults, seed, everything], args.rounds, metric, args.timeout, run_plan,
+                                lambda e: print(f"round {e.round + 1}: {e.contender.label}: "
+                                                f"{'ok' if e.result.ok else e.result.reason}", file=sys.stderr))
+    knobs = {defaults.label: "defaults", seed.label: found["seed"][2], everything.label: found["default"][2]}
+    setting = f"batch {batch}, {objective}"
+    rows = []
+    for contender in (defaults, seed, everything):
+        ran = [v for v in values[contender.label] if v is not None]
+        if not ran:
+            rows.append(f"| {setting} | {contender.label} | {knobs[contender.label]} | failed | | | |")
+            continue
+        result = confirm.paired(values[defaults.label], values[contender.label], metric, 0.0)
+        p50 = statistics.median(ran) if metric == "latency_p50_ms" else None
+        ips = statistics.median(ran) if metric != "latency_p50_ms" else None
+        speed = (f"{result.speedup:.2f}x ({result.ci_low:.2f}-{result.ci_high:.2f})" if result else "-")
+        rows.append(f"| {setting} | {contender.label} | {knobs[contender.label]} | {_f(p50)} | {_f(ips)} | {speed} "
+                    f"| {result.p_value:.3g} |" if result else f"| {setting} | {contender.label} | | | | | |")
+    return rows
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    main()
