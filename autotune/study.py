@@ -23,12 +23,13 @@ import optuna
 import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import __version__, bench, models, protocol, space, stats
+from autotune import __version__, bench, models, protocol, space
 from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.machine import Machine, cpuinfo, machine_has_bf16
 from autotune.protocol import Measurement, Protocol, Runner
+from autotune.pruning import MarginWilcoxonPruner, PruneCheck
 from autotune.runner import RunResult, run_plan
 
 MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE
@@ -182,35 +183,6 @@ def _pruner(objective: str) -> optuna.pruners.BasePruner:
     if objective == "both":
         return optuna.pruners.NopPruner()
     return MarginWilcoxonPruner()
-
-
-class MarginWilcoxonPruner(optuna.pruners.BasePruner):
-    """Stops a trial that is clearly worse than the best: a one-sided Wilcoxon signed-rank test on
-    paired deciles says it is more than `margin` worse with p < `p_threshold`.
-
-    Unlike Optuna's WilcoxonPruner (which tests any difference), the margin keeps a configuration
-    that is merely a hair behind on a noisy machine alive for confirmation to judge.
-    """
-
-    def __init__(self, p_threshold: float = 0.01, margin: float = 0.05, min_steps: int = 9) -> None:
-        self.p_threshold, self.margin, self.min_steps = p_threshold, margin, min_steps
-
-    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        return self.p_worse(study, trial)[0] < self.p_threshold
-
-    def p_worse(self, study: optuna.Study, trial: FrozenTrial) -> tuple[float, int, int | None]:
-        """(p, paired steps, best trial number); p = 1 when there is nothing to compare yet."""
-        try:
-            best = study.best_trial
-        except ValueError:
-            return 1.0, 0, None
-        steps = sorted(set(trial.intermediate_values) & set(best.intermediate_values))
-        if len(steps) < self.min_steps or best.number == trial.number:
-            return 1.0, len(steps), best.number
-        minimize = study.direction == optuna.study.StudyDirection.MINIMIZE
-        p = stats.paired_worse_p([trial.intermediate_values[s] for s in steps],
-                                 [best.intermediate_values[s] for s in steps], minimize, self.margin)
-        return p, len(steps), best.number
 
 
 @contextmanager
@@ -392,7 +364,7 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
         _record_failure(trial, str(exc), "")
         return Outcome(TrialState.FAIL, reason=str(exc))
     _record_plan(trial, plan)
-    pruner = _PruneCheck(search, trial)
+    pruner = PruneCheck(search.study, trial, request.objective)
     measurement = protocol.measure(plan, request.protocol, runner, after_each=pruner)
     if not measurement.ok:
         failed = next(r for r in measurement.runs if not r.ok)
@@ -412,51 +384,6 @@ def _bench_request(request: SearchRequest, config: Config, batch: int | None = N
     return bench.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
                               measure=request.measure, cache_dir=request.cache_dir,
                               input_shape=request.input_shape, tolerance=request.tolerance)
-
-
-class _PruneCheck:
-    """After each replicate: report its deciles as intermediate values and ask the pruner.
-
-    Deciles (9 steps per replicate) pair trials quantile by quantile, so the Wilcoxon pruner has
-    enough pairs to stop a clearly worse configuration after its first replicate.
-    """
-
-    def __init__(self, search: Search, trial: optuna.Trial) -> None:
-        self.search, self.trial, self.reason = search, trial, ""
-
-    def __call__(self, index: int, run: RunResult) -> bool:
-        if len(self.search.study.directions) > 1:
-            return False  # Optuna prunes single-objective studies only
-        for offset, value in enumerate(_step_values(self.search.request.objective, run)):
-            self.trial.report(value, index * DECILES + offset)
-        if not self.trial.should_prune():
-            return False
-        self.reason = self._why(index)
-        return True
-
-    def _why(self, index: int) -> str:
-        study = self.search.study
-        pruner = MarginWilcoxonPruner()
-        p, steps, best = pruner.p_worse(study, study._storage.get_trial(self.trial._trial_id))
-        return (f"more than {pruner.margin:.0%} worse than trial {best} after {index + 1} replicate(s): "
-                f"Wilcoxon p={p:.3g} on {steps} paired deciles")
-
-
-DECILES = 9
-
-
-def _step_values(objective: str, run: RunResult) -> list[float]:
-    """Deciles of the replicate's forward latencies, or of its items/s per iteration."""
-    if objective == "throughput":
-        per_instance = [[1000.0 * len_batch(i.metrics) / ms for ms in i.metrics["iterations_ms"]]
-                        for i in run.instances]
-        return [sum(d) for d in zip(*(stats.deciles(v) for v in per_instance), strict=True)]
-    return stats.deciles([x for i in run.instances for x in i.metrics["latencies_ms"]])
-
-
-def len_batch(metrics: Any) -> float:
-    iterations = len(metrics["latencies_ms"]) or 1
-    return float(metrics["items"]) / iterations
 
 
 def _reuse(trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:
