@@ -75,9 +75,14 @@ def dataset_for(item_shape: tuple[int, ...]) -> Any:
 
 
 def load_model(spec: str, import_path: str) -> Any:
-    """A torchvision name, `pkg.module:factory`, a TorchScript `.pt` or an exported `.pt2`."""
+    """A torchvision name, `pkg.module:factory`, a TorchScript `.pt` or an exported `.pt2`.
+
+    Random initialisation is seeded: every process builds the same weights, so a weight cache
+    written by one process matches the reference another computes (the guard would catch it).
+    """
     import torch
 
+    torch.manual_seed(0)
     if spec.endswith(".pt2"):
         return torch.export.load(spec).module()
     if spec.endswith(".pt"):
@@ -265,7 +270,7 @@ def weight_cache_path(args: argparse.Namespace, torch_version: str) -> Path:
     if args.model.endswith((".pt", ".pt2")):
         stat = os.stat(args.model)
         model_id = f"{os.path.abspath(args.model)}:{stat.st_size}:{stat.st_mtime_ns}"
-    key = json.dumps([model_id, args.item_shape, args.batch_size, "float32", args.mkldnn, args.memory_format,
+    key = json.dumps(["seeded-v2", model_id, args.item_shape, args.batch_size, "float32", args.mkldnn, args.memory_format,
                       args.precision, torch_version])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.model).stem if "/" in args.model else args.model)
