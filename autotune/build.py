@@ -270,8 +270,8 @@ def weight_cache_path(args: argparse.Namespace, torch_version: str) -> Path:
     if args.model.endswith((".pt", ".pt2")):
         stat = os.stat(args.model)
         model_id = f"{os.path.abspath(args.model)}:{stat.st_size}:{stat.st_mtime_ns}"
-    key = json.dumps(["seeded-v2", model_id, args.item_shape, args.batch_size, "float32", args.mkldnn, args.memory_format,
-                      args.precision, torch_version])
+    key = json.dumps(["seeded-v2", model_id, args.item_shape, args.batch_size, "float32", args.mkldnn,
+                      args.memory_format, args.precision, torch_version])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.model).stem if "/" in args.model else args.model)
     return Path(args.cache_dir, "weights", f"{stem}-{digest}.pt")
