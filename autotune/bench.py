@@ -59,9 +59,14 @@ def plan_from_exported(env: Mapping[str, str], machine: Machine,
         batch_size = int(env.get("AUTOTUNE_BATCH_SIZE", "1"))
     except ValueError:
         raise ConfigError(f"AUTOTUNE_BATCH_SIZE={env['AUTOTUNE_BATCH_SIZE']!r} is not a number; export again") from None
+    try:
+        tolerance = float(env.get("AUTOTUNE_TOLERANCE", "-1"))
+    except ValueError:
+        raise ConfigError(f"AUTOTUNE_TOLERANCE={env['AUTOTUNE_TOLERANCE']!r} is not a number; export again") from None
     request = BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=batch_size,
                            config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
-                           measure=measure or MeasureSettings())
+                           measure=measure or MeasureSettings(), input_shape=env.get("AUTOTUNE_INPUT_SHAPE"),
+                           tolerance=tolerance)
     return make_plan(request, machine)
 
 

@@ -111,7 +111,7 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Call
     model = load_model(args.model, args.import_path)
     setup["build_s"] = time.perf_counter() - start
     guarded = (args.mkldnn == "on" or args.precision != "fp32" or args.backend != "eager"
-               or args.memory_format != "contiguous")
+               or args.memory_format != "contiguous" or args.weight_cache == "on")
     with torch.no_grad():
         reference = leaves(model(example)) if guarded else None
     forward = convert(model, args, example, setup)
@@ -264,12 +264,20 @@ def cached_model(model: Any, args: argparse.Namespace, example: Any, setup: dict
     return loaded
 
 
+def _factory_file(spec: str) -> str | None:
+    if ":" not in spec:
+        return None
+    module = sys.modules.get(spec.partition(":")[0])
+    return getattr(module, "__file__", None)
+
+
 def weight_cache_path(args: argparse.Namespace, torch_version: str) -> Path:
     """Keyed by everything that changes the saved file."""
     model_id = args.model
-    if args.model.endswith((".pt", ".pt2")):
-        stat = os.stat(args.model)
-        model_id = f"{os.path.abspath(args.model)}:{stat.st_size}:{stat.st_mtime_ns}"
+    source = args.model if args.model.endswith((".pt", ".pt2")) else _factory_file(args.model)
+    if source:  # a user's file: an edit must not reuse the old trace
+        stat = os.stat(source)
+        model_id = f"{args.model}:{os.path.abspath(source)}:{stat.st_size}:{stat.st_mtime_ns}"
     key = json.dumps(["seeded-v2", model_id, args.item_shape, args.batch_size, "float32", args.mkldnn,
                       args.memory_format, args.precision, torch_version])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

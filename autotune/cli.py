@@ -207,8 +207,10 @@ def search(model: str, input_shape: str | None, trials: int, space_spec: str, st
         progress.close()
     best = [t for t in study.best_trials(opened.study) if "duplicate_of" not in t.user_attrs]
     display.best_table(opened.name, objective, best[:5], opened.storage)
-    if confirm_top > 0:
+    if confirm_top > 0 and (done < trials or "confirmation" not in opened.study.user_attrs):
         _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout)
+    elif confirm_top > 0:
+        display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes it)")
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -337,6 +339,10 @@ def run_command(env_file: Path, command: tuple[str, ...]) -> None:
 
     loaded = export.read(env_file)
     _check_executable(command[0])
+    outside = {c for cpus in loaded.cpus for c in cpus} - topology.detect().allowed
+    if loaded.binding != "none" and outside:
+        raise AutotuneError(f"{env_file} binds CPUs {topology.format_cpus(outside)}, which this process may not use "
+                            f"here; export a study made on this machine")
     launches = launch.user_launches(loaded, command, libs.discover(probe_cpu=_probe()), dict(os.environ))
     sys.exit(runner.run_foreground(launches))
 
@@ -388,6 +394,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     """Entry point: one `Error:` line and exit code 2 for every bad input; `--debug` re-raises."""
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGHUP, _raise_interrupt)  # a closed terminal stops the children too
     try:
         code = cli.main(args=args, prog_name="autotune", standalone_mode=False)
     except click.exceptions.Abort:

@@ -119,6 +119,7 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], values: dict[str, l
         mine = values[f"trial {trial.number}"]
         comparison = paired(values[reference], mine, metric, min_effect)
         rows.append(_row(trial, mine, comparison))
+    _holm(rows)
     winners = [r for r in rows if r["significant"]]
     best = max(winners, key=lambda r: r["speedup"]) if winners else None
     tried = max(rows, key=lambda r: r["speedup"] or 0.0) if rows else None
@@ -135,13 +136,26 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], values: dict[str, l
                                f"baseline (95% CI {best['ci95'][0]:.3f}-{best['ci95'][1]:.3f}, Wilcoxon "
                                f"p={best['p_value']:.3g}, {rounds} interleaved rounds)")
     elif tried is not None and tried["speedup"] is not None:
-        verdict["message"] = (f"no candidate beat the baseline by more than {min_effect:.0%} with p < {ALPHA}: the "
+        verdict["message"] = (f"no candidate beat the baseline by more than {min_effect:.0%} (Holm-adjusted "
+                              f"p < {ALPHA}): the "
                               f"closest, trial {tried['trial']}, was {tried['speedup']:.3f}x (95% CI "
                               f"{tried['ci95'][0]:.3f}-{tried['ci95'][1]:.3f}, p={tried['p_value']:.3g}); "
                               f"PyTorch's defaults stay the recommendation")
     else:
         verdict["message"] = "no candidate to confirm (no completed trial besides the baseline, or all failed)"
     return verdict
+
+
+def _holm(rows: list[dict[str, Any]]) -> None:
+    """Several candidates tested against one baseline: Holm's step-down keeps the chance of any
+    false winner under ALPHA (each row keeps its raw p-value)."""
+    tested = sorted((r for r in rows if r["p_value"] is not None), key=lambda r: r["p_value"])
+    for rank, row in enumerate(tested):
+        row["significant"] = row["p_value"] < ALPHA / (len(tested) - rank)
+        if not row["significant"]:
+            for later in tested[rank:]:
+                later["significant"] = False
+            break
 
 
 def _median(values: Sequence[float]) -> float | None:

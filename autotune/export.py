@@ -73,7 +73,7 @@ def render(study: optuna.Study, trial: FrozenTrial) -> str:
     ]
     if len(best_trials(study)) > 1 and len(study.directions) > 1:
         lines.append("# this study has several Pareto-optimal trials; pick another with --trial N")
-    unset = [v for v in TUNING_VARS if v not in shared]
+    unset = [v for v in dict.fromkeys([*TUNING_VARS, *plan.get("cleared", [])]) if v not in shared]
     if unset:
         lines.append(f"unset {' '.join(unset)}")
     lines += [f"export {k}={quote(v)}" for k, v in shared.items()]
@@ -116,6 +116,8 @@ def _knob_vars(plan: dict[str, Any]) -> dict[str, str]:
         "AUTOTUNE_MODEL": str(bench["model"]),
         "AUTOTUNE_KNOBS": " ".join(f"{k}={_knob_text(v)}" for k, v in config.items()),
         "AUTOTUNE_BATCH_SIZE": str(bench["batch_size"]),
+        "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench["item_shape"])),
+        "AUTOTUNE_TOLERANCE": str(bench.get("tolerance", -1.0)),
         "AUTOTUNE_MKLDNN": "on" if config.get("mkldnn") else "off",
         "AUTOTUNE_WEIGHT_CACHE": "on" if config.get("weight_cache") else "off",
         "AUTOTUNE_DATALOADER_WORKERS": str(config.get("dataloader_workers", 0)),
@@ -173,7 +175,10 @@ def read(path: Path) -> EnvFile:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
             continue
-        words = shlex.split(line)
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise ExportError(f"{path} line {number}: {exc}; export it again") from None
         if words[0] == "unset":
             unset += words[1:]
         elif words[0] == "export" and len(words) == 2 and "=" in words[1]:

@@ -276,10 +276,12 @@ def user_launches(
 ) -> list[tuple[tuple[str, ...], dict[str, str], tuple[int, ...]]]:
     """`autotune run`: the user's command per instance, with the exported env and core binding.
 
-    The environment is what `source`-ing the file gives: the user's own, tuning variables the file
-    unsets removed, its exports added, plus AUTOTUNE_INSTANCE_INDEX so instances can shard work.
+    The environment is the user's own without any tuning variable (OMP_*, KMP_*, MALLOC_*, ...,
+    as the trial's child had none) plus the file's exports and AUTOTUNE_INSTANCE_INDEX, so that
+    instances can shard work.
     """
-    base = {k: v for k, v in parent_env.items() if k not in env_file.unset}
+    base = {k: v for k, v in parent_env.items()
+            if k not in env_file.unset and (not TUNING.match(k) or k in env_file.env)}
     binding = "none" if env_file.binding == "none" else best_binder(libs)
     launches = []
     for index in range(env_file.instances):

@@ -20,7 +20,9 @@ class MarginWilcoxonPruner(optuna.pruners.BasePruner):
     that is merely a hair behind on a noisy machine alive for confirmation to judge.
     """
 
-    def __init__(self, p_threshold: float = 0.01, margin: float = 0.05, min_steps: int = 9) -> None:
+    def __init__(self, p_threshold: float = 0.01, margin: float = 0.05, min_steps: int = 18) -> None:
+        # Two replicates at least: deciles of one process are not independent pairs, and one
+        # disturbed process alone must not prune a configuration.
         self.p_threshold, self.margin, self.min_steps = p_threshold, margin, min_steps
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:

@@ -9,6 +9,7 @@ on success, failure, timeout and Ctrl-C alike.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import selectors
@@ -17,7 +18,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,10 +150,15 @@ class _Snapshot:
 
 
 def _machine_snapshot() -> _Snapshot:
-    times = psutil.cpu_times()
-    idle = times.idle + getattr(times, "iowait", 0.0)
-    steal = getattr(times, "steal", 0.0)
-    return _Snapshot(time.monotonic(), sum(times) - idle - steal, steal, os.getloadavg()[0])
+    """CPU time of the CPUs this process may use (not a container host's other cores)."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    mine = [per_cpu[c] for c in sorted(os.sched_getaffinity(0)) if c < len(per_cpu)] or per_cpu
+    busy = steal = 0.0
+    for times in mine:
+        cpu_steal = getattr(times, "steal", 0.0)
+        busy += sum(times) - times.idle - getattr(times, "iowait", 0.0) - cpu_steal
+        steal += cpu_steal
+    return _Snapshot(time.monotonic(), busy, steal, os.getloadavg()[0])
 
 
 def _noise(before: _Snapshot, after: _Snapshot, results: Sequence[InstanceResult]) -> dict[str, float]:
@@ -185,7 +191,8 @@ def _start(instance: InstancePlan, binding: str, tmp: Path, parent_env: Mapping[
     result_path = tmp / f"instance-{instance.index}.json"
     log_path = tmp / f"instance-{instance.index}.log"
     read_fd, write_fd = os.pipe()
-    argv = [*instance.command, "--result", str(result_path), "--ready-fd", str(write_fd)]
+    argv = [*instance.command, "--result", str(result_path), "--ready-fd", str(write_fd),
+            "--parent-pid", str(os.getpid())]
     cpus = set(instance.cpus)
 
     def bind() -> None:  # only when neither numactl nor taskset is available
@@ -199,6 +206,9 @@ def _start(instance: InstancePlan, binding: str, tmp: Path, parent_env: Mapping[
                 start_new_session=True,
                 preexec_fn=bind if binding == "sched_setaffinity" else None,
             )
+        except OSError:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
     os.set_blocking(read_fd, False)
@@ -310,8 +320,12 @@ def _tail(path: Path) -> str:
 
 
 def _last_line(tail: str) -> str:
-    lines = [line for line in tail.strip().splitlines() if line.strip()]
-    return f": {lines[-1].strip()[:200]}" if lines else ""
+    """The last line of the child's output, plus an OpenMP runtime's own error, which names the
+    real cause when a crash surfaces elsewhere (e.g. in a forked DataLoader worker)."""
+    lines = [line.strip() for line in tail.strip().splitlines() if line.strip()]
+    omp = next((line for line in lines if line.startswith("OMP: Error")), "")
+    last = lines[-1][:200] if lines else ""
+    return "".join(f": {part}" for part in (last, omp[:200]) if part)
 
 
 def _signal_name(number: int) -> str:
@@ -329,10 +343,8 @@ def run_foreground(launches: Sequence[tuple[Sequence[str], Mapping[str, str], Se
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for argv, env, cpus in launches:
-            procs.append(subprocess.Popen(
-                list(argv), env=dict(env), start_new_session=True,
-                preexec_fn=(lambda c=set(cpus): os.sched_setaffinity(0, c)) if cpus else None,
-            ))
+            procs.append(subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
+                                          preexec_fn=_user_child(set(cpus))))
         codes = [p.wait() for p in procs]
     finally:
         for proc in procs:
@@ -343,6 +355,17 @@ def run_foreground(launches: Sequence[tuple[Sequence[str], Mapping[str, str], Se
     if not failed:
         return 0
     return 128 - failed[0] if failed[0] < 0 else failed[0]
+
+
+def _user_child(cpus: set[int]) -> Callable[[], None]:
+    """In the user's instance before exec: bind if asked, and die with autotune (PDEATHSIG)."""
+
+    def setup() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return setup
 
 
 def probe(plan: LaunchPlan, timeout_s: float) -> str:

@@ -173,6 +173,8 @@ def _knob_range(where: str, name: str, spec: object) -> KnobRange:
         raise SpaceError(f"{where}: knobs.{name}: expected a list of choices or a mapping with "
                          f"choices or low/high")
     when = _when(where, name, spec.get("when"), definition)
+    if "choices" in spec and name in ("omp_threads", "instances"):
+        raise SpaceError(f"{where}: knobs.{name}: give low/high (they are fitted to the cores), not choices")
     if "choices" in spec:
         _only_keys(where, name, spec, CHOICE_KEYS)
         return KnobRange(name, _choices(where, name, spec["choices"], definition), when=when)
@@ -219,6 +221,8 @@ def _int_range(where: str, name: str, spec: Mapping[str, Any], definition: Knob,
         raise SpaceError(f"{key}: low {low} is above high {high}")
     if step < 1 or not isinstance(spec.get("log", False), bool):
         raise SpaceError(f"{key}: step must be 1 or more and log true or false")
+    if spec.get("log") and (step != 1 or low < 1):
+        raise SpaceError(f"{key}: log: true needs step 1 and low 1 or more")
     return KnobRange(name, low=low, high=high, step=step, log=spec.get("log", False), when=when)
 
 

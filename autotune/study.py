@@ -168,9 +168,15 @@ def _create(name: str, url: str, request: SearchRequest) -> optuna.Study:
                                            sampler=_sampler(request.seed), pruner=_pruner(request.objective))
         except sqlalchemy.exc.IntegrityError:
             if attempt == 2:
-                raise
+                raise _storage_error(url, "the database is being created by another process") from None
             time.sleep(0.5)
+        except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+            raise _storage_error(url, str(exc).splitlines()[0]) from None
     raise AssertionError("unreachable")
+
+
+def _storage_error(url: str, reason: str) -> StudyError:
+    return StudyError(f"cannot open the study storage {url}: {reason}; check --storage (and the driver it needs)")
 
 
 def _sampler(seed: int | None) -> optuna.samplers.BaseSampler:
@@ -209,6 +215,9 @@ def _claim(study: optuna.Study, request: SearchRequest, model: models.ModelSpec,
         if attrs.get(key, value) != value:
             raise StudyError(f"study {study.study_name!r} was made for {key}={attrs.get(key)}, not "
                              f"{value}; use another --study name or the same {key}")
+    if attrs.get("space", adapted.to_json())["knobs"] != adapted.to_json()["knobs"]:
+        raise StudyError(f"study {study.study_name!r} was made with another search space (or this machine's "
+                         f"libraries or cores changed since); use another --study name or the same --space")
 
 
 def abandon_stale_trials(study: optuna.Study) -> list[int]:
@@ -278,15 +287,18 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
         try:
             _run_trial(search, machine, trial, is_baseline, start, on_event, runner)
         except KeyboardInterrupt:
-            _interrupted(study, trial)
+            _abandon(study, trial, "interrupted by the user (Ctrl-C)")
+            raise
+        except BaseException as exc:  # never leave a trial RUNNING, whatever went wrong
+            _abandon(study, trial, f"autotune failed: {type(exc).__name__}: {exc}")
             raise
 
 
-def _interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
-    """Ctrl-C mid-trial: the trial is recorded as failed with that reason, never left RUNNING."""
+def _abandon(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+    """A trial cut short is recorded as failed with the reason, never left RUNNING."""
     if study._storage.get_trial(trial._trial_id).state.is_finished():
         return
-    _record_failure(trial, "interrupted by the user (Ctrl-C)", "")
+    _record_failure(trial, reason, "")
     study.tell(trial, state=TrialState.FAIL)
 
 
@@ -340,8 +352,7 @@ def _constrain(trial: optuna.Trial, outcome: Outcome, limit_ms: float) -> None:
     (optuna-dashboard 0.21 does not show Optuna 5 constraints)."""
     p90 = float(trial.user_attrs["latency_p90_ms"]) if "latency_p90_ms" in trial.user_attrs else math.inf
     over = p90 - limit_ms
-    if outcome.duplicate_of is None:
-        trial.set_constraint("latency_p90_over_limit_ms", over)
+    trial.set_constraint("latency_p90_over_limit_ms", over)  # duplicates too: no constraint reads as feasible
     trial.set_user_attr("constraint_latency_p90_over_limit_ms", round(over, 4))
     trial.set_user_attr("feasible", over <= 0)
 
@@ -463,7 +474,10 @@ def find_study(studies_dir: Path, name: str | None, storage: str | None) -> optu
     """Load an existing study without creating anything: by name, or the newest under studies/."""
     if storage:
         if name is None:
-            names = optuna.get_all_study_names(storage)
+            try:
+                names = optuna.get_all_study_names(storage)
+            except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+                raise _storage_error(storage, str(exc).splitlines()[0]) from None
             if len(names) != 1:
                 raise StudyError(f"--storage holds {len(names)} studies; pick one with --study")
             name = names[0]
@@ -486,3 +500,5 @@ def _load(name: str, storage: str) -> optuna.Study:
             return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise StudyError(f"no study {name!r} in {storage}") from None
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+        raise _storage_error(storage, str(exc).splitlines()[0]) from None

@@ -45,15 +45,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cache-dir", default="studies/cache")
     p.add_argument("--result", required=True)
     p.add_argument("--ready-fd", type=int, default=-1)
+    p.add_argument("--parent-pid", type=int, default=-1, help="autotune's pid: exit if it is already gone")
     return p.parse_args(argv)
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to kill this process if autotune dies, so no benchmark outlives it."""
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill this process if autotune dies, so no benchmark outlives it; and
+    exit now if it died before the request was made (autotune may itself be PID 1 in a container,
+    so the parent is compared with autotune's pid, not with 1)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:
+    if parent_pid > 0 and os.getppid() != parent_pid:
         os._exit(1)
 
 
@@ -169,7 +172,7 @@ def wait_for_go(ready_fd: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    die_with_parent()
+    die_with_parent(args.parent_pid)
     setup: dict[str, Any] = {}
     # Compiled kernels persist per study, so a repeated configuration does not compile again.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir, "inductor")))

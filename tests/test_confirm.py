@@ -56,16 +56,16 @@ def searched(tmp_path: Path, here: Machine, runner: object, trials: int = 8) -> 
     return opened.study
 
 
-def test_clearly_worse_configurations_are_pruned_after_one_replicate(tmp_path: Path, here: Machine) -> None:
+def test_clearly_worse_configurations_are_pruned_after_two_replicates(tmp_path: Path, here: Machine) -> None:
     fake_runner.calls = []  # type: ignore[attr-defined]
     result = searched(tmp_path, here, slow_intel)
     pruned = [t for t in result.get_trials() if t.state == TrialState.PRUNED]
     assert {t.number for t in pruned} >= {2, 3}, "3x slower than trial 1 (jemalloc): pruned"
     for trial in pruned:
-        assert trial.user_attrs["replicates"] == 1
+        assert trial.user_attrs["replicates"] == 2  # one disturbed process alone never prunes
         assert trial.user_attrs["status"] == "pruned"
         assert trial.user_attrs["prune_reason"].startswith("more than 5% worse than trial ")
-        assert "after 1 replicate(s): Wilcoxon p=" in trial.user_attrs["prune_reason"]
+        assert "after 2 replicate(s): Wilcoxon p=" in trial.user_attrs["prune_reason"]
     complete = [t for t in result.get_trials() if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
     assert all(t.user_attrs["replicates"] == 3 for t in complete)
     assert result.get_trials()[1].state == TrialState.COMPLETE
@@ -103,7 +103,7 @@ def test_no_significant_gain_exports_the_baseline_and_says_why(tmp_path: Path, h
                               runner=all_equal)
     assert verdict["significant"] is False
     assert verdict["winner_trial"] == 0
-    assert verdict["message"].startswith("no candidate beat the baseline by more than 3% with p < 0.05")
+    assert verdict["message"].startswith("no candidate beat the baseline by more than 3% (Holm-adjusted p < 0.05)")
     chosen = export.pick_trial(result, None)
     assert chosen.number == 0
     assert "# baseline exported: no candidate beat the baseline" in export.render(result, chosen)
@@ -115,3 +115,13 @@ def test_too_few_rounds_and_no_baseline_are_errors(tmp_path: Path) -> None:
         confirm.confirm(empty, top=3, rounds=10, min_effect=0.03, timeout_s=1, on_run=lambda e: None)
     with pytest.raises(confirm.ConfirmError, match="--rounds 3 can never reach p < 0.05"):
         confirm.confirm(empty, top=3, rounds=3, min_effect=0.03, timeout_s=1, on_run=lambda e: None)
+
+
+def test_holm_keeps_a_borderline_second_candidate_from_winning() -> None:
+    rows = [{"p_value": 0.02, "significant": True}, {"p_value": 0.03, "significant": True},
+            {"p_value": None, "significant": False}]
+    confirm._holm(rows)
+    assert [r["significant"] for r in rows] == [True, True, False]  # 0.02 < 0.05/2, 0.03 < 0.05/1
+    rows = [{"p_value": 0.03, "significant": True}, {"p_value": 0.04, "significant": True}]
+    confirm._holm(rows)
+    assert [r["significant"] for r in rows] == [False, False]  # 0.03 > 0.05/2: neither, though both < 0.05

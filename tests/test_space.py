@@ -54,6 +54,8 @@ def test_builtin_conditions_apply_without_when() -> None:
          "    when: {omp_runtime: intel}\n",
          "knobs.omp_proc_bind.when.omp_runtime: omp_proc_bind applies only with omp_runtime=gnu/llvm"),
         ("knobs: {}\n", "expected a mapping `knobs:` with at least one knob"),
+        ("knobs:\n  omp_threads: [1, 2]\n", "knobs.omp_threads: give low/high (they are fitted to the cores)"),
+        ("knobs:\n  dataloader_workers: {low: 0, high: 4, log: true}\n", "log: true needs step 1 and low 1"),
         ("knob:\n  mkldnn: [on]\n", "expected a mapping `knobs:` with at least one knob"),
         ("knobs:\n  mkldnn: [on]\nextra: 1\n", "unknown top-level key 'extra'"),
     ],
