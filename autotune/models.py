@@ -109,6 +109,8 @@ def _factory(text: str, shape: tuple[int, ...] | None) -> ModelSpec:
     sys.path.insert(0, here)
     try:
         found = importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # its parent package does not exist
+        found = None
     except Exception as exc:  # a package whose __init__ fails to import
         raise ModelError(f"cannot import the package of {module!r}: {type(exc).__name__}: {exc}") from None
     finally:

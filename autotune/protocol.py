@@ -97,9 +97,10 @@ def _utilization(runs: Sequence[RunResult]) -> float:
 
 
 def measure(plan: LaunchPlan, protocol: Protocol, runner: Runner,
-            after_each: Callable[[int, RunResult], bool] = lambda i, r: False) -> Measurement:
+            after_each: Callable[[int, RunResult, bool], bool] = lambda i, r, more: False) -> Measurement:
     """Run `plan` `protocol.replicates` times, plus up to `max_extra` while the spread stays above
-    REMEASURE. `after_each(index, run)` may stop early (pruning) by returning True."""
+    REMEASURE. `after_each(index, run, more_planned)` may stop early (pruning) by returning True;
+    it is told whether more replicates are planned, since stopping after the last saves nothing."""
     runs: list[RunResult] = []
     limit = protocol.replicates
     while len(runs) < limit:
@@ -107,7 +108,7 @@ def measure(plan: LaunchPlan, protocol: Protocol, runner: Runner,
         runs.append(run)
         if not run.ok:
             break
-        if after_each(len(runs) - 1, run):
+        if after_each(len(runs) - 1, run, len(runs) < limit):
             return Measurement(tuple(runs), stopped_early=True)
         room = limit < protocol.replicates + protocol.max_extra
         if len(runs) == limit and room and Measurement(tuple(runs)).spread > REMEASURE:

@@ -53,12 +53,12 @@ class PruneCheck:
     def __init__(self, study: optuna.Study, trial: optuna.Trial, objective: str) -> None:
         self.study, self.trial, self.objective, self.reason = study, trial, objective, ""
 
-    def __call__(self, index: int, run: RunResult) -> bool:
+    def __call__(self, index: int, run: RunResult, more_planned: bool) -> bool:
         if len(self.study.directions) > 1:
             return False  # Optuna prunes single-objective studies only
         for offset, value in enumerate(_step_values(self.objective, run)):
             self.trial.report(value, index * DECILES + offset)
-        if not self.trial.should_prune():
+        if not more_planned or not self.trial.should_prune():  # after the last one it would save nothing
             return False
         self.reason = self._why(index)
         return True
