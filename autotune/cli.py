@@ -48,6 +48,11 @@ def _timeout_option(func: Any) -> Any:
                         help="Seconds before one run is killed and recorded as failed.")(func)
 
 
+def _min_effect_option(func: Any) -> Any:
+    return click.option("--min-effect", default=0.03, show_default=True, type=click.FloatRange(min=0, max=10),
+                        help="Smallest gain over the baseline worth recommending (0.03 = 3%).")(func)
+
+
 def _measure_options(func: Any) -> Any:
     """The in-process protocol, shared by bench and search."""
     func = click.option("--tolerance", default=-1.0, type=float, show_default=False,
@@ -163,8 +168,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
               help="Candidates re-measured against the baseline at the end (0: skip).")
 @click.option("--confirm-rounds", default=10, show_default=True, type=click.IntRange(min=5),
               help="Interleaved rounds of that confirmation (5 at least: fewer can never be significant).")
-@click.option("--min-effect", default=0.03, show_default=True, type=click.FloatRange(min=0, max=10),
-              help="Smallest gain over the baseline worth recommending (0.03 = 3%).")
+@_min_effect_option
 @_measure_options
 @click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
               type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")
@@ -236,8 +240,7 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
               help="Best distinct candidates re-measured against the baseline.")
 @click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=5),
               help="Interleaved rounds, each contender once per round in a fresh process (5 at least).")
-@click.option("--min-effect", default=0.03, show_default=True, type=click.FloatRange(min=0, max=10),
-              help="Smallest gain over the baseline worth recommending (0.03 = 3%).")
+@_min_effect_option
 @_timeout_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
                     timeout: float) -> None:
