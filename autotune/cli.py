@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from autotune import bench, display, knobs, machine, models, topology
+from autotune import display, knobs, machine, models, planning
+from autotune.child.build import TOLERANCE
 from autotune.errors import AutotuneError, RunFailed
+from autotune.launch import LaunchPlan, MeasureSettings
+from autotune.objectives import COMPARABLE, MIN_EFFECT, MIN_ROUNDS, metric_of, parse_objective
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
               "(importable from here), a TorchScript .pt or an exported .pt2 file.")
 SHAPE_HELP = "One input item's shape, e.g. 3x224x224 (default for image models) or 128."
+STUDIES = Path("studies")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,9 +42,16 @@ def cli(debug: bool) -> None:
     """
 
 
-def _study_options(func: Any) -> Any:
-    func = click.option("--storage", help="Optuna storage URL, if not a study under studies/.")(func)
-    return click.option("--study", "study_name", help="Study name (default: the newest in studies/).")(func)
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _study_options(study_help: str = "Study name (default: the newest in studies/).",
+                   storage_help: str = "Optuna storage URL, if not a study under studies/.") -> Decorator:
+    def add(func: Any) -> Any:
+        func = click.option("--storage", help=storage_help)(func)
+        return click.option("--study", "study_name", help=study_help)(func)
+
+    return add
 
 
 def _timeout_option(func: Any) -> Any:
@@ -49,14 +60,25 @@ def _timeout_option(func: Any) -> Any:
 
 
 def _min_effect_option(func: Any) -> Any:
-    return click.option("--min-effect", default=0.03, show_default=True, type=click.FloatRange(min=0, max=10),
+    return click.option("--min-effect", default=MIN_EFFECT, show_default=True, type=click.FloatRange(min=0, max=10),
                         help="Smallest gain over the baseline worth recommending (0.03 = 3%).")(func)
+
+
+def _rounds_option(name: str, help_text: str) -> Decorator:
+    return click.option(name, default=10, show_default=True, type=click.IntRange(min=MIN_ROUNDS),
+                        help=f"{help_text} ({MIN_ROUNDS} at least: fewer can never be significant).")
+
+
+def _cache_dir_option(func: Any) -> Any:
+    return click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
+                        type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")(func)
 
 
 def _measure_options(func: Any) -> Any:
     """The in-process protocol, shared by bench and search."""
     func = click.option("--tolerance", default=-1.0, type=float, show_default=False,
-                        help="Relative error allowed against eager fp32 (default: 1e-3 fp32, 5e-2 bf16).")(func)
+                        help="Relative error allowed against eager fp32 (default: "
+                             f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16).")(func)
     func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
                         help="Timed samples at least, per process.")(func)
     func = click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
@@ -65,15 +87,11 @@ def _measure_options(func: Any) -> Any:
                         help="Seconds of untimed warmup at least.")(func)
     func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
                         help="Untimed warmup iterations at least.")(func)
-    return _timeout_option(func)
+    return _cache_dir_option(_timeout_option(func))
 
 
-def _settings(options: dict[str, Any]) -> Any:
-    options.pop("tolerance", None)
-    from autotune.launch import MeasureSettings
-
-    return MeasureSettings(warmup=options.pop("warmup"), warmup_s=options.pop("warmup_time"),
-                           duration_s=options.pop("duration"), min_iterations=options.pop("min_iterations"))
+def _settings(warmup: int, warmup_time: float, duration: float, min_iterations: int) -> MeasureSettings:
+    return MeasureSettings(warmup=warmup, warmup_s=warmup_time, duration_s=duration, min_iterations=min_iterations)
 
 
 def _model_options(func: Any) -> Any:
@@ -95,8 +113,7 @@ def doctor(as_json: bool) -> None:
     Example:
       autotune doctor --json
     """
-    report = machine.report(machine.this_machine())
-    _emit(report, as_json, display.doctor)
+    _emit(machine.report(machine.this_machine()), as_json, display.doctor)
 
 
 @cli.command()
@@ -112,36 +129,34 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
     Example:
       autotune plan --model resnext101 --set instances=2 --set allocator=jemalloc --json
     """
-    request = bench.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape)
+    request = planning.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape)
     target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
-    _emit(bench.make_plan(request, target).to_json(), as_json, display.plan)
+    _emit(planning.make_plan(request, target).to_json(), as_json, display.plan)
 
 
 @cli.command(name="bench")
 @_model_options
 @_measure_options
-@click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
-              type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-                  cache_dir: Path, as_json: bool, timeout: float, tolerance: float, **options: Any) -> None:
+                  cache_dir: Path, as_json: bool, timeout: float, tolerance: float, **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
 
     \b
     Example:
       autotune bench --model resnet18 --set instances=2 --set omp_runtime=intel
     """
-    from autotune.runner import run_plan
+    from autotune.orchestrate import run_plan
 
-    request = bench.BenchRequest.from_flags(model, assignments, batch_size, measure=_settings(options),
-                                            cache_dir=cache_dir, input_shape=input_shape, tolerance=tolerance)
+    request = planning.BenchRequest.from_flags(model, assignments, batch_size, measure=_settings(**measure),
+                                               cache_dir=cache_dir, input_shape=input_shape, tolerance=tolerance)
     here = machine.this_machine()
-    launch = bench.make_plan(request, here)
-    bench.check_model(request, here, timeout)
+    launch = planning.make_plan(request, here)
+    planning.check_model(request, here, timeout)
     with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
                         f"{len(launch.instances)} instance(s)", quiet=as_json):
         result = run_plan(launch, timeout)
-    _emit({"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench)
+    _emit({"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
 
@@ -153,8 +168,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
               help="Total finished trials the study should hold (baseline included); a rerun resumes.")
 @click.option("--space", "space_spec", default="default", show_default=True,
               help="Search space: a name in search_spaces/ or a .yaml path.")
-@click.option("--study", "study_name", help="Study name (default: MODEL-bsB-OBJECTIVE).")
-@click.option("--storage", help="Optuna storage URL (default: sqlite:///studies/STUDY.db).")
+@_study_options("Study name (default: MODEL-bsB-OBJECTIVE).", "Optuna storage URL (default: sqlite:///studies/STUDY.db).")
 @click.option("--objective", default="latency", show_default=True,
               help="latency (min p50), throughput (max items/s) or both (Pareto front).")
 @click.option("--batch-size", default="1", show_default=True,
@@ -166,16 +180,13 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
               help="Fresh processes per trial; more are added (up to 2) while a trial stays noisy.")
 @click.option("--confirm-top", default=3, show_default=True, type=click.IntRange(min=0),
               help="Candidates re-measured against the baseline at the end (0: skip).")
-@click.option("--confirm-rounds", default=10, show_default=True, type=click.IntRange(min=5),
-              help="Interleaved rounds of that confirmation (5 at least: fewer can never be significant).")
+@_rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
 @_min_effect_option
 @_measure_options
-@click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
-              type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")
 def search(model: str, input_shape: str | None, trials: int, space_spec: str, study_name: str | None,
            storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, confirm_top: int, confirm_rounds: int, min_effect: float,
-           timeout: float, tolerance: float, cache_dir: Path, **options: Any) -> None:
+           timeout: float, tolerance: float, cache_dir: Path, **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -183,35 +194,28 @@ def search(model: str, input_shape: str | None, trials: int, space_spec: str, st
       autotune search --model resnext101 --trials 50
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
     """
-    from autotune import space, study
-    from autotune.protocol import Protocol
+    from autotune import search_loop, space
+    from autotune.records import best_measured
+    from autotune.replicates import ReplicatePolicy
 
     sizes = _batch_sizes(batch_size)
-    request = study.SearchRequest(
-        model=model, trials=trials, space=space.find(space_spec), objective=objective,
+    request = search_loop.SearchRequest(
+        model=model, trials=trials, space=space.find(space_spec), objective=parse_objective(objective),
         batch_size=sizes[0], batch_sizes=sizes if len(sizes) > 1 else (), max_latency_ms=max_latency_ms,
-        study=study_name, storage=storage, measure=_settings(options),
-        protocol=Protocol(replicates=replicates, timeout_s=timeout), cache_dir=cache_dir, seed=seed,
-        input_shape=input_shape, tolerance=tolerance,
-        command_line=" ".join(["autotune", *sys.argv[1:]]))
+        study=study_name, storage=storage, measure=_settings(**measure),
+        replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout), cache_dir=cache_dir, seed=seed,
+        input_shape=input_shape, tolerance=tolerance, command_line=" ".join(["autotune", *sys.argv[1:]]))
     here = machine.this_machine()
-    opened = study.open_search(request, here, check=bench.check_model)
+    opened = search_loop.open_search(request, here, check=planning.check_model)
     for note in opened.notes:
         display.err.print(f"note: {note}", markup=False)
-    for number in study.abandon_stale_trials(opened.study):
-        display.err.print(f"note: trial {number} was left running by a killed autotune; marked failed")
-    done = study.finished(opened.study)
-    if done >= trials:
-        display.err.print(f"note: study {opened.name} already holds {done} finished trials; raise --trials "
-                          "to search further", markup=False)
-    progress = display.SearchProgress(objective)
+    progress = display.SearchProgress(request.objective)
     try:
-        study.run_search(opened, here, progress)
+        search_loop.run_search(opened, here, progress)
     finally:
         progress.close()
-    best = [t for t in study.best_trials(opened.study) if "duplicate_of" not in t.user_attrs]
-    display.best_table(opened.name, objective, best[:5], opened.storage)
-    if confirm_top > 0 and (done < trials or "confirmation" not in opened.study.user_attrs):
+    display.best_table(opened.name, request.objective, best_measured(opened.study)[:5], opened.storage)
+    if opened.should_confirm(confirm_top):
         _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout)
     elif confirm_top > 0:
         display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes it)")
@@ -235,11 +239,10 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 
 
 @cli.command(name="confirm")
-@_study_options
+@_study_options()
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1),
               help="Best distinct candidates re-measured against the baseline.")
-@click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=5),
-              help="Interleaved rounds, each contender once per round in a fresh process (5 at least).")
+@_rounds_option("--rounds", "Interleaved rounds, each contender once per round in a fresh process")
 @_min_effect_option
 @_timeout_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
@@ -250,17 +253,16 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
     Example:
       autotune confirm --study resnext101_32x8d-bs1-latency --top 3 --rounds 10
     """
-    from autotune import study
+    from autotune.storage import find_study
 
-    _confirm(study.find_study(Path("studies"), study_name, storage), top, rounds, min_effect, timeout)
+    _confirm(find_study(STUDIES, study_name, storage), top, rounds, min_effect, timeout)
 
 
 @cli.command(name="compare")
 @click.argument("first")
 @click.argument("second")
-@_study_options
-@click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=5),
-              help="Interleaved rounds, each configuration once per round in a fresh process (5 at least).")
+@_study_options()
+@_rounds_option("--rounds", "Interleaved rounds, each configuration once per round in a fresh process")
 @click.option("--min-effect", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
               help="Gain the test must exceed to call SECOND faster.")
 @click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
@@ -274,38 +276,29 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
       autotune compare 0 12 --study resnet18-bs1-latency
       autotune compare baseline.env best.env --rounds 20
     """
-    from autotune import confirm, study
+    from autotune import confirm
+    from autotune.orchestrate import run_plan
+    from autotune.storage import find_study
 
-    if objective not in ("latency", "throughput"):
-        raise AutotuneError(f"--objective {objective!r} is not allowed; use latency or throughput")
-
-    def loaded() -> Any:
-        return study.find_study(Path("studies"), study_name, storage)
-
-    pair = [confirm.contender_from(spec, loaded, _plan_from_env_file) for spec in (first, second)]
-    metric = confirm.metric_of(objective)
-    values = confirm.interleave(pair, rounds, metric, timeout, _run_plan, display.confirm_progress)
+    metric = metric_of(parse_objective(objective, COMPARABLE))
+    pair = [confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage), _plan_from_env_file)
+            for spec in (first, second)]
+    values = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress)
     comparison = confirm.paired(values[pair[0].label], values[pair[1].label], metric, min_effect)
     display.comparison(pair[0].label, pair[1].label, values, metric, comparison)
     if comparison is None:
         sys.exit(EXIT_FAILED)
 
 
-def _run_plan(plan: Any, timeout: float) -> Any:
-    from autotune.runner import run_plan
-
-    return run_plan(plan, timeout)
-
-
-def _plan_from_env_file(path: str) -> Any:
+def _plan_from_env_file(path: str) -> LaunchPlan:
     from autotune import export
 
-    return bench.plan_from_exported(export.read(Path(path)).env, machine.this_machine())
+    return planning.plan_from_exported(export.read(Path(path)).env, machine.this_machine())
 
 
 @cli.command(name="export")
 @click.argument("path", type=click.Path(path_type=Path))
-@_study_options
+@_study_options()
 @click.option("--trial", "trial_number", type=int, help="Export this trial instead of the best.")
 def export_command(path: Path, study_name: str | None, storage: str | None,
                    trial_number: int | None) -> None:
@@ -316,9 +309,10 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
       autotune export best.env
       autotune export fast.env --study resnet18-bs1-latency --trial 7
     """
-    from autotune import export, study
+    from autotune import export
+    from autotune.storage import find_study
 
-    found = study.find_study(Path("studies"), study_name, storage)
+    found = find_study(STUDIES, study_name, storage)
     trial = export.pick_trial(found, trial_number)
     export.write(path, export.render(found, trial))
     display.err.print(f"wrote {path}: study {found.study_name}, trial {trial.number} "
@@ -338,26 +332,12 @@ def run_command(env_file: Path, command: tuple[str, ...]) -> None:
     Example:
       autotune run best.env -- python serve.py --port 8000
     """
-    from autotune import export, launch, libs, runner
+    from autotune import export, userrun
 
     loaded = export.read(env_file)
-    _check_executable(command[0])
-    outside = {c for cpus in loaded.cpus for c in cpus} - topology.detect().allowed
-    if loaded.binding != "none" and outside:
-        raise AutotuneError(f"{env_file} binds CPUs {topology.format_cpus(outside)}, which this process may not use "
-                            f"here; export a study made on this machine")
-    launches = launch.user_launches(loaded, command, libs.discover(probe_cpu=_probe()), dict(os.environ))
-    sys.exit(runner.run_foreground(launches))
-
-
-def _probe() -> tuple[int, int] | None:
-    cores = topology.detect().usable_cores
-    return (cores[0].cpus[0], cores[0].node) if cores else None
-
-
-def _check_executable(program: str) -> None:
-    if shutil.which(program) is None and not Path(program).is_file():
-        raise AutotuneError(f"command not found: {program!r}; give the program to run after --")
+    here = machine.this_machine()
+    userrun.check_runnable(loaded, env_file, command[0], here.topology)
+    sys.exit(userrun.run_foreground(userrun.user_launches(loaded, command, here.libs, dict(os.environ))))
 
 
 @cli.command(name="knobs")

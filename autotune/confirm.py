@@ -17,15 +17,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import stats
+from autotune import records, stats
 from autotune.errors import AutotuneError
 from autotune.launch import LaunchPlan
-from autotune.protocol import Runner
-from autotune.runner import RunResult, run_plan
+from autotune.objectives import ALPHA, MIN_ROUNDS, Metric, lower_is_better, metric_of, metric_value
+from autotune.orchestrate import run_plan
+from autotune.replicates import PlanRunner
+from autotune.results import RunResult
 from autotune.stats import PairedComparison
-from autotune.study import baseline, best_trials
-
-ALPHA = 0.05
 
 
 class ConfirmError(AutotuneError):
@@ -47,15 +46,7 @@ class RunEvent:
     result: RunResult
 
 
-def metric_of(objective: str) -> str:
-    return "throughput_ips" if objective == "throughput" else "latency_p50_ms"
-
-
-def value(result: RunResult, metric: str) -> float:
-    return result.throughput_ips if metric == "throughput_ips" else result.latency_p50_ms
-
-
-def interleave(contenders: Sequence[Contender], rounds: int, metric: str, timeout_s: float, runner: Runner,
+def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, timeout_s: float, runner: PlanRunner,
                on_run: Callable[[RunEvent], None]) -> dict[str, list[float | None]]:
     """One fresh run per contender per round, rotating the order; a failed run is None."""
     values: dict[str, list[float | None]] = {c.label: [] for c in contenders}
@@ -63,31 +54,31 @@ def interleave(contenders: Sequence[Contender], rounds: int, metric: str, timeou
         shift = number % len(contenders)
         for contender in [*contenders[shift:], *contenders[:shift]]:
             result = runner(contender.plan, timeout_s)
-            values[contender.label].append(value(result, metric) if result.ok else None)
+            values[contender.label].append(metric_value(result, metric) if result.ok else None)
             on_run(RunEvent(number, rounds, contender, result))
     return values
 
 
-def paired(reference: Sequence[float | None], candidate: Sequence[float | None], metric: str,
+def paired(reference: Sequence[float | None], candidate: Sequence[float | None], metric: Metric,
            min_effect: float) -> PairedComparison | None:
     """Candidate vs reference over the rounds where both ran; > 1 means the candidate is better."""
     pairs = [(r, c) for r, c in zip(reference, candidate, strict=True) if r is not None and c is not None]
     if len(pairs) < 2:
         return None
-    ratios = [r / c if metric == "latency_p50_ms" else c / r for r, c in pairs]
+    ratios = [r / c if lower_is_better(metric) else c / r for r, c in pairs]
     return stats.paired_speedup(ratios, min_effect)
 
 
 def candidates(study: optuna.Study, top: int) -> tuple[FrozenTrial, list[FrozenTrial]]:
     """The baseline and the best `top` distinct completed configurations."""
-    base = baseline(study)
+    base = records.baseline(study)
     if base is None:
         raise ConfirmError(f"study {study.study_name!r} has no completed baseline trial; run `autotune search`")
     seen: set[str] = set()
     chosen = []
-    for trial in best_trials(study):
+    for trial in records.best_measured(study):
         config = str(trial.user_attrs.get("config"))
-        if trial.user_attrs.get("baseline") or "duplicate_of" in trial.user_attrs or config in seen:
+        if trial.user_attrs.get("baseline") or config in seen:
             continue
         if trial.state == TrialState.COMPLETE and "plan" in trial.user_attrs:
             seen.add(config)
@@ -96,16 +87,15 @@ def candidates(study: optuna.Study, top: int) -> tuple[FrozenTrial, list[FrozenT
 
 
 def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeout_s: float,
-            on_run: Callable[[RunEvent], None], runner: Runner = run_plan) -> dict[str, Any]:
+            on_run: Callable[[RunEvent], None], runner: PlanRunner = run_plan) -> dict[str, Any]:
     """Re-measure, decide, and store the verdict on the study (user attribute `confirmation`)."""
-    if rounds < 5:
-        raise ConfirmError(f"--rounds {rounds} can never reach p < {ALPHA} with a signed-rank test; use 5 or more")
+    if rounds < MIN_ROUNDS:
+        raise ConfirmError(f"--rounds {rounds} can never reach p < {ALPHA} with a signed-rank test; "
+                           f"use {MIN_ROUNDS} or more")
     base, chosen = candidates(study, top)
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))
-    contenders = [Contender(f"trial {t.number}", LaunchPlan.from_json(t.user_attrs["plan"]), t.number)
-                  for t in chosen]
-    reference = Contender(f"trial {base.number} (baseline)", LaunchPlan.from_json(base.user_attrs["plan"]),
-                          base.number)
+    contenders = [Contender(f"trial {t.number}", records.plan_of(t), t.number) for t in chosen]
+    reference = Contender(f"trial {base.number} (baseline)", records.plan_of(base), base.number)
     values = interleave([*contenders, reference], rounds, metric, timeout_s, runner, on_run) if contenders else {}
     verdict = decide(base, chosen, values, reference.label, metric, rounds, min_effect)
     study.set_user_attr("confirmation", verdict)
@@ -113,7 +103,7 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
 
 
 def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], values: dict[str, list[float | None]],
-           reference: str, metric: str, rounds: int, min_effect: float) -> dict[str, Any]:
+           reference: str, metric: Metric, rounds: int, min_effect: float) -> dict[str, Any]:
     rows = []
     for trial in chosen:
         mine = values[f"trial {trial.number}"]
@@ -159,14 +149,14 @@ def _holm(rows: list[dict[str, Any]]) -> None:
 
 
 def _median(values: Sequence[float]) -> float | None:
-    return round(stats.percentile(values, 50), 4) if values else None
+    return round(stats.median(values), 4) if values else None
 
 
 def _row(trial: FrozenTrial, mine: Sequence[float | None], comparison: PairedComparison | None) -> dict[str, Any]:
     ran = [v for v in mine if v is not None]
     row: dict[str, Any] = {"trial": trial.number, "config": trial.user_attrs.get("config"),
                            "failed_runs": len(mine) - len(ran),
-                           "median": round(stats.percentile(ran, 50), 4) if ran else None,
+                           "median": _median(ran),
                            "speedup": None, "ci95": None, "p_value": None, "significant": False}
     if comparison is not None and len(ran) * 2 > len(mine):
         row.update(speedup=round(comparison.speedup, 4),
@@ -184,5 +174,5 @@ def contender_from(spec: str, study: Callable[[], optuna.Study],
         if trial is None or "plan" not in trial.user_attrs or trial.state != TrialState.COMPLETE:
             raise ConfirmError(f"trial {spec} of study {loaded.study_name!r} did not complete; compare completed "
                                f"trials or env files")
-        return Contender(f"trial {spec}", LaunchPlan.from_json(trial.user_attrs["plan"]), trial.number)
+        return Contender(f"trial {spec}", records.plan_of(trial), trial.number)
     return Contender(spec, plan_env_file(spec))

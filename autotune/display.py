@@ -12,6 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.knobs import Knob
+from autotune.objectives import Metric, lower_is_better
+from autotune.stats import median
+from autotune.topology import format_cpus
 
 # Piped output (CI logs, `| less`) gets wide tables instead of 80 columns of folded cells.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -68,17 +71,11 @@ def plan(data: Mapping[str, Any]) -> None:
     for inst in data["instances"]:
         env = "\n".join(f"{k}={v}" for k, v in inst["env"].items()) or "(unchanged)"
         node = "-" if inst["numa_node"] is None else str(inst["numa_node"])
-        table.add_row(str(inst["index"]), _cpus(inst["cpus"]), node, env, " ".join(inst["command"]))
+        table.add_row(str(inst["index"]), format_cpus(inst["cpus"]), node, env, " ".join(inst["command"]))
     out.print(table)
 
 
-def _cpus(cpus: list[int]) -> str:
-    from autotune.topology import format_cpus
-
-    return format_cpus(cpus)
-
-
-def bench(data: Mapping[str, Any]) -> None:
+def bench_result(data: Mapping[str, Any]) -> None:
     result = data["result"]
     table = _table("Result", "instance", "p50 ms", "p90 ms", "items/s", "peak RSS MB", "samples",
                    "status")
@@ -156,7 +153,7 @@ class SearchProgress:
                 text += f" (same config as trial {outcome.duplicate_of})"
             elif outcome.measurement is not None:
                 m = outcome.measurement
-                text += f" ±{m.spread:.0%} IQR, {len(m.runs)} runs" + (" NOISY" if m.spread > 0.10 else "")
+                text += f" ±{m.spread:.0%} IQR, {len(m.runs)} runs" + (" NOISY" if m.noisy else "")
         elif state == "PRUNED":
             text = f"pruned: {outcome.reason}"
         else:
@@ -220,7 +217,7 @@ def confirm_progress(event: Any) -> None:
 
 
 def confirmation(verdict: Mapping[str, Any]) -> None:
-    unit = "ms" if verdict["metric"] == "latency_p50_ms" else "items/s"
+    unit = _unit(verdict["metric"])
     table = _table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial {verdict['baseline_trial']} "
                    f"(baseline)", "trial", "knobs", f"median {unit}", "speedup", "95% CI", "p", "significant",
                    "failed runs")
@@ -234,22 +231,25 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
               markup=False, soft_wrap=True)
 
 
-def comparison(first: str, second: str, values: Mapping[str, list[float | None]], metric: str,
+def comparison(first: str, second: str, values: Mapping[str, list[float | None]], metric: Metric,
                result: Any) -> None:
-    unit = "ms" if metric == "latency_p50_ms" else "items/s"
+    unit = _unit(metric)
     table = _table("Comparison", "configuration", f"median {unit}", "runs ok")
     for label in (first, second):
         ran = [v for v in values[label] if v is not None]
-        median = sorted(ran)[len(ran) // 2] if ran else None
-        table.add_row(label, _num(median), f"{len(ran)}/{len(values[label])}")
+        table.add_row(label, _num(median(ran) if ran else None), f"{len(ran)}/{len(values[label])}")
     out.print(table)
     if result is None:
         out.print("Not enough rounds where both ran to compare.")
         return
-    verdict = "faster" if metric == "latency_p50_ms" else "more throughput"
+    verdict = "faster" if lower_is_better(metric) else "more throughput"
     out.print(f"{second} vs {first}: {result.describe()}; "
               f"{'significantly ' + verdict if result.significant else 'no significant difference'}",
               markup=False, soft_wrap=True)
+
+
+def _unit(metric: Metric) -> str:
+    return "ms" if lower_is_better(metric) else "items/s"
 
 
 def _num(value: float | None, suffix: str = "") -> str:

@@ -9,14 +9,16 @@ import os
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune import records
 from autotune.errors import AutotuneError
-from autotune.launch import EnvFile
-from autotune.study import best_trials
+from autotune.knobs import value_text
+from autotune.launch import Binding, LaunchPlan
+from autotune.userrun import EnvFile
 
 # Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
 # that sourcing it reproduces the trial even in a shell that had them set.
@@ -45,7 +47,7 @@ def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
     confirmation = study.user_attrs.get("confirmation")
     if confirmation:
         return next(t for t in trials if t.number == confirmation["winner_trial"])
-    best = best_trials(study)
+    best = records.best_trials(study)
     if not best:
         failed = sum(t.state == TrialState.FAIL for t in trials)
         raise ExportError(f"study {study.study_name!r} has no completed trial ({len(trials)} trials, "
@@ -54,10 +56,10 @@ def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
 
 
 def render(study: optuna.Study, trial: FrozenTrial) -> str:
-    plan: dict[str, Any] = trial.user_attrs["plan"]
+    """The trial's recorded plan as a file that `source` and `autotune run` both understand."""
+    plan = records.plan_of(trial)
     attrs, sattrs = trial.user_attrs, study.user_attrs
-    instances = plan["instances"]
-    shared = _shared_env([i["env"] for i in instances])
+    shared = _shared_env([dict(i.env) for i in plan.instances])
     lines = [
         f"{HEADER}: study {study.study_name}, trial {trial.number}",
         f"# model {sattrs.get('model')}, batch size {sattrs.get('batch_size')}, "
@@ -71,18 +73,18 @@ def render(study: optuna.Study, trial: FrozenTrial) -> str:
         *_confirmation_lines(sattrs.get("confirmation"), trial.number),
         "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
     ]
-    if len(best_trials(study)) > 1 and len(study.directions) > 1:
+    if len(records.best_trials(study)) > 1 and len(study.directions) > 1:
         lines.append("# this study has several Pareto-optimal trials; pick another with --trial N")
-    unset = [v for v in dict.fromkeys([*TUNING_VARS, *plan.get("cleared", [])]) if v not in shared]
+    unset = [v for v in dict.fromkeys([*TUNING_VARS, *plan.cleared]) if v not in shared]
     if unset:
         lines.append(f"unset {' '.join(unset)}")
     lines += [f"export {k}={quote(v)}" for k, v in shared.items()]
     lines += ["# knobs that are not environment variables: your program (or `autotune run`) applies them"]
     lines += [f"export {k}={quote(v)}" for k, v in _knob_vars(plan).items()]
     lines.append("# launch lines, as the trial ran them:")
-    for inst in instances:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst["env"].items())
-        lines.append(f"#   instance {inst['index']}: {env} {shlex.join(inst['command'])}".replace("  ", " "))
+    for inst in plan.instances:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst.env.items())
+        lines.append(f"#   instance {inst.index}: {env} {shlex.join(inst.command)}".replace("  ", " "))
     return "\n".join(lines) + "\n"
 
 
@@ -108,31 +110,23 @@ def _shared_env(envs: list[dict[str, str]]) -> dict[str, str]:
     return {k: v for k, v in first.items() if all(e.get(k) == v for e in envs)}
 
 
-def _knob_vars(plan: dict[str, Any]) -> dict[str, str]:
-    config = plan["config"]
-    bench = plan["bench"]
-    instances = plan["instances"]
+def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
+    config, bench, instances = plan.config, plan.bench, plan.instances
     return {
-        "AUTOTUNE_MODEL": str(bench["model"]),
-        "AUTOTUNE_KNOBS": " ".join(f"{k}={_knob_text(v)}" for k, v in config.items()),
-        "AUTOTUNE_BATCH_SIZE": str(bench["batch_size"]),
-        "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench["item_shape"])),
-        "AUTOTUNE_TOLERANCE": str(bench.get("tolerance", -1.0)),
-        "AUTOTUNE_MKLDNN": "on" if config.get("mkldnn") else "off",
-        "AUTOTUNE_WEIGHT_CACHE": "on" if config.get("weight_cache") else "off",
-        "AUTOTUNE_DATALOADER_WORKERS": str(config.get("dataloader_workers", 0)),
+        "AUTOTUNE_MODEL": bench.model,
+        "AUTOTUNE_KNOBS": " ".join(f"{k}={value_text(v)}" for k, v in config.values),
+        "AUTOTUNE_BATCH_SIZE": str(bench.batch_size),
+        "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape)),
+        "AUTOTUNE_TOLERANCE": str(bench.tolerance),
+        "AUTOTUNE_MKLDNN": config.text("mkldnn"),
+        "AUTOTUNE_WEIGHT_CACHE": config.text("weight_cache"),
+        "AUTOTUNE_DATALOADER_WORKERS": config.text("dataloader_workers"),
         "AUTOTUNE_INSTANCES": str(len(instances)),
-        "AUTOTUNE_BINDING": str(plan["binding"]),
-        "AUTOTUNE_INSTANCE_CPUS": ";".join(",".join(map(str, i["cpus"])) for i in instances),
-        "AUTOTUNE_INSTANCE_NUMA_NODES": ";".join("" if i["numa_node"] is None else str(i["numa_node"])
+        "AUTOTUNE_BINDING": plan.binding,
+        "AUTOTUNE_INSTANCE_CPUS": ";".join(",".join(map(str, i.cpus)) for i in instances),
+        "AUTOTUNE_INSTANCE_NUMA_NODES": ";".join("" if i.numa_node is None else str(i.numa_node)
                                                  for i in instances),
     }
-
-
-def _knob_text(value: object) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
 
 
 def _host(host: dict[str, Any]) -> str:
@@ -199,4 +193,7 @@ def _env_file(path: Path, env: dict[str, str], unset: tuple[str, ...]) -> EnvFil
         raise ExportError(f"{path}: AUTOTUNE_INSTANCE_* values are damaged; export it again") from None
     if len(cpus) != count or len(nodes) != count:
         raise ExportError(f"{path}: AUTOTUNE_INSTANCES={count} does not match the CPU lists; export it again")
-    return EnvFile(env, unset, count, cpus, nodes, env.get("AUTOTUNE_BINDING", "none"))
+    binding = env.get("AUTOTUNE_BINDING", "none")
+    if binding not in get_args(Binding):
+        raise ExportError(f"{path}: AUTOTUNE_BINDING={binding!r} is not a binding autotune makes; export it again")
+    return EnvFile(env, unset, count, cpus, nodes, cast(Binding, binding))

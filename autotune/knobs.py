@@ -9,10 +9,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from autotune.errors import ConfigError
 
 KnobValue = bool | int | str
+KnobKind = Literal["bool", "int", "choice"]
 
 _TRUE = {"on", "true", "yes", "1"}
 _FALSE = {"off", "false", "no", "0"}
@@ -23,7 +25,7 @@ class Knob:
     """One tunable setting; `only_when` names the (knob, allowed values) it depends on."""
 
     name: str
-    kind: str  # "bool" | "int" | "choice"
+    kind: KnobKind
     help: str
     choices: tuple[str, ...] = ()
     low: int = 0
@@ -40,7 +42,7 @@ class Knob:
 
     def parse(self, raw: object) -> KnobValue:
         """Turn text (CLI, YAML, study params) into this knob's typed value, or explain why not."""
-        text = str(raw).strip().lower() if not isinstance(raw, bool) else ("on" if raw else "off")
+        text = value_text(raw).strip().lower()
         if self.kind == "bool" and text in _TRUE | _FALSE:
             return text in _TRUE
         if self.kind == "int":
@@ -143,7 +145,7 @@ class Config:
 
     def text(self, name: str) -> str:
         """The value as a user types it (on/off for switches)."""
-        return _show(self.get(name)) if self.get(name) is not None else "default"
+        return value_text(self.get(name)) if self.get(name) is not None else "default"
 
     def is_set(self, name: str) -> bool:
         return name in self.as_dict()
@@ -161,10 +163,11 @@ class Config:
         """`k=v` pairs as a user would type them; `defaults` for the empty configuration."""
         if not self.values:
             return "defaults"
-        return " ".join(f"{k}={_show(v)}" for k, v in self.values)
+        return " ".join(f"{k}={value_text(v)}" for k, v in self.values)
 
 
-def _show(value: KnobValue | None) -> str:
+def value_text(value: object) -> str:
+    """A knob value as users type it: switches are on/off, everything else as it prints."""
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from autotune.errors import TopologyError
 from autotune.knobs import Config
@@ -30,6 +30,8 @@ JEMALLOC_CONF = (
 )
 # tcmalloc prints a report for every allocation above 1 GiB by default; large batches make many.
 TCMALLOC_REPORT_THRESHOLD = str(64 << 30)
+
+Binding = Literal["none", "numactl", "taskset", "sched_setaffinity"]
 
 # Variables a child inherits from the parent; everything else (OMP_*, KMP_*, LD_PRELOAD,
 # MALLOC_CONF, ...) is dropped so that only the plan decides how the benchmark runs.
@@ -87,7 +89,7 @@ class LaunchPlan:
 
     config: Config
     bench: BenchSpec
-    binding: str  # "none" | "numactl" | "taskset" | "sched_setaffinity"
+    binding: Binding  # how each instance is pinned to its CPUs ("none": not at all)
     instances: tuple[InstancePlan, ...]
     cleared: tuple[str, ...] = field(default=())
 
@@ -100,7 +102,7 @@ class LaunchPlan:
         instances = tuple(
             InstancePlan(i["index"], tuple(i["cpus"]), i["numa_node"], dict(i["env"]), tuple(i["command"]))
             for i in data["instances"])
-        return cls(Config.from_mapping(data["config"]), BenchSpec(**bench), data["binding"], instances,
+        return cls(Config.from_mapping(data["config"]), BenchSpec(**bench), cast(Binding, data["binding"]), instances,
                    tuple(data.get("cleared", ())))
 
     def to_json(self) -> dict[str, Any]:
@@ -120,17 +122,17 @@ class LaunchPlan:
 def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
     """The benchmark child's argv; the runner appends the per-run `--result` and `--ready-fd`."""
     return (
-        python, "-m", "autotune.worker",
+        python, "-m", "autotune.child.worker",
         "--model", bench.model,
         "--item-shape", "x".join(map(str, bench.item_shape)),
         "--batch-size", str(bench.batch_size),
-        "--mkldnn", "on" if config.get("mkldnn") else "off",
-        "--weight-cache", "on" if config.get("weight_cache") else "off",
-        "--backend", str(config.get("backend")),
-        "--memory-format", str(config.get("memory_format")),
-        "--precision", str(config.get("precision")),
+        "--mkldnn", config.text("mkldnn"),
+        "--weight-cache", config.text("weight_cache"),
+        "--backend", config.text("backend"),
+        "--memory-format", config.text("memory_format"),
+        "--precision", config.text("precision"),
         "--tolerance", str(bench.tolerance),
-        "--dataloader-workers", str(config.get("dataloader_workers")),
+        "--dataloader-workers", config.text("dataloader_workers"),
         "--warmup", str(bench.measure.warmup),
         "--warmup-time", str(bench.measure.warmup_s),
         "--duration", str(bench.measure.duration_s),
@@ -146,12 +148,12 @@ def plan_launch(
     topology: Topology,
     libs: Libraries,
     python: str,
-    binder: str | None = None,
+    binder: Binding | None = None,
     parent_env: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
     """The whole launch. `binder` forces a binding tool (e.g. numactl when planning elsewhere)."""
     groups = _placement(config, topology)
-    binding = "none" if groups is None else (binder or best_binder(libs))
+    binding: Binding = "none" if groups is None else (binder or best_binder(libs))
     shared_env = _runtime_env(config, libs)
     argv = worker_command(python, bench, config)
     instances = []
@@ -233,13 +235,13 @@ def _first_fit(cores: Sequence[PhysicalCore], count: int, per: int) -> list[list
     return groups
 
 
-def best_binder(libs: Libraries) -> str:
+def best_binder(libs: Libraries) -> Binding:
     if libs.numactl_usable:
         return "numactl"
     return "taskset" if libs.taskset is not None else "sched_setaffinity"
 
 
-def bind_prefix(binding: str, libs: Libraries, cpus: Sequence[int], nodes: Sequence[int]) -> tuple[str, ...]:
+def bind_prefix(binding: Binding, libs: Libraries, cpus: Sequence[int], nodes: Sequence[int]) -> tuple[str, ...]:
     """The argv prefix that binds a command to `cpus` (and their NUMA memory, with numactl)."""
     cpu_list = format_cpus(cpus)
     if binding == "numactl":
@@ -257,38 +259,3 @@ def child_environment(parent_env: Mapping[str, str], plan_env: Mapping[str, str]
            if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
     env.update(plan_env)
     return env
-
-
-@dataclass(frozen=True)
-class EnvFile:
-    """An exported configuration as `autotune run` needs it."""
-
-    env: dict[str, str]
-    unset: tuple[str, ...]
-    instances: int
-    cpus: tuple[tuple[int, ...], ...]
-    nodes: tuple[int | None, ...]
-    binding: str
-
-
-def user_launches(
-    env_file: EnvFile, command: Sequence[str], libs: Libraries, parent_env: Mapping[str, str]
-) -> list[tuple[tuple[str, ...], dict[str, str], tuple[int, ...]]]:
-    """`autotune run`: the user's command per instance, with the exported env and core binding.
-
-    The environment is the user's own without any tuning variable (OMP_*, KMP_*, MALLOC_*, ...,
-    as the trial's child had none) plus the file's exports and AUTOTUNE_INSTANCE_INDEX, so that
-    instances can shard work.
-    """
-    base = {k: v for k, v in parent_env.items()
-            if k not in env_file.unset and (not TUNING.match(k) or k in env_file.env)}
-    binding = "none" if env_file.binding == "none" else best_binder(libs)
-    launches = []
-    for index in range(env_file.instances):
-        cpus = env_file.cpus[index]
-        node = env_file.nodes[index]
-        env = {**base, **env_file.env, "AUTOTUNE_INSTANCE_INDEX": str(index)}
-        prefix = bind_prefix(binding, libs, cpus, [] if node is None else [node]) if cpus else ()
-        affinity = cpus if binding == "sched_setaffinity" else ()
-        launches.append(((*prefix, *command), env, affinity))
-    return launches

@@ -9,7 +9,13 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune import stats
-from autotune.runner import RunResult
+from autotune.objectives import Objective
+from autotune.results import RunResult
+
+P_THRESHOLD = 0.01  # how sure the test must be that a trial is worse before it stops
+MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
+DECILES = 9  # steps reported per replicate
+MIN_STEPS = 2 * DECILES  # two replicates at least: one disturbed process alone never prunes
 
 
 class MarginWilcoxonPruner(optuna.pruners.BasePruner):
@@ -20,9 +26,7 @@ class MarginWilcoxonPruner(optuna.pruners.BasePruner):
     that is merely a hair behind on a noisy machine alive for confirmation to judge.
     """
 
-    def __init__(self, p_threshold: float = 0.01, margin: float = 0.05, min_steps: int = 18) -> None:
-        # Two replicates at least: deciles of one process are not independent pairs, and one
-        # disturbed process alone must not prune a configuration.
+    def __init__(self, p_threshold: float = P_THRESHOLD, margin: float = MARGIN, min_steps: int = MIN_STEPS) -> None:
         self.p_threshold, self.margin, self.min_steps = p_threshold, margin, min_steps
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
@@ -50,7 +54,7 @@ class PruneCheck:
     enough pairs to stop a clearly worse configuration after its first replicate.
     """
 
-    def __init__(self, study: optuna.Study, trial: optuna.Trial, objective: str) -> None:
+    def __init__(self, study: optuna.Study, trial: optuna.Trial, objective: Objective) -> None:
         self.study, self.trial, self.objective, self.reason = study, trial, objective, ""
 
     def __call__(self, index: int, run: RunResult, more_planned: bool) -> bool:
@@ -71,10 +75,7 @@ class PruneCheck:
                 f"Wilcoxon p={p:.3g} on {steps} paired deciles")
 
 
-DECILES = 9
-
-
-def _step_values(objective: str, run: RunResult) -> list[float]:
+def _step_values(objective: Objective, run: RunResult) -> list[float]:
     """Deciles of the replicate's forward latencies, or of its items/s per iteration."""
     if objective == "throughput":
         per_instance = [[1000.0 * _items_per_iteration(i.metrics) / ms for ms in i.metrics["iterations_ms"]]

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import yaml
 
 from autotune.errors import AutotuneError
-from autotune.knobs import KNOBS, Config, Knob, KnobValue, knob
+from autotune.knobs import KNOBS, Config, Knob, KnobValue, knob, value_text
 from autotune.libs import LIBRARIES
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -74,7 +74,7 @@ class KnobRange:
         return not self.choices
 
     def applies(self, sampled: Mapping[str, KnobValue]) -> bool:
-        return all(_text(sampled.get(k, KNOBS[k].default)) in allowed for k, allowed in self.when)
+        return all(value_text(sampled.get(k, KNOBS[k].default)) in allowed for k, allowed in self.when)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class SearchSpace:
             if rng is None or not rng.applies(sampled):
                 continue
             if rng.choices:
-                labels = [_text(c) for c in rng.choices]
+                labels = [value_text(c) for c in rng.choices]
                 sampled[name] = knob(name).parse(trial.suggest_categorical(name, labels))
             else:
                 low, high = rng.low, self._dynamic_high(rng, sampled)
@@ -113,16 +113,10 @@ class SearchSpace:
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "knobs": {
-            k.name: ({"choices": [_text(c) for c in k.choices]} if k.choices else
+            k.name: ({"choices": [value_text(c) for c in k.choices]} if k.choices else
                      {"low": k.low, "high": k.high, "step": k.step, "log": k.log})
             | ({"when": {n: list(v) for n, v in k.when}} if k.when else {})
             for k in self.knobs}}
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
 
 
 def find(spec: str) -> Path:
@@ -238,7 +232,7 @@ def _when(where: str, name: str, raw: object, definition: Knob) -> tuple[tuple[s
                              f"knobs are: {', '.join(KNOBS)}")
         listed = values if isinstance(values, list) else [values]
         try:
-            allowed = tuple(_text(knob(other).parse(v)) for v in listed)
+            allowed = tuple(value_text(knob(other).parse(v)) for v in listed)
         except AutotuneError as exc:
             raise SpaceError(f"{where}: knobs.{name}.when.{other}: {exc}") from None
         builtin = conditions.get(other)
@@ -253,8 +247,8 @@ def _check_conditions(where: str, space: SearchSpace) -> None:
     for rng in space.knobs:
         for other, allowed in rng.when:
             parent = space.get(other)
-            possible = ({_text(c) for c in parent.choices} if parent and parent.choices else
-                        {_text(KNOBS[other].default)} if parent is None else set(allowed))
+            possible = ({value_text(c) for c in parent.choices} if parent and parent.choices else
+                        {value_text(KNOBS[other].default)} if parent is None else set(allowed))
             if not possible & set(allowed):
                 raise SpaceError(f"{where}: knobs.{rng.name}: can never be sampled: it needs "
                                  f"{other}={'/'.join(allowed)}, which the space never picks; add "
@@ -267,9 +261,9 @@ def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> Sear
     adapted = []
     for rng in space.knobs:
         if rng.choices:
-            keep = tuple(c for c in rng.choices if available.get(NEEDS.get((rng.name, _text(c)), ""), True))
-            for dropped in (c for c in rng.choices if c not in keep):
-                notes.append(f"{rng.name}={_text(dropped)} dropped: {MISSING[NEEDS[(rng.name, _text(dropped))]]}")
+            keep = tuple(c for c in rng.choices if available.get(NEEDS.get((rng.name, value_text(c)), ""), True))
+            for dropped in (value_text(c) for c in rng.choices if c not in keep):
+                notes.append(f"{rng.name}={dropped} dropped: {MISSING[NEEDS[(rng.name, dropped)]]}")
             if not keep:
                 raise SpaceError(f"{space.source}: knobs.{rng.name}: no choice is available on this "
                                  f"machine ({'; '.join(notes)}); install one or remove the knob")

@@ -6,11 +6,12 @@ No normality is assumed anywhere: intervals come from order statistics, tests ar
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scipy import stats as scipy_stats
+
+from autotune.objectives import ALPHA, MIN_EFFECT
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -22,13 +23,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def median(values: Sequence[float]) -> float:
+    """The one median of the project: the mean of the two middle values for an even count."""
+    return percentile(values, 50)
+
+
 def iqr(values: Sequence[float]) -> float:
     return percentile(values, 75) - percentile(values, 25)
 
 
 def relative_iqr(values: Sequence[float]) -> float:
     """IQR / median: the spread that decides whether a measurement is noisy."""
-    middle = statistics.median(values)
+    middle = median(values)
     return iqr(values) / middle if middle else math.inf
 
 
@@ -69,14 +75,14 @@ class PairedComparison:
 
     @property
     def significant(self) -> bool:
-        return self.p_value < 0.05
+        return self.p_value < ALPHA
 
     def describe(self) -> str:
         return (f"{self.speedup:.3f}x (95% CI {self.ci_low:.3f}-{self.ci_high:.3f}, Wilcoxon p={self.p_value:.3g} "
                 f"for a gain above {self.min_effect:.0%}, {self.rounds} rounds)")
 
 
-def paired_speedup(ratios: Sequence[float], min_effect: float = 0.03) -> PairedComparison:
+def paired_speedup(ratios: Sequence[float], min_effect: float = MIN_EFFECT) -> PairedComparison:
     """Speedup from per-round ratios: median, order-statistic CI, and a one-sided Wilcoxon
     signed-rank test of H0 'the gain is at most `min_effect`'."""
     if not ratios:
@@ -87,7 +93,7 @@ def paired_speedup(ratios: Sequence[float], min_effect: float = 0.03) -> PairedC
     else:
         p_value = float(scipy_stats.wilcoxon(logs, alternative="greater", zero_method="zsplit").pvalue)
     low, high = median_ci(ratios)
-    return PairedComparison(statistics.median(ratios), low, high, p_value, len(ratios), min_effect)
+    return PairedComparison(median(ratios), low, high, p_value, len(ratios), min_effect)
 
 
 def paired_worse_p(trial: Sequence[float], best: Sequence[float], minimize: bool, margin: float = 0.0) -> float:

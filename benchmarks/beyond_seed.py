@@ -12,16 +12,15 @@ interval. The searches' own numbers are not reused: only the final interleaved r
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from autotune import confirm, machine, space, study
+from autotune import confirm, machine, records, search_loop, space, stats
 from autotune.confirm import Contender
 from autotune.launch import LaunchPlan, MeasureSettings
-from autotune.protocol import Protocol
-from autotune.runner import run_plan
+from autotune.orchestrate import run_plan
+from autotune.replicates import ReplicatePolicy
 
 SETTINGS = [("latency", 1), ("throughput", 8)]
 
@@ -52,20 +51,20 @@ def main() -> None:
 def best_of(args: argparse.Namespace, here: machine.Machine, objective: str, batch: int, space_name: str,
             measure: MeasureSettings, folder: Path) -> tuple[LaunchPlan, LaunchPlan, str]:
     """Search one space; return (baseline plan, best plan, best knobs)."""
-    request = study.SearchRequest(model=args.model, trials=args.trials, space=space.find(space_name),
+    request = search_loop.SearchRequest(model=args.model, trials=args.trials, space=space.find(space_name),
                                   objective=objective, batch_size=batch, studies_dir=folder,
                                   study=f"{space_name}-{objective}", measure=measure,
-                                  protocol=Protocol(replicates=2, timeout_s=args.timeout), seed=0)
-    opened = study.open_search(request, here)
-    study.run_search(opened, here, lambda e: progress(space_name, objective, e))
-    base = study.baseline(opened.study)
-    best = study.best_trials(opened.study)[0]
+                                  replicates=ReplicatePolicy(replicates=2, timeout_s=args.timeout), seed=0)
+    opened = search_loop.open_search(request, here)
+    search_loop.run_search(opened, here, lambda e: progress(space_name, objective, e))
+    base = records.baseline(opened.study)
+    best = records.best_trials(opened.study)[0]
     assert base is not None
     return (LaunchPlan.from_json(base.user_attrs["plan"]), LaunchPlan.from_json(best.user_attrs["plan"]),
             str(best.user_attrs.get("config")))
 
 
-def progress(space_name: str, objective: str, event: study.TrialEvent) -> None:
+def progress(space_name: str, objective: str, event: search_loop.TrialEvent) -> None:
     if event.kind == "done":
         o = event.outcome
         value = f"{o.values[0]:.2f}" if o.values else f"{o.state.name.lower()}: {o.reason[:80]}"
@@ -90,8 +89,8 @@ def side_by_side(args: argparse.Namespace, objective: str, batch: int,
             rows.append(f"| {setting} | {contender.label} | {knobs[contender.label]} | failed | | | |")
             continue
         result = confirm.paired(values[defaults.label], values[contender.label], metric, 0.0)
-        p50 = statistics.median(ran) if metric == "latency_p50_ms" else None
-        ips = statistics.median(ran) if metric != "latency_p50_ms" else None
+        p50 = stats.median(ran) if metric == "latency_p50_ms" else None
+        ips = stats.median(ran) if metric != "latency_p50_ms" else None
         speed = (f"{result.speedup:.2f}x ({result.ci_low:.2f}-{result.ci_high:.2f})" if result else "-")
         rows.append(f"| {setting} | {contender.label} | {knobs[contender.label]} | {_f(p50)} | {_f(ips)} | {speed} "
                     f"| {result.p_value:.3g} |" if result else f"| {setting} | {contender.label} | | | | | |")

@@ -13,16 +13,17 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from autotune import bench, confirm, export, machine, space, stats, study
+import optuna
+
+from autotune import confirm, export, machine, planning, search_loop, space, stats
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
-from autotune.protocol import Protocol
-from autotune.runner import run_plan
+from autotune.orchestrate import run_plan
+from autotune.replicates import ReplicatePolicy
 
 
 def main() -> None:
@@ -40,7 +41,7 @@ def main() -> None:
 
 
 def spread(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> None:
-    plan = bench.make_plan(bench.BenchRequest(model=args.model, config=Config(), measure=measure), here)
+    plan = planning.make_plan(planning.BenchRequest(model=args.model, config=Config(), measure=measure), here)
     p50s = []
     for number in range(args.runs):
         result = run_plan(plan, 900)
@@ -53,25 +54,25 @@ def spread(args: argparse.Namespace, here: machine.Machine, measure: MeasureSett
           f"({measure.duration_s:g} s window each)\n")
     print("| median p50 ms | min | max | max/min | IQR/median across runs | 95% CI of the median |")
     print("|---|---|---|---|---|---|")
-    print(f"| {statistics.median(p50s):.1f} | {min(p50s):.1f} | {max(p50s):.1f} | {max(p50s) / min(p50s):.2f} "
+    print(f"| {stats.median(p50s):.1f} | {min(p50s):.1f} | {max(p50s):.1f} | {max(p50s) / min(p50s):.2f} "
           f"| {stats.relative_iqr(p50s):.1%} | {low:.1f}-{high:.1f} |")
 
 
 def round_trip(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> None:
     with tempfile.TemporaryDirectory(prefix="autotune-repeat-") as tmp:
-        request = study.SearchRequest(model=args.model, trials=args.trials, space=space.find(args.space),
+        request = search_loop.SearchRequest(model=args.model, trials=args.trials, space=space.find(args.space),
                                       studies_dir=Path(tmp), cache_dir=Path("studies/cache"), measure=measure,
-                                      protocol=Protocol(replicates=3), seed=0)
-        opened = study.open_search(request, here)
-        study.run_search(opened, here, lambda e: print(_line(e), file=sys.stderr) if e.kind == "done" else None)
+                                      replicates=ReplicatePolicy(replicates=3), seed=0)
+        opened = search_loop.open_search(request, here)
+        search_loop.run_search(opened, here, lambda e: print(_line(e), file=sys.stderr) if e.kind == "done" else None)
         verdict = confirm.confirm(opened.study, 3, args.rounds, 0.03, 900, lambda e: None)
         trial = export.pick_trial(opened.study, None)
         path = Path(tmp) / "best.env"
         export.write(path, export.render(opened.study, trial))
-        plan = bench.plan_from_exported(export.read(path).env, here, measure)
+        plan = planning.plan_from_exported(export.read(path).env, here, measure)
         again = [r.latency_p50_ms for r in (run_plan(plan, 900) for _ in range(args.runs)) if r.ok]
         confirmed = _confirmed_value(verdict, trial.number, opened.study)
-        median = statistics.median(again)
+        median = stats.median(again)
         print(f"\n2. search ({args.trials} trials, space {args.space}), confirm ({args.rounds} rounds), export, "
               f"re-measure ({len(again)} fresh runs of the exported file)\n")
         print(f"verdict: {verdict['message']}\n")
@@ -82,7 +83,7 @@ def round_trip(args: argparse.Namespace, here: machine.Machine, measure: Measure
               f"{min(again):.1f}-{max(again):.1f} | {diff:+.1%} | {'yes' if abs(diff) <= 0.05 else 'no'} |")
 
 
-def _confirmed_value(verdict: dict, number: int, found: study.optuna.Study) -> float:
+def _confirmed_value(verdict: dict, number: int, found: optuna.Study) -> float:
     """The median the confirmation rounds measured for the exported trial."""
     row = next((r for r in verdict["candidates"] if r["trial"] == number), None)
     if row:
@@ -92,7 +93,7 @@ def _confirmed_value(verdict: dict, number: int, found: study.optuna.Study) -> f
     return float(found.get_trials()[number].user_attrs["latency_p50_ms"])
 
 
-def _line(event: study.TrialEvent) -> str:
+def _line(event: search_loop.TrialEvent) -> str:
     outcome = event.outcome
     value = f"{outcome.values[0]:.1f} ms" if outcome.values else outcome.state.name.lower()
     return f"trial {event.number}: {value} ({event.config.describe()})"

@@ -12,13 +12,12 @@ median of the rounds' p50 latencies and their spread.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
-from autotune import bench, machine
+from autotune import machine, planning, stats
 from autotune.launch import MeasureSettings
-from autotune.runner import run_plan
+from autotune.orchestrate import run_plan
 
 SEED_RECIPE = ["mkldnn=on", "weight_cache=on", "omp_runtime=intel", "allocator=jemalloc",
                "kmp_affinity=compact", "kmp_blocktime=1"]
@@ -37,7 +36,7 @@ def main() -> None:
     args = p.parse_args()
     here = machine.this_machine()
     configs = [[], SEED_RECIPE, *SINGLE_CHANGES]
-    plans = [bench.make_plan(bench.BenchRequest.from_flags(
+    plans = [planning.make_plan(planning.BenchRequest.from_flags(
         args.model, c, args.batch_size, measure=MeasureSettings(duration_s=args.duration),
         cache_dir=args.cache_dir), here)
         for c in configs]
@@ -56,8 +55,8 @@ def main() -> None:
 
 
 def print_table(args: argparse.Namespace, plans: list, rows: dict[int, list[dict[str, float]]]) -> None:
-    base = statistics.median(r["p50"] for r in rows[0]) if rows[0] else float("nan")
-    base_ips = statistics.median(r["ips"] for r in rows[0]) if rows[0] else float("nan")
+    base = stats.median(r["p50"] for r in rows[0]) if rows[0] else float("nan")
+    base_ips = stats.median(r["ips"] for r in rows[0]) if rows[0] else float("nan")
     print(f"\n{plans[0].bench.model}, batch size {args.batch_size}, {args.rounds} interleaved rounds "
           f"of {args.duration:g}s, median of rounds (min-max of the rounds' p50)\n")
     print("| configuration | p50 latency ms | latency speedup | throughput items/s | throughput speedup "
@@ -70,8 +69,8 @@ def print_table(args: argparse.Namespace, plans: list, rows: dict[int, list[dict
             print(f"| {label} | failed | | | | |")
             continue
         p50s = [r["p50"] for r in runs]
-        p50, ips = statistics.median(p50s), statistics.median(r["ips"] for r in runs)
-        rss = statistics.median(r["rss"] for r in runs)
+        p50, ips = stats.median(p50s), stats.median(r["ips"] for r in runs)
+        rss = stats.median(r["rss"] for r in runs)
         print(f"| {label} | {p50:.1f} ({min(p50s):.1f}-{max(p50s):.1f}) | {base / p50:.2f}x | {ips:.2f} "
               f"| {ips / base_ips:.2f}x | {rss:.0f} |")
 

@@ -8,12 +8,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import confirm, export, study
+from autotune import confirm, export, search_loop
 from autotune.launch import LaunchPlan
 from autotune.libs import Libraries
 from autotune.machine import Machine
-from autotune.protocol import Protocol
-from autotune.runner import RunResult
+from autotune.replicates import ReplicatePolicy
+from autotune.results import RunResult
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_result, fake_runner
 
@@ -45,14 +45,14 @@ ENQUEUED = [{"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"},
 def searched(tmp_path: Path, here: Machine, runner: object, trials: int = 8) -> optuna.Study:
     """The baseline, then the enqueued configurations (so the test does not hang on sampling luck)."""
     for total in (1, trials):
-        opened = study.open_search(study.SearchRequest(
+        opened = search_loop.open_search(search_loop.SearchRequest(
             model="resnet18", trials=total, space=SPACE, studies_dir=tmp_path / "studies",
-            protocol=Protocol(replicates=3), seed=0), here)
+            replicates=ReplicatePolicy(replicates=3), seed=0), here)
         if total == 1:
-            study.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
+            search_loop.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
             for params in ENQUEUED:
                 opened.study.enqueue_trial(params)
-    study.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
+    search_loop.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
     return opened.study
 
 

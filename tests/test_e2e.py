@@ -118,7 +118,7 @@ def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], list[psut
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                   if "autotune.worker" in " ".join(p.cmdline())]
+                   if "autotune.child.worker" in " ".join(p.cmdline())]
         if len(workers) == 2 and all(p.cpu_percent(0.5) > 0 for p in workers):
             return proc, workers
         time.sleep(0.5)

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import export, study
+from autotune import export, search_loop
 from autotune.export import ExportError
 from autotune.libs import Libraries
 from autotune.machine import Machine
@@ -24,9 +24,9 @@ AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 @pytest.fixture
 def searched(tmp_path: Path, fake_libs: Libraries) -> optuna.Study:
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
-    opened = study.open_search(study.SearchRequest(
+    opened = search_loop.open_search(search_loop.SearchRequest(
         model="resnet18", trials=8, space=SPACE, studies_dir=tmp_path / "studies"), here)
-    study.run_search(opened, here, lambda e: None, runner=fake_runner)
+    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     return opened.study
 
 

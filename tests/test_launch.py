@@ -112,7 +112,7 @@ def test_defaults_change_nothing(fake_libs: Libraries) -> None:
     assert plan.binding == "none"
     (inst,) = plan.instances
     assert inst.env == {}
-    assert inst.command[:3] == ("python", "-m", "autotune.worker")
+    assert inst.command[:3] == ("python", "-m", "autotune.child.worker")
     assert plan.cleared == ("OMP_NUM_THREADS",)
 
 

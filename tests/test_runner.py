@@ -11,7 +11,7 @@ import pytest
 
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, InstancePlan, LaunchPlan
-from autotune.runner import run_plan
+from autotune.orchestrate import run_plan
 from autotune.stats import percentile
 
 FAKE = str(Path(__file__).parent / "fake_worker.py")

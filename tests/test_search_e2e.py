@@ -183,7 +183,7 @@ def _finished(study: optuna.Study) -> int:
 def _workers(pid: int) -> list[psutil.Process]:
     try:
         return [p for p in psutil.Process(pid).children(recursive=True)
-                if "autotune.worker" in " ".join(p.cmdline())]
+                if "autotune.child.worker" in " ".join(p.cmdline())]
     except psutil.Error:
         return []
 

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from autotune import protocol, stats
+from autotune import replicates, stats
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, LaunchPlan
-from autotune.runner import RunResult
+from autotune.results import RunResult
 from tests.test_study import fake_result
 
 PLAN = LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", ())
@@ -57,7 +57,7 @@ def test_paired_worse_with_margin() -> None:
     assert stats.paired_worse_p([b / 2 for b in best], best, minimize=False, margin=0.05) < 0.01
 
 
-def runs_of(*sample_lists: list[float]) -> protocol.Runner:
+def runs_of(*sample_lists: list[float]) -> replicates.PlanRunner:
     queue = [fake_result(s) for s in sample_lists]
 
     def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
@@ -68,7 +68,8 @@ def runs_of(*sample_lists: list[float]) -> protocol.Runner:
 
 def test_a_quiet_configuration_takes_the_planned_replicates() -> None:
     quiet = [20.0, 20.1, 20.2, 19.9, 20.0]
-    measured = protocol.measure(PLAN, protocol.Protocol(replicates=3), runs_of(quiet, quiet, quiet, quiet))
+    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3),
+                                             runs_of(quiet, quiet, quiet, quiet))
     assert len(measured.runs) == 3
     summary = measured.summary()
     assert summary["noisy"] is False and summary["replicates"] == 3 and summary["samples"] == 15
@@ -78,19 +79,19 @@ def test_a_quiet_configuration_takes_the_planned_replicates() -> None:
 def test_a_noisy_configuration_is_remeasured_then_flagged() -> None:
     calm = [20.0, 20.1, 20.2, 19.9, 20.0]
     spell = [60.0, 80.0, 70.0, 90.0, 75.0]
-    measured = protocol.measure(PLAN, protocol.Protocol(replicates=2, max_extra=2),
+    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=2, max_extra=2),
                                 runs_of(calm, spell, spell, calm, calm))
     assert len(measured.runs) == 4  # 2 planned + 2 extra while IQR/median stayed above 25%
     assert measured.summary()["noisy"] is True
     off = [27.0] * 5
-    settled = protocol.measure(PLAN, protocol.Protocol(replicates=3, max_extra=2),
+    settled = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3, max_extra=2),
                                runs_of(calm, calm, off, calm, calm))
     assert len(settled.runs) == 4  # one extra replicate brought the spread under 25%
     assert settled.summary()["noisy"] is False
 
 
 def test_a_failed_replicate_stops_the_measurement() -> None:
-    from autotune.runner import InstanceResult
+    from autotune.results import InstanceResult
 
     crash = RunResult(False, "instance 0: crashed with SIGSEGV", (InstanceResult(0, False, "crashed", -11, ""),), 1)
     calm = [20.0] * 5
@@ -105,6 +106,6 @@ def test_a_failed_replicate_stops_the_measurement() -> None:
         runner.calls += 1  # type: ignore[attr-defined]
         return result
 
-    measured = protocol.measure(PLAN, protocol.Protocol(replicates=3), counted)
+    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3), counted)
     assert not measured.ok and measured.reason == "instance 0: crashed with SIGSEGV"
     assert len(measured.runs) == 2

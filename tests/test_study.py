@@ -11,12 +11,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import study
+from autotune import records, search_loop, storage
 from autotune.errors import RunFailed
 from autotune.launch import LaunchPlan
 from autotune.libs import Libraries
 from autotune.machine import Machine
-from autotune.runner import InstanceResult, RunResult
+from autotune.results import InstanceResult, RunResult
 from autotune.space import SpaceError
 from tests.conftest import lscpu
 
@@ -45,14 +45,14 @@ def fake_result(latencies: list[float]) -> RunResult:
     return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), 1.0)
 
 
-def request(tmp_path: Path, trials: int, **kw: object) -> study.SearchRequest:
-    return study.SearchRequest(model="resnet18", trials=trials, space=SPACE, studies_dir=tmp_path / "studies",
+def request(tmp_path: Path, trials: int, **kw: object) -> search_loop.SearchRequest:
+    return search_loop.SearchRequest(model="resnet18", trials=trials, space=SPACE, studies_dir=tmp_path / "studies",
                                cache_dir=tmp_path / "cache", **kw)  # type: ignore[arg-type]
 
 
 def search(tmp_path: Path, here: Machine, trials: int, **kw: object) -> optuna.Study:
-    opened = study.open_search(request(tmp_path, trials, **kw), here)
-    study.run_search(opened, here, lambda event: None, runner=fake_runner)
+    opened = search_loop.open_search(request(tmp_path, trials, **kw), here)
+    search_loop.run_search(opened, here, lambda event: None, runner=fake_runner)
     return opened.study
 
 
@@ -93,14 +93,14 @@ def test_rerun_resumes_and_trials_counts_the_total(tmp_path: Path, here: Machine
 
 
 def test_stale_running_trials_of_dead_processes_become_failed(tmp_path: Path, here: Machine) -> None:
-    opened = study.open_search(request(tmp_path, 1), here)
+    opened = search_loop.open_search(request(tmp_path, 1), here)
     dead = opened.study.ask()
     dead.set_user_attr("host", socket.gethostname())
     dead.set_user_attr("pid", 2**22 + 12345)  # no such process
     alive = opened.study.ask()
     alive.set_user_attr("host", socket.gethostname())
     alive.set_user_attr("pid", os.getppid())
-    assert study.abandon_stale_trials(opened.study) == [dead.number]
+    assert records.abandon_stale_trials(opened.study) == [dead.number]
     trials = opened.study.get_trials()
     assert trials[0].state == TrialState.FAIL
     assert trials[0].user_attrs["fail_reason"].startswith("left running by an autotune process")
@@ -109,8 +109,8 @@ def test_stale_running_trials_of_dead_processes_become_failed(tmp_path: Path, he
 
 def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine) -> None:
     search(tmp_path, here, trials=1, study="mine")
-    with pytest.raises(study.StudyError, match="study 'mine' was made for model=resnet18, not resnet50"):
-        study.open_search(study.SearchRequest(model="resnet50", trials=1, space=SPACE, study="mine",
+    with pytest.raises(storage.StudyError, match="study 'mine' was made for model=resnet18, not resnet50"):
+        search_loop.open_search(search_loop.SearchRequest(model="resnet50", trials=1, space=SPACE, study="mine",
                                               studies_dir=tmp_path / "studies"), here)
 
 
@@ -130,8 +130,8 @@ def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine
 def test_bad_requests_write_nothing(tmp_path: Path, here: Machine, change: dict[str, object],
                                     message: str) -> None:
     fields = {"model": "resnet18", "trials": 2, "space": SPACE, "studies_dir": tmp_path / "studies", **change}
-    with pytest.raises(study.StudyError if "model" not in change else Exception, match=message):
-        study.open_search(study.SearchRequest(**fields), here)  # type: ignore[arg-type]
+    with pytest.raises(storage.StudyError if "model" not in change else Exception, match=message):
+        search_loop.open_search(search_loop.SearchRequest(**fields), here)  # type: ignore[arg-type]
     assert not (tmp_path / "studies").exists()
 
 
@@ -139,7 +139,7 @@ def test_a_bad_space_writes_nothing(tmp_path: Path, here: Machine) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("knobs:\n  omp_runtime: [gnu]\n  kmp_blocktime: [1]\n")
     with pytest.raises(SpaceError):
-        study.open_search(study.SearchRequest(model="resnet18", trials=2, space=bad,
+        search_loop.open_search(search_loop.SearchRequest(model="resnet18", trials=2, space=bad,
                                               studies_dir=tmp_path / "studies"), here)
     assert not (tmp_path / "studies").exists()
 
@@ -149,9 +149,9 @@ def test_a_failing_baseline_stops_the_search(tmp_path: Path, here: Machine) -> N
         bad = InstanceResult(0, False, "exited with code 1: out of memory", 1, "")
         return RunResult(False, "instance 0: exited with code 1: out of memory", (bad,), 1.0)
 
-    opened = study.open_search(request(tmp_path, 3), here)
+    opened = search_loop.open_search(request(tmp_path, 3), here)
     with pytest.raises(RunFailed, match=r"the baseline \(PyTorch defaults\) failed: instance 0: exited"):
-        study.run_search(opened, here, lambda e: None, runner=broken)
+        search_loop.run_search(opened, here, lambda e: None, runner=broken)
     assert [t.state for t in opened.study.get_trials()] == [TrialState.FAIL]
 
 
@@ -164,9 +164,9 @@ def test_ctrl_c_mid_trial_records_it_failed_and_loses_nothing(tmp_path: Path, he
             raise KeyboardInterrupt
         return fake_runner(plan, timeout_s)
 
-    opened = study.open_search(request(tmp_path, 6), here)
+    opened = search_loop.open_search(request(tmp_path, 6), here)
     with pytest.raises(KeyboardInterrupt):
-        study.run_search(opened, here, lambda e: None, runner=interrupted)
+        search_loop.run_search(opened, here, lambda e: None, runner=interrupted)
     states = [t.state for t in opened.study.get_trials()]
     assert TrialState.RUNNING not in states
     assert states[-1] == TrialState.FAIL
@@ -177,5 +177,5 @@ def test_ctrl_c_mid_trial_records_it_failed_and_loses_nothing(tmp_path: Path, he
 
 def test_both_objectives_give_a_pareto_front(tmp_path: Path, here: Machine) -> None:
     result = search(tmp_path, here, trials=6, objective="both")
-    front = study.best_trials(result)
+    front = records.best_trials(result)
     assert front and all(len(t.values) == 2 for t in front)

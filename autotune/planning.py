@@ -1,18 +1,20 @@
-"""One configuration, planned and measured: the capability everything else is a loop over."""
+"""One configuration, planned: a request becomes a `LaunchPlan` for a machine, and a user model is
+tried once (the probe) before anything is measured."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune import models
 from autotune.errors import ConfigError, ModelError
 from autotune.knobs import Config
-from autotune.launch import BenchSpec, LaunchPlan, MeasureSettings, plan_launch
+from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, plan_launch
 from autotune.machine import Machine, machine_has_bf16
+from autotune.orchestrate import run_plan
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
         measure=request.measure, cache_dir=str(request.cache_dir.resolve()), tolerance=request.tolerance,
         import_path=spec.import_path,
     )
-    binder = "numactl" if machine.described else None
+    binder: Binding | None = "numactl" if machine.described else None
     return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
                        binder=binder, parent_env=dict(os.environ))
 
@@ -73,8 +75,6 @@ def plan_from_exported(env: Mapping[str, str], machine: Machine,
 def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600) -> None:
     """A user model (factory, .pt, .pt2, or any --input-shape) is built and run once before
     measuring; a model that cannot is a bad input (exit code 2), not a failed trial."""
-    from autotune.runner import probe
-
     spec = models.resolve(request.model, input_shape=request.input_shape)
     if not spec.needs_probe and request.input_shape is None:
         return
@@ -85,3 +85,13 @@ def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600)
         shape = "x".join(map(str, spec.item_shape))
         raise ModelError(f"model {request.model} does not run on input shape {shape}: {reason}; check the model "
                          f"and --input-shape")
+
+
+def probe(plan: LaunchPlan, timeout_s: float) -> str:
+    """Build the model and run one checked forward in an unbound child; '' when that works, else
+    the reason. Catches a broken user model before any measurement is spent on it."""
+    if plan.binding != "none" or len(plan.instances) != 1:
+        raise ValueError("the probe runs one unbound instance; plan it from the default configuration")
+    first = plan.instances[0]
+    trial = replace(plan, instances=(replace(first, command=(*first.command, "--probe")),))
+    return run_plan(trial, timeout_s).reason.removeprefix("instance 0: ")

@@ -3,23 +3,24 @@ statistics, noise detection and a bounded re-measure when the spread is too larg
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autotune import stats
 from autotune.launch import LaunchPlan
-from autotune.runner import RunResult
+from autotune.results import RunResult
+from autotune.stats import median
 
 NOISY = 0.10  # IQR/median above this is flagged
 REMEASURE = 0.25  # above this more replicates are taken, at most `max_extra` of them
 
-Runner = Callable[[LaunchPlan, float], RunResult]
+# Executes a plan once with a timeout: the real orchestrator, or a fake in tests.
+PlanRunner = Callable[[LaunchPlan, float], RunResult]
 
 
 @dataclass(frozen=True)
-class Protocol:
+class ReplicatePolicy:
     """How a configuration is measured across processes (inside one process: MeasureSettings)."""
 
     replicates: int = 3
@@ -48,15 +49,19 @@ class Measurement:
 
     @property
     def latency_p50_ms(self) -> float:
-        return statistics.median(r.latency_p50_ms for r in self.runs)
+        return median([r.latency_p50_ms for r in self.runs])
 
     @property
     def throughput_ips(self) -> float:
-        return statistics.median(r.throughput_ips for r in self.runs)
+        return median([r.throughput_ips for r in self.runs])
 
     @property
     def spread(self) -> float:
         return stats.relative_iqr(self.samples())
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY
 
     def summary(self) -> dict[str, Any]:
         """Everything a trial records about its measurement."""
@@ -75,7 +80,7 @@ class Measurement:
             "replicates": len(self.runs),
             "replicate_p50_ms": [round(r.latency_p50_ms, 3) for r in self.runs],
             "replicate_throughput_ips": [round(r.throughput_ips, 3) for r in self.runs],
-            "noisy": self.spread > NOISY,
+            "noisy": self.noisy,
             "child_cpu_utilization": round(_utilization(self.runs), 3),
             "other_cpu_share_max": max((n.get("other_cpu_share", 0.0) for n in noise), default=0.0),
             "steal_share_max": max((n.get("steal_share", 0.0) for n in noise), default=0.0),
@@ -93,24 +98,24 @@ def _utilization(runs: Sequence[RunResult]) -> float:
             window = inst.metrics.get("window_s") or 0
             if window:
                 shares.append(float(inst.metrics.get("cpu_s", 0.0)) / (window * threads))
-    return statistics.median(shares) if shares else 0.0
+    return median(shares) if shares else 0.0
 
 
-def measure(plan: LaunchPlan, protocol: Protocol, runner: Runner,
+def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRunner,
             after_each: Callable[[int, RunResult, bool], bool] = lambda i, r, more: False) -> Measurement:
-    """Run `plan` `protocol.replicates` times, plus up to `max_extra` while the spread stays above
+    """Run `plan` `policy.replicates` times, plus up to `max_extra` while the spread stays above
     REMEASURE. `after_each(index, run, more_planned)` may stop early (pruning) by returning True;
     it is told whether more replicates are planned, since stopping after the last saves nothing."""
     runs: list[RunResult] = []
-    limit = protocol.replicates
+    limit = policy.replicates
     while len(runs) < limit:
-        run = runner(plan, protocol.timeout_s)
+        run = runner(plan, policy.timeout_s)
         runs.append(run)
         if not run.ok:
             break
         if after_each(len(runs) - 1, run, len(runs) < limit):
             return Measurement(tuple(runs), stopped_early=True)
-        room = limit < protocol.replicates + protocol.max_extra
+        room = limit < policy.replicates + policy.max_extra
         if len(runs) == limit and room and Measurement(tuple(runs)).spread > REMEASURE:
             limit += 1
     return Measurement(tuple(runs))

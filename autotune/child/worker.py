@@ -25,7 +25,7 @@ EXIT_BENCH_ERROR = 3  # a failure the worker understood and described in its res
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="autotune.worker")
+    p = argparse.ArgumentParser(prog="autotune.child.worker")
     p.add_argument("--model", required=True)
     p.add_argument("--item-shape", required=True)
     p.add_argument("--batch-size", type=int, default=1)
@@ -135,7 +135,7 @@ def warm_up(args: argparse.Namespace, forward: Any, batches: Any) -> int:
     return count
 
 
-def measure(args: argparse.Namespace, forward: Any, batches: Any) -> dict[str, Any]:
+def timed_loop(args: argparse.Namespace, forward: Any, batches: Any) -> dict[str, Any]:
     """Timed loop over a common window: forward latency per batch, end-to-end items per second."""
     import torch
 
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir, "inductor")))
     import torch
 
-    from autotune.build import BenchError, build, dataset_for
+    from autotune.child.build import BenchError, build, dataset_for
 
     shape = tuple(int(n) for n in args.item_shape.split("x"))
     dataset: Any = dataset_for(shape)  # map-style by protocol; the stubs want a subclass
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.result, {"status": "error", "reason": reason, "setup": setup})
         return EXIT_BENCH_ERROR
     wait_for_go(args.ready_fd)
-    result = measure(args, forward, batches)
+    result = timed_loop(args, forward, batches)
     del batches, loader  # stop DataLoader workers so their peak RSS is counted below
     result.update(
         status="ok",

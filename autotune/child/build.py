@@ -1,6 +1,6 @@
 """Inside the benchmark child: the model as the knobs say, and the guard on its answers.
 
-Imported only by the worker; torch is imported inside functions.
+torch is imported inside functions, so the parent may read TOLERANCE without loading it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from autotune.child.names import safe_name
 
 # Relative error allowed against eager fp32 on the same input, per precision (`--tolerance`).
 TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}
@@ -281,5 +283,5 @@ def weight_cache_path(args: argparse.Namespace, torch_version: str) -> Path:
     key = json.dumps(["seeded-v2", model_id, args.item_shape, args.batch_size, "float32", args.mkldnn,
                       args.memory_format, args.precision, torch_version])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.model).stem if "/" in args.model else args.model)
+    stem = safe_name(Path(args.model).stem if "/" in args.model else args.model)
     return Path(args.cache_dir, "weights", f"{stem}-{digest}.pt")

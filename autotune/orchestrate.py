@@ -9,90 +9,23 @@ on success, failure, timeout and Ctrl-C alike.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import selectors
 import signal
-import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from autotune.launch import InstancePlan, LaunchPlan, child_environment
-from autotune.stats import percentile
+from autotune import noise
+from autotune.launch import Binding, InstancePlan, LaunchPlan, child_environment
+from autotune.results import InstanceResult, RunResult, combine
 
 STDERR_TAIL_CHARS = 2000
-
-
-@dataclass(frozen=True)
-class InstanceResult:
-    index: int
-    ok: bool
-    reason: str
-    returncode: int | None
-    stderr_tail: str
-    metrics: Mapping[str, Any] = field(default_factory=dict)
-
-    def percentile(self, q: float) -> float:
-        return percentile(self.metrics["latencies_ms"], q)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One execution of a plan; aggregated metrics exist only when every instance succeeded."""
-
-    ok: bool
-    reason: str
-    instances: tuple[InstanceResult, ...]
-    wall_s: float
-    noise: Mapping[str, float] = field(default_factory=dict)
-
-    @property
-    def latency_p50_ms(self) -> float:
-        return statistics.median(i.percentile(50) for i in self.instances)
-
-    @property
-    def latency_p90_ms(self) -> float:
-        return statistics.median(i.percentile(90) for i in self.instances)
-
-    @property
-    def throughput_ips(self) -> float:
-        return sum(float(i.metrics["throughput_ips"]) for i in self.instances)
-
-    @property
-    def peak_rss_mb(self) -> float:
-        return sum(float(i.metrics["peak_rss_mb"]) for i in self.instances)
-
-    def summary(self) -> dict[str, Any]:
-        """Aggregated metrics, or the failure, as plain data for JSON and the study."""
-        out: dict[str, Any] = {"ok": self.ok, "reason": self.reason, "wall_s": round(self.wall_s, 3),
-                               "noise": dict(self.noise)}
-        if self.ok:
-            out.update(latency_p50_ms=self.latency_p50_ms, latency_p90_ms=self.latency_p90_ms,
-                       throughput_ips=self.throughput_ips, peak_rss_mb=self.peak_rss_mb)
-        out["instances"] = [instance_summary(i) for i in self.instances]
-        return out
-
-
-def instance_summary(result: InstanceResult) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": result.index, "ok": result.ok, "reason": result.reason,
-                           "returncode": result.returncode}
-    if result.ok:
-        m = result.metrics
-        out.update(latency_p50_ms=result.percentile(50), latency_p90_ms=result.percentile(90),
-                   throughput_ips=m["throughput_ips"], peak_rss_mb=m["peak_rss_mb"],
-                   samples=len(m["latencies_ms"]), window_s=m["window_s"],
-                   setup=m.get("setup", {}), runtime=m.get("runtime", {}))
-    else:
-        out["stderr_tail"] = result.stderr_tail
-    return out
 
 
 @dataclass
@@ -119,59 +52,26 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
     deadline = start + timeout_s
     with tempfile.TemporaryDirectory(prefix="autotune-run-") as tmp:
         children: list[_Child] = []
-        after: _Snapshot | None = None
+        after: noise.Snapshot | None = None
         before = after
         try:
             for instance in plan.instances:
                 children.append(_start(instance, plan.binding, Path(tmp), env))
             if _barrier(children, deadline, timeout_s):
-                before = _machine_snapshot()
+                before = noise.snapshot()
                 _go(children)
                 _wait(children, deadline, timeout_s)
-                after = _machine_snapshot()
+                after = noise.snapshot()
         except OSError as exc:  # could not start an instance (e.g. a binding tool is missing)
             index = len(children)
             _stop_unfinished(children, f"stopped because instance {index} could not start")
             unstarted = InstanceResult(index, False, f"could not start: {exc}", None, "")
-            return _result((*(_collect(c) for c in _finish(children)), unstarted), start)
+            return combine((*(_collect(c) for c in _finish(children)), unstarted), time.monotonic() - start)
         finally:
             _kill_all(children)
         results = tuple(_collect(c) for c in children)
-        noise = _noise(before, after, results) if before and after else {}
-        return _result(results, start, noise)
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    at: float
-    busy_s: float
-    steal_s: float
-    load1: float
-
-
-def _machine_snapshot() -> _Snapshot:
-    """CPU time of the CPUs this process may use (not a container host's other cores)."""
-    per_cpu = psutil.cpu_times(percpu=True)
-    mine = [per_cpu[c] for c in sorted(os.sched_getaffinity(0)) if c < len(per_cpu)] or per_cpu
-    busy = steal = 0.0
-    for times in mine:
-        cpu_steal = getattr(times, "steal", 0.0)
-        busy += sum(times) - times.idle - getattr(times, "iowait", 0.0) - cpu_steal
-        steal += cpu_steal
-    return _Snapshot(time.monotonic(), busy, steal, os.getloadavg()[0])
-
-
-def _noise(before: _Snapshot, after: _Snapshot, results: Sequence[InstanceResult]) -> dict[str, float]:
-    """What else used the machine while the instances measured: other processes' CPU (busy time
-    not spent by our children), hypervisor steal, and the load average on both sides."""
-    window = max(after.at - before.at, 1e-9)
-    ours = sum(float(r.metrics.get("cpu_s", 0.0)) for r in results if r.ok)
-    cpus = len(os.sched_getaffinity(0))
-    other = max(after.busy_s - before.busy_s - ours, 0.0)
-    return {"window_s": round(window, 3), "own_cpu_s": round(ours, 3), "other_cpu_s": round(other, 3),
-            "other_cpu_share": round(other / (window * cpus), 4),
-            "steal_share": round((after.steal_s - before.steal_s) / (window * cpus), 4),
-            "load_before": before.load1, "load_after": after.load1}
+        disturbance = noise.noise(before, after, results) if before and after else {}
+        return combine(results, time.monotonic() - start, disturbance)
 
 
 def _finish(children: list[_Child]) -> list[_Child]:
@@ -179,15 +79,7 @@ def _finish(children: list[_Child]) -> list[_Child]:
     return children
 
 
-def _result(results: tuple[InstanceResult, ...], start: float,
-            noise: Mapping[str, float] | None = None) -> RunResult:
-    failed = [r for r in results if not r.ok]
-    reason = "" if not failed else f"instance {failed[0].index}: {failed[0].reason}"
-    return RunResult(ok=not failed, reason=reason, instances=results, wall_s=time.monotonic() - start,
-                     noise=noise or {})
-
-
-def _start(instance: InstancePlan, binding: str, tmp: Path, parent_env: Mapping[str, str]) -> _Child:
+def _start(instance: InstancePlan, binding: Binding, tmp: Path, parent_env: Mapping[str, str]) -> _Child:
     result_path = tmp / f"instance-{instance.index}.json"
     log_path = tmp / f"instance-{instance.index}.log"
     read_fd, write_fd = os.pipe()
@@ -265,10 +157,10 @@ def _stop_unfinished(children: list[_Child], reason: str) -> None:
     for child in children:
         if child.proc.poll() is None:
             child.forced_reason = reason
-            _kill_group(child.proc)
+            kill_group(child.proc)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
@@ -276,7 +168,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 def _kill_all(children: list[_Child]) -> None:
     """Kill every child's process group, even of children that exited (their helpers may not)."""
     for child in children:
-        _kill_group(child.proc)
+        kill_group(child.proc)
         child.close_ready_fd()
     for child in children:
         if child.proc.stdin is not None and not child.proc.stdin.closed:
@@ -333,46 +225,3 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def run_foreground(launches: Sequence[tuple[Sequence[str], Mapping[str, str], Sequence[int]]]) -> int:
-    """`autotune run`: start every instance of the user's command, wait, pass their output through.
-
-    Returns the first non-zero exit code (128 + signal for a signal), else 0. Ctrl-C kills them all.
-    """
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for argv, env, cpus in launches:
-            procs.append(subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
-                                          preexec_fn=_user_child(set(cpus))))
-        codes = [p.wait() for p in procs]
-    finally:
-        for proc in procs:
-            _kill_group(proc)
-        for proc in procs:
-            proc.wait()
-    failed = [c for c in codes if c != 0]
-    if not failed:
-        return 0
-    return 128 - failed[0] if failed[0] < 0 else failed[0]
-
-
-def _user_child(cpus: set[int]) -> Callable[[], None]:
-    """In the user's instance before exec: bind if asked, and die with autotune (PDEATHSIG)."""
-
-    def setup() -> None:
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-    return setup
-
-
-def probe(plan: LaunchPlan, timeout_s: float) -> str:
-    """Build the model and run one checked forward in a child, unbound; '' when that works,
-    else the reason. Catches a broken user model before any measurement is spent on it."""
-    first = plan.instances[0]
-    command = first.command[first.command.index("-m") - 1:] if "-m" in first.command else first.command
-    trial = InstancePlan(0, first.cpus, first.numa_node, first.env, (*command, "--probe"))
-    result = run_plan(LaunchPlan(plan.config, plan.bench, "none", (trial,)), timeout_s)
-    return result.reason.removeprefix("instance 0: ")

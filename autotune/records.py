@@ -1,0 +1,210 @@
+"""What a study and its trials record (Optuna user attributes), written here and read back here.
+
+The study records what it was made for and on which host; each trial records its configuration,
+the plan it ran, its metrics or the reason it failed. Readers (confirmation, export, display) ask
+this module, so an attribute's name and meaning have one owner.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import __version__
+from autotune.launch import LaunchPlan
+from autotune.machine import Machine, cpuinfo
+from autotune.replicates import Measurement
+from autotune.storage import StudyError
+
+FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+STDERR_TAIL_KEPT = 2000
+# Failures that say nothing about the configuration: it is worth running again.
+CUT_SHORT = ("interrupted by the user", "left running by")
+
+
+def baseline(study: optuna.Study) -> FrozenTrial | None:
+    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get("baseline")), None)
+
+
+def finished(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def best_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The best trial (single objective) or the Pareto front (two objectives), best first."""
+    if len(study.directions) > 1:
+        return sorted(study.best_trials, key=lambda t: t.values[0])
+    completed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get("feasible", True)]
+    reverse = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(completed, key=lambda t: t.values[0], reverse=reverse)
+
+
+def best_measured(study: optuna.Study) -> list[FrozenTrial]:
+    """The best trials that measured their own configuration (no reused duplicates)."""
+    return [t for t in best_trials(study) if not is_duplicate(t)]
+
+
+def is_duplicate(trial: FrozenTrial) -> bool:
+    return "duplicate_of" in trial.user_attrs
+
+
+def plan_of(trial: FrozenTrial) -> LaunchPlan:
+    """The plan a trial ran, exactly as it recorded it."""
+    return LaunchPlan.from_json(trial.user_attrs["plan"])
+
+
+def host_fingerprint(machine: Machine) -> dict[str, Any]:
+    import torch
+
+    return {"hostname": socket.gethostname(), "cpu_model": cpuinfo()[0],
+            "physical_cores": len(machine.topology.all_cores),
+            "usable_physical_cores": len(machine.topology.usable_cores),
+            "torch": torch.__version__, "autotune": __version__}
+
+
+def claim(study: optuna.Study, wanted: Mapping[str, Any], space: dict[str, Any],
+          description: Mapping[str, Any]) -> None:
+    """A new study gets what it was made for; an existing one must have been made for the same."""
+    attrs = study.user_attrs
+    if not attrs:
+        for key, value in {**wanted, "space": space, **description}.items():
+            study.set_user_attr(key, value)
+        return
+    for key, value in wanted.items():
+        if attrs.get(key, value) != value:
+            raise StudyError(f"study {study.study_name!r} was made for {key}={attrs.get(key)}, not "
+                             f"{value}; use another --study name or the same {key}")
+    if attrs.get("space", space)["knobs"] != space["knobs"]:
+        raise StudyError(f"study {study.study_name!r} was made with another search space (or this machine's "
+                         f"libraries or cores changed since); use another --study name or the same --space")
+
+
+def claim_trial(trial: optuna.Trial) -> None:
+    """Who runs this trial: a later autotune can tell a dead owner from a live one."""
+    trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("pid", os.getpid())
+
+
+def abandon_stale_trials(study: optuna.Study) -> list[int]:
+    """RUNNING trials whose autotune process on this host is gone become FAIL, never left dangling."""
+    host = socket.gethostname()
+    stale = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = trial.user_attrs.get("pid")
+        if trial.user_attrs.get("host") != host or (isinstance(pid, int) and _alive(pid)):
+            continue
+        storage = study._storage
+        storage.set_trial_user_attr(trial._trial_id, "status", "failed")
+        storage.set_trial_user_attr(trial._trial_id, "fail_reason",
+                                    f"left running by an autotune process (pid {pid}) that was killed")
+        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        stale.append(trial.number)
+    return stale
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def same_config(study: optuna.Study, number: int, config: str, batch: int) -> FrozenTrial | None:
+    """An earlier finished trial that ran exactly this configuration, unless it was cut short by
+    the user or a killed autotune (those are worth running again)."""
+    return next((t for t in study.get_trials(deepcopy=False, states=FINISHED)
+                 if t.user_attrs.get("config") == config and t.number != number
+                 and t.user_attrs.get("batch_size", batch) == batch
+                 and not t.user_attrs.get("baseline") and not _cut_short(t)), None)
+
+
+def _cut_short(trial: FrozenTrial) -> bool:
+    return str(trial.user_attrs.get("fail_reason", "")).startswith(CUT_SHORT)
+
+
+def copy_result(trial: optuna.Trial, duplicate: FrozenTrial) -> None:
+    """A duplicate trial carries the earlier one's records and intermediate values."""
+    for key, value in duplicate.user_attrs.items():
+        if key not in ("host", "pid", "baseline"):
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", duplicate.number)
+    for step, value in duplicate.intermediate_values.items():
+        trial.report(value, step)
+
+
+def end_reason(trial: FrozenTrial) -> str:
+    return str(trial.user_attrs.get("prune_reason") or trial.user_attrs.get("fail_reason", ""))
+
+
+def record_plan(trial: optuna.Trial, plan: LaunchPlan) -> None:
+    trial.set_user_attr("plan", plan.to_json())
+    for inst in plan.instances:  # readable in optuna-dashboard, which truncates long JSON values
+        trial.set_user_attr(f"instance_{inst.index}_env", " ".join(f"{k}={v}" for k, v in inst.env.items()))
+        trial.set_user_attr(f"instance_{inst.index}_command", shlex.join(inst.command))
+
+
+def record_failure(trial: optuna.Trial, reason: str, stderr_tail: str = "") -> None:
+    trial.set_user_attr("status", "failed")
+    trial.set_user_attr("fail_reason", reason)
+    if stderr_tail:
+        trial.set_user_attr("stderr_tail", stderr_tail[-STDERR_TAIL_KEPT:])
+
+
+def record_failed_run(trial: optuna.Trial, measurement: Measurement) -> None:
+    failed = next(r for r in measurement.runs if not r.ok)
+    tail = next((i.stderr_tail for i in failed.instances if not i.ok and i.stderr_tail), "")
+    record_failure(trial, measurement.reason, tail)
+    trial.set_user_attr("instances", failed.summary()["instances"])
+
+
+def record_pruned(trial: optuna.Trial, reason: str) -> None:
+    trial.set_user_attr("status", "pruned")
+    trial.set_user_attr("prune_reason", reason)
+
+
+def record_constraint(trial: optuna.Trial, over_ms: float) -> None:
+    """p90 latency over a limit, as an Optuna constraint and mirrored in user attributes
+    (optuna-dashboard 0.21 does not show Optuna 5 constraints)."""
+    trial.set_constraint("latency_p90_over_limit_ms", over_ms)  # duplicates too: no constraint reads as feasible
+    trial.set_user_attr("constraint_latency_p90_over_limit_ms", round(over_ms, 4))
+    trial.set_user_attr("feasible", over_ms <= 0)
+
+
+def record_metrics(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) -> None:
+    summary = measurement.summary()
+    trial.set_user_attr("status", "ok")
+    for key, value in summary.items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("samples_ms", " ".join(f"{x:.2f}" for x in measurement.samples()))
+    base = baseline(study)
+    speedups = (1.0, 1.0) if base is None else (
+        base.user_attrs["latency_p50_ms"] / measurement.latency_p50_ms,
+        measurement.throughput_ips / base.user_attrs["throughput_ips"])
+    trial.set_user_attr("speedup_latency", round(speedups[0], 4))
+    trial.set_user_attr("speedup_throughput", round(speedups[1], 4))
+    trial.set_user_attr("instances", measurement.runs[-1].summary()["instances"])
+    trial.set_user_attr("first_call_s", _first_call(measurement))
+
+
+def _first_call(measurement: Measurement) -> dict[str, float]:
+    """Set-up costs never mixed into latency: build, convert, trace, first forward (worst instance)."""
+    costs: dict[str, float] = {}
+    for run in measurement.runs:
+        for inst in run.instances:
+            for key, value in inst.metrics.get("setup", {}).items():
+                if key.endswith("_s") and isinstance(value, (int, float)):
+                    costs[key] = round(max(costs.get(key, 0.0), float(value)), 3)
+    return costs

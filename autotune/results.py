@@ -1,0 +1,84 @@
+"""What one execution of a plan produced: per-instance results and their aggregation.
+
+Aggregated metrics exist only when every instance succeeded; a failure is a result with a reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.stats import median, percentile
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    index: int
+    ok: bool
+    reason: str
+    returncode: int | None
+    stderr_tail: str
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    def percentile(self, q: float) -> float:
+        return percentile(self.metrics["latencies_ms"], q)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One execution of a plan; aggregated metrics exist only when every instance succeeded."""
+
+    ok: bool
+    reason: str
+    instances: tuple[InstanceResult, ...]
+    wall_s: float
+    noise: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def latency_p50_ms(self) -> float:
+        return median([i.percentile(50) for i in self.instances])
+
+    @property
+    def latency_p90_ms(self) -> float:
+        return median([i.percentile(90) for i in self.instances])
+
+    @property
+    def throughput_ips(self) -> float:
+        return sum(float(i.metrics["throughput_ips"]) for i in self.instances)
+
+    @property
+    def peak_rss_mb(self) -> float:
+        return sum(float(i.metrics["peak_rss_mb"]) for i in self.instances)
+
+    def summary(self) -> dict[str, Any]:
+        """Aggregated metrics, or the failure, as plain data for JSON and the study."""
+        out: dict[str, Any] = {"ok": self.ok, "reason": self.reason, "wall_s": round(self.wall_s, 3),
+                               "noise": dict(self.noise)}
+        if self.ok:
+            out.update(latency_p50_ms=self.latency_p50_ms, latency_p90_ms=self.latency_p90_ms,
+                       throughput_ips=self.throughput_ips, peak_rss_mb=self.peak_rss_mb)
+        out["instances"] = [instance_summary(i) for i in self.instances]
+        return out
+
+
+def instance_summary(result: InstanceResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": result.index, "ok": result.ok, "reason": result.reason,
+                           "returncode": result.returncode}
+    if result.ok:
+        m = result.metrics
+        out.update(latency_p50_ms=result.percentile(50), latency_p90_ms=result.percentile(90),
+                   throughput_ips=m["throughput_ips"], peak_rss_mb=m["peak_rss_mb"],
+                   samples=len(m["latencies_ms"]), window_s=m["window_s"],
+                   setup=m.get("setup", {}), runtime=m.get("runtime", {}))
+    else:
+        out["stderr_tail"] = result.stderr_tail
+    return out
+
+
+def combine(results: tuple[InstanceResult, ...], wall_s: float,
+            noise: Mapping[str, float] | None = None) -> RunResult:
+    """The run's verdict: failed when any instance failed, naming the first."""
+    failed = [r for r in results if not r.ok]
+    reason = "" if not failed else f"instance {failed[0].index}: {failed[0].reason}"
+    return RunResult(ok=not failed, reason=reason, instances=results, wall_s=wall_s, noise=noise or {})

@@ -1,0 +1,278 @@
+"""The search: open a study for a request, then ask Optuna for configurations, measure each once,
+and tell it the result; the first trial is the baseline (PyTorch's defaults).
+
+One search runs per study at a time; trials run one after another (timings need the machine to
+themselves, and several processes writing one SQLite study can run an enqueued trial twice).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import models, planning, records, space, storage
+from autotune.child.names import safe_name
+from autotune.errors import AutotuneError, RunFailed
+from autotune.knobs import Config
+from autotune.launch import MeasureSettings
+from autotune.machine import Machine, machine_has_bf16
+from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
+from autotune.orchestrate import run_plan
+from autotune.pruning import MarginWilcoxonPruner, PruneCheck
+from autotune.replicates import Measurement, PlanRunner, ReplicatePolicy, measure_replicates
+from autotune.storage import StudyError
+
+MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE
+DIRECTIONS: dict[Objective, list[optuna.study.StudyDirection]] = {
+    "latency": [MIN], "throughput": [MAX], "both": [MIN, MAX]}
+STARTUP_TRIALS = 8  # random trials before TPE models the space
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """`autotune search` flags, converted once."""
+
+    model: str
+    trials: int
+    space: Path
+    objective: Objective = "latency"
+    batch_size: int = 1
+    study: str | None = None
+    storage: str | None = None
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    replicates: ReplicatePolicy = field(default_factory=ReplicatePolicy)
+    cache_dir: Path = Path("studies/cache")
+    studies_dir: Path = Path("studies")
+    seed: int | None = None
+    input_shape: str | None = None
+    tolerance: float = -1.0
+    max_latency_ms: float | None = None
+    batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
+    command_line: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a trial ended: values when complete, a reason when failed or pruned."""
+
+    state: TrialState
+    values: tuple[float, ...] = ()
+    reason: str = ""
+    measurement: Measurement | None = None
+    duplicate_of: int | None = None
+
+
+@dataclass(frozen=True)
+class TrialEvent:
+    """Progress for the display: a trial started or finished."""
+
+    kind: Literal["start", "done"]
+    number: int
+    config: Config
+    finished: int
+    total: int
+    elapsed_s: float
+    outcome: Outcome | None = None
+    best: FrozenTrial | None = None
+
+
+@dataclass
+class Search:
+    """An opened study with everything a search needs, validated before anything is written."""
+
+    request: SearchRequest
+    study: optuna.Study
+    space: space.SearchSpace
+    model: models.ModelSpec
+    name: str
+    storage: str
+    notes: tuple[str, ...] = field(default=())
+    finished_before: int = 0
+
+    def should_confirm(self, top: int) -> bool:
+        """Confirm when asked and something new ran, or when the study holds no verdict yet."""
+        new = self.finished_before < self.request.trials
+        return top > 0 and (new or "confirmation" not in self.study.user_attrs)
+
+
+def study_name(request: SearchRequest, model: models.ModelSpec) -> str:
+    batch = "-".join(map(str, request.batch_sizes)) if len(request.batch_sizes) > 1 else str(request.batch_size)
+    limit = f"-p90max{request.max_latency_ms:g}ms" if request.max_latency_ms else ""
+    stem = safe_name(Path(model.name).stem if model.kind in ("torchscript", "exported") else model.name)
+    return storage.check_name(request.study or f"{stem}-bs{batch}-{request.objective}{limit}")
+
+
+def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec, space.SearchSpace]:
+    """Everything that can be wrong with the request, checked before the study is touched."""
+    parse_objective(request.objective, OBJECTIVES, StudyError)
+    if request.trials < 1:
+        raise StudyError(f"--trials {request.trials} is not allowed; use 1 or more")
+    if request.batch_size < 1 or any(b < 1 for b in request.batch_sizes):
+        raise StudyError("--batch-size must be 1 or more (a list like 1,2,4,8 is searched with --objective "
+                         "throughput)")
+    if len(request.batch_sizes) > 1 and request.objective != "throughput":
+        raise StudyError(f"a list of batch sizes is searched only with --objective throughput; with "
+                         f"{request.objective} give one --batch-size")
+    if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
+        raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
+    model = models.resolve(request.model, input_shape=request.input_shape)
+    available = {name: path is not None for name, path in machine.libs.paths.items()}
+    available["bf16"] = machine_has_bf16()
+    adapted = space.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
+    return model, adapted
+
+
+def open_search(request: SearchRequest, machine: Machine,
+                check: Callable[[planning.BenchRequest, Machine], None] | None = None) -> Search:
+    """Validate everything (and, with `check`, run a user model once) before the study is touched;
+    then create or resume it, failing the trials a killed autotune left running."""
+    model, adapted = validate(request, machine)
+    if check is not None:
+        check(_bench_request(request, Config()), machine)
+    name = study_name(request, model)
+    url = storage.storage_url(name, request.storage, request.studies_dir)
+    study = storage.create(name, url, DIRECTIONS[request.objective], _sampler(request.seed),
+                           _pruner(request.objective))
+    records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine))
+    notes = [*adapted.notes, *(f"trial {n} was left running by a killed autotune; marked failed"
+                               for n in records.abandon_stale_trials(study))]
+    done = records.finished(study)
+    if done >= request.trials:
+        notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
+    return Search(request, study, adapted, model, name, url, tuple(notes), done)
+
+
+def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
+    return {"model": model.name, "batch_size": request.batch_size, "objective": request.objective,
+            "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms}
+
+
+def _description(request: SearchRequest, machine: Machine) -> dict[str, Any]:
+    return {"host": records.host_fingerprint(machine), "created_by": request.command_line,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def _sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    with storage.quiet_optuna():
+        # group=True keeps conditional knobs (kmp_* only with Intel OpenMP) in their own groups.
+        return optuna.samplers.TPESampler(multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
+                                          seed=seed)
+
+
+def _pruner(objective: Objective) -> optuna.pruners.BasePruner:
+    if objective == "both":
+        return optuna.pruners.NopPruner()
+    return MarginWilcoxonPruner()
+
+
+def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],
+               runner: PlanRunner = run_plan) -> None:
+    """Run trials until the study holds `--trials` finished ones; the first is the baseline."""
+    study = search.study
+    start = time.monotonic()
+    while records.finished(study) < search.request.trials:
+        is_baseline = records.baseline(study) is None
+        trial = study.ask()
+        try:
+            _run_trial(search, machine, trial, is_baseline, start, on_event, runner)
+        except KeyboardInterrupt:
+            _abandon(study, trial, "interrupted by the user (Ctrl-C)")
+            raise
+        except BaseException as exc:  # never leave a trial RUNNING, whatever went wrong
+            _abandon(study, trial, f"autotune failed: {type(exc).__name__}: {exc}")
+            raise
+
+
+def _abandon(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+    """A trial cut short is recorded as failed with the reason, never left RUNNING."""
+    if study._storage.get_trial(trial._trial_id).state.is_finished():
+        return
+    records.record_failure(trial, reason)
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def _run_trial(search: Search, machine: Machine, trial: optuna.Trial, is_baseline: bool, start: float,
+               on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> None:
+    study = search.study
+    records.claim_trial(trial)
+    config = Config() if is_baseline else search.space.sample(trial)
+    batch = _batch_size(search.request, trial, is_baseline)
+    trial.set_user_attr("baseline", is_baseline)
+    trial.set_user_attr("config", config.describe())
+    trial.set_user_attr("batch_size", batch)
+    event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials)
+    on_event(TrialEvent("start", finished=records.finished(study), elapsed_s=time.monotonic() - start, **event))
+    outcome = _measure(search, machine, trial, config, batch, runner)
+    if outcome.state == TrialState.COMPLETE and search.request.max_latency_ms is not None:
+        _constrain(trial, search.request.max_latency_ms)
+    if outcome.state == TrialState.COMPLETE:
+        study.tell(trial, list(outcome.values))
+    else:
+        study.tell(trial, state=outcome.state)
+    if is_baseline and outcome.state != TrialState.COMPLETE:
+        raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
+                        f"tune; try `autotune bench --model {search.request.model}` to see why")
+    best = records.best_trials(study)
+    on_event(TrialEvent("done", finished=records.finished(study), elapsed_s=time.monotonic() - start,
+                        outcome=outcome, best=best[0] if best else None, **event))
+
+
+def _batch_size(request: SearchRequest, trial: optuna.Trial, is_baseline: bool) -> int:
+    if len(request.batch_sizes) <= 1:
+        return request.batch_size
+    if is_baseline:
+        return request.batch_sizes[0]
+    return int(trial.suggest_categorical("batch_size", list(request.batch_sizes)))
+
+
+def _constrain(trial: optuna.Trial, limit_ms: float) -> None:
+    p90 = float(trial.user_attrs["latency_p90_ms"]) if "latency_p90_ms" in trial.user_attrs else math.inf
+    records.record_constraint(trial, p90 - limit_ms)
+
+
+def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, batch: int,
+             runner: PlanRunner) -> Outcome:
+    """Measure one trial's configuration and record it; a failure is a reason, never an exception."""
+    request = search.request
+    duplicate = records.same_config(search.study, trial.number, config.describe(), batch) if config.values else None
+    if duplicate is not None:
+        return _reuse(trial, duplicate)
+    try:
+        plan = planning.make_plan(_bench_request(request, config, batch), machine)
+    except AutotuneError as exc:
+        records.record_failure(trial, str(exc))
+        return Outcome(TrialState.FAIL, reason=str(exc))
+    records.record_plan(trial, plan)
+    pruner = PruneCheck(search.study, trial, request.objective)
+    measurement = measure_replicates(plan, request.replicates, runner, after_each=pruner)
+    if not measurement.ok:
+        records.record_failed_run(trial, measurement)
+        return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)
+    records.record_metrics(search.study, trial, measurement)
+    if measurement.stopped_early:
+        records.record_pruned(trial, pruner.reason)
+        return Outcome(TrialState.PRUNED, reason=pruner.reason, measurement=measurement)
+    return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
+
+
+def _bench_request(request: SearchRequest, config: Config, batch: int | None = None) -> planning.BenchRequest:
+    return planning.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
+                                 measure=request.measure, cache_dir=request.cache_dir,
+                                 input_shape=request.input_shape, tolerance=request.tolerance)
+
+
+def _reuse(trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:
+    """The same configuration ran before: its result (and intermediate values) are reused, be it
+    a measurement, a pruning or a failure."""
+    records.copy_result(trial, duplicate)
+    if duplicate.state == TrialState.COMPLETE:
+        return Outcome(TrialState.COMPLETE, tuple(duplicate.values), duplicate_of=duplicate.number)
+    return Outcome(duplicate.state, reason=f"same configuration as trial {duplicate.number}: "
+                                           f"{records.end_reason(duplicate)}", duplicate_of=duplicate.number)

@@ -1,0 +1,108 @@
+"""`autotune run`: the user's own program under an exported configuration.
+
+Each recorded instance becomes one process of the user's command with the file's environment
+(as `source` would give it), bound to the recorded CPUs, dying with autotune.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import AutotuneError
+from autotune.launch import TUNING, Binding, best_binder, bind_prefix
+from autotune.libs import Libraries
+from autotune.orchestrate import kill_group
+from autotune.topology import Topology, format_cpus
+
+
+@dataclass(frozen=True)
+class EnvFile:
+    """An exported configuration as `autotune run` needs it."""
+
+    env: dict[str, str]
+    unset: tuple[str, ...]
+    instances: int
+    cpus: tuple[tuple[int, ...], ...]
+    nodes: tuple[int | None, ...]
+    binding: Binding
+
+
+@dataclass(frozen=True)
+class UserLaunch:
+    """One instance of the user's command: argv, exact environment, CPUs to bind before exec."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    affinity: tuple[int, ...]
+
+
+def check_runnable(env_file: EnvFile, source: Path, program: str, topology: Topology) -> None:
+    """The program exists and the file's CPUs are ones this process may use."""
+    if shutil.which(program) is None and not Path(program).is_file():
+        raise AutotuneError(f"command not found: {program!r}; give the program to run after --")
+    outside = {c for cpus in env_file.cpus for c in cpus} - topology.allowed
+    if env_file.binding != "none" and outside:
+        raise AutotuneError(f"{source} binds CPUs {format_cpus(outside)}, which this process may not use "
+                            f"here; export a study made on this machine")
+
+
+def user_launches(env_file: EnvFile, command: Sequence[str], libs: Libraries,
+                  parent_env: Mapping[str, str]) -> list[UserLaunch]:
+    """The user's command per instance, with the exported env and core binding.
+
+    The environment is the user's own without any tuning variable (OMP_*, KMP_*, MALLOC_*, ...,
+    as the trial's child had none) plus the file's exports and AUTOTUNE_INSTANCE_INDEX, so that
+    instances can shard work.
+    """
+    base = {k: v for k, v in parent_env.items()
+            if k not in env_file.unset and (not TUNING.match(k) or k in env_file.env)}
+    binding: Binding = "none" if env_file.binding == "none" else best_binder(libs)
+    launches = []
+    for index in range(env_file.instances):
+        cpus = env_file.cpus[index]
+        node = env_file.nodes[index]
+        env = {**base, **env_file.env, "AUTOTUNE_INSTANCE_INDEX": str(index)}
+        prefix = bind_prefix(binding, libs, cpus, [] if node is None else [node]) if cpus else ()
+        affinity = cpus if binding == "sched_setaffinity" else ()
+        launches.append(UserLaunch((*prefix, *command), env, affinity))
+    return launches
+
+
+def run_foreground(launches: Sequence[UserLaunch]) -> int:
+    """Start every instance, wait, pass their output through.
+
+    Returns the first non-zero exit code (128 + signal for a signal), else 0. Ctrl-C kills them all.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for launch in launches:
+            procs.append(subprocess.Popen(list(launch.argv), env=dict(launch.env), start_new_session=True,
+                                          preexec_fn=_user_child(set(launch.affinity))))
+        codes = [p.wait() for p in procs]
+    finally:
+        for proc in procs:
+            kill_group(proc)
+        for proc in procs:
+            proc.wait()
+    failed = [c for c in codes if c != 0]
+    if not failed:
+        return 0
+    return 128 - failed[0] if failed[0] < 0 else failed[0]
+
+
+def _user_child(cpus: set[int]) -> Callable[[], None]:
+    """In the user's instance before exec: bind if asked, and die with autotune (PDEATHSIG)."""
+
+    def setup() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return setup
