@@ -37,7 +37,7 @@ install_python_env
 
 if [ "${1:-}" = "--test" ]; then
   shift
-  .venv/bin/ruff check autotune tests benchmarks
+  .venv/bin/ruff check autotune tests benchmarks examples
   .venv/bin/mypy
   exec .venv/bin/python -m pytest "$@"
 fi

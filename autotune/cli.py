@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import click
 
 from autotune import display, knobs, machine, models, planning
-from autotune.child.build import TOLERANCE
+from autotune.child.convert import TOLERANCE, ApplyError
 from autotune.errors import AutotuneError, RunFailed
 from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.objectives import COMPARABLE, MIN_EFFECT, MIN_ROUNDS, metric_of, parse_objective
@@ -26,6 +26,8 @@ EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
               "(importable from here), a TorchScript .pt or an exported .pt2 file.")
 SHAPE_HELP = "One input item's shape, e.g. 3x224x224 (default for image models) or 128."
+INPUTS_HELP = ("Your own inputs instead of random ones: a torch.save file of a tensor, a tuple or a dict of "
+               "tensors, items along dim 0 (integer token ids work).")
 STUDIES = Path("studies")
 
 
@@ -101,7 +103,7 @@ def _model_options(func: Any) -> Any:
                         help="Set a knob (repeatable); `autotune knobs` lists them.")(func)
     func = click.option("--model", required=True, help=MODEL_HELP)(func)
     func = click.option("--input-shape", help=SHAPE_HELP)(func)
-    return func
+    return click.option("--example-inputs", type=click.Path(dir_okay=False), help=INPUTS_HELP)(func)
 
 
 @cli.command()
@@ -122,14 +124,15 @@ def doctor(as_json: bool) -> None:
               help="Plan for another machine: a file with its `lscpu --parse=CPU,Core,Socket,Node`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-         lscpu: Path | None, as_json: bool) -> None:
+         example_inputs: str | None, lscpu: Path | None, as_json: bool) -> None:
     """Show what would be launched for a configuration, without running it.
 
     \b
     Example:
       autotune plan --model resnext101 --set instances=2 --set allocator=jemalloc --json
     """
-    request = planning.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape)
+    request = planning.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape,
+                                               example_inputs=example_inputs)
     target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
     _emit(planning.make_plan(request, target).to_json(), as_json, display.plan)
 
@@ -139,7 +142,8 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 @_measure_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-                  cache_dir: Path, as_json: bool, timeout: float, tolerance: float, **measure: Any) -> None:
+                  example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float, tolerance: float,
+                  **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
 
     \b
@@ -149,7 +153,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
     from autotune.orchestrate import run_plan
 
     request = planning.BenchRequest.from_flags(model, assignments, batch_size, measure=_settings(**measure),
-                                               cache_dir=cache_dir, input_shape=input_shape, tolerance=tolerance)
+                                               cache_dir=cache_dir, input_shape=input_shape,
+                                               example_inputs=example_inputs, tolerance=tolerance)
     here = machine.this_machine()
     launch = planning.make_plan(request, here)
     planning.check_model(request, here, timeout)
@@ -164,6 +169,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @cli.command()
 @click.option("--model", required=True, help=MODEL_HELP)
 @click.option("--input-shape", help=SHAPE_HELP)
+@click.option("--example-inputs", type=click.Path(dir_okay=False), help=INPUTS_HELP)
 @click.option("--trials", required=True, type=int,
               help="Total finished trials the study should hold (baseline included); a rerun resumes.")
 @click.option("--space", "space_spec", default="default", show_default=True,
@@ -183,8 +189,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @_rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
 @_min_effect_option
 @_measure_options
-def search(model: str, input_shape: str | None, trials: int, space_spec: str, study_name: str | None,
-           storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
+def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, space_spec: str,
+           study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, confirm_top: int, confirm_rounds: int, min_effect: float,
            timeout: float, tolerance: float, cache_dir: Path, **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
@@ -204,7 +210,8 @@ def search(model: str, input_shape: str | None, trials: int, space_spec: str, st
         batch_size=sizes[0], batch_sizes=sizes if len(sizes) > 1 else (), max_latency_ms=max_latency_ms,
         study=study_name, storage=storage, measure=_settings(**measure),
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout), cache_dir=cache_dir, seed=seed,
-        input_shape=input_shape, tolerance=tolerance, command_line=" ".join(["autotune", *sys.argv[1:]]))
+        input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
+        command_line=" ".join(["autotune", *sys.argv[1:]]))
     here = machine.this_machine()
     opened = search_loop.open_search(request, here, check=planning.check_model)
     for note in opened.notes:
@@ -300,21 +307,30 @@ def _plan_from_env_file(path: str) -> LaunchPlan:
 @click.argument("path", type=click.Path(path_type=Path))
 @_study_options()
 @click.option("--trial", "trial_number", type=int, help="Export this trial instead of the best.")
+@click.option("--artifacts", type=click.Path(path_type=Path, file_okay=False),
+              help="Compile the configuration once into this folder; autotune.apply loads it from there.")
+@_timeout_option
 def export_command(path: Path, study_name: str | None, storage: str | None,
-                   trial_number: int | None) -> None:
+                   trial_number: int | None, artifacts: Path | None, timeout: float) -> None:
     """Write the best configuration (or --trial N) as a bash env file to `source`.
 
     \b
     Example:
       autotune export best.env
       autotune export fast.env --study resnet18-bs1-latency --trial 7
+      autotune export best.env --artifacts compiled/
     """
     from autotune import export
+    from autotune.records import plan_of
     from autotune.storage import find_study
 
     found = find_study(STUDIES, study_name, storage)
     trial = export.pick_trial(found, trial_number)
-    export.write(path, export.render(found, trial))
+    text = export.render(found, trial, artifacts)
+    if artifacts is not None:
+        with display.status(f"compiling trial {trial.number} into {artifacts}"):
+            planning.build_artifacts(plan_of(trial), artifacts, timeout)
+    export.write(path, text)
     display.err.print(f"wrote {path}: study {found.study_name}, trial {trial.number} "
                       f"({trial.user_attrs.get('config')})", markup=False, soft_wrap=True)
     verdict = found.user_attrs.get("confirmation")
@@ -337,7 +353,11 @@ def run_command(env_file: Path, command: tuple[str, ...]) -> None:
     loaded = export.read(env_file)
     here = machine.this_machine()
     userrun.check_runnable(loaded, env_file, command[0], here.topology)
-    sys.exit(userrun.run_foreground(userrun.user_launches(loaded, command, here.libs, dict(os.environ))))
+    launches = userrun.user_launches(loaded, command, here.libs, dict(os.environ))
+    code, warning = userrun.run_checked(loaded, launches)
+    if warning:
+        display.err.print(warning, markup=False, soft_wrap=True)
+    sys.exit(code)
 
 
 @cli.command(name="knobs")
@@ -386,7 +406,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = _interrupted()
     except click.ClickException as exc:
         code = _fail(exc.format_message() + _help_hint(exc), EXIT_USAGE)
-    except AutotuneError as exc:
+    except (AutotuneError, ApplyError) as exc:
         if "--debug" in args:
             raise
         code = _fail(str(exc), EXIT_USAGE)

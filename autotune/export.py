@@ -15,16 +15,17 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import records
+from autotune.child import deploy, envfile
+from autotune.child.envfile import quote
 from autotune.errors import AutotuneError
 from autotune.knobs import value_text
-from autotune.launch import Binding, LaunchPlan
+from autotune.launch import Binding, LaunchPlan, model_knobs
 from autotune.userrun import EnvFile
 
 # Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
 # that sourcing it reproduces the trial even in a shell that had them set.
 TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
                "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD")
-HEADER = "# autotune configuration"
 
 
 class ExportError(AutotuneError):
@@ -55,13 +56,14 @@ def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
     return best[0]
 
 
-def render(study: optuna.Study, trial: FrozenTrial) -> str:
-    """The trial's recorded plan as a file that `source` and `autotune run` both understand."""
+def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = None) -> str:
+    """The trial's recorded plan as a file that `source`, `autotune run` and `autotune.apply` all
+    understand; `artifacts` is the folder of compiled artifacts that `apply` loads."""
     plan = records.plan_of(trial)
     attrs, sattrs = trial.user_attrs, study.user_attrs
     shared = _shared_env([dict(i.env) for i in plan.instances])
     lines = [
-        f"{HEADER}: study {study.study_name}, trial {trial.number}",
+        f"{envfile.HEADER}: study {study.study_name}, trial {trial.number}",
         f"# model {sattrs.get('model')}, batch size {sattrs.get('batch_size')}, "
         f"objective {sattrs.get('objective')}",
         f"# knobs: {attrs.get('config', 'defaults')}",
@@ -79,8 +81,11 @@ def render(study: optuna.Study, trial: FrozenTrial) -> str:
     if unset:
         lines.append(f"unset {' '.join(unset)}")
     lines += [f"export {k}={quote(v)}" for k, v in shared.items()]
-    lines += ["# knobs that are not environment variables: your program (or `autotune run`) applies them"]
+    lines += ["# knobs that are not environment variables: autotune.apply(model, example_inputs) in your "
+              "program applies them"]
     lines += [f"export {k}={quote(v)}" for k, v in _knob_vars(plan).items()]
+    if artifacts is not None:
+        lines.append(f"export {deploy.ARTIFACTS_VAR}={quote(str(artifacts.resolve()))}")
     lines.append("# launch lines, as the trial ran them:")
     for inst in plan.instances:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst.env.items())
@@ -99,11 +104,6 @@ def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> lis
     return [f"# baseline exported: {confirmation['message']}"]
 
 
-def quote(value: str) -> str:
-    """Always single-quoted, so no value is ever expanded or split by the shell."""
-    return "'" + value.replace("'", "'\"'\"'") + "'"
-
-
 def _shared_env(envs: list[dict[str, str]]) -> dict[str, str]:
     """Variables every instance got with the same value (per-instance ones stay in launch lines)."""
     first = envs[0] if envs else {}
@@ -117,9 +117,9 @@ def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
         "AUTOTUNE_KNOBS": " ".join(f"{k}={value_text(v)}" for k, v in config.values),
         "AUTOTUNE_BATCH_SIZE": str(bench.batch_size),
         "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape)),
+        **({"AUTOTUNE_EXAMPLE_INPUTS": bench.example_inputs} if bench.example_inputs else {}),
         "AUTOTUNE_TOLERANCE": str(bench.tolerance),
-        "AUTOTUNE_MKLDNN": config.text("mkldnn"),
-        "AUTOTUNE_WEIGHT_CACHE": config.text("weight_cache"),
+        **deploy.to_env(model_knobs(config)),
         "AUTOTUNE_DATALOADER_WORKERS": config.text("dataloader_workers"),
         "AUTOTUNE_INSTANCES": str(len(instances)),
         "AUTOTUNE_BINDING": plan.binding,
@@ -162,25 +162,13 @@ def read(path: Path) -> EnvFile:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not text"
         raise ExportError(f"cannot read {path}: {reason}; give a file made by `autotune export`") from None
-    if not text.startswith(HEADER):
+    if not text.startswith(envfile.HEADER):
         raise ExportError(f"{path} is not an autotune env file; make one with `autotune export {path}`")
-    env: dict[str, str] = {}
-    unset: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        try:
-            words = shlex.split(line)
-        except ValueError as exc:
-            raise ExportError(f"{path} line {number}: {exc}; export it again") from None
-        if words[0] == "unset":
-            unset += words[1:]
-        elif words[0] == "export" and len(words) == 2 and "=" in words[1]:
-            key, _, value = words[1].partition("=")
-            env[key] = value
-        else:
-            raise ExportError(f"{path} line {number}: not an export or unset line: {line[:80]!r}")
-    return _env_file(path, env, tuple(unset))
+    try:
+        parsed = envfile.parse(text)
+    except envfile.EnvFileError as exc:
+        raise ExportError(f"{path} {exc}; export it again") from None
+    return _env_file(path, parsed.env, parsed.unset)
 
 
 def _env_file(path: Path, env: dict[str, str], unset: tuple[str, ...]) -> EnvFile:

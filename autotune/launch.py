@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from autotune.child import deploy
+from autotune.child.convert import ModelKnobs
 from autotune.errors import TopologyError
 from autotune.knobs import Config
 from autotune.libs import Libraries
@@ -70,6 +72,7 @@ class BenchSpec:
     cache_dir: str = "studies/cache"
     tolerance: float = -1.0  # relative error allowed against eager fp32; < 0: per precision
     import_path: str = ""  # where a `pkg.module:factory` model is imported from
+    example_inputs: str = ""  # a torch.save file of the model's inputs, items along dim 0
 
 
 @dataclass(frozen=True)
@@ -119,18 +122,20 @@ class LaunchPlan:
         }
 
 
+def model_knobs(config: Config) -> ModelKnobs:
+    """The knobs that change the model itself, as `autotune.apply` and the child take them."""
+    return deploy.knobs_from_env({var: config.text(name) for name, var in deploy.KNOB_VARS.items()})
+
+
 def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
     """The benchmark child's argv; the runner appends the per-run `--result` and `--ready-fd`."""
+    knobs = deploy.to_env(model_knobs(config))
     return (
         python, "-m", "autotune.child.worker",
         "--model", bench.model,
         "--item-shape", "x".join(map(str, bench.item_shape)),
         "--batch-size", str(bench.batch_size),
-        "--mkldnn", config.text("mkldnn"),
-        "--weight-cache", config.text("weight_cache"),
-        "--backend", config.text("backend"),
-        "--memory-format", config.text("memory_format"),
-        "--precision", config.text("precision"),
+        *(arg for name, var in deploy.KNOB_VARS.items() for arg in (f"--{name.replace('_', '-')}", knobs[var])),
         "--tolerance", str(bench.tolerance),
         "--dataloader-workers", config.text("dataloader_workers"),
         "--warmup", str(bench.measure.warmup),
@@ -139,6 +144,7 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         "--min-iterations", str(bench.measure.min_iterations),
         "--cache-dir", bench.cache_dir,
         *(("--import-path", bench.import_path) if bench.import_path else ()),
+        *(("--example-inputs", bench.example_inputs) if bench.example_inputs else ()),
     )
 
 

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune import libs, topology
+from autotune.child import cpu
+from autotune.child.cpu import ISA_FLAGS, cpuinfo
 from autotune.libs import Libraries
 from autotune.topology import Topology, format_cpus
-
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
 
 @dataclass(frozen=True)
@@ -35,22 +33,8 @@ def described_machine(lscpu: Path) -> Machine:
     return Machine(topology.from_lscpu_file(lscpu), libs.discover(), described=True)
 
 
-@functools.lru_cache(maxsize=1)
-def cpuinfo() -> tuple[str, frozenset[str]]:
-    """CPU model name and feature flags from /proc/cpuinfo."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown", frozenset()
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    return (model.group(1).strip() if model else "unknown",
-            frozenset(flags.group(1).split()) if flags else frozenset())
-
-
 def machine_has_bf16() -> bool:
-    flags = cpuinfo()[1]
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return cpu.has_bf16()
 
 
 def torch_versions() -> dict[str, str | None]:

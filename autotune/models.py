@@ -9,10 +9,13 @@ import importlib.util
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from autotune.errors import ModelError
+
+ModelKind = Literal["torchvision", "factory", "torchscript", "exported"]
 
 # Short names users try first; values are torchvision builder names.
 ALIASES = {
@@ -48,13 +51,15 @@ class ModelSpec:
 
     name: str
     item_shape: tuple[int, ...]
-    kind: str = "torchvision"  # | "factory" | "torchscript" | "exported"
+    kind: ModelKind = "torchvision"
     import_path: str = ""
+    example_inputs: str = ""  # a torch.save file of inputs, items along dim 0 (absolute path)
 
     @property
     def needs_probe(self) -> bool:
-        """User models are tried once (build + one forward) before any run, to fail early and clearly."""
-        return self.kind != "torchvision"
+        """User models and user inputs are tried once (build + one forward) before any run, to fail
+        early and clearly."""
+        return self.kind != "torchvision" or bool(self.example_inputs)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -77,20 +82,44 @@ def classification_models() -> tuple[str, ...]:
     return tuple(torchvision.models.list_models(module=torchvision.models))
 
 
-def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: str | None = None) -> ModelSpec:
-    """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name."""
+def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: str | None = None,
+            example_inputs: str | None = None) -> ModelSpec:
+    """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name.
+    `example_inputs` (a torch.save file) replaces the synthetic inputs and gives the item shape."""
+    if input_shape and example_inputs:
+        raise ModelError("give --input-shape or --example-inputs, not both (the file's tensors have a shape)")
     shape = parse_shape(input_shape) if input_shape else None
+    saved = _example_inputs(example_inputs) if example_inputs else None
+    if saved is not None:
+        shape = saved[0]
     if text.endswith((".pt", ".pt2")) or "/" in text:
-        return _file(text, shape)
-    if ":" in text:
-        return _factory(text, shape)
-    spec = _torchvision(text, available)
-    return spec if shape is None else ModelSpec(spec.name, shape)
+        spec = _file(text, shape)
+    elif ":" in text:
+        spec = _factory(text, shape)
+    else:
+        spec = _torchvision(text, available)
+        spec = spec if shape is None else replace(spec, item_shape=shape)
+    return spec if saved is None else replace(spec, example_inputs=saved[1])
+
+
+def _example_inputs(text: str) -> tuple[tuple[int, ...], str]:
+    """One item's shape (of the first tensor) and the absolute path of a checked inputs file."""
+    from autotune.child.build import load_examples
+    from autotune.child.convert import ApplyError, leaves
+
+    path = str(Path(text).expanduser().resolve())
+    if not Path(path).is_file():
+        raise ModelError(f"--example-inputs {text!r} is not a file; save your inputs with torch.save")
+    try:
+        first = leaves(load_examples(path))[0]
+    except ApplyError as exc:
+        raise ModelError(f"--example-inputs: {exc}") from None
+    return tuple(int(n) for n in first.shape[1:]) or (1,), path
 
 
 def _file(text: str, shape: tuple[int, ...] | None) -> ModelSpec:
     path = Path(text).expanduser()
-    kind = "exported" if path.suffix == ".pt2" else "torchscript"
+    kind: ModelKind = "exported" if path.suffix == ".pt2" else "torchscript"
     if path.suffix not in (".pt", ".pt2"):
         raise ModelError(f"model file {text!r} is neither TorchScript (.pt) nor an exported program (.pt2)")
     try:

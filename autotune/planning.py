@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune import models
-from autotune.errors import ConfigError, ModelError
+from autotune.errors import ConfigError, ModelError, RunFailed
 from autotune.knobs import Config
-from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, plan_launch
+from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, plan_launch, worker_command
 from autotune.machine import Machine, machine_has_bf16
 from autotune.orchestrate import run_plan
 
@@ -27,6 +27,7 @@ class BenchRequest:
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     cache_dir: Path = Path("studies/cache")
     input_shape: str | None = None
+    example_inputs: str | None = None
     tolerance: float = -1.0
 
     @classmethod
@@ -42,11 +43,11 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     if request.config.get("precision") == "bf16" and not machine.described and not machine_has_bf16():
         raise ConfigError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
                           "use precision=fp32")
-    spec = models.resolve(request.model, input_shape=request.input_shape)
+    spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
     bench = BenchSpec(
         model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,
         measure=request.measure, cache_dir=str(request.cache_dir.resolve()), tolerance=request.tolerance,
-        import_path=spec.import_path,
+        import_path=spec.import_path, example_inputs=spec.example_inputs,
     )
     binder: Binding | None = "numactl" if machine.described else None
     return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
@@ -65,21 +66,23 @@ def plan_from_exported(env: Mapping[str, str], machine: Machine,
         tolerance = float(env.get("AUTOTUNE_TOLERANCE", "-1"))
     except ValueError:
         raise ConfigError(f"AUTOTUNE_TOLERANCE={env['AUTOTUNE_TOLERANCE']!r} is not a number; export again") from None
+    saved = env.get("AUTOTUNE_EXAMPLE_INPUTS") or None
     request = BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=batch_size,
                            config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
-                           measure=measure or MeasureSettings(), input_shape=env.get("AUTOTUNE_INPUT_SHAPE"),
-                           tolerance=tolerance)
+                           measure=measure or MeasureSettings(), tolerance=tolerance, example_inputs=saved,
+                           input_shape=None if saved else env.get("AUTOTUNE_INPUT_SHAPE"))
     return make_plan(request, machine)
 
 
 def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600) -> None:
     """A user model (factory, .pt, .pt2, or any --input-shape) is built and run once before
     measuring; a model that cannot is a bad input (exit code 2), not a failed trial."""
-    spec = models.resolve(request.model, input_shape=request.input_shape)
+    spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
     if not spec.needs_probe and request.input_shape is None:
         return
     plan = make_plan(BenchRequest(model=request.model, config=Config(), batch_size=1,
-                                  cache_dir=request.cache_dir, input_shape=request.input_shape), machine)
+                                  cache_dir=request.cache_dir, input_shape=request.input_shape,
+                                  example_inputs=request.example_inputs), machine)
     reason = probe(plan, timeout_s)
     if reason:
         shape = "x".join(map(str, spec.item_shape))
@@ -87,11 +90,18 @@ def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600)
                          f"and --input-shape")
 
 
-def probe(plan: LaunchPlan, timeout_s: float) -> str:
+def probe(plan: LaunchPlan, timeout_s: float, *extra: str) -> str:
     """Build the model and run one checked forward in an unbound child; '' when that works, else
-    the reason. Catches a broken user model before any measurement is spent on it."""
-    if plan.binding != "none" or len(plan.instances) != 1:
-        raise ValueError("the probe runs one unbound instance; plan it from the default configuration")
+    the reason. Catches a broken user model before any measurement is spent on it; with
+    `--artifacts DIR` in `extra`, leaves the compiled artifacts there."""
     first = plan.instances[0]
-    trial = replace(plan, instances=(replace(first, command=(*first.command, "--probe")),))
+    unbound = replace(first, command=(*worker_command(sys.executable, plan.bench, plan.config), "--probe", *extra))
+    trial = replace(plan, binding="none", instances=(unbound,))
     return run_plan(trial, timeout_s).reason.removeprefix("instance 0: ")
+
+
+def build_artifacts(plan: LaunchPlan, folder: Path, timeout_s: float) -> None:
+    """Compile a recorded configuration once into `folder`, where `autotune.apply` loads it."""
+    reason = probe(plan, timeout_s, "--artifacts", str(folder.resolve()))
+    if reason:
+        raise RunFailed(f"could not build the artifacts for {plan.config.describe()}: {reason}")

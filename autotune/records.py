@@ -17,8 +17,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import __version__
+from autotune.child.cpu import cpuinfo
 from autotune.launch import LaunchPlan
-from autotune.machine import Machine, cpuinfo
+from autotune.machine import Machine
 from autotune.replicates import Measurement
 from autotune.storage import StudyError
 

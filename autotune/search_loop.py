@@ -18,7 +18,6 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import models, planning, records, space, storage
-from autotune.child.names import safe_name
 from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
@@ -52,6 +51,7 @@ class SearchRequest:
     studies_dir: Path = Path("studies")
     seed: int | None = None
     input_shape: str | None = None
+    example_inputs: str | None = None
     tolerance: float = -1.0
     max_latency_ms: float | None = None
     batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
@@ -105,7 +105,7 @@ class Search:
 def study_name(request: SearchRequest, model: models.ModelSpec) -> str:
     batch = "-".join(map(str, request.batch_sizes)) if len(request.batch_sizes) > 1 else str(request.batch_size)
     limit = f"-p90max{request.max_latency_ms:g}ms" if request.max_latency_ms else ""
-    stem = safe_name(Path(model.name).stem if model.kind in ("torchscript", "exported") else model.name)
+    stem = storage.safe_name(Path(model.name).stem if model.kind in ("torchscript", "exported") else model.name)
     return storage.check_name(request.study or f"{stem}-bs{batch}-{request.objective}{limit}")
 
 
@@ -122,7 +122,7 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
                          f"{request.objective} give one --batch-size")
     if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
         raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
-    model = models.resolve(request.model, input_shape=request.input_shape)
+    model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available["bf16"] = machine_has_bf16()
     adapted = space.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
@@ -150,8 +150,9 @@ def open_search(request: SearchRequest, machine: Machine,
 
 
 def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
-    return {"model": model.name, "batch_size": request.batch_size, "objective": request.objective,
-            "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms}
+    wanted = {"model": model.name, "batch_size": request.batch_size, "objective": request.objective,
+              "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms}
+    return wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
 
 
 def _description(request: SearchRequest, machine: Machine) -> dict[str, Any]:
@@ -265,7 +266,8 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
 def _bench_request(request: SearchRequest, config: Config, batch: int | None = None) -> planning.BenchRequest:
     return planning.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
                                  measure=request.measure, cache_dir=request.cache_dir,
-                                 input_shape=request.input_shape, tolerance=request.tolerance)
+                                 input_shape=request.input_shape, example_inputs=request.example_inputs,
+                                 tolerance=request.tolerance)
 
 
 def _reuse(trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:

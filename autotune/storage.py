@@ -16,12 +16,18 @@ import sqlalchemy.exc
 from autotune.errors import AutotuneError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 SQLITE = "sqlite:///"
 CREATE_ATTEMPTS = 3  # a brand-new SQLite file opened by two processes at once can race on its schema
 
 
 class StudyError(AutotuneError):
     """A study that does not exist, does not match the request, or cannot be used."""
+
+
+def safe_name(text: str) -> str:
+    """`text` with every character outside letters, digits, '.', '_' and '-' replaced by '_'."""
+    return UNSAFE.sub("_", text)
 
 
 def check_name(name: str) -> str:

@@ -7,14 +7,18 @@ Each recorded instance becomes one process of the user's command with the file's
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from autotune.child import deploy
+from autotune.child.convert import ApplyError, ModelKnobs
 from autotune.errors import AutotuneError
 from autotune.launch import TUNING, Binding, best_binder, bind_prefix
 from autotune.libs import Libraries
@@ -44,7 +48,12 @@ class UserLaunch:
 
 
 def check_runnable(env_file: EnvFile, source: Path, program: str, topology: Topology) -> None:
-    """The program exists and the file's CPUs are ones this process may use."""
+    """The program exists, the file's CPUs are ones this process may use, and its model knobs
+    are ones this machine can apply."""
+    try:
+        deploy.knobs_from_env(env_file.env, str(source)).check()
+    except ApplyError as exc:
+        raise AutotuneError(str(exc)) from None
     if shutil.which(program) is None and not Path(program).is_file():
         raise AutotuneError(f"command not found: {program!r}; give the program to run after --")
     outside = {c for cpus in env_file.cpus for c in cpus} - topology.allowed
@@ -73,6 +82,33 @@ def user_launches(env_file: EnvFile, command: Sequence[str], libs: Libraries,
         affinity = cpus if binding == "sched_setaffinity" else ()
         launches.append(UserLaunch((*prefix, *command), env, affinity))
     return launches
+
+
+def run_checked(env_file: EnvFile, launches: Sequence[UserLaunch]) -> tuple[int, str]:
+    """Run the instances with a report file `autotune.apply` writes to; also return a warning
+    naming the model knobs when an instance never applied them ('' when all did)."""
+    with tempfile.TemporaryDirectory(prefix="autotune-apply-") as tmp:
+        report = Path(tmp) / "applied.jsonl"
+        told = [replace(launch, env={**launch.env, deploy.REPORT_VAR: str(report)}) for launch in launches]
+        code = run_foreground(told)
+        return code, unapplied(deploy.knobs_from_env(env_file.env), len(launches), report)
+
+
+def unapplied(knobs: ModelKnobs, instances: int, report: Path) -> str:
+    """One warning line when the knobs change the model and fewer instances applied them."""
+    if knobs.is_default:
+        return ""
+    try:
+        lines = report.read_text().splitlines()
+    except OSError:
+        lines = []
+    applied = {record["pid"] for record in map(json.loads, lines) if record.get("knobs")}
+    if len(applied) >= instances:
+        return ""
+    who = "the program never called" if not applied else f"only {len(applied)} of {instances} processes called"
+    return (f"warning: {who} autotune.apply(model, example_inputs), so {knobs.describe()} "
+            f"{'was' if ' ' not in knobs.describe() else 'were'} not applied there; see the README, "
+            f"'Using the result in your program'")
 
 
 def run_foreground(launches: Sequence[UserLaunch]) -> int:

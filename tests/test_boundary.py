@@ -68,7 +68,7 @@ def test_the_boundary_check_catches_a_planted_import(tmp_path: Path, line: str) 
 
 
 def test_importing_the_child_loads_no_harness_and_no_torch() -> None:
-    code = ("import sys, json; import autotune.child.worker, autotune.child.build, autotune.child.names; "
+    code = ("import sys, json; import autotune.child.worker, autotune.child.build, autotune.child.deploy; "
             "print(json.dumps(sorted(sys.modules)))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                        check=True, cwd=PACKAGE.parent).stdout)

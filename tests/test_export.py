@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 from autotune import export, search_loop
+from autotune.child import envfile
 from autotune.export import ExportError
 from autotune.libs import Libraries
 from autotune.machine import Machine
@@ -99,7 +100,7 @@ def test_read_rejects_files_it_did_not_write(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="is not an autotune env file"):
         export.read(other)
     damaged = tmp_path / "damaged.env"
-    damaged.write_text(f"{export.HEADER}: x\nexport A=1\nrm -rf /\n")
+    damaged.write_text(f"{envfile.HEADER}: x\nexport A=1\nrm -rf /\n")
     with pytest.raises(ExportError, match="line 3: not an export or unset line"):
         export.read(damaged)
 

@@ -1,31 +1,19 @@
-"""Inside the benchmark child: the model as the knobs say, and the guard on its answers.
-
-torch is imported inside functions, so the parent may read TOLERANCE without loading it.
-"""
+"""Inside the benchmark child: the model from its source, the synthetic inputs that feed it, and
+the knobs applied through `autotune.apply` (torch is imported inside functions)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import importlib
-import json
-import os
-import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.child.names import safe_name
-
-# Relative error allowed against eager fp32 on the same input, per precision (`--tolerance`).
-TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}
-
-
-class BenchError(Exception):
-    """A configuration that cannot run or answers wrongly, with the reason."""
+from autotune.child import deploy
+from autotune.child.convert import ApplyError, ModelKnobs, call, leaves
+from autotune.child.deploy import Deployment
 
 
 class SyntheticImages:
@@ -71,7 +59,60 @@ class SyntheticTensors:
         return self.items[index % len(self.items)]
 
 
-def dataset_for(item_shape: tuple[int, ...]) -> Any:
+class SavedInputs:
+    """A user's own inputs (`--example-inputs FILE`): items are slices along dim 0 of a saved
+    tensor, tuple/list of tensors, or dict of tensors, cycled; integer token ids stay integers."""
+
+    def __init__(self, path: str) -> None:
+        self.items = load_examples(path)
+        self.count = example_count(self.items)
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> Any:
+        from torch.utils import _pytree
+
+        return _pytree.tree_map(lambda t: t[index % self.count], self.items)
+
+
+def load_examples(path: str) -> Any:
+    """What `torch.save` put in the file, tensors only (no code is unpickled), or why not."""
+    import torch
+
+    try:
+        loaded = torch.load(path, weights_only=True)
+    except Exception as exc:  # any file that is not a torch.save of tensors; nothing else is unpickled
+        raise ApplyError(f"cannot load example inputs {path}: {explain_load(exc)}; save a tensor, a tuple of "
+                         f"tensors or a dict of tensors with torch.save") from None
+    example_count(loaded, path)
+    return tuple(loaded) if isinstance(loaded, list) else loaded
+
+
+def example_count(loaded: Any, path: str = "the example inputs") -> int:
+    """How many items the saved inputs hold along dim 0 (the same for every tensor)."""
+    import torch
+
+    tensors = (list(loaded.values()) if isinstance(loaded, dict) else
+               list(loaded) if isinstance(loaded, (list, tuple)) else [loaded])
+    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in tensors):
+        raise ApplyError(f"{path} must hold a tensor, a tuple of tensors or a dict of tensors, each with the "
+                         f"items along dim 0")
+    counts = {int(t.shape[0]) for t in tensors}
+    if len(counts) != 1 or 0 in counts:
+        raise ApplyError(f"{path}: every tensor needs the same number of items (dim 0), at least 1; found "
+                         f"{sorted(counts)}")
+    return counts.pop()
+
+
+def explain_load(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "") -> Any:
+    if example_inputs:
+        return SavedInputs(example_inputs)
     image = len(item_shape) == 3 and item_shape[0] == 3 and item_shape[1] >= 32
     return SyntheticImages(item_shape) if image else SyntheticTensors(item_shape)
 
@@ -96,192 +137,47 @@ def load_model(spec: str, import_path: str) -> Any:
         try:
             made = getattr(importlib.import_module(module_name), factory)()
         except Exception as exc:
-            raise BenchError(f"model factory {spec} failed: {type(exc).__name__}: {exc}") from exc
+            raise ApplyError(f"model factory {spec} failed: {type(exc).__name__}: {exc}") from exc
         if not isinstance(made, torch.nn.Module):
-            raise BenchError(f"model factory {spec} returned {type(made).__name__}, not a torch.nn.Module")
+            raise ApplyError(f"model factory {spec} returned {type(made).__name__}, not a torch.nn.Module")
         return made.eval()
     import torchvision
 
     return torchvision.models.get_model(spec, weights=None).eval()
 
 
-def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:
-    """Load, convert as the knobs say, check the answers, and return forward(batch)."""
-    import torch
+def knobs_of(args: argparse.Namespace) -> ModelKnobs:
+    """The model knobs the plan gave this child, as `autotune.apply` takes them."""
+    return ModelKnobs(backend=args.backend, precision=args.precision, memory_format=args.memory_format,
+                      mkldnn=args.mkldnn == "on", weight_cache=args.weight_cache == "on")
 
+
+def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:
+    """Load the model and apply the knobs through `autotune.apply`, the same call a user's program
+    makes; every non-default configuration is checked against eager fp32 on the same input."""
     start = time.perf_counter()
     model = load_model(args.model, args.import_path)
     setup["build_s"] = time.perf_counter() - start
-    guarded = (args.mkldnn == "on" or args.precision != "fp32" or args.backend != "eager"
-               or args.memory_format != "contiguous" or args.weight_cache == "on")
-    with torch.no_grad():
-        reference = leaves(model(example)) if guarded else None
-    forward = convert(model, args, example, setup)
-    with torch.no_grad():
-        start = time.perf_counter()
-        output = forward(example)
-        setup["first_forward_s"] = time.perf_counter() - start  # compile time for inductor
-    setup["output_dtype"] = str(leaves(output)[0].dtype).replace("torch.", "")
-    if reference is not None:
-        check(reference, leaves(output), args, setup)
-    return forward
+    knobs = knobs_of(args)
+    artifacts = Path(args.artifacts) if args.artifacts else Path(args.cache_dir, "artifacts")
+    deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan")
+    applied = deploy.apply(model, example, deployment=deployment, check=not knobs.is_default, setup=setup)
+    if isinstance(applied, deploy.Applied):
+        return applied
+    return _timed_first_call(model, example, setup)
 
 
-def convert(model: Any, args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:
+def _timed_first_call(model: Any, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:
+    """PyTorch's defaults: the model as it is, its first call timed like a converted one's."""
     import torch
-
-    mkldnn = args.mkldnn == "on"
-    channels_last = args.memory_format == "channels_last"
-    if mkldnn:
-        from torch.utils import mkldnn as mkldnn_utils
-
-        start = time.perf_counter()
-        model = mkldnn_utils.to_mkldnn(model)
-        setup["mkldnn_convert_s"] = time.perf_counter() - start
-        probe_mkldnn(model, example)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-        example = example.contiguous(memory_format=torch.channels_last)
-    if args.backend == "torchscript" or args.weight_cache == "on":
-        model = cached_model(model, args, example, setup)
-    elif args.backend == "inductor":
-        import torch._inductor.config as inductor_config
-
-        inductor_config.freezing = True
-        model = torch.compile(model, backend="inductor")
 
     def forward(batch: Any) -> Any:
-        if channels_last:
-            batch = batch.contiguous(memory_format=torch.channels_last)
-        if mkldnn:
-            return model(batch.to_mkldnn()).to_dense()
-        with autocast(args.precision):
-            return model(batch)
-
-    return forward
-
-
-@contextlib.contextmanager
-def autocast(precision: str) -> Iterator[None]:
-    if precision == "bf16":
-        import torch
-
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            yield
-    else:
-        yield
-
-
-def leaves(output: Any) -> list[Any]:
-    """The tensors of a model output (a tensor, a tuple, a dict, a namedtuple ...)."""
-    import torch
-    from torch.utils import _pytree
-
-    found = [x for x in _pytree.tree_leaves(output) if isinstance(x, torch.Tensor)]
-    if not found:
-        raise BenchError(f"the model returned {type(output).__name__} with no tensor in it")
-    return found
-
-
-def check(reference: list[Any], output: list[Any], args: argparse.Namespace, setup: dict[str, Any]) -> None:
-    """The correctness guard: max abs and relative error against eager fp32 on the same input."""
-    import torch
-
-    ref = torch.cat([r.float().flatten() for r in reference])
-    out = torch.cat([o.float().flatten() for o in output])
-    if ref.shape != out.shape:
-        raise BenchError(f"output shape changed: {tuple(out.shape)} instead of eager fp32's {tuple(ref.shape)}")
-    abs_err = float((out - ref).abs().max())
-    rel_err = abs_err / max(float(ref.abs().max()), 1e-12)
-    tolerance = args.tolerance if args.tolerance >= 0 else TOLERANCE[args.precision]
-    setup.update(max_abs_err=abs_err, max_rel_err=rel_err, tolerance=tolerance)
-    if not rel_err <= tolerance:
-        raise BenchError(f"wrong answers: output differs from eager fp32 by max relative error {rel_err:.3g} "
-                         f"(max abs {abs_err:.3g}) > tolerance {tolerance:g}; raise --tolerance to accept it")
-
-
-def probe_mkldnn(model: Any, example: Any) -> None:
-    """Run once with a module stack, so an op without an mkldnn kernel is named with its module."""
-    import torch
-
-    stack: list[str] = []
-    names = {id(m): f"{n or 'model'} ({type(m).__name__})" for n, m in model.named_modules()}
-
-    def enter(module: Any, inputs: Any) -> None:
-        stack.append(names[id(module)])
-
-    def leave(module: Any, inputs: Any, output: Any) -> None:
-        stack.pop()
-
-    handles = []
-    for module in model.modules():
-        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
-    try:
         with torch.no_grad():
-            model(example.to_mkldnn()).to_dense()
-    except Exception as exc:
-        text = str(exc)
-        op = re.search(r"aten::\w+", text)
-        where = f" in module {stack[-1]}" if stack else ""
-        detail = (text.strip().splitlines() or [""])[0][:160]
-        raise BenchError(
-            f"mkldnn: {op.group(0) if op else 'an operator'}{where} has no mkldnn (oneDNN layout) "
-            f"kernel ({detail}); use mkldnn=off for this model"
-        ) from exc
-    finally:
-        for handle in handles:
-            handle.remove()
+            return call(model, batch)
 
-
-def cached_model(model: Any, args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Any:
-    """A saved TorchScript file, loaded back so weights are laid out once (seed recipe 2.c).
-
-    Dense models: trace + freeze (under autocast for bf16). mkldnn models: script, because a
-    frozen or traced mkldnn module cannot be saved (opaque weights); a scripted one saves dense
-    weights and reorders them once at load. backend=torchscript also runs optimize_for_inference
-    on the loaded module (its result cannot be saved, so it is redone per process).
-    """
-    import torch
-
-    path = weight_cache_path(args, torch.__version__)
-    setup["weight_cache_file"] = str(path)
-    setup["weight_cache_hit"] = path.exists()
-    if not path.exists():
-        start = time.perf_counter()
-        with torch.no_grad(), autocast(args.precision):
-            if args.mkldnn == "on":
-                scripted = torch.jit.script(model)
-            else:
-                scripted = torch.jit.freeze(torch.jit.trace(model, example, check_trace=False))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.jit.save(scripted, str(tmp))
-        os.replace(tmp, path)
-        setup["trace_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    loaded = torch.jit.load(str(path))
-    if args.backend == "torchscript":
-        loaded = torch.jit.optimize_for_inference(loaded)
-    setup["weight_cache_load_s"] = time.perf_counter() - start
-    return loaded
-
-
-def _factory_file(spec: str) -> str | None:
-    if ":" not in spec:
-        return None
-    module = sys.modules.get(spec.partition(":")[0])
-    return getattr(module, "__file__", None)
-
-
-def weight_cache_path(args: argparse.Namespace, torch_version: str) -> Path:
-    """Keyed by everything that changes the saved file."""
-    model_id = args.model
-    source = args.model if args.model.endswith((".pt", ".pt2")) else _factory_file(args.model)
-    if source:  # a user's file: an edit must not reuse the old trace
-        stat = os.stat(source)
-        model_id = f"{args.model}:{os.path.abspath(source)}:{stat.st_size}:{stat.st_mtime_ns}"
-    key = json.dumps(["seeded-v2", model_id, args.item_shape, args.batch_size, "float32", args.mkldnn,
-                      args.memory_format, args.precision, torch_version])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    stem = safe_name(Path(args.model).stem if "/" in args.model else args.model)
-    return Path(args.cache_dir, "weights", f"{stem}-{digest}.pt")
+    output = forward(example)
+    setup["first_forward_s"] = time.perf_counter() - start
+    setup["output_dtype"] = str(leaves(output)[0].dtype).replace("torch.", "")
+    setup["output_digest"] = deploy.digest(output)
+    return forward

@@ -28,6 +28,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="autotune.child.worker")
     p.add_argument("--model", required=True)
     p.add_argument("--item-shape", required=True)
+    p.add_argument("--example-inputs", default="", help="a torch.save file of inputs, items along dim 0")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--mkldnn", choices=("on", "off"), default="off")
     p.add_argument("--weight-cache", choices=("on", "off"), default="off")
@@ -43,6 +44,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=2.0)
     p.add_argument("--min-iterations", type=int, default=10)
     p.add_argument("--cache-dir", default="studies/cache")
+    p.add_argument("--artifacts", default="", help="where compiled artifacts are kept (default: CACHE_DIR/artifacts)")
     p.add_argument("--result", required=True)
     p.add_argument("--ready-fd", type=int, default=-1)
     p.add_argument("--parent-pid", type=int, default=-1, help="autotune's pid: exit if it is already gone")
@@ -139,6 +141,8 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any) -> dict[str
     """Timed loop over a common window: forward latency per batch, end-to-end items per second."""
     import torch
 
+    from autotune.child.convert import batch_size
+
     latencies_ms: list[float] = []
     iterations_ms: list[float] = []
     items = 0
@@ -154,7 +158,7 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any) -> dict[str
             t1 = time.perf_counter()
             latencies_ms.append((t1 - t0) * 1e3)
             iterations_ms.append((t1 - t_fetch) * 1e3)
-            items += batch.shape[0]
+            items += batch_size(batch)
         window = time.perf_counter() - start
         cpu_s = cpu_seconds() - cpu_before
     return {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
@@ -178,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir, "inductor")))
     import torch
 
-    from autotune.child.build import BenchError, build, dataset_for
+    from autotune.child.build import build, dataset_for
+    from autotune.child.convert import ApplyError
 
     shape = tuple(int(n) for n in args.item_shape.split("x"))
-    dataset: Any = dataset_for(shape)  # map-style by protocol; the stubs want a subclass
+    dataset: Any = dataset_for(shape, args.example_inputs)  # map-style by protocol; the stubs want a subclass
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=args.batch_size, num_workers=args.dataloader_workers,
         persistent_workers=args.dataloader_workers > 0,
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             setup["warmup_iterations"] = warm_up(args, forward, batches)
             setup["warmup_s"] = time.perf_counter() - warmup_start
     except Exception as exc:  # the model's own failure is this configuration's result
-        reason = str(exc) if isinstance(exc, BenchError) else explain(exc)
+        reason = str(exc) if isinstance(exc, ApplyError) else explain(exc)
         write_json(args.result, {"status": "error", "reason": reason, "setup": setup})
         return EXIT_BENCH_ERROR
     wait_for_go(args.ready_fd)

@@ -1,0 +1,342 @@
+"""How each model-level knob turns a module into what runs: mkldnn, channels_last, the TorchScript
+weight cache, inductor, bf16 autocast; the guard on the answers; the saved artifacts.
+
+torch is imported inside functions. `autotune.apply` and the benchmark child both call `prepare`,
+so what is measured is what a user's program runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from autotune.child import cpu
+
+Backend = Literal["eager", "torchscript", "inductor"]
+Precision = Literal["fp32", "bf16"]
+MemoryFormat = Literal["contiguous", "channels_last"]
+BACKENDS: tuple[Backend, ...] = ("eager", "torchscript", "inductor")
+PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16")
+MEMORY_FORMATS: tuple[MemoryFormat, ...] = ("contiguous", "channels_last")
+# Relative error allowed against eager fp32 on the same input, per precision (`--tolerance`).
+TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2}
+ARTIFACT_FORMAT = "autotune-artifact-v1"  # bumped when what a saved file holds changes
+
+
+class ApplyError(Exception):
+    """A configuration that cannot run here or answers wrongly; the message says why and what to do."""
+
+
+class WrongAnswers(ApplyError):
+    """The converted model's output differs from eager fp32 beyond the tolerance."""
+
+
+@dataclass(frozen=True)
+class ModelKnobs:
+    """The knobs that change the model itself rather than its process (those are environment)."""
+
+    backend: Backend = "eager"
+    precision: Precision = "fp32"
+    memory_format: MemoryFormat = "contiguous"
+    mkldnn: bool = False
+    weight_cache: bool = False
+
+    @property
+    def is_default(self) -> bool:
+        return self == ModelKnobs()
+
+    @property
+    def saved_as_torchscript(self) -> bool:
+        return self.backend == "torchscript" or self.weight_cache
+
+    def describe(self) -> str:
+        changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}
+        return " ".join(f"{k}={_on_off(v)}" for k, v in changed.items()) or "defaults"
+
+    def check(self) -> None:
+        """Combinations the conversions cannot honour, and what this machine cannot run."""
+        if (self.mkldnn or self.weight_cache) and self.backend != "eager":
+            raise ApplyError(f"mkldnn and weight_cache apply to backend=eager only, not backend={self.backend}")
+        if self.mkldnn and (self.precision != "fp32" or self.memory_format != "contiguous"):
+            raise ApplyError("mkldnn=on has its own layout and runs fp32: use precision=fp32 and "
+                             "memory_format=contiguous with it")
+        if self.precision == "bf16" and not cpu.has_bf16():
+            raise ApplyError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
+                             "use precision=fp32 (search again on this machine)")
+        if self.mkldnn:
+            import torch
+
+            if not torch.backends.mkldnn.is_available():
+                raise ApplyError("mkldnn=on needs a torch built with oneDNN (mkldnn), and this one is not; "
+                                 "use mkldnn=off")
+
+
+def _on_off(value: object) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
+            artifacts: Path | None = None) -> Callable[[Any], Any]:
+    """The model converted as the knobs say, as forward(batch) converting inputs and outputs."""
+    import torch
+
+    knobs.check()
+    model = model.eval()
+    weights = fingerprint(model) if artifacts is not None and knobs.saved_as_torchscript else ""
+    mkldnn, channels_last = knobs.mkldnn, knobs.memory_format == "channels_last"
+    if mkldnn:
+        from torch.utils import mkldnn as mkldnn_utils
+
+        start = time.perf_counter()
+        model = mkldnn_utils.to_mkldnn(model)
+        setup["mkldnn_convert_s"] = time.perf_counter() - start
+        probe_mkldnn(model, example)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if knobs.saved_as_torchscript:
+        model = saved_torchscript(model, inputs(example, knobs), knobs, setup, artifacts, weights)
+    elif knobs.backend == "inductor":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = True
+        model = torch.compile(model, backend="inductor")
+
+    def forward(batch: Any) -> Any:
+        with autocast(knobs.precision):
+            output = call(model, inputs(batch, knobs))
+        return dense(output) if mkldnn else output
+
+    return forward
+
+
+def call(model: Any, batch: Any) -> Any:
+    """A batch is one tensor, a list/tuple of positional inputs, or a dict of keyword inputs."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (list, tuple)):
+        return model(*batch)
+    return model(batch)
+
+
+def inputs(batch: Any, knobs: ModelKnobs) -> Any:
+    """Floating-point inputs in the layout the knobs chose; integer inputs (token ids) untouched."""
+    import torch
+    from torch.utils import _pytree
+
+    def convert(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return x
+        if knobs.mkldnn:
+            return x.to_mkldnn()
+        if knobs.memory_format == "channels_last" and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    return _pytree.tree_map(convert, batch)
+
+
+def dense(output: Any) -> Any:
+    import torch
+    from torch.utils import _pytree
+
+    return _pytree.tree_map(lambda x: x.to_dense() if isinstance(x, torch.Tensor) and x.is_mkldnn else x, output)
+
+
+@contextlib.contextmanager
+def autocast(precision: Precision) -> Iterator[None]:
+    if precision == "bf16":
+        import torch
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yield
+    else:
+        yield
+
+
+def leaves(output: Any) -> list[Any]:
+    """The tensors of a model output (a tensor, a tuple, a dict, a namedtuple ...)."""
+    import torch
+    from torch.utils import _pytree
+
+    found = [x for x in _pytree.tree_leaves(output) if isinstance(x, torch.Tensor)]
+    if not found:
+        raise ApplyError(f"the model returned {type(output).__name__} with no tensor in it")
+    return found
+
+
+def batch_size(batch: Any) -> int:
+    """Items in a batch: dim 0 of its first tensor."""
+    return int(leaves(batch)[0].shape[0])
+
+
+def guard(reference: list[Any], output: list[Any], precision: Precision, tolerance: float,
+          setup: dict[str, Any]) -> None:
+    """The correctness guard: max abs and relative error against eager fp32 on the same input."""
+    import torch
+
+    ref = torch.cat([r.float().flatten() for r in reference])
+    out = torch.cat([o.float().flatten() for o in output])
+    if ref.shape != out.shape:
+        raise WrongAnswers(f"output shape changed: {tuple(out.shape)} instead of eager fp32's {tuple(ref.shape)}")
+    abs_err = float((out - ref).abs().max())
+    rel_err = abs_err / max(float(ref.abs().max()), 1e-12)
+    allowed = tolerance if tolerance >= 0 else TOLERANCE[precision]
+    setup.update(max_abs_err=abs_err, max_rel_err=rel_err, tolerance=allowed)
+    if not rel_err <= allowed:
+        raise WrongAnswers(f"wrong answers: output differs from eager fp32 by max relative error {rel_err:.3g} "
+                           f"(max abs {abs_err:.3g}) > tolerance {allowed:g}; raise --tolerance to accept it")
+
+
+def probe_mkldnn(model: Any, example: Any) -> None:
+    """Run once with a module stack, so an op without an mkldnn kernel is named with its module."""
+    import torch
+
+    stack: list[str] = []
+    names = {id(m): f"{n or 'model'} ({type(m).__name__})" for n, m in model.named_modules()}
+
+    def enter(module: Any, args: Any) -> None:
+        stack.append(names[id(module)])
+
+    def leave(module: Any, args: Any, output: Any) -> None:
+        stack.pop()
+
+    handles = []
+    for module in model.modules():
+        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        with torch.no_grad():
+            dense(call(model, inputs(example, ModelKnobs(mkldnn=True))))
+    except Exception as exc:
+        text = str(exc)
+        op = re.search(r"aten::\w+", text)
+        where = f" in module {stack[-1]}" if stack else ""
+        detail = (text.strip().splitlines() or [""])[0][:160]
+        raise ApplyError(
+            f"mkldnn: {op.group(0) if op else 'an operator'}{where} has no mkldnn (oneDNN layout) "
+            f"kernel ({detail}); use mkldnn=off for this model"
+        ) from exc
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def saved_torchscript(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
+                      artifacts: Path | None, weights: str) -> Any:
+    """A saved TorchScript file, loaded back so weights are laid out once (seed recipe 2.c).
+
+    Dense models: trace + freeze (under autocast for bf16). mkldnn models: script, because a
+    frozen or traced mkldnn module cannot be saved (opaque weights); a scripted one saves dense
+    weights and reorders them once at load. backend=torchscript also runs optimize_for_inference
+    on the loaded module (its result cannot be saved, so it is redone per process).
+    """
+    with warnings.catch_warnings():
+        # TorchScript is chosen on purpose here (measured); torch's deprecation notice is noise.
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        return _saved_torchscript(model, example, knobs, setup, artifacts, weights)
+
+
+def _saved_torchscript(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
+                       artifacts: Path | None, weights: str) -> Any:
+    import torch
+
+    meta = artifact_meta(knobs, example, weights)
+    path = artifact_path(artifacts, meta, ".pt") if artifacts else None
+    setup["weight_cache_file"] = str(path) if path else ""
+    setup["weight_cache_hit"] = bool(path and path.exists())
+    if path is not None and not path.exists():
+        setup["artifact_stale"] = stale_artifacts(path.parent, meta)
+    if path is None or not path.exists():
+        start = time.perf_counter()
+        with torch.no_grad(), autocast(knobs.precision):
+            scripted = torch.jit.script(model) if knobs.mkldnn else torch.jit.freeze(_trace(model, example))
+        setup["trace_s"] = time.perf_counter() - start
+        if path is None:
+            return torch.jit.optimize_for_inference(scripted) if knobs.backend == "torchscript" else scripted
+        save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), meta)
+    start = time.perf_counter()
+    loaded = torch.jit.load(str(path))
+    if knobs.backend == "torchscript":
+        loaded = torch.jit.optimize_for_inference(loaded)
+    setup["weight_cache_load_s"] = time.perf_counter() - start
+    return loaded
+
+
+def _trace(model: Any, example: Any) -> Any:
+    import torch
+
+    if isinstance(example, dict):
+        return torch.jit.trace(model, example_kwarg_inputs=example, check_trace=False)
+    args = tuple(example) if isinstance(example, (list, tuple)) else (example,)
+    return torch.jit.trace(model, args, check_trace=False)
+
+
+def fingerprint(model: Any) -> str:
+    """The weights a saved artifact bakes in: names, shapes, dtypes and two sums per tensor, so a
+    model with other weights never loads another's artifact (one pass; no copy of the weights)."""
+    import torch
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in [*model.state_dict().items()]:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            values = tensor.to_dense() if tensor.is_mkldnn else tensor
+            as_float = values.double() if values.is_floating_point() else values.to(torch.float64)
+            digest.update(f"{name}|{tuple(values.shape)}|{values.dtype}|{float(as_float.sum())!r}|"
+                          f"{float((as_float * as_float).sum())!r}\n".encode())
+    return digest.hexdigest()[:20]
+
+
+def signature(example: Any) -> list[str]:
+    """Shapes and dtypes of the example's tensors: an artifact is built for exactly these."""
+    return [f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}" for t in leaves(example)]
+
+
+def artifact_meta(knobs: ModelKnobs, example: Any, weights: str) -> dict[str, Any]:
+    import torch
+
+    return {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": signature(example),
+            "torch": torch.__version__, "isa": list(cpu.isa()), "weights": weights}
+
+
+def artifact_path(folder: Path, meta: dict[str, Any], suffix: str) -> Path:
+    """Where the artifact for exactly this model, knobs, inputs, torch and CPU lives."""
+    key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+    return folder / f"{meta['knobs']['backend']}-{key}{suffix}"
+
+
+def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
+    """Artifacts of the same model and knobs made for another torch, CPU or input: never loaded,
+    named so that a rebuild is not silent."""
+    found = []
+    for described in sorted(folder.glob("*.json")):
+        try:
+            other = json.loads(described.read_text())
+        except (OSError, ValueError):
+            continue
+        if other.get("weights") != meta["weights"] or other.get("knobs") != meta["knobs"]:
+            continue
+        differs = [f"{key} {other.get(key)} (here {meta[key]})" for key in ("torch", "isa", "inputs", "format")
+                   if other.get(key) != meta[key]]
+        if differs:
+            found.append(f"{described.name[:-5]}: it was built for {', '.join(differs)}")
+    return found
+
+
+def save_artifact(path: Path, save: Callable[[Path], None], meta: dict[str, Any]) -> None:
+    """Atomically: the file and its description appear complete or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save(tmp)
+    Path(f"{tmp}.json").write_text(json.dumps(meta, indent=1))
+    os.replace(f"{tmp}.json", f"{path}.json")
+    os.replace(tmp, path)

@@ -1,0 +1,34 @@
+"""This CPU's model name and instruction-set flags: what decides whether bf16 (or an artifact
+compiled elsewhere) can run here. Read by the child and the parent alike."""
+
+from __future__ import annotations
+
+import functools
+import platform
+import re
+from pathlib import Path
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def cpuinfo() -> tuple[str, frozenset[str]]:
+    """CPU model name and feature flags from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown", frozenset()
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    return (model.group(1).strip() if model else "unknown",
+            frozenset(flags.group(1).split()) if flags else frozenset())
+
+
+def has_bf16() -> bool:
+    return any(flag in cpuinfo()[1] for flag in BF16_FLAGS)
+
+
+def isa() -> tuple[str, ...]:
+    """The flags that change which kernels a compiled artifact may contain."""
+    return tuple(flag for flag in ISA_FLAGS if flag in cpuinfo()[1])

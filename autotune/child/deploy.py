@@ -1,0 +1,191 @@
+"""autotune in your own program: run a model exactly as the benchmark measured it.
+
+    import autotune
+
+    model = autotune.apply(model, example_inputs)   # the knobs of `source best.env` / `autotune run`
+    output = model(batch)
+
+The configuration comes from the environment (`AUTOTUNE_*` variables that `source best.env` or
+`autotune run best.env -- ...` sets) or from an env file passed as `env_file=`. With none, the
+model comes back unchanged. The conversions are the ones the benchmark child applied, through the
+same function (`autotune.child.convert.prepare`): what was measured is what runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from autotune.child import envfile
+from autotune.child.convert import (
+    BACKENDS,
+    MEMORY_FORMATS,
+    PRECISIONS,
+    ApplyError,
+    ModelKnobs,
+    guard,
+    leaves,
+    prepare,
+)
+
+# The environment `autotune export` writes for the knobs that change the model itself.
+KNOB_VARS = {"mkldnn": "AUTOTUNE_MKLDNN", "weight_cache": "AUTOTUNE_WEIGHT_CACHE",
+             "backend": "AUTOTUNE_BACKEND", "memory_format": "AUTOTUNE_MEMORY_FORMAT",
+             "precision": "AUTOTUNE_PRECISION"}
+TOLERANCE_VAR = "AUTOTUNE_TOLERANCE"
+ARTIFACTS_VAR = "AUTOTUNE_ARTIFACTS"  # a folder of compiled artifacts: loaded when they match, else made
+REPORT_VAR = "AUTOTUNE_APPLY_REPORT"  # set by `autotune run`: where apply says what it applied
+SWITCH = {"on": True, "off": False}
+
+T = TypeVar("T")
+
+
+class ArtifactRebuilt(UserWarning):
+    """A saved artifact of this model and knobs was made for another torch, CPU or input, so it was
+    not loaded and a new one was compiled."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A configuration to apply: the model knobs, the guard's tolerance, where artifacts live."""
+
+    knobs: ModelKnobs = field(default_factory=ModelKnobs)
+    tolerance: float = -1.0  # relative error allowed by check=True; < 0: per precision
+    artifacts: Path | None = None
+    source: str = "the environment"
+
+
+def from_env(env: Mapping[str, str], source: str = "the environment") -> Deployment | None:
+    """The deployment an environment describes, or None when it holds no model knob at all."""
+    if not any(var in env for var in KNOB_VARS.values()):
+        return None
+    knobs = knobs_from_env(env, source)
+    try:
+        tolerance = float(env.get(TOLERANCE_VAR, "-1"))
+    except ValueError:
+        raise ApplyError(f"{TOLERANCE_VAR}={env[TOLERANCE_VAR]!r} in {source} is not a number; "
+                         f"export the env file again") from None
+    artifacts = Path(env[ARTIFACTS_VAR]) if env.get(ARTIFACTS_VAR) else None
+    return Deployment(knobs, tolerance, artifacts, source)
+
+
+def knobs_from_env(env: Mapping[str, str], source: str = "the environment") -> ModelKnobs:
+    """The model knobs of an environment; a variable that is absent keeps PyTorch's default."""
+    return ModelKnobs(
+        backend=_choice(env, "backend", BACKENDS, source),
+        precision=_choice(env, "precision", PRECISIONS, source),
+        memory_format=_choice(env, "memory_format", MEMORY_FORMATS, source),
+        mkldnn=SWITCH[_choice(env, "mkldnn", tuple(SWITCH), source)],
+        weight_cache=SWITCH[_choice(env, "weight_cache", tuple(SWITCH), source)],
+    )
+
+
+def to_env(knobs: ModelKnobs) -> dict[str, str]:
+    """The variables that describe `knobs`; `from_env` reads them back."""
+    values = asdict(knobs)
+    return {var: ({True: "on", False: "off"}[values[name]] if isinstance(values[name], bool) else values[name])
+            for name, var in KNOB_VARS.items()}
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[T, ...], source: str) -> T:
+    default = {True: "on", False: "off"}.get(getattr(ModelKnobs(), name), getattr(ModelKnobs(), name))
+    text = env.get(KNOB_VARS[name], str(default))
+    for value in allowed:
+        if value == text:
+            return value
+    raise ApplyError(f"{KNOB_VARS[name]}={text!r} in {source} is not one of {', '.join(map(str, allowed))}; "
+                     f"export the env file again")
+
+
+def load_env_file(path: str | os.PathLike[str]) -> Deployment | None:
+    """The deployment an env file written by `autotune export` describes."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise ApplyError(f"cannot read env file {str(path)!r}: {reason}; give a file made by `autotune export`") \
+            from None
+    try:
+        parsed = envfile.parse(text)
+    except envfile.EnvFileError as exc:
+        raise ApplyError(f"{path}: {exc}; give a file made by `autotune export`") from None
+    return from_env(parsed.env, source=str(path))
+
+
+class Applied:
+    """The model as configured: call it like the model. `knobs` and `setup` say what was done."""
+
+    def __init__(self, forward: Callable[[Any], Any], knobs: ModelKnobs, setup: dict[str, Any]) -> None:
+        self._forward, self.knobs, self.setup = forward, knobs, setup
+
+    def __call__(self, batch: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self._forward(batch)
+
+    def __repr__(self) -> str:
+        return f"autotune.Applied({self.knobs.describe()})"
+
+
+def apply(model: Any, example_inputs: Any, *, env_file: str | os.PathLike[str] | None = None,
+          check: bool = False, deployment: Deployment | None = None,
+          setup: dict[str, Any] | None = None) -> Any:
+    """`model` converted as the configuration says: from `deployment`, else `env_file`, else the
+    environment. Without any, `model` is returned unchanged.
+
+    `example_inputs` is one batch as the model takes it: a tensor, a tuple of positional inputs,
+    or a dict of keyword inputs (integer token ids stay as they are). It is used to trace, to
+    compile and, with `check=True`, to compare the output against eager fp32 within the
+    tolerance the study recorded (`WrongAnswers` when it does not hold).
+    """
+    chosen = deployment or (load_env_file(env_file) if env_file is not None else from_env(os.environ))
+    _report(chosen)
+    if chosen is None or (chosen.knobs.is_default and not check):
+        return model
+    setup = {} if setup is None else setup
+    import torch
+
+    model = model.eval()
+    with torch.no_grad():
+        reference = leaves(_call(model, example_inputs)) if check else None
+        forward = prepare(model, example_inputs, chosen.knobs, setup, chosen.artifacts)
+        start = time.perf_counter()
+        output = forward(example_inputs)
+        setup["first_forward_s"] = time.perf_counter() - start  # compile time for inductor
+    setup["output_dtype"] = str(leaves(output)[0].dtype).replace("torch.", "")
+    setup["output_digest"] = digest(output)
+    for stale in setup.get("artifact_stale", []):
+        warnings.warn(f"autotune: not loading {stale}; compiled a new one", ArtifactRebuilt, stacklevel=2)
+    if reference is not None:
+        guard(reference, leaves(output), chosen.knobs.precision, chosen.tolerance, setup)
+    return Applied(forward, chosen.knobs, setup)
+
+
+def digest(output: Any) -> list[float]:
+    """Sum and absolute sum of the output's tensors: enough to tell two processes' answers apart."""
+    tensors = [t.double() for t in leaves(output)]
+    return [float(sum(t.sum() for t in tensors)), float(sum(t.abs().sum() for t in tensors))]
+
+
+def _call(model: Any, batch: Any) -> Any:
+    from autotune.child.convert import call
+
+    return call(model, batch)
+
+
+def _report(chosen: Deployment | None) -> None:
+    """Tell `autotune run` (when it asked, by REPORT_VAR) that this process applied its knobs."""
+    path = os.environ.get(REPORT_VAR)
+    if not path:
+        return
+    record = {"pid": os.getpid(), "knobs": asdict(chosen.knobs) if chosen else None,
+              "source": chosen.source if chosen else None}
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")

@@ -1,0 +1,47 @@
+"""The env file format `autotune export` writes: bash `unset` and `export` lines, comments, all
+values single-quoted. Parsed without a shell, by the parent (`autotune run`) and by `apply`."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+HEADER = "# autotune configuration"
+
+
+class EnvFileError(ValueError):
+    """Text that is not an env file `autotune export` wrote; the message names the line."""
+
+
+@dataclass(frozen=True)
+class Parsed:
+    env: dict[str, str]
+    unset: tuple[str, ...]
+
+
+def quote(value: str) -> str:
+    """Always single-quoted, so no value is ever expanded or split by the shell."""
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def parse(text: str) -> Parsed:
+    """The `export` and `unset` lines of an env file (comments and blank lines ignored)."""
+    if not text.startswith(HEADER):
+        raise EnvFileError("not an autotune env file (it does not start with the autotune header)")
+    env: dict[str, str] = {}
+    unset: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise EnvFileError(f"line {number}: {exc}") from None
+        if words[0] == "unset":
+            unset += words[1:]
+        elif words[0] == "export" and len(words) == 2 and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            env[key] = value
+        else:
+            raise EnvFileError(f"line {number}: not an export or unset line: {line[:80]!r}")
+    return Parsed(env, tuple(unset))

@@ -1,0 +1,186 @@
+"""`autotune.apply` in a user's process: configuration from the environment or an env file, the same
+conversions the benchmark child applies (the child calls it), numerics, artifacts, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import autotune
+from autotune.child import build, convert, cpu, deploy, envfile, worker
+from autotune.child.convert import ModelKnobs
+from tests.fixtures.models import tinynets
+
+IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+TOKENS = torch.randint(0, 500, (2, 16), generator=torch.Generator().manual_seed(3))
+# Every model knob on its own, as the default search space can pick it (inductor is in the e2e tests).
+KNOBS = [ModelKnobs(backend="torchscript"), ModelKnobs(weight_cache=True), ModelKnobs(mkldnn=True),
+         ModelKnobs(mkldnn=True, weight_cache=True), ModelKnobs(memory_format="channels_last"),
+         ModelKnobs(precision="bf16"), ModelKnobs(backend="torchscript", precision="bf16",
+                                                  memory_format="channels_last")]
+
+
+def env_of(knobs: ModelKnobs, **extra: str) -> dict[str, str]:
+    return {**deploy.to_env(knobs), **extra}
+
+
+def eager(model: Any, batch: Any) -> torch.Tensor:
+    with torch.no_grad():
+        return convert.call(model, batch)
+
+
+def test_without_configuration_the_model_comes_back_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in deploy.KNOB_VARS.values():
+        monkeypatch.delenv(var, raising=False)
+    model = tinynets.cnn()
+    assert autotune.apply(model, IMAGES) is model
+
+
+@pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: k.describe())
+def test_each_knob_from_the_environment_gives_eager_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                           knobs: ModelKnobs) -> None:
+    for var, value in env_of(knobs, AUTOTUNE_ARTIFACTS=str(tmp_path)).items():
+        monkeypatch.setenv(var, value)
+    reference = eager(tinynets.cnn(), IMAGES)
+    applied = autotune.apply(tinynets.cnn(), IMAGES, check=True)
+    assert isinstance(applied, autotune.Applied) and applied.knobs == knobs
+    output = applied(IMAGES)
+    assert output.layout == torch.strided  # mkldnn outputs come back dense
+    allowed = convert.TOLERANCE[knobs.precision]
+    assert float((output.float() - reference).abs().max()) <= allowed * float(reference.abs().max())
+    assert applied.setup["max_rel_err"] <= allowed
+
+
+def test_an_env_file_path_is_read_without_the_environment(tmp_path: Path) -> None:
+    knobs = ModelKnobs(backend="torchscript")
+    path = tmp_path / "best.env"
+    path.write_text(f"{envfile.HEADER}: test\n" + "".join(f"export {k}={envfile.quote(v)}\n"
+                                                          for k, v in env_of(knobs).items()))
+    applied = autotune.apply(tinynets.cnn(), IMAGES, env_file=path)
+    assert applied.knobs == knobs
+    assert isinstance(applied.setup["trace_s"], float)
+
+
+def test_token_ids_and_keyword_inputs_pass_through_unconverted(tmp_path: Path) -> None:
+    model = tinynets.encoder()
+    for knobs in (ModelKnobs(backend="torchscript"), ModelKnobs(precision="bf16")):
+        deployment = deploy.Deployment(knobs, artifacts=tmp_path)
+        applied = autotune.apply(tinynets.encoder(), TOKENS, deployment=deployment, check=True)
+        assert applied(TOKENS).shape == eager(model, TOKENS).shape
+    applied = autotune.apply(model, {"tokens": TOKENS}, deployment=deploy.Deployment(ModelKnobs(precision="bf16")),
+                             check=True)
+    assert applied({"tokens": TOKENS}).shape == (2, 8)
+
+
+def test_check_fails_wrong_answers_beyond_the_tolerance() -> None:
+    deployment = deploy.Deployment(ModelKnobs(precision="bf16"), tolerance=0.0)
+    with pytest.raises(autotune.WrongAnswers, match=r"wrong answers: .* > tolerance 0"):
+        autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment, check=True)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"AUTOTUNE_BACKEND": "tensorrt"}, "AUTOTUNE_BACKEND='tensorrt' in the environment is not one of eager, "
+                                           "torchscript, inductor; export the env file again"),
+        ({"AUTOTUNE_MKLDNN": "maybe"}, "AUTOTUNE_MKLDNN='maybe' in the environment is not one of on, off"),
+        ({"AUTOTUNE_BACKEND": "inductor", "AUTOTUNE_MKLDNN": "on"}, "mkldnn and weight_cache apply to "
+                                                                    "backend=eager only, not backend=inductor"),
+        ({"AUTOTUNE_PRECISION": "bf16", "AUTOTUNE_TOLERANCE": "lots"}, "AUTOTUNE_TOLERANCE='lots' in the "
+                                                                       "environment is not a number"),
+    ],
+)
+def test_a_bad_configuration_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                message: str) -> None:
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(autotune.ApplyError) as raised:
+        autotune.apply(tinynets.cnn(), IMAGES)
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
+
+
+def test_bf16_is_refused_on_a_cpu_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu, "cpuinfo", lambda: ("old cpu", frozenset({"avx2"})))
+    with pytest.raises(autotune.ApplyError, match="precision=bf16 needs a CPU with avx512_bf16 or AMX"):
+        autotune.apply(tinynets.cnn(), IMAGES, deployment=deploy.Deployment(ModelKnobs(precision="bf16")))
+
+
+def test_a_damaged_env_file_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "x.env"
+    path.write_text("export AUTOTUNE_BACKEND=eager\n")
+    with pytest.raises(autotune.ApplyError, match="not an autotune env file"):
+        autotune.apply(tinynets.cnn(), IMAGES, env_file=path)
+    with pytest.raises(autotune.ApplyError, match="cannot read env file"):
+        autotune.apply(tinynets.cnn(), IMAGES, env_file=tmp_path / "missing.env")
+
+
+def test_a_saved_artifact_is_loaded_by_the_next_process_instead_of_traced(tmp_path: Path) -> None:
+    deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
+    first = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+    again = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+    assert first.setup["weight_cache_hit"] is False and "trace_s" in first.setup
+    assert again.setup["weight_cache_hit"] is True and "trace_s" not in again.setup
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+
+
+def test_an_artifact_of_other_weights_is_never_loaded(tmp_path: Path) -> None:
+    deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
+    autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+    other = tinynets.cnn()
+    with torch.no_grad():
+        other[0].weight.mul_(2)
+    applied = autotune.apply(other, IMAGES, deployment=deployment, check=True)
+    assert applied.setup["weight_cache_hit"] is False
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [("torch", "2.0.0", "torch 2.0.0 (here"),
+                                                      ("isa", ["avx2"], "isa ['avx2'] (here"),
+                                                      ("inputs", ["1x3x32x32:float32"], "inputs ['1x3x32x32")])
+def test_a_stale_artifact_is_detected_and_rebuilt(tmp_path: Path, field: str, value: object, said: str) -> None:
+    deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
+    autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+    [made] = tmp_path.glob("*.pt")
+    meta = json.loads(Path(f"{made}.json").read_text())
+    stale = made.with_name("torchscript-0000000000000000.pt")  # as if built elsewhere: another key
+    made.rename(stale)
+    Path(f"{made}.json").unlink()
+    Path(f"{stale}.json").write_text(json.dumps({**meta, field: value}))
+    with pytest.warns(deploy.ArtifactRebuilt, match=re.escape(f"not loading {stale.name}: it was built for {said}")):
+        applied = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+    assert applied.setup["weight_cache_hit"] is False
+    assert made.exists()
+
+
+def test_apply_reports_back_to_autotune_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    report = tmp_path / "applied.jsonl"
+    monkeypatch.setenv(deploy.REPORT_VAR, str(report))
+    for var, value in env_of(ModelKnobs(precision="bf16")).items():
+        monkeypatch.setenv(var, value)
+    autotune.apply(tinynets.cnn(), IMAGES)
+    record = json.loads(report.read_text())
+    assert record["knobs"]["precision"] == "bf16"
+
+
+def test_the_benchmark_child_builds_through_apply(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[deploy.Deployment] = []
+    real = deploy.apply
+
+    def spy(model: Any, example: Any, **kw: Any) -> Any:
+        calls.append(kw["deployment"])
+        return real(model, example, **kw)
+
+    monkeypatch.setattr(deploy, "apply", spy)
+    monkeypatch.syspath_prepend(str(Path(tinynets.__file__).parent))
+    args = worker.parse_args(["--model", "tinynets:cnn", "--item-shape", "3x32x32", "--backend", "torchscript",
+                              "--precision", "bf16", "--cache-dir", str(tmp_path), "--result", "unused"])
+    setup: dict[str, Any] = {}
+    forward = build.build(args, IMAGES, setup)
+    assert [c.knobs for c in calls] == [ModelKnobs(backend="torchscript", precision="bf16")]
+    assert isinstance(forward, autotune.Applied)
+    assert setup["max_rel_err"] <= convert.TOLERANCE["bf16"]

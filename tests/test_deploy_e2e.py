@@ -1,0 +1,129 @@
+"""Deploying what was measured, for real: the child's answers equal `autotune.apply`'s in a user's
+process, export compiles artifacts that apply loads, `autotune run` notices a program that never
+applied the knobs, and examples/serve.py serves under an env file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import autotune
+from autotune.child import deploy, envfile
+from autotune.child.convert import ModelKnobs
+from tests.fixtures.models import tinynets
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+TINY = Path(tinynets.__file__)
+QUICK = ["--duration", "0.2", "--warmup", "1", "--warmup-time", "0", "--min-iterations", "3"]
+BATCH = 2
+
+
+@pytest.fixture(scope="module")
+def here(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tinynets.py beside saved inputs: images for the cnn, token ids for the encoder."""
+    folder = tmp_path_factory.mktemp("deploy")
+    shutil.copy(TINY, folder / "tinynets.py")
+    generator = torch.Generator().manual_seed(5)
+    torch.save(torch.randn(6, 3, 32, 32, generator=generator), folder / "images.pt")
+    torch.save(torch.randint(0, 500, (6, 16), generator=generator), folder / "tokens.pt")
+    return folder
+
+
+def autotune_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([AUTOTUNE, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+def child_setup(cwd: Path, model: str, inputs: str, *knobs: str) -> dict[str, Any]:
+    proc = autotune_cli(cwd, "bench", *QUICK, "--json", "--model", model, "--example-inputs", inputs,
+                        "--batch-size", str(BATCH), *(a for k in knobs for a in ("--set", k)))
+    assert proc.returncode == 0, proc.stderr
+    instance = json.loads(proc.stdout)["result"]["instances"][0]
+    return dict(instance["setup"], runtime=instance["runtime"])
+
+
+@pytest.mark.parametrize(("knob", "knobs"), [
+    ("backend=torchscript", ModelKnobs(backend="torchscript")),
+    ("backend=inductor", ModelKnobs(backend="inductor")),
+    ("memory_format=channels_last", ModelKnobs(memory_format="channels_last")),
+    ("precision=bf16", ModelKnobs(precision="bf16")),
+    ("mkldnn=on", ModelKnobs(mkldnn=True)),
+])
+def test_apply_answers_what_the_child_measured(here: Path, tmp_path: Path, knob: str, knobs: ModelKnobs) -> None:
+    measured = child_setup(here, "tinynets:cnn", "images.pt", knob)
+    example = torch.load(here / "images.pt")[:BATCH]
+    applied = autotune.apply(tinynets.cnn(), example, deployment=deploy.Deployment(knobs, artifacts=tmp_path))
+    assert applied.setup["output_dtype"] == measured["output_dtype"]
+    assert applied.setup["output_digest"] == pytest.approx(measured["output_digest"], rel=1e-4, abs=1e-4)
+
+
+def test_a_token_id_model_goes_through_bench_and_apply(here: Path, tmp_path: Path) -> None:
+    measured = child_setup(here, "tinynets:encoder", "tokens.pt", "backend=torchscript")
+    assert measured["max_rel_err"] <= 1e-3
+    tokens = torch.load(here / "tokens.pt")[:BATCH]
+    assert tokens.dtype == torch.int64
+    deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
+    applied = autotune.apply(tinynets.encoder(), tokens, deployment=deployment, check=True)
+    assert applied.setup["output_digest"] == pytest.approx(measured["output_digest"], rel=1e-4, abs=1e-4)
+
+
+def test_export_compiles_artifacts_that_apply_loads(here: Path, tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  backend: [torchscript]\n")
+    # a factory is imported from the working folder
+    shutil.copy(here / "tinynets.py", tmp_path / "tinynets.py")
+    found = autotune_cli(tmp_path, "search", "--model", "tinynets:cnn", "--input-shape", "3x32x32", "--trials",
+                         "2", "--space", str(space), "--replicates", "1", "--confirm-top", "0", *QUICK)
+    assert found.returncode == 0, found.stderr
+    exported = autotune_cli(tmp_path, "export", "best.env", "--trial", "1", "--artifacts", "compiled")
+    assert exported.returncode == 0, exported.stderr
+    assert list((tmp_path / "compiled").glob("torchscript-*.pt"))
+    env = envfile.parse((tmp_path / "best.env").read_text()).env
+    assert env["AUTOTUNE_BACKEND"] == "torchscript"
+    assert env[deploy.ARTIFACTS_VAR] == str((tmp_path / "compiled").resolve())
+    program = ("import torch, autotune, tinynets; torch.manual_seed(0)\n"
+               "m = autotune.apply(tinynets.cnn(), torch.randn(1, 3, 32, 32), env_file='best.env')\n"
+               "print(m.setup['weight_cache_hit'], 'trace_s' in m.setup)\n")
+    loaded = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert loaded.stdout.split() == ["True", "False"], loaded.stderr
+
+
+def _env_file(path: Path, knobs: ModelKnobs) -> Path:
+    lines = [f"{envfile.HEADER}: written by a test", "export AUTOTUNE_INSTANCES='1'",
+             "export AUTOTUNE_BINDING='none'", "export AUTOTUNE_INSTANCE_CPUS=''",
+             "export AUTOTUNE_INSTANCE_NUMA_NODES=''",
+             *(f"export {k}={envfile.quote(v)}" for k, v in deploy.to_env(knobs).items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_run_warns_when_the_program_never_applies_the_knobs(tmp_path: Path) -> None:
+    env = _env_file(tmp_path / "best.env", ModelKnobs(backend="torchscript", precision="bf16"))
+    ignored = autotune_cli(tmp_path, "run", str(env), "--", sys.executable, "-c", "print('served')")
+    assert ignored.returncode == 0 and ignored.stdout == "served\n"
+    assert ignored.stderr.strip().splitlines() == [
+        "warning: the program never called autotune.apply(model, example_inputs), so backend=torchscript "
+        "precision=bf16 were not applied there; see the README, 'Using the result in your program'"]
+    program = "import torch, torchvision, autotune; autotune.apply(torch.nn.Linear(4, 2), torch.randn(1, 4))"
+    applied = autotune_cli(tmp_path, "run", str(env), "--", sys.executable, "-c", program)
+    assert applied.returncode == 0 and "warning" not in applied.stderr, applied.stderr
+
+
+def test_serve_example_runs_under_an_env_file(tmp_path: Path) -> None:
+    env = _env_file(tmp_path / "best.env", ModelKnobs(backend="torchscript"))
+    proc = autotune_cli(tmp_path, "run", str(env), "--", sys.executable, str(ROOT / "examples" / "serve.py"),
+                        "--model", "resnet18", "--image-size", "64", "--requests", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["configuration"] == "backend=torchscript" and summary["requests"] == 3
+    assert "warning" not in proc.stderr
