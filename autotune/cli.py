@@ -329,7 +329,10 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
     text = export.render(found, trial, artifacts)
     if artifacts is not None:
         with display.status(f"compiling trial {trial.number} into {artifacts}"):
-            planning.build_artifacts(plan_of(trial), artifacts, timeout)
+            compiled = planning.build_artifacts(plan_of(trial), artifacts, timeout)
+        if not compiled:
+            display.err.print(f"note: trial {trial.number} runs its model as it is; nothing to compile into "
+                              f"{artifacts}", markup=False, soft_wrap=True)
     export.write(path, text)
     display.err.print(f"wrote {path}: study {found.study_name}, trial {trial.number} "
                       f"({trial.user_attrs.get('config')})", markup=False, soft_wrap=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 from autotune import models
 from autotune.errors import ConfigError, ModelError, RunFailed
 from autotune.knobs import Config
-from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, plan_launch, worker_command
+from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, model_knobs, plan_launch, worker_command
 from autotune.machine import Machine, machine_has_bf16
 from autotune.orchestrate import run_plan
 
@@ -100,8 +101,19 @@ def probe(plan: LaunchPlan, timeout_s: float, *extra: str) -> str:
     return run_plan(trial, timeout_s).reason.removeprefix("instance 0: ")
 
 
-def build_artifacts(plan: LaunchPlan, folder: Path, timeout_s: float) -> None:
-    """Compile a recorded configuration once into `folder`, where `autotune.apply` loads it."""
+def build_artifacts(plan: LaunchPlan, folder: Path, timeout_s: float) -> bool:
+    """Compile a recorded configuration once into `folder`, where `autotune.apply` loads it;
+    False when the configuration compiles nothing (eager models are used as they are)."""
+    if not model_knobs(plan.config).compiled:
+        return False
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--artifacts {str(folder)!r} is not a writable folder ({exc.strerror}); "
+                          f"choose another") from None
     reason = probe(plan, timeout_s, "--artifacts", str(folder.resolve()))
     if reason:
         raise RunFailed(f"could not build the artifacts for {plan.config.describe()}: {reason}")
+    return True

@@ -123,8 +123,8 @@ def test_a_saved_artifact_is_loaded_by_the_next_process_instead_of_traced(tmp_pa
     deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
     first = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
     again = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
-    assert first.setup["weight_cache_hit"] is False and "trace_s" in first.setup
-    assert again.setup["weight_cache_hit"] is True and "trace_s" not in again.setup
+    assert first.setup["artifact_hit"] is False and "trace_s" in first.setup
+    assert again.setup["artifact_hit"] is True and "trace_s" not in again.setup
     assert len(list(tmp_path.glob("*.pt"))) == 1
 
 
@@ -135,7 +135,7 @@ def test_an_artifact_of_other_weights_is_never_loaded(tmp_path: Path) -> None:
     with torch.no_grad():
         other[0].weight.mul_(2)
     applied = autotune.apply(other, IMAGES, deployment=deployment, check=True)
-    assert applied.setup["weight_cache_hit"] is False
+    assert applied.setup["artifact_hit"] is False
     assert len(list(tmp_path.glob("*.pt"))) == 2
 
 
@@ -153,7 +153,7 @@ def test_a_stale_artifact_is_detected_and_rebuilt(tmp_path: Path, field: str, va
     Path(f"{stale}.json").write_text(json.dumps({**meta, field: value}))
     with pytest.warns(deploy.ArtifactRebuilt, match=re.escape(f"not loading {stale.name}: it was built for {said}")):
         applied = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
-    assert applied.setup["weight_cache_hit"] is False
+    assert applied.setup["artifact_hit"] is False
     assert made.exists()
 
 
@@ -184,3 +184,13 @@ def test_the_benchmark_child_builds_through_apply(monkeypatch: pytest.MonkeyPatc
     assert [c.knobs for c in calls] == [ModelKnobs(backend="torchscript", precision="bf16")]
     assert isinstance(forward, autotune.Applied)
     assert setup["max_rel_err"] <= convert.TOLERANCE["bf16"]
+
+
+def test_an_env_file_whose_knob_variables_contradict_its_knob_list_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # an env file exported before AUTOTUNE_BACKEND existed says inductor only in AUTOTUNE_KNOBS
+    monkeypatch.setenv("AUTOTUNE_KNOBS", "backend=inductor precision=bf16 omp_threads=2")
+    monkeypatch.setenv("AUTOTUNE_MKLDNN", "off")
+    with pytest.raises(autotune.ApplyError, match="lists backend=inductor in AUTOTUNE_KNOBS but "
+                                                  "AUTOTUNE_BACKEND='eager'; export the env file again"):
+        autotune.apply(tinynets.cnn(), IMAGES)

@@ -57,6 +57,7 @@ def child_setup(cwd: Path, model: str, inputs: str, *knobs: str) -> dict[str, An
     ("memory_format=channels_last", ModelKnobs(memory_format="channels_last")),
     ("precision=bf16", ModelKnobs(precision="bf16")),
     ("mkldnn=on", ModelKnobs(mkldnn=True)),
+    ("weight_cache=on", ModelKnobs(weight_cache=True)),
 ])
 def test_apply_answers_what_the_child_measured(here: Path, tmp_path: Path, knob: str, knobs: ModelKnobs) -> None:
     measured = child_setup(here, "tinynets:cnn", "images.pt", knob)
@@ -92,10 +93,14 @@ def test_export_compiles_artifacts_that_apply_loads(here: Path, tmp_path: Path) 
     assert env[deploy.ARTIFACTS_VAR] == str((tmp_path / "compiled").resolve())
     program = ("import torch, autotune, tinynets; torch.manual_seed(0)\n"
                "m = autotune.apply(tinynets.cnn(), torch.randn(1, 3, 32, 32), env_file='best.env')\n"
-               "print(m.setup['weight_cache_hit'], 'trace_s' in m.setup)\n")
+               "print(m.setup['artifact_hit'], 'trace_s' in m.setup)\n")
     loaded = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True,
                             timeout=300)
     assert loaded.stdout.split() == ["True", "False"], loaded.stderr
+    refused = autotune_cli(tmp_path, "export", "other.env", "--trial", "1", "--artifacts", "best.env/inside")
+    assert refused.returncode == 2 and not (tmp_path / "other.env").exists()
+    assert refused.stderr.startswith("Error: --artifacts 'best.env/inside' is not a writable folder (Not a "
+                                     "directory); choose another") and refused.stderr.count("\n") == 1
 
 
 def _env_file(path: Path, knobs: ModelKnobs) -> Path:
@@ -127,3 +132,17 @@ def test_serve_example_runs_under_an_env_file(tmp_path: Path) -> None:
     summary = json.loads(proc.stdout)
     assert summary["configuration"] == "backend=torchscript" and summary["requests"] == 3
     assert "warning" not in proc.stderr
+
+
+def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: Path) -> None:
+    deployment = deploy.Deployment(ModelKnobs(backend="inductor", precision="bf16"), artifacts=tmp_path)
+    example = torch.randn(BATCH, 3, 32, 32)
+    first = autotune.apply(tinynets.cnn(), example, deployment=deployment, check=True)
+    again = autotune.apply(tinynets.cnn(), example, deployment=deployment)
+    assert first.setup["artifact_hit"] is False and first.setup["compile_s"] > 0
+    assert again.setup["artifact_hit"] is True and "compile_s" not in again.setup
+    assert len(list(tmp_path.glob("inductor-*.pt2"))) == 1
+    assert again(example).dtype == torch.bfloat16
+    with pytest.raises(autotune.ApplyError, match=r"the compiled model takes inputs 2x3x32x32:float32:.*, not "
+                                                  r"1x3x32x32:float32"):
+        again(torch.randn(1, 3, 32, 32))

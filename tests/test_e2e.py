@@ -77,11 +77,11 @@ def test_seed_recipe_mkldnn_weight_cache_intel_jemalloc(tmp_path: Path) -> None:
     code, data, err = bench(tmp_path, *recipe)
     assert code == 0, err
     setup = data["result"]["instances"][0]["setup"]
-    assert setup["weight_cache_hit"] is False and setup["trace_s"] > 0
-    assert Path(setup["weight_cache_file"]).is_file()
+    assert setup["artifact_hit"] is False and setup["trace_s"] > 0
+    assert Path(setup["artifact_file"]).is_file()
     code, again, err = bench(tmp_path, *recipe)
     assert code == 0, err
-    assert again["result"]["instances"][0]["setup"]["weight_cache_hit"] is True
+    assert again["result"]["instances"][0]["setup"]["artifact_hit"] is True
     assert runtimes(again)[0]["env"]["KMP_AFFINITY"] == "granularity=fine,compact,1,0"
 
 

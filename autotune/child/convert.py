@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -58,6 +59,11 @@ class ModelKnobs:
     def saved_as_torchscript(self) -> bool:
         return self.backend == "torchscript" or self.weight_cache
 
+    @property
+    def compiled(self) -> bool:
+        """A configuration whose converted model is saved as an artifact and loaded back."""
+        return self.saved_as_torchscript or self.backend == "inductor"
+
     def describe(self) -> str:
         changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}
         return " ".join(f"{k}={_on_off(v)}" for k, v in changed.items()) or "defaults"
@@ -91,7 +97,7 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
 
     knobs.check()
     model = model.eval()
-    weights = fingerprint(model) if artifacts is not None and knobs.saved_as_torchscript else ""
+    weights = fingerprint(model) if knobs.compiled else ""
     mkldnn, channels_last = knobs.mkldnn, knobs.memory_format == "channels_last"
     if mkldnn:
         from torch.utils import mkldnn as mkldnn_utils
@@ -105,10 +111,7 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
     if knobs.saved_as_torchscript:
         model = saved_torchscript(model, inputs(example, knobs), knobs, setup, artifacts, weights)
     elif knobs.backend == "inductor":
-        import torch._inductor.config as inductor_config
-
-        inductor_config.freezing = True
-        model = torch.compile(model, backend="inductor")
+        model = inductor(model, inputs(example, knobs), knobs, setup, artifacts, weights)
 
     def forward(batch: Any) -> Any:
         with autocast(knobs.precision):
@@ -229,6 +232,103 @@ def probe_mkldnn(model: Any, example: Any) -> None:
             handle.remove()
 
 
+def inductor(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts: Path | None,
+             weights: str) -> Any:
+    """AOTInductor: compiled once into a package (with freezing) that every later process loads,
+    instead of compiling again in each one; without an artifacts folder it is compiled into a
+    temporary one. A model torch.export cannot capture falls back to torch.compile, with the
+    reason recorded, in the benchmark child and in `apply` alike."""
+    if artifacts is not None:
+        return _aot_inductor(model, example, knobs, setup, artifacts, weights)
+    with tempfile.TemporaryDirectory(prefix="autotune-aoti-") as folder:
+        return _aot_inductor(model, example, knobs, setup, Path(folder), weights)
+
+
+def _aot_inductor(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], folder: Path,
+                  weights: str) -> Any:
+    import torch
+    import torch._inductor
+
+    meta = artifact_meta(knobs, example, weights)
+    path = artifact_path(folder, meta, ".pt2")
+    _describe_artifact(path, meta, setup)
+    if not path.exists():
+        start = time.perf_counter()
+        try:
+            exported = _export(model, example, knobs.precision)
+        except Exception as exc:  # graph breaks, data-dependent control flow: torch.compile copes
+            setup["aot_fallback"] = f"torch.export failed ({type(exc).__name__}: {_first_line(exc)}); torch.compile"
+            return _jit_compiled(model)
+        save_artifact(path, lambda tmp: torch._inductor.aoti_compile_and_package(
+            exported, package_path=str(tmp), inductor_configs={"freezing": True}), meta)
+        setup["compile_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    loaded = torch._inductor.aoti_load_package(str(path))
+    setup["artifact_load_s"] = time.perf_counter() - start
+    return ShapeChecked(loaded, example if isinstance(example, dict) else
+                        tuple(example) if isinstance(example, (list, tuple)) else (example,))
+
+
+class ShapeChecked:
+    """A compiled package computes garbage, silently, for inputs of another shape, dtype or layout
+    than it was compiled for (AOTInductor checks nothing unless asked): every call is checked."""
+
+    def __init__(self, compiled: Any, example: Any) -> None:
+        self.compiled, self.expected = compiled, layout(example)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        got = layout((args, kwargs) if kwargs else args)
+        if got != self.expected:
+            raise ApplyError(f"the compiled model takes inputs {'; '.join(self.expected)}, not {'; '.join(got)}; "
+                             f"apply it with an example shaped like what you serve")
+        return self.compiled(*args, **kwargs)
+
+
+def layout(batch: Any) -> list[str]:
+    """Shape, dtype and strides of each input tensor: what a compiled package was made for."""
+    return [f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}:strides {tuple(t.stride())}"
+            for t in leaves(batch)]
+
+
+def _export(model: Any, example: Any, precision: Precision) -> Any:
+    import torch
+
+    class Autocast(torch.nn.Module):
+        """bf16 autocast inside forward, so that the exported graph holds the casts."""
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            with autocast(precision):
+                return self.inner(*args, **kwargs)
+
+    args, kwargs = ((), example) if isinstance(example, dict) else (
+        (tuple(example) if isinstance(example, (list, tuple)) else (example,)), {})
+    with torch.no_grad():
+        return torch.export.export(Autocast(model), args, kwargs)
+
+
+def _jit_compiled(model: Any) -> Any:
+    import torch
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    return torch.compile(model, backend="inductor")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+def _describe_artifact(path: Path, meta: dict[str, Any], setup: dict[str, Any]) -> None:
+    setup["artifact_file"] = str(path)
+    setup["artifact_hit"] = path.exists()
+    if not path.exists():
+        setup["artifact_stale"] = stale_artifacts(path.parent, meta)
+
+
 def saved_torchscript(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
                       artifacts: Path | None, weights: str) -> Any:
     """A saved TorchScript file, loaded back so weights are laid out once (seed recipe 2.c).
@@ -250,10 +350,8 @@ def _saved_torchscript(model: Any, example: Any, knobs: ModelKnobs, setup: dict[
 
     meta = artifact_meta(knobs, example, weights)
     path = artifact_path(artifacts, meta, ".pt") if artifacts else None
-    setup["weight_cache_file"] = str(path) if path else ""
-    setup["weight_cache_hit"] = bool(path and path.exists())
-    if path is not None and not path.exists():
-        setup["artifact_stale"] = stale_artifacts(path.parent, meta)
+    if path is not None:
+        _describe_artifact(path, meta, setup)
     if path is None or not path.exists():
         start = time.perf_counter()
         with torch.no_grad(), autocast(knobs.precision):
@@ -266,7 +364,7 @@ def _saved_torchscript(model: Any, example: Any, knobs: ModelKnobs, setup: dict[
     loaded = torch.jit.load(str(path))
     if knobs.backend == "torchscript":
         loaded = torch.jit.optimize_for_inference(loaded)
-    setup["weight_cache_load_s"] = time.perf_counter() - start
+    setup["artifact_load_s"] = time.perf_counter() - start
     return loaded
 
 
@@ -332,10 +430,10 @@ def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
     return found
 
 
-def save_artifact(path: Path, save: Callable[[Path], None], meta: dict[str, Any]) -> None:
+def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, Any]) -> None:
     """Atomically: the file and its description appear complete or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # aoti wants its .pt2 suffix
     save(tmp)
     Path(f"{tmp}.json").write_text(json.dumps(meta, indent=1))
     os.replace(f"{tmp}.json", f"{path}.json")

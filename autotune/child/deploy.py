@@ -29,6 +29,7 @@ from autotune.child.convert import (
     PRECISIONS,
     ApplyError,
     ModelKnobs,
+    call,
     guard,
     leaves,
     prepare,
@@ -39,6 +40,7 @@ KNOB_VARS = {"mkldnn": "AUTOTUNE_MKLDNN", "weight_cache": "AUTOTUNE_WEIGHT_CACHE
              "backend": "AUTOTUNE_BACKEND", "memory_format": "AUTOTUNE_MEMORY_FORMAT",
              "precision": "AUTOTUNE_PRECISION"}
 TOLERANCE_VAR = "AUTOTUNE_TOLERANCE"
+LISTED_VAR = "AUTOTUNE_KNOBS"  # every knob of the configuration, `k=v` pairs, as export writes them
 ARTIFACTS_VAR = "AUTOTUNE_ARTIFACTS"  # a folder of compiled artifacts: loaded when they match, else made
 REPORT_VAR = "AUTOTUNE_APPLY_REPORT"  # set by `autotune run`: where apply says what it applied
 SWITCH = {"on": True, "off": False}
@@ -66,6 +68,7 @@ def from_env(env: Mapping[str, str], source: str = "the environment") -> Deploym
     if not any(var in env for var in KNOB_VARS.values()):
         return None
     knobs = knobs_from_env(env, source)
+    _same_as_listed(knobs, env.get(LISTED_VAR, ""), source)
     try:
         tolerance = float(env.get(TOLERANCE_VAR, "-1"))
     except ValueError:
@@ -84,6 +87,17 @@ def knobs_from_env(env: Mapping[str, str], source: str = "the environment") -> M
         mkldnn=SWITCH[_choice(env, "mkldnn", tuple(SWITCH), source)],
         weight_cache=SWITCH[_choice(env, "weight_cache", tuple(SWITCH), source)],
     )
+
+
+def _same_as_listed(knobs: ModelKnobs, listed: str, source: str) -> None:
+    """The export also lists every knob in one line (AUTOTUNE_KNOBS); a model knob there that the
+    variables above contradict (a file from an older autotune, an edit by hand) is refused."""
+    values = to_env(knobs)
+    for pair in listed.split():
+        name, _, value = pair.partition("=")
+        if name in KNOB_VARS and values[KNOB_VARS[name]] != value:
+            raise ApplyError(f"{source} lists {name}={value} in {LISTED_VAR} but {KNOB_VARS[name]}="
+                             f"{values[KNOB_VARS[name]]!r}; export the env file again with this autotune")
 
 
 def to_env(knobs: ModelKnobs) -> dict[str, str]:
@@ -146,15 +160,15 @@ def apply(model: Any, example_inputs: Any, *, env_file: str | os.PathLike[str] |
     tolerance the study recorded (`WrongAnswers` when it does not hold).
     """
     chosen = deployment or (load_env_file(env_file) if env_file is not None else from_env(os.environ))
-    _report(chosen)
     if chosen is None or (chosen.knobs.is_default and not check):
+        _report(chosen)
         return model
     setup = {} if setup is None else setup
     import torch
 
     model = model.eval()
     with torch.no_grad():
-        reference = leaves(_call(model, example_inputs)) if check else None
+        reference = leaves(call(model, example_inputs)) if check else None
         forward = prepare(model, example_inputs, chosen.knobs, setup, chosen.artifacts)
         start = time.perf_counter()
         output = forward(example_inputs)
@@ -165,6 +179,7 @@ def apply(model: Any, example_inputs: Any, *, env_file: str | os.PathLike[str] |
         warnings.warn(f"autotune: not loading {stale}; compiled a new one", ArtifactRebuilt, stacklevel=2)
     if reference is not None:
         guard(reference, leaves(output), chosen.knobs.precision, chosen.tolerance, setup)
+    _report(chosen)
     return Applied(forward, chosen.knobs, setup)
 
 
@@ -172,12 +187,6 @@ def digest(output: Any) -> list[float]:
     """Sum and absolute sum of the output's tensors: enough to tell two processes' answers apart."""
     tensors = [t.double() for t in leaves(output)]
     return [float(sum(t.sum() for t in tensors)), float(sum(t.abs().sum() for t in tensors))]
-
-
-def _call(model: Any, batch: Any) -> Any:
-    from autotune.child.convert import call
-
-    return call(model, batch)
 
 
 def _report(chosen: Deployment | None) -> None:
