@@ -16,9 +16,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import records
 from autotune.child import deploy, envfile
-from autotune.child.envfile import quote
+from autotune.child.envfile import quote, value_text
 from autotune.errors import AutotuneError
-from autotune.knobs import value_text
 from autotune.launch import Binding, LaunchPlan, model_knobs
 from autotune.userrun import EnvFile
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from autotune.child.envfile import value_text
 from autotune.errors import ConfigError
 
 KnobValue = bool | int | str
@@ -166,8 +167,4 @@ class Config:
         return " ".join(f"{k}={value_text(v)}" for k, v in self.values)
 
 
-def value_text(value: object) -> str:
-    """A knob value as users type it: switches are on/off, everything else as it prints."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
+

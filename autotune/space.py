@@ -25,8 +25,9 @@ from typing import Any, Protocol
 
 import yaml
 
+from autotune.child.envfile import value_text
 from autotune.errors import AutotuneError
-from autotune.knobs import KNOBS, Config, Knob, KnobValue, knob, value_text
+from autotune.knobs import KNOBS, Config, Knob, KnobValue, knob
 from autotune.libs import LIBRARIES
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"

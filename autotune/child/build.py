@@ -14,6 +14,7 @@ from typing import Any
 from autotune.child import deploy
 from autotune.child.convert import ApplyError, ModelKnobs, call, leaves
 from autotune.child.deploy import Deployment
+from autotune.child.envfile import SWITCH
 
 
 class SyntheticImages:
@@ -149,7 +150,7 @@ def load_model(spec: str, import_path: str) -> Any:
 def knobs_of(args: argparse.Namespace) -> ModelKnobs:
     """The model knobs the plan gave this child, as `autotune.apply` takes them."""
     return ModelKnobs(backend=args.backend, precision=args.precision, memory_format=args.memory_format,
-                      mkldnn=args.mkldnn == "on", weight_cache=args.weight_cache == "on")
+                      mkldnn=SWITCH[args.mkldnn], weight_cache=SWITCH[args.weight_cache])
 
 
 def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:

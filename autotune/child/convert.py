@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.child import cpu
+from autotune.child.envfile import value_text
 
 Backend = Literal["eager", "torchscript", "inductor"]
 Precision = Literal["fp32", "bf16"]
@@ -66,7 +67,7 @@ class ModelKnobs:
 
     def describe(self) -> str:
         changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}
-        return " ".join(f"{k}={_on_off(v)}" for k, v in changed.items()) or "defaults"
+        return " ".join(f"{k}={value_text(v)}" for k, v in changed.items()) or "defaults"
 
     def check(self) -> None:
         """Combinations the conversions cannot honour, and what this machine cannot run."""
@@ -84,10 +85,6 @@ class ModelKnobs:
             if not torch.backends.mkldnn.is_available():
                 raise ApplyError("mkldnn=on needs a torch built with oneDNN (mkldnn), and this one is not; "
                                  "use mkldnn=off")
-
-
-def _on_off(value: object) -> str:
-    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],

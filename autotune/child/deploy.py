@@ -34,6 +34,7 @@ from autotune.child.convert import (
     leaves,
     prepare,
 )
+from autotune.child.envfile import SWITCH, value_text
 
 # The environment `autotune export` writes for the knobs that change the model itself.
 KNOB_VARS = {"mkldnn": "AUTOTUNE_MKLDNN", "weight_cache": "AUTOTUNE_WEIGHT_CACHE",
@@ -43,7 +44,6 @@ TOLERANCE_VAR = "AUTOTUNE_TOLERANCE"
 LISTED_VAR = "AUTOTUNE_KNOBS"  # every knob of the configuration, `k=v` pairs, as export writes them
 ARTIFACTS_VAR = "AUTOTUNE_ARTIFACTS"  # a folder of compiled artifacts: loaded when they match, else made
 REPORT_VAR = "AUTOTUNE_APPLY_REPORT"  # set by `autotune run`: where apply says what it applied
-SWITCH = {"on": True, "off": False}
 
 T = TypeVar("T")
 
@@ -103,13 +103,11 @@ def _same_as_listed(knobs: ModelKnobs, listed: str, source: str) -> None:
 def to_env(knobs: ModelKnobs) -> dict[str, str]:
     """The variables that describe `knobs`; `from_env` reads them back."""
     values = asdict(knobs)
-    return {var: ({True: "on", False: "off"}[values[name]] if isinstance(values[name], bool) else values[name])
-            for name, var in KNOB_VARS.items()}
+    return {var: value_text(values[name]) for name, var in KNOB_VARS.items()}
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[T, ...], source: str) -> T:
-    default = {True: "on", False: "off"}.get(getattr(ModelKnobs(), name), getattr(ModelKnobs(), name))
-    text = env.get(KNOB_VARS[name], str(default))
+    text = env.get(KNOB_VARS[name], value_text(getattr(ModelKnobs(), name)))
     for value in allowed:
         if value == text:
             return value

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune.child.envfile import SWITCH
+
 EXIT_BENCH_ERROR = 3  # a failure the worker understood and described in its result file
 
 
@@ -103,11 +105,11 @@ def runtime_report(args: argparse.Namespace) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "torch_version": torch.__version__,
-        "mkldnn": args.mkldnn == "on",
+        "mkldnn": SWITCH[args.mkldnn],
         "backend": args.backend,
         "memory_format": args.memory_format,
         "precision": args.precision,
-        "weight_cache": args.weight_cache == "on",
+        "weight_cache": SWITCH[args.weight_cache],
         "dataloader_workers": args.dataloader_workers,
         "pid": os.getpid(),
         "env": {k: v for k, v in os.environ.items()
