@@ -73,7 +73,8 @@ def _rounds_option(name: str, help_text: str) -> Decorator:
 
 def _cache_dir_option(func: Any) -> Any:
     return click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
-                        type=click.Path(path_type=Path, file_okay=False), help="Where weight caches live.")(func)
+                        type=click.Path(path_type=Path, file_okay=False),
+                        help="Where compiled artifacts (TorchScript, AOTInductor) and inductor kernels live.")(func)
 
 
 def _measure_options(func: Any) -> Any:
