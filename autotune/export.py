@@ -21,6 +21,9 @@ from autotune.errors import AutotuneError
 from autotune.launch import Binding, LaunchPlan, model_knobs
 from autotune.userrun import EnvFile
 
+# Variables an export sets only for some configurations; unset otherwise, so that sourcing one
+# file after another never keeps the first one's.
+OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS")
 # Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
 # that sourcing it reproduces the trial even in a shell that had them set.
 TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
@@ -77,19 +80,26 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
     if len(records.best_trials(study)) > 1 and len(study.directions) > 1:
         lines.append("# this study has several Pareto-optimal trials; pick another with --trial N")
     unset = [v for v in dict.fromkeys([*TUNING_VARS, *plan.cleared]) if v not in shared]
+    unset += [v for v in OPTIONAL_VARS if v not in _knob_vars(plan) and not (artifacts and v == deploy.ARTIFACTS_VAR)]
     if unset:
         lines.append(f"unset {' '.join(unset)}")
-    lines += [f"export {k}={quote(v)}" for k, v in shared.items()]
+    lines += [_export_line(k, v) for k, v in shared.items()]
     lines += ["# knobs that are not environment variables: autotune.apply(model, example_inputs) in your "
               "program applies them"]
-    lines += [f"export {k}={quote(v)}" for k, v in _knob_vars(plan).items()]
-    if artifacts is not None:
-        lines.append(f"export {deploy.ARTIFACTS_VAR}={quote(str(artifacts.resolve()))}")
+    knob_vars = _knob_vars(plan) | ({deploy.ARTIFACTS_VAR: str(artifacts.resolve())} if artifacts else {})
+    lines += [_export_line(k, v) for k, v in knob_vars.items()]
     lines.append("# launch lines, as the trial ran them:")
     for inst in plan.instances:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst.env.items())
-        lines.append(f"#   instance {inst.index}: {env} {shlex.join(inst.command)}".replace("  ", " "))
-    return "\n".join(lines) + "\n"
+        lines.append(f"#   instance {inst.index}: {' '.join(filter(None, (env, shlex.join(inst.command))))}")
+    return "\n".join(envfile.comment(line) if line.startswith("#") else line for line in lines) + "\n"
+
+
+def _export_line(name: str, value: str) -> str:
+    try:
+        return f"export {name}={quote(value)}"
+    except envfile.EnvFileError as exc:
+        raise ExportError(f"cannot export {name}: {exc}; rename what holds it and search again") from None
 
 
 def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:

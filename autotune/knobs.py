@@ -65,7 +65,7 @@ def _knob_table() -> dict[str, Knob]:
     dense = (("mkldnn", ("off",)),)
     knobs = [
         Knob("backend", "choice", "eager; torchscript = trace + freeze (saved, cached on disk) + "
-             "optimize_for_inference; inductor = torch.compile with freezing",
+             "optimize_for_inference; inductor = AOTInductor package with freezing, compiled once and loaded",
              choices=("eager", "torchscript", "inductor"), default="eager"),
         Knob("mkldnn", "bool", "convert model and input to the mkldnn (oneDNN) layout (eager only)",
              default=False, only_when=eager),

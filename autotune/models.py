@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from autotune.child.envfile import has_control
 from autotune.errors import ModelError
 
 ModelKind = Literal["torchvision", "factory", "torchscript", "exported"]
@@ -108,6 +109,8 @@ def _example_inputs(text: str) -> tuple[tuple[int, ...], str]:
     from autotune.child.convert import ApplyError, leaves
 
     path = str(Path(text).expanduser().resolve())
+    if has_control(path):
+        raise ModelError(f"--example-inputs {text!r} holds a control character; rename the file")
     if not Path(path).is_file():
         raise ModelError(f"--example-inputs {text!r} is not a file; save your inputs with torch.save")
     try:
@@ -119,6 +122,8 @@ def _example_inputs(text: str) -> tuple[tuple[int, ...], str]:
 
 def _file(text: str, shape: tuple[int, ...] | None) -> ModelSpec:
     path = Path(text).expanduser()
+    if has_control(text):
+        raise ModelError(f"model file {text!r} holds a control character (a newline, ...); rename it")
     kind: ModelKind = "exported" if path.suffix == ".pt2" else "torchscript"
     if path.suffix not in (".pt", ".pt2"):
         raise ModelError(f"model file {text!r} is neither TorchScript (.pt) nor an exported program (.pt2)")

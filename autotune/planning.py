@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune import models
+from autotune.child.envfile import has_control
 from autotune.errors import ConfigError, ModelError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, model_knobs, plan_launch, worker_command
@@ -106,6 +107,8 @@ def build_artifacts(plan: LaunchPlan, folder: Path, timeout_s: float) -> bool:
     False when the configuration compiles nothing (eager models are used as they are)."""
     if not model_knobs(plan.config).compiled:
         return False
+    if has_control(str(folder.resolve())):
+        raise ConfigError(f"--artifacts {str(folder)!r} holds a control character; choose another folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

@@ -51,7 +51,9 @@ def check_runnable(env_file: EnvFile, source: Path, program: str, topology: Topo
     """The program exists, the file's CPUs are ones this process may use, and its model knobs
     are ones this machine can apply."""
     try:
-        deploy.knobs_from_env(env_file.env, str(source)).check()
+        chosen = deploy.from_env(env_file.env, str(source))
+        if chosen is not None:
+            chosen.knobs.check()
     except ApplyError as exc:
         raise AutotuneError(str(exc)) from None
     if shutil.which(program) is None and not Path(program).is_file():
@@ -102,13 +104,22 @@ def unapplied(knobs: ModelKnobs, instances: int, report: Path) -> str:
         lines = report.read_text().splitlines()
     except OSError:
         lines = []
-    applied = {record["pid"] for record in map(json.loads, lines) if record.get("knobs")}
+    applied = {record.get("pid") for record in map(_record, lines) if record.get("knobs")}
     if len(applied) >= instances:
         return ""
     who = "the program never called" if not applied else f"only {len(applied)} of {instances} processes called"
     return (f"warning: {who} autotune.apply(model, example_inputs), so {knobs.describe()} "
             f"{'was' if ' ' not in knobs.describe() else 'were'} not applied there; see the README, "
             f"'Using the result in your program'")
+
+
+def _record(line: str) -> dict[str, object]:
+    """One report line; a line cut short by a killed process counts as no report."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def run_foreground(launches: Sequence[UserLaunch]) -> int:

@@ -70,17 +70,17 @@ def test_token_ids_and_keyword_inputs_pass_through_unconverted(tmp_path: Path) -
     model = tinynets.encoder()
     for knobs in (ModelKnobs(backend="torchscript"), ModelKnobs(precision="bf16")):
         deployment = deploy.Deployment(knobs, artifacts=tmp_path)
-        applied = autotune.apply(tinynets.encoder(), TOKENS, deployment=deployment, check=True)
+        applied = deploy.apply_deployment(tinynets.encoder(), TOKENS, deployment, check=True)
         assert applied(TOKENS).shape == eager(model, TOKENS).shape
-    applied = autotune.apply(model, {"tokens": TOKENS}, deployment=deploy.Deployment(ModelKnobs(precision="bf16")),
-                             check=True)
-    assert applied({"tokens": TOKENS}).shape == (2, 8)
+    applied = deploy.apply_deployment(model, {"tokens": TOKENS}, deploy.Deployment(ModelKnobs(precision="bf16")),
+                                      check=True)
+    assert applied(tokens=TOKENS).shape == (2, 8)
 
 
 def test_check_fails_wrong_answers_beyond_the_tolerance() -> None:
     deployment = deploy.Deployment(ModelKnobs(precision="bf16"), tolerance=0.0)
     with pytest.raises(autotune.WrongAnswers, match=r"wrong answers: .* > tolerance 0"):
-        autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment, check=True)
+        deploy.apply_deployment(tinynets.cnn(), IMAGES, deployment, check=True)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,8 @@ def test_a_bad_configuration_is_one_clear_error(monkeypatch: pytest.MonkeyPatch,
 def test_bf16_is_refused_on_a_cpu_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu, "cpuinfo", lambda: ("old cpu", frozenset({"avx2"})))
     with pytest.raises(autotune.ApplyError, match="precision=bf16 needs a CPU with avx512_bf16 or AMX"):
-        autotune.apply(tinynets.cnn(), IMAGES, deployment=deploy.Deployment(ModelKnobs(precision="bf16")))
+        deploy.apply_deployment(tinynets.cnn(), IMAGES, deploy.Deployment(ModelKnobs(precision="bf16")),
+                                check=False)
 
 
 def test_a_damaged_env_file_is_one_clear_error(tmp_path: Path) -> None:
@@ -121,8 +122,8 @@ def test_a_damaged_env_file_is_one_clear_error(tmp_path: Path) -> None:
 
 def test_a_saved_artifact_is_loaded_by_the_next_process_instead_of_traced(tmp_path: Path) -> None:
     deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
-    first = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
-    again = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+    first = deploy.apply_deployment(tinynets.cnn(), IMAGES, deployment, check=False)
+    again = deploy.apply_deployment(tinynets.cnn(), IMAGES, deployment, check=False)
     assert first.setup["artifact_hit"] is False and "trace_s" in first.setup
     assert again.setup["artifact_hit"] is True and "trace_s" not in again.setup
     assert len(list(tmp_path.glob("*.pt"))) == 1
@@ -130,29 +131,32 @@ def test_a_saved_artifact_is_loaded_by_the_next_process_instead_of_traced(tmp_pa
 
 def test_an_artifact_of_other_weights_is_never_loaded(tmp_path: Path) -> None:
     deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
-    autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+    deploy.apply_deployment(tinynets.cnn(), IMAGES, deployment, check=False)
     other = tinynets.cnn()
     with torch.no_grad():
         other[0].weight.mul_(2)
-    applied = autotune.apply(other, IMAGES, deployment=deployment, check=True)
+    applied = deploy.apply_deployment(other, IMAGES, deployment, check=True)
     assert applied.setup["artifact_hit"] is False
     assert len(list(tmp_path.glob("*.pt"))) == 2
 
 
 @pytest.mark.parametrize(("field", "value", "said"), [("torch", "2.0.0", "torch 2.0.0 (here"),
                                                       ("isa", ["avx2"], "isa ['avx2'] (here"),
-                                                      ("inputs", ["1x3x32x32:float32"], "inputs ['1x3x32x32")])
-def test_a_stale_artifact_is_detected_and_rebuilt(tmp_path: Path, field: str, value: object, said: str) -> None:
+                                                      ("format", "v0", "format v0 (here")])
+def test_a_stale_artifact_is_detected_and_rebuilt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, field: str,
+                                                  value: object, said: str) -> None:
     deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
-    autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+    deploy.apply_deployment(tinynets.cnn(), IMAGES, deployment, check=False)
     [made] = tmp_path.glob("*.pt")
     meta = json.loads(Path(f"{made}.json").read_text())
     stale = made.with_name("torchscript-0000000000000000.pt")  # as if built elsewhere: another key
     made.rename(stale)
     Path(f"{made}.json").unlink()
     Path(f"{stale}.json").write_text(json.dumps({**meta, field: value}))
+    for var, setting in env_of(ModelKnobs(backend="torchscript"), AUTOTUNE_ARTIFACTS=str(tmp_path)).items():
+        monkeypatch.setenv(var, setting)
     with pytest.warns(deploy.ArtifactRebuilt, match=re.escape(f"not loading {stale.name}: it was built for {said}")):
-        applied = autotune.apply(tinynets.cnn(), IMAGES, deployment=deployment)
+        applied = autotune.apply(tinynets.cnn(), IMAGES)
     assert applied.setup["artifact_hit"] is False
     assert made.exists()
 
@@ -169,20 +173,19 @@ def test_apply_reports_back_to_autotune_run(monkeypatch: pytest.MonkeyPatch, tmp
 
 def test_the_benchmark_child_builds_through_apply(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[deploy.Deployment] = []
-    real = deploy.apply
+    real = deploy.apply_deployment
 
-    def spy(model: Any, example: Any, **kw: Any) -> Any:
-        calls.append(kw["deployment"])
-        return real(model, example, **kw)
+    def spy(model: Any, example: Any, chosen: deploy.Deployment, **kw: Any) -> Any:
+        calls.append(chosen)
+        return real(model, example, chosen, **kw)
 
-    monkeypatch.setattr(deploy, "apply", spy)
+    monkeypatch.setattr(deploy, "apply_deployment", spy)
     monkeypatch.syspath_prepend(str(Path(tinynets.__file__).parent))
     args = worker.parse_args(["--model", "tinynets:cnn", "--item-shape", "3x32x32", "--backend", "torchscript",
                               "--precision", "bf16", "--cache-dir", str(tmp_path), "--result", "unused"])
     setup: dict[str, Any] = {}
-    forward = build.build(args, IMAGES, setup)
+    build.build(args, IMAGES, setup)
     assert [c.knobs for c in calls] == [ModelKnobs(backend="torchscript", precision="bf16")]
-    assert isinstance(forward, autotune.Applied)
     assert setup["max_rel_err"] <= convert.TOLERANCE["bf16"]
 
 
@@ -194,3 +197,37 @@ def test_an_env_file_whose_knob_variables_contradict_its_knob_list_is_refused(
     with pytest.raises(autotune.ApplyError, match="lists backend=inductor in AUTOTUNE_KNOBS but "
                                                   "AUTOTUNE_BACKEND='eager'; export the env file again"):
         autotune.apply(tinynets.cnn(), IMAGES)
+
+
+def test_the_applied_model_is_called_like_the_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    class Two(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a * 2 + b
+
+    a, b = torch.randn(2, 4), torch.randn(2, 4)
+    for var, value in env_of(ModelKnobs(backend="torchscript")).items():
+        monkeypatch.setenv(var, value)
+    applied = autotune.apply(Two(), (a, b), check=True)
+    assert torch.allclose(applied(a, b), Two()(a, b))
+    with pytest.raises(autotune.ApplyError, match=r"the compiled model takes inputs 2x4:float32:contiguous; "
+                                                  r"2x4:float32:contiguous, not 3x4"):
+        applied(torch.randn(3, 4), torch.randn(3, 4))
+
+
+def test_apply_leaves_the_users_model_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tinynets.cnn()
+    for var, value in env_of(ModelKnobs(mkldnn=True)).items():
+        monkeypatch.setenv(var, value)
+    autotune.apply(model, IMAGES, check=True)
+    assert type(model[0]) is torch.nn.Conv2d and model[0].weight.is_contiguous()
+
+
+def test_an_unwritable_artifacts_folder_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for var, value in env_of(ModelKnobs(backend="torchscript"), AUTOTUNE_ARTIFACTS=str(blocker / "x")).items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(autotune.ApplyError, match=r"cannot save the compiled model into .*/file/x: .*; point "
+                                                  r"AUTOTUNE_ARTIFACTS at a writable folder"):
+        autotune.apply(tinynets.cnn(), IMAGES)
+    assert list(tmp_path.iterdir()) == [blocker]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,18 @@ def test_nothing_imports_the_cli() -> None:
                  if path.name not in ("cli.py", "__main__.py")
                  for module, line, _ in imported_modules(path) if module == "autotune.cli"]
     assert importers == []
+
+
+def test_imports_only_point_down_the_readme_layout_table() -> None:
+    """The README's layout table is the reading order: a module imports only modules listed below it."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    listed = [name for row in re.findall(r"^\| `([\w/]+)\.py`(?:, `([\w/]+)\.py`)? \|", readme, re.M)
+              for name in row if name]
+    position = {"autotune." + name.replace("/", "."): index for index, name in enumerate(listed)}
+    files = {p for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    assert {"autotune." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in files} == set(position)
+    upward = [f"{module} imports {name}" for module, index in position.items()
+              for target, _, _ in imported_modules(PACKAGE.parent / (module.replace(".", "/") + ".py"))
+              for name in (target, target.rpartition(".")[0])  # `from a.b import c`: a.b, or a.b.c
+              if position.get(name, len(listed)) < index]
+    assert upward == []

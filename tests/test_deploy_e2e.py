@@ -62,7 +62,8 @@ def child_setup(cwd: Path, model: str, inputs: str, *knobs: str) -> dict[str, An
 def test_apply_answers_what_the_child_measured(here: Path, tmp_path: Path, knob: str, knobs: ModelKnobs) -> None:
     measured = child_setup(here, "tinynets:cnn", "images.pt", knob)
     example = torch.load(here / "images.pt")[:BATCH]
-    applied = autotune.apply(tinynets.cnn(), example, deployment=deploy.Deployment(knobs, artifacts=tmp_path))
+    applied = deploy.apply_deployment(tinynets.cnn(), example, deploy.Deployment(knobs, artifacts=tmp_path),
+                                      check=False)
     assert applied.setup["output_dtype"] == measured["output_dtype"]
     assert applied.setup["output_digest"] == pytest.approx(measured["output_digest"], rel=1e-4, abs=1e-4)
 
@@ -73,7 +74,7 @@ def test_a_token_id_model_goes_through_bench_and_apply(here: Path, tmp_path: Pat
     tokens = torch.load(here / "tokens.pt")[:BATCH]
     assert tokens.dtype == torch.int64
     deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
-    applied = autotune.apply(tinynets.encoder(), tokens, deployment=deployment, check=True)
+    applied = deploy.apply_deployment(tinynets.encoder(), tokens, deployment, check=True)
     assert applied.setup["output_digest"] == pytest.approx(measured["output_digest"], rel=1e-4, abs=1e-4)
 
 
@@ -137,8 +138,8 @@ def test_serve_example_runs_under_an_env_file(tmp_path: Path) -> None:
 def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: Path) -> None:
     deployment = deploy.Deployment(ModelKnobs(backend="inductor", precision="bf16"), artifacts=tmp_path)
     example = torch.randn(BATCH, 3, 32, 32)
-    first = autotune.apply(tinynets.cnn(), example, deployment=deployment, check=True)
-    again = autotune.apply(tinynets.cnn(), example, deployment=deployment)
+    first = deploy.apply_deployment(tinynets.cnn(), example, deployment, check=True)
+    again = deploy.apply_deployment(tinynets.cnn(), example, deployment, check=False)
     assert first.setup["artifact_hit"] is False and first.setup["compile_s"] > 0
     assert again.setup["artifact_hit"] is True and "compile_s" not in again.setup
     assert len(list(tmp_path.glob("inductor-*.pt2"))) == 1
@@ -146,3 +147,22 @@ def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: P
     with pytest.raises(autotune.ApplyError, match=r"the compiled model takes inputs 2x3x32x32:float32:.*, not "
                                                   r"1x3x32x32:float32"):
         again(torch.randn(1, 3, 32, 32))
+
+
+class Branchy(torch.nn.Module):
+    """Data-dependent control flow: torch.export cannot capture it, torch.compile can."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if float(x.sum()) > 0 else x - 1
+
+
+def test_a_model_export_cannot_capture_falls_back_to_torch_compile(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    for var, value in {**deploy.to_env(ModelKnobs(backend="inductor")), "AUTOTUNE_ARTIFACTS": str(tmp_path)}.items():
+        monkeypatch.setenv(var, value)
+    example = torch.ones(2, 4)
+    with pytest.warns(deploy.CompileFallback, match="torch.export failed .*; torch.compile: compiled in this "
+                                                     "process, not saved"):
+        applied = autotune.apply(Branchy(), example, check=True)
+    assert torch.equal(applied(example), example * 2)
+    assert not list(tmp_path.glob("*.pt2"))

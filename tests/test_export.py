@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 def searched(tmp_path: Path, fake_libs: Libraries) -> optuna.Study:
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
     opened = search_loop.open_search(search_loop.SearchRequest(
-        model="resnet18", trials=8, space=SPACE, studies_dir=tmp_path / "studies"), here)
+        model="resnet18", trials=8, space=SPACE, studies_dir=tmp_path / "studies", seed=0), here)
     search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     return opened.study
 
@@ -135,3 +136,44 @@ def test_cli_errors_without_a_study(tmp_path: Path, args: list[str], message: st
     assert proc.returncode == 2
     assert proc.stderr.strip() == message or proc.stderr.startswith(message)
     assert list(tmp_path.iterdir()) == []
+
+
+HOSTILE = ["a\nb", "x\rtouch PWNED_CR", "q'uote", "$(touch PWNED_SUB)", "`touch PWNED_TICK`", "n\x00ul",
+           "d\ntouch PWNED\nx"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_recorded_values_stay_inside_comments(tmp_path: Path, searched: optuna.Study, value: str) -> None:
+    trial = copy.deepcopy(export.pick_trial(searched, None))
+    plan = trial.user_attrs["plan"]
+    plan["instances"][0]["command"] = [*plan["instances"][0]["command"], value]
+    trial.user_attrs = {**trial.user_attrs, "config": value, "plan": plan}
+    searched.set_user_attr("model", value)
+    searched.set_user_attr("host", {"cpu_model": value, "torch": value})
+    path = tmp_path / "best.env"
+    export.write(path, export.render(searched, trial))
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    sourced(path)
+    assert not list(tmp_path.glob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
+    assert export.read(path).env["AUTOTUNE_BINDING"]
+
+
+@pytest.mark.parametrize("value", ["in\nputs.pt", "x\rtouch PWNED", "nul\x00"])
+def test_a_value_an_env_file_cannot_carry_is_refused(tmp_path: Path, searched: optuna.Study, value: str) -> None:
+    trial = copy.deepcopy(export.pick_trial(searched, None))
+    plan = trial.user_attrs["plan"]
+    plan["bench"]["example_inputs"] = f"/data/{value}"
+    trial.user_attrs = {**trial.user_attrs, "plan": plan}
+    with pytest.raises(ExportError, match="cannot export AUTOTUNE_EXAMPLE_INPUTS: .* holds a control character"):
+        export.render(searched, trial)
+
+
+def test_sourcing_a_file_unsets_what_an_earlier_one_set(tmp_path: Path, searched: optuna.Study) -> None:
+    first, second = tmp_path / "first.env", tmp_path / "second.env"
+    trial = export.pick_trial(searched, None)
+    export.write(first, export.render(searched, trial, tmp_path / "compiled"))
+    export.write(second, export.render(searched, trial))
+    script = (f"source {first} && source {second} && "
+              "echo \"${AUTOTUNE_ARTIFACTS-unset} ${AUTOTUNE_EXAMPLE_INPUTS-unset}\"")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["unset", "unset"]

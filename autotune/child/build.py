@@ -162,10 +162,9 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Call
     knobs = knobs_of(args)
     artifacts = Path(args.artifacts) if args.artifacts else Path(args.cache_dir, "artifacts")
     deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan")
-    applied = deploy.apply(model, example, deployment=deployment, check=not knobs.is_default, setup=setup)
-    if isinstance(applied, deploy.Applied):
-        return applied
-    return _timed_first_call(model, example, setup)
+    if knobs.is_default:
+        return _timed_first_call(model, example, setup)
+    return deploy.apply_deployment(model, example, deployment, check=True, setup=setup).run
 
 
 def _timed_first_call(model: Any, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -105,10 +106,11 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
         probe_mkldnn(model, example)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    if knobs.saved_as_torchscript:
-        model = saved_torchscript(model, inputs(example, knobs), knobs, setup, artifacts, weights)
-    elif knobs.backend == "inductor":
-        model = inductor(model, inputs(example, knobs), knobs, setup, artifacts, weights)
+    if knobs.compiled:
+        with warnings.catch_warnings():
+            # TorchScript is chosen on purpose where it measured faster; torch's deprecation notice is noise.
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
+            model = compiled(model, inputs(example, knobs), knobs, setup, artifacts, weights)
 
     def forward(batch: Any) -> Any:
         with autocast(knobs.precision):
@@ -133,13 +135,15 @@ def inputs(batch: Any, knobs: ModelKnobs) -> Any:
     from torch.utils import _pytree
 
     def convert(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        if not isinstance(x, torch.Tensor):
             return x
+        if not x.is_floating_point():
+            return x.contiguous()
         if knobs.mkldnn:
             return x.to_mkldnn()
         if knobs.memory_format == "channels_last" and x.dim() == 4:
             return x.contiguous(memory_format=torch.channels_last)
-        return x
+        return x.contiguous()
 
     return _pytree.tree_map(convert, batch)
 
@@ -229,62 +233,109 @@ def probe_mkldnn(model: Any, example: Any) -> None:
             handle.remove()
 
 
-def inductor(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts: Path | None,
+def compiled(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts: Path | None,
              weights: str) -> Any:
-    """AOTInductor: compiled once into a package (with freezing) that every later process loads,
-    instead of compiling again in each one; without an artifacts folder it is compiled into a
-    temporary one. A model torch.export cannot capture falls back to torch.compile, with the
-    reason recorded, in the benchmark child and in `apply` alike."""
+    """The compiled backends, built once into an artifact that every later process loads: a frozen
+    TorchScript file (backend=torchscript, weight_cache) or an AOTInductor package with freezing
+    (backend=inductor). Without an artifacts folder the artifact goes to a temporary one, so that
+    the model always runs loaded, as the benchmark child ran it."""
     if artifacts is not None:
-        return _aot_inductor(model, example, knobs, setup, artifacts, weights)
-    with tempfile.TemporaryDirectory(prefix="autotune-aoti-") as folder:
-        return _aot_inductor(model, example, knobs, setup, Path(folder), weights)
+        return _load_or_build(model, example, knobs, setup, artifacts, weights)
+    with tempfile.TemporaryDirectory(prefix="autotune-artifact-") as folder:
+        return _load_or_build(model, example, knobs, setup, Path(folder), weights)
 
 
-def _aot_inductor(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], folder: Path,
-                  weights: str) -> Any:
+def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], folder: Path,
+                   weights: str) -> Any:
+    meta = artifact_meta(knobs, example, weights)
+    path = artifact_path(folder, meta, ".pt2" if knobs.backend == "inductor" else ".pt")
+    setup["artifact_file"] = str(path)
+    setup["artifact_hit"] = path.exists()
+    if not path.exists():
+        setup["artifact_stale"] = stale_artifacts(folder, meta)
+        start = time.perf_counter()
+        fallback = _build(model, example, knobs, setup, path, meta)
+        if fallback is not None:
+            return fallback
+        setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    loaded = _load(path, knobs)
+    setup["artifact_load_s"] = time.perf_counter() - start
+    return ShapeChecked(loaded, example)
+
+
+def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
+           meta: dict[str, Any]) -> Any:
+    """Save the artifact; returns a torch.compile'd model instead when torch.export cannot capture
+    the model (graph breaks, data-dependent control flow), with the reason recorded."""
     import torch
+
+    if knobs.saved_as_torchscript:
+        with torch.no_grad(), autocast(knobs.precision):
+            scripted = torch.jit.script(model) if knobs.mkldnn else torch.jit.freeze(_trace(model, example))
+        save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), meta)
+        return None
+    try:
+        exported = _export(model, example, knobs.precision)
+    except Exception as exc:
+        setup["aot_fallback"] = f"torch.export failed ({type(exc).__name__}: {_first_line(exc)}); torch.compile"
+        return _jit_compiled(model)
+    save_artifact(path, lambda tmp: _aot_compile(exported, tmp), meta)
+    return None
+
+
+def _aot_compile(exported: Any, tmp: Path) -> None:
     import torch._inductor
 
-    meta = artifact_meta(knobs, example, weights)
-    path = artifact_path(folder, meta, ".pt2")
-    _describe_artifact(path, meta, setup)
-    if not path.exists():
-        start = time.perf_counter()
-        try:
-            exported = _export(model, example, knobs.precision)
-        except Exception as exc:  # graph breaks, data-dependent control flow: torch.compile copes
-            setup["aot_fallback"] = f"torch.export failed ({type(exc).__name__}: {_first_line(exc)}); torch.compile"
-            return _jit_compiled(model)
-        save_artifact(path, lambda tmp: torch._inductor.aoti_compile_and_package(
-            exported, package_path=str(tmp), inductor_configs={"freezing": True}), meta)
-        setup["compile_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    loaded = torch._inductor.aoti_load_package(str(path))
-    setup["artifact_load_s"] = time.perf_counter() - start
-    return ShapeChecked(loaded, example if isinstance(example, dict) else
-                        tuple(example) if isinstance(example, (list, tuple)) else (example,))
+    try:
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp), inductor_configs={"freezing": True})
+    except Exception as exc:
+        raise ApplyError(f"AOTInductor could not compile the model ({type(exc).__name__}: {_first_line(exc)}); "
+                         f"check that a C++ compiler is installed, or use backend=torchscript") from exc
+
+
+def _load(path: Path, knobs: ModelKnobs) -> Any:
+    import torch
+
+    if knobs.backend == "inductor":
+        import torch._inductor
+
+        return torch._inductor.aoti_load_package(str(path))
+    loaded = torch.jit.load(str(path))
+    return torch.jit.optimize_for_inference(loaded) if knobs.backend == "torchscript" else loaded
 
 
 class ShapeChecked:
-    """A compiled package computes garbage, silently, for inputs of another shape, dtype or layout
-    than it was compiled for (AOTInductor checks nothing unless asked): every call is checked."""
+    """A compiled model computes garbage, silently, for inputs of another shape, dtype or layout
+    than it was compiled for (AOTInductor checks nothing unless asked; a trace bakes sizes in):
+    every call is checked, and refused with one line."""
 
     def __init__(self, compiled: Any, example: Any) -> None:
         self.compiled, self.expected = compiled, layout(example)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        got = layout((args, kwargs) if kwargs else args)
+        got = layout(kwargs if kwargs and not args else args)
         if got != self.expected:
             raise ApplyError(f"the compiled model takes inputs {'; '.join(self.expected)}, not {'; '.join(got)}; "
-                             f"apply it with an example shaped like what you serve")
+                             f"apply it with an example of each shape you serve")
         return self.compiled(*args, **kwargs)
 
 
 def layout(batch: Any) -> list[str]:
-    """Shape, dtype and strides of each input tensor: what a compiled package was made for."""
-    return [f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}:strides {tuple(t.stride())}"
-            for t in leaves(batch)]
+    """Shape, dtype and layout of each input tensor (dict inputs by name): what a compiled model
+    was made for."""
+    if isinstance(batch, dict):
+        return [f"{name}={entry}" for name in sorted(batch) for entry in layout(batch[name])]
+    return [f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}:{_format(t)}" for t in leaves(batch)]
+
+
+def _format(tensor: Any) -> str:
+    import torch
+
+    if tensor.is_mkldnn:
+        return "mkldnn"
+    return "channels_last" if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last) \
+        and not tensor.is_contiguous() else "contiguous"
 
 
 def _export(model: Any, example: Any, precision: Precision) -> Any:
@@ -309,60 +360,12 @@ def _export(model: Any, example: Any, precision: Precision) -> Any:
 
 def _jit_compiled(model: Any) -> Any:
     import torch
-    import torch._inductor.config as inductor_config
 
-    inductor_config.freezing = True
-    return torch.compile(model, backend="inductor")
+    return torch.compile(model, backend="inductor", options={"freezing": True})
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:200]
-
-
-def _describe_artifact(path: Path, meta: dict[str, Any], setup: dict[str, Any]) -> None:
-    setup["artifact_file"] = str(path)
-    setup["artifact_hit"] = path.exists()
-    if not path.exists():
-        setup["artifact_stale"] = stale_artifacts(path.parent, meta)
-
-
-def saved_torchscript(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
-                      artifacts: Path | None, weights: str) -> Any:
-    """A saved TorchScript file, loaded back so weights are laid out once (seed recipe 2.c).
-
-    Dense models: trace + freeze (under autocast for bf16). mkldnn models: script, because a
-    frozen or traced mkldnn module cannot be saved (opaque weights); a scripted one saves dense
-    weights and reorders them once at load. backend=torchscript also runs optimize_for_inference
-    on the loaded module (its result cannot be saved, so it is redone per process).
-    """
-    with warnings.catch_warnings():
-        # TorchScript is chosen on purpose here (measured); torch's deprecation notice is noise.
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
-        return _saved_torchscript(model, example, knobs, setup, artifacts, weights)
-
-
-def _saved_torchscript(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
-                       artifacts: Path | None, weights: str) -> Any:
-    import torch
-
-    meta = artifact_meta(knobs, example, weights)
-    path = artifact_path(artifacts, meta, ".pt") if artifacts else None
-    if path is not None:
-        _describe_artifact(path, meta, setup)
-    if path is None or not path.exists():
-        start = time.perf_counter()
-        with torch.no_grad(), autocast(knobs.precision):
-            scripted = torch.jit.script(model) if knobs.mkldnn else torch.jit.freeze(_trace(model, example))
-        setup["trace_s"] = time.perf_counter() - start
-        if path is None:
-            return torch.jit.optimize_for_inference(scripted) if knobs.backend == "torchscript" else scripted
-        save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), meta)
-    start = time.perf_counter()
-    loaded = torch.jit.load(str(path))
-    if knobs.backend == "torchscript":
-        loaded = torch.jit.optimize_for_inference(loaded)
-    setup["artifact_load_s"] = time.perf_counter() - start
-    return loaded
 
 
 def _trace(model: Any, example: Any) -> Any:
@@ -375,20 +378,29 @@ def _trace(model: Any, example: Any) -> Any:
 
 
 def fingerprint(model: Any) -> str:
-    """The weights a saved artifact bakes in: names, shapes, dtypes and two sums per tensor, so a
-    model with other weights never loads another's artifact (one pass; no copy of the weights)."""
+    """What a saved artifact bakes in: the model's structure (its printed form and the source of
+    each module type's forward) and the bytes of every weight and buffer, so that a model with
+    other code or other weights never loads another's artifact."""
     import torch
 
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}\n{model}\n".encode())
+    for source in sorted({_forward_source(m) for m in model.modules()}):
+        digest.update(source.encode())
     with torch.no_grad():
-        for name, tensor in [*model.state_dict().items()]:
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            values = tensor.to_dense() if tensor.is_mkldnn else tensor
-            as_float = values.double() if values.is_floating_point() else values.to(torch.float64)
-            digest.update(f"{name}|{tuple(values.shape)}|{values.dtype}|{float(as_float.sum())!r}|"
-                          f"{float((as_float * as_float).sum())!r}\n".encode())
+        for name, tensor in model.state_dict().items():
+            if isinstance(tensor, torch.Tensor):
+                values = (tensor.to_dense() if tensor.is_mkldnn else tensor).detach().contiguous()
+                digest.update(f"{name}|{tuple(values.shape)}|{values.dtype}\n".encode())
+                digest.update(values.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:20]
+
+
+def _forward_source(module: Any) -> str:
+    kind = type(module)
+    try:
+        return inspect.getsource(kind.forward)
+    except (OSError, TypeError, AttributeError):  # built in, compiled, or scripted: its name stands in
+        return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def signature(example: Any) -> list[str]:
@@ -406,21 +418,23 @@ def artifact_meta(knobs: ModelKnobs, example: Any, weights: str) -> dict[str, An
 def artifact_path(folder: Path, meta: dict[str, Any], suffix: str) -> Path:
     """Where the artifact for exactly this model, knobs, inputs, torch and CPU lives."""
     key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
-    return folder / f"{meta['knobs']['backend']}-{key}{suffix}"
+    kind = "inductor" if meta["knobs"]["backend"] == "inductor" else "torchscript"
+    return folder / f"{kind}-{key}{suffix}"
 
 
 def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
-    """Artifacts of the same model and knobs made for another torch, CPU or input: never loaded,
-    named so that a rebuild is not silent."""
+    """Artifacts of this very model, knobs and inputs made for another torch, CPU or format: never
+    loaded, named so that their rebuild is not silent (another input shape is another artifact)."""
+    same = ("weights", "knobs", "inputs")
     found = []
     for described in sorted(folder.glob("*.json")):
         try:
             other = json.loads(described.read_text())
         except (OSError, ValueError):
             continue
-        if other.get("weights") != meta["weights"] or other.get("knobs") != meta["knobs"]:
+        if not isinstance(other, dict) or any(other.get(key) != meta[key] for key in same):
             continue
-        differs = [f"{key} {other.get(key)} (here {meta[key]})" for key in ("torch", "isa", "inputs", "format")
+        differs = [f"{key} {other.get(key)} (here {meta[key]})" for key in ("torch", "isa", "format")
                    if other.get(key) != meta[key]]
         if differs:
             found.append(f"{described.name[:-5]}: it was built for {', '.join(differs)}")
@@ -428,10 +442,20 @@ def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
 
 
 def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, Any]) -> None:
-    """Atomically: the file and its description appear complete or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomically: the file and its description appear complete or not at all, whatever fails."""
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # aoti wants its .pt2 suffix
-    save(tmp)
-    Path(f"{tmp}.json").write_text(json.dumps(meta, indent=1))
-    os.replace(f"{tmp}.json", f"{path}.json")
-    os.replace(tmp, path)
+    described = Path(f"{tmp}.json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save(tmp)
+        described.write_text(json.dumps(meta, indent=1))
+        os.replace(described, f"{path}.json")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ApplyError(f"cannot save the compiled model into {path.parent}: {exc.strerror or exc}; point "
+                         f"AUTOTUNE_ARTIFACTS at a writable folder, or unset it to compile in each process") \
+            from None
+    finally:
+        for leftover in (tmp, described):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)

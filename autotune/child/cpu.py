@@ -29,6 +29,10 @@ def has_bf16() -> bool:
     return any(flag in cpuinfo()[1] for flag in BF16_FLAGS)
 
 
+# Flag families a compiler may emit instructions from: an artifact is keyed by all of them.
+KERNEL_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "bmi", "sse", "vpclmul", "gfni", "vaes")
+
+
 def isa() -> tuple[str, ...]:
-    """The flags that change which kernels a compiled artifact may contain."""
-    return tuple(flag for flag in ISA_FLAGS if flag in cpuinfo()[1])
+    """The flags that change which instructions a compiled artifact may contain."""
+    return tuple(sorted(flag for flag in cpuinfo()[1] if flag.startswith(KERNEL_FLAG_PREFIXES)))

@@ -13,6 +13,7 @@ same function (`autotune.child.convert.prepare`): what was measured is what runs
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -46,6 +47,11 @@ ARTIFACTS_VAR = "AUTOTUNE_ARTIFACTS"  # a folder of compiled artifacts: loaded w
 REPORT_VAR = "AUTOTUNE_APPLY_REPORT"  # set by `autotune run`: where apply says what it applied
 
 T = TypeVar("T")
+
+
+class CompileFallback(UserWarning):
+    """torch.export could not capture the model, so backend=inductor compiled it with torch.compile in
+    this process (as the benchmark child did), and nothing was saved for the next process."""
 
 
 class ArtifactRebuilt(UserWarning):
@@ -131,50 +137,69 @@ def load_env_file(path: str | os.PathLike[str]) -> Deployment | None:
 
 
 class Applied:
-    """The model as configured: call it like the model. `knobs` and `setup` say what was done."""
+    """The model as configured, called like the model: `applied(x)`, `applied(a, b)`,
+    `applied(**inputs)`, under `torch.no_grad()`. `knobs` and `setup` say what was done."""
 
     def __init__(self, forward: Callable[[Any], Any], knobs: ModelKnobs, setup: dict[str, Any]) -> None:
-        self._forward, self.knobs, self.setup = forward, knobs, setup
+        self.run, self.knobs, self.setup = forward, knobs, setup  # run(batch): one batch as apply took it
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
 
+        batch = kwargs if kwargs and not args else args[0] if len(args) == 1 and not kwargs else args
+        if kwargs and args:
+            raise ApplyError("call the applied model with positional or keyword inputs, not both, as its "
+                             "example inputs were given")
         with torch.no_grad():
-            return self._forward(batch)
+            return self.run(batch)
 
     def __repr__(self) -> str:
         return f"autotune.Applied({self.knobs.describe()})"
 
 
-def apply(model: Any, example_inputs: Any, *, env_file: str | os.PathLike[str] | None = None,
-          check: bool = False, deployment: Deployment | None = None,
-          setup: dict[str, Any] | None = None) -> Any:
-    """`model` converted as the configuration says: from `deployment`, else `env_file`, else the
-    environment. Without any, `model` is returned unchanged.
+def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | None = None, *,
+          check: bool = False) -> Any:
+    """`model` converted as the exported configuration says: from `env_file`, else from the
+    environment (`source best.env`, `autotune run`). Without one, `model` is returned unchanged.
 
     `example_inputs` is one batch as the model takes it: a tensor, a tuple of positional inputs,
-    or a dict of keyword inputs (integer token ids stay as they are). It is used to trace, to
-    compile and, with `check=True`, to compare the output against eager fp32 within the
-    tolerance the study recorded (`WrongAnswers` when it does not hold).
+    or a dict of keyword inputs (integer token ids stay as they are). It is used to trace and
+    compile (a compiled model takes inputs of exactly these shapes) and, with `check=True`, to
+    compare the output against eager fp32 within the tolerance the study recorded (`WrongAnswers`
+    when it does not hold). Conversions that change a module in place (mkldnn, channels_last)
+    work on a copy: your `model` stays as it was.
     """
-    chosen = deployment or (load_env_file(env_file) if env_file is not None else from_env(os.environ))
+    chosen = load_env_file(env_file) if env_file is not None else from_env(os.environ)
     if chosen is None or (chosen.knobs.is_default and not check):
         _report(chosen)
         return model
-    setup = {} if setup is None else setup
+    converts_in_place = chosen.knobs.mkldnn or chosen.knobs.memory_format == "channels_last"
+    applied = apply_deployment(copy.deepcopy(model) if converts_in_place else model, example_inputs, chosen,
+                               check=check)
+    for stale in applied.setup.get("artifact_stale", []):
+        warnings.warn(f"autotune: not loading {stale}; compiled a new one", ArtifactRebuilt, stacklevel=2)
+    if "aot_fallback" in applied.setup:
+        warnings.warn(f"autotune: {applied.setup['aot_fallback']}: compiled in this process, not saved",
+                      CompileFallback, stacklevel=2)
+    return applied
+
+
+def apply_deployment(model: Any, example_inputs: Any, chosen: Deployment, *, check: bool,
+                     setup: dict[str, Any] | None = None) -> Applied:
+    """The conversion itself, shared by `apply` and the benchmark child (which passes its plan's
+    knobs and records what happened in `setup`)."""
     import torch
 
+    setup = {} if setup is None else setup
     model = model.eval()
     with torch.no_grad():
         reference = leaves(call(model, example_inputs)) if check else None
         forward = prepare(model, example_inputs, chosen.knobs, setup, chosen.artifacts)
         start = time.perf_counter()
         output = forward(example_inputs)
-        setup["first_forward_s"] = time.perf_counter() - start  # compile time for inductor
+        setup["first_forward_s"] = time.perf_counter() - start
     setup["output_dtype"] = str(leaves(output)[0].dtype).replace("torch.", "")
     setup["output_digest"] = digest(output)
-    for stale in setup.get("artifact_stale", []):
-        warnings.warn(f"autotune: not loading {stale}; compiled a new one", ArtifactRebuilt, stacklevel=2)
     if reference is not None:
         guard(reference, leaves(output), chosen.knobs.precision, chosen.tolerance, setup)
     _report(chosen)

@@ -30,8 +30,21 @@ def value_text(value: object) -> str:
 
 
 def quote(value: str) -> str:
-    """Always single-quoted, so no value is ever expanded or split by the shell."""
+    """Always single-quoted, so no value is ever expanded or split by the shell; a control
+    character (a newline would end the line this format reads) cannot be carried at all."""
+    if has_control(value):
+        raise EnvFileError(f"{value!r} holds a control character (newline, CR, NUL, ...) that an env file "
+                           f"cannot carry safely")
     return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def has_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def comment(text: str) -> str:
+    """A comment line that stays one comment line: control characters are shown escaped."""
+    return "".join(repr(c)[1:-1] if ord(c) < 32 or ord(c) == 127 else c for c in text)
 
 
 def parse(text: str) -> Parsed:
