@@ -55,8 +55,8 @@ class CompileFallback(UserWarning):
 
 
 class ArtifactRebuilt(UserWarning):
-    """A saved artifact of this model and knobs was made for another torch, CPU or input, so it was
-    not loaded and a new one was compiled."""
+    """A saved artifact of this model, knobs and inputs was made for another torch, CPU or artifact
+    format, so it was not loaded and a new one was compiled."""
 
 
 @dataclass(frozen=True)
