@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.child import deploy
-from autotune.child.convert import ApplyError, ModelKnobs, call, leaves
+from autotune.child.convert import ApplyError, ModelKnobs, call, explain, leaves
 from autotune.child.deploy import Deployment
 from autotune.child.envfile import SWITCH
 
@@ -84,7 +84,7 @@ def load_examples(path: str) -> Any:
     try:
         loaded = torch.load(path, weights_only=True)
     except Exception as exc:  # any file that is not a torch.save of tensors; nothing else is unpickled
-        raise ApplyError(f"cannot load example inputs {path}: {explain_load(exc)}; save a tensor, a tuple of "
+        raise ApplyError(f"cannot load example inputs {path}: {explain(exc)}; save a tensor, a tuple of "
                          f"tensors or a dict of tensors with torch.save") from None
     example_count(loaded, path)
     return tuple(loaded) if isinstance(loaded, list) else loaded
@@ -104,11 +104,6 @@ def example_count(loaded: Any, path: str = "the example inputs") -> int:
         raise ApplyError(f"{path}: every tensor needs the same number of items (dim 0), at least 1; found "
                          f"{sorted(counts)}")
     return counts.pop()
-
-
-def explain_load(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0][:200]
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "") -> Any:

@@ -94,7 +94,6 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
     import torch
 
     knobs.check()
-    model = model.eval()
     weights = fingerprint(model) if knobs.compiled else ""
     mkldnn, channels_last = knobs.mkldnn, knobs.memory_format == "channels_last"
     if mkldnn:
@@ -278,7 +277,7 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
     try:
         exported = _export(model, example, knobs.precision)
     except Exception as exc:
-        setup["aot_fallback"] = f"torch.export failed ({type(exc).__name__}: {_first_line(exc)}); torch.compile"
+        setup["aot_fallback"] = f"torch.export failed ({explain(exc)}); torch.compile"
         return _jit_compiled(model)
     save_artifact(path, lambda tmp: _aot_compile(exported, tmp), meta)
     return None
@@ -290,7 +289,7 @@ def _aot_compile(exported: Any, tmp: Path) -> None:
     try:
         torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp), inductor_configs={"freezing": True})
     except Exception as exc:
-        raise ApplyError(f"AOTInductor could not compile the model ({type(exc).__name__}: {_first_line(exc)}); "
+        raise ApplyError(f"AOTInductor could not compile the model ({explain(exc)}); "
                          f"check that a C++ compiler is installed, or use backend=torchscript") from exc
 
 
@@ -364,8 +363,10 @@ def _jit_compiled(model: Any) -> Any:
     return torch.compile(model, backend="inductor", options={"freezing": True})
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:200]
+def explain(exc: BaseException) -> str:
+    """One line for a failure inside torch or the model: its type and the first line of its message."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _trace(model: Any, example: Any) -> Any:
@@ -403,15 +404,10 @@ def _forward_source(module: Any) -> str:
         return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def signature(example: Any) -> list[str]:
-    """Shapes and dtypes of the example's tensors: an artifact is built for exactly these."""
-    return [f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}" for t in leaves(example)]
-
-
 def artifact_meta(knobs: ModelKnobs, example: Any, weights: str) -> dict[str, Any]:
     import torch
 
-    return {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": signature(example),
+    return {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": layout(example),
             "torch": torch.__version__, "isa": list(cpu.isa()), "weights": weights}
 
 

@@ -71,12 +71,6 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def explain(exc: BaseException) -> str:
-    """One line for a failure inside the model."""
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    return f"{type(exc).__name__}: {first}"
-
-
 def symbol_owner(symbol: str) -> str | None:
     """The shared library that this process resolves `symbol` to (what LD_PRELOAD changed)."""
 
@@ -185,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from autotune.child.build import build, dataset_for
-    from autotune.child.convert import ApplyError
+    from autotune.child.convert import ApplyError, explain
 
     shape = tuple(int(n) for n in args.item_shape.split("x"))
     dataset: Any = dataset_for(shape, args.example_inputs)  # map-style by protocol; the stubs want a subclass
