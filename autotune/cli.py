@@ -20,7 +20,7 @@ from autotune import display, knobs, machine, models, planning
 from autotune.child.convert import TOLERANCE, ApplyError
 from autotune.errors import AutotuneError, RunFailed
 from autotune.launch import LaunchPlan, MeasureSettings
-from autotune.objectives import COMPARABLE, MIN_EFFECT, MIN_ROUNDS, metric_of, parse_objective
+from autotune.objectives import COMPARABLE, MIN_EFFECT, MIN_ROUNDS, metric_of, min_rounds, parse_objective
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
@@ -68,7 +68,13 @@ def _min_effect_option(func: Any) -> Any:
 
 def _rounds_option(name: str, help_text: str) -> Decorator:
     return click.option(name, default=10, show_default=True, type=click.IntRange(min=MIN_ROUNDS),
-                        help=f"{help_text} ({MIN_ROUNDS} at least: fewer can never be significant).")
+                        help=f"{help_text} ({MIN_ROUNDS} at least for one candidate, {min_rounds(3)} for three: "
+                             f"fewer can never be significant after Holm's correction).")
+
+
+def _order_seed_option(func: Any) -> Any:
+    return click.option("--seed", type=int, help="Seed of the rounds' random balanced order (default: a random "
+                                                  "one, recorded with the verdict).")(func)
 
 
 def _cache_dir_option(func: Any) -> Any:
@@ -202,9 +208,12 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
     """
     from autotune import search_loop, space
+    from autotune.confirm import check_rounds
     from autotune.records import best_measured
     from autotune.replicates import ReplicatePolicy
 
+    if confirm_top:
+        check_rounds(confirm_rounds, confirm_top, "--confirm-rounds", "--confirm-top")
     sizes = _batch_sizes(batch_size)
     request = search_loop.SearchRequest(
         model=model, trials=trials, space=space.find(space_spec), objective=parse_objective(objective),
@@ -224,7 +233,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         progress.close()
     display.best_table(opened.name, request.objective, best_measured(opened.study)[:5], opened.storage)
     if opened.should_confirm(confirm_top):
-        _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout)
+        _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)
     elif confirm_top > 0:
         display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes it)")
 
@@ -239,10 +248,10 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float) -> None:
+def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None) -> None:
     from autotune import confirm
 
-    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress)
+    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed)
     display.confirmation(verdict)
 
 
@@ -253,17 +262,20 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 @_rounds_option("--rounds", "Interleaved rounds, each contender once per round in a fresh process")
 @_min_effect_option
 @_timeout_option
+@_order_seed_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
-                    timeout: float) -> None:
+                    timeout: float, seed: int | None) -> None:
     """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
 
     \b
     Example:
       autotune confirm --study resnext101_32x8d-bs1-latency --top 3 --rounds 10
     """
+    from autotune.confirm import check_rounds
     from autotune.storage import find_study
 
-    _confirm(find_study(STUDIES, study_name, storage), top, rounds, min_effect, timeout)
+    check_rounds(rounds, top)
+    _confirm(find_study(STUDIES, study_name, storage), top, rounds, min_effect, timeout, seed)
 
 
 @cli.command(name="compare")
@@ -275,8 +287,9 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
               help="Gain the test must exceed to call SECOND faster.")
 @click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
 @_timeout_option
+@_order_seed_option
 def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
-                    min_effect: float, objective: str, timeout: float) -> None:
+                    min_effect: float, objective: str, timeout: float, seed: int | None) -> None:
     """Measure two configurations (trial numbers or env files) the same way; speedup of SECOND over FIRST.
 
     \b
@@ -289,11 +302,11 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     from autotune.storage import find_study
 
     metric = metric_of(parse_objective(objective, COMPARABLE))
-    pair = [confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage), _plan_from_env_file)
-            for spec in (first, second)]
-    values = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress)
-    comparison = confirm.paired(values[pair[0].label], values[pair[1].label], metric, min_effect)
-    display.comparison(pair[0].label, pair[1].label, values, metric, comparison)
+    pair = confirm.distinct([confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
+                                                    _plan_from_env_file) for spec in (first, second)])
+    measured = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress, seed)
+    comparison = confirm.compared(measured, metric, min_effect)
+    display.comparison(measured, metric, comparison)
     if comparison is None:
         sys.exit(EXIT_FAILED)
 

@@ -219,33 +219,40 @@ def confirm_progress(event: Any) -> None:
 def confirmation(verdict: Mapping[str, Any]) -> None:
     unit = _unit(verdict["metric"])
     table = _table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial {verdict['baseline_trial']} "
-                   f"(baseline)", "trial", "knobs", f"median {unit}", "speedup", "95% CI", "p", "significant",
+                   f"(baseline)", "trial", "knobs", f"median {unit}", "speedup", "interval", "p", "significant",
                    "failed runs")
     for row in verdict["candidates"]:
-        ci = f"{row['ci95'][0]:.3f}-{row['ci95'][1]:.3f}" if row["ci95"] else "-"
+        ci = f"{row['ci_label']} {row['ci'][0]:.3f}-{row['ci'][1]:.3f}" if row["ci"] else "-"
+        judged = ("yes" if row["significant"] else "no") if row["status"] == "ok" else f"no: {row['reason']}"
         table.add_row(str(row["trial"]), str(row["config"]), _num(row["median"]), _num(row["speedup"], "x"), ci,
-                      f"{row['p_value']:.3g}" if row["p_value"] is not None else "-",
-                      "yes" if row["significant"] else "no", str(row["failed_runs"]))
+                      f"{row['p_value']:.3g}" if row["p_value"] is not None else "-", judged, str(row["failed_runs"]))
     out.print(table)
     out.print(("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"],
               markup=False, soft_wrap=True)
+    if "order_seed" in verdict:
+        err.print(f"rounds ran in a random balanced order, seed {verdict['order_seed']} (--seed repeats it)",
+                  markup=False)
 
 
-def comparison(first: str, second: str, values: Mapping[str, list[float | None]], metric: Metric,
-               result: Any) -> None:
+def comparison(measured: Any, metric: Metric, result: Any) -> None:
     unit = _unit(metric)
     table = _table("Comparison", "configuration", f"median {unit}", "runs ok")
-    for label in (first, second):
-        ran = [v for v in values[label] if v is not None]
-        table.add_row(label, _num(median(ran) if ran else None), f"{len(ran)}/{len(values[label])}")
+    for position, contender in enumerate(measured.contenders):
+        values = measured.values(position)
+        ran = [v for v in values if v is not None]
+        table.add_row(contender.label, _num(median(ran) if ran else None), f"{len(ran)}/{len(values)}")
     out.print(table)
+    first, second = (c.label for c in measured.contenders)
     if result is None:
-        out.print("Not enough rounds where both ran to compare.")
+        failed = next((r for series in measured.runs for r in series if r.value is None), None)
+        out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
+                  markup=False, soft_wrap=True)
         return
     verdict = "faster" if lower_is_better(metric) else "more throughput"
     out.print(f"{second} vs {first}: {result.describe()}; "
               f"{'significantly ' + verdict if result.significant else 'no significant difference'}",
               markup=False, soft_wrap=True)
+    err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
 
 
 def _unit(metric: Metric) -> str:

@@ -17,7 +17,18 @@ COMPARABLE: tuple[Objective, ...] = ("latency", "throughput")  # one number per 
 # Verdicts (confirm, compare): named once, read by the statistics, the CLI's defaults and its help.
 ALPHA = 0.05  # significance level of every paired verdict
 MIN_EFFECT = 0.03  # smallest gain worth recommending, unless the user says otherwise
-MIN_ROUNDS = 5  # with fewer, a one-sided signed-rank test can never reach p < ALPHA
+
+
+def min_rounds(candidates: int = 1) -> int:
+    """The fewest paired rounds whose smallest one-sided signed-rank p (1/2**rounds, every round in
+    the same direction) can pass Holm's first step, p < ALPHA / candidates."""
+    rounds = 1
+    while 0.5**rounds >= ALPHA / max(candidates, 1):
+        rounds += 1
+    return rounds
+
+
+MIN_ROUNDS = min_rounds(1)  # 5: with fewer, even a lone comparison can never reach p < ALPHA
 
 
 class Measured(Protocol):

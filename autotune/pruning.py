@@ -1,91 +1,73 @@
-"""Pruning noisy trials: each replicate's deciles are intermediate values, and a trial that is
-clearly worse than the best (by more than a margin, paired decile by decile) stops early."""
+"""Pruning: a trial whose replicates are all clearly worse than every replicate of the best trial
+stops before its last replicate.
+
+This is a stated rule, not a statistical test, and it prints no p-value: the values that really
+repeat are the replicates (fresh processes), and two or three of them cannot give a meaningful
+test at a strict level. The rule asks for separation instead: with at least `MIN_REPLICATES` runs,
+this trial's best replicate is worse by more than `MARGIN` than the best trial's worst replicate.
+A trial merely a hair behind stays for confirmation to judge.
+
+Each replicate reports, as the trial's intermediate value, the median of the replicates so far:
+the same number a completed trial stores as its value, so a pruned trial's value (Optuna keeps the
+last intermediate value) compares like with like in the study and its plots.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import optuna
-from optuna.trial import FrozenTrial
 
-from autotune import stats
-from autotune.objectives import Objective
+from autotune import records, stats
+from autotune.objectives import Metric, Objective, lower_is_better, metric_of, metric_value
 from autotune.results import RunResult
 
-P_THRESHOLD = 0.01  # how sure the test must be that a trial is worse before it stops
 MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
-DECILES = 9  # steps reported per replicate
-MIN_STEPS = 2 * DECILES  # two replicates at least: one disturbed process alone never prunes
+MIN_REPLICATES = 2  # one disturbed process alone never prunes
 
 
-class MarginWilcoxonPruner(optuna.pruners.BasePruner):
-    """Stops a trial that is clearly worse than the best: a one-sided Wilcoxon signed-rank test on
-    paired deciles says it is more than `margin` worse with p < `p_threshold`.
-
-    Unlike Optuna's WilcoxonPruner (which tests any difference), the margin keeps a configuration
-    that is merely a hair behind on a noisy machine alive for confirmation to judge.
-    """
-
-    def __init__(self, p_threshold: float = P_THRESHOLD, margin: float = MARGIN, min_steps: int = MIN_STEPS) -> None:
-        self.p_threshold, self.margin, self.min_steps = p_threshold, margin, min_steps
-
-    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        return self.p_worse(study, trial)[0] < self.p_threshold
-
-    def p_worse(self, study: optuna.Study, trial: FrozenTrial) -> tuple[float, int, int | None]:
-        """(p, paired steps, best trial number); p = 1 when there is nothing to compare yet."""
-        try:
-            best = study.best_trial
-        except ValueError:
-            return 1.0, 0, None
-        steps = sorted(set(trial.intermediate_values) & set(best.intermediate_values))
-        if len(steps) < self.min_steps or best.number == trial.number:
-            return 1.0, len(steps), best.number
-        minimize = study.direction == optuna.study.StudyDirection.MINIMIZE
-        p = stats.paired_worse_p([trial.intermediate_values[s] for s in steps],
-                                 [best.intermediate_values[s] for s in steps], minimize, self.margin)
-        return p, len(steps), best.number
+def separated(mine: Sequence[float], best: Sequence[float], metric: Metric, margin: float = MARGIN) -> bool:
+    """True when every value of `mine` is worse than every value of `best` by more than `margin`."""
+    if lower_is_better(metric):
+        return min(mine) > max(best) * (1 + margin)
+    return max(mine) * (1 + margin) < min(best)
 
 
 class PruneCheck:
-    """After each replicate: report its deciles as intermediate values and ask the pruner.
-
-    Deciles (9 steps per replicate) pair trials quantile by quantile, so the Wilcoxon pruner has
-    enough pairs to stop a clearly worse configuration after its first replicate.
-    """
+    """After each replicate: report the running median and decide whether to stop."""
 
     def __init__(self, study: optuna.Study, trial: optuna.Trial, objective: Objective) -> None:
-        self.study, self.trial, self.objective, self.reason = study, trial, objective, ""
+        self.study, self.trial, self.metric = study, trial, metric_of(objective)
+        self.single = len(study.directions) == 1  # Optuna prunes single-objective studies only
+        self.values: list[float] = []
+        self.reason = ""
 
     def __call__(self, index: int, run: RunResult, more_planned: bool) -> bool:
-        if len(self.study.directions) > 1:
-            return False  # Optuna prunes single-objective studies only
-        for offset, value in enumerate(_step_values(self.objective, run)):
-            self.trial.report(value, index * DECILES + offset)
-        if not more_planned or not self.trial.should_prune():  # after the last one it would save nothing
+        if not self.single:
             return False
-        self.reason = self._why(index)
+        self.values.append(metric_value(run, self.metric))
+        self.trial.report(stats.median(self.values), index)
+        if not more_planned or len(self.values) < MIN_REPLICATES:  # after the last one it would save nothing
+            return False
+        best = self._best()
+        if best is None or not separated(self.values, best[1], self.metric):
+            return False
+        self.reason = self._why(best[0], best[1])
         return True
 
-    def _why(self, index: int) -> str:
-        study = self.study
-        pruner = MarginWilcoxonPruner()
-        p, steps, best = pruner.p_worse(study, study._storage.get_trial(self.trial._trial_id))
-        return (f"more than {pruner.margin:.0%} worse than trial {best} after {index + 1} replicate(s): "
-                f"Wilcoxon p={p:.3g} on {steps} paired deciles")
+    def _best(self) -> tuple[int, list[float]] | None:
+        """The best other trial's number and its replicates' values (as it recorded them)."""
+        for trial in records.best_trials(self.study):
+            values = records.replicate_values(trial, self.metric)
+            if trial.number != self.trial.number and values:
+                return trial.number, values
+        return None
+
+    def _why(self, best: int, theirs: Sequence[float]) -> str:
+        unit = "ms" if lower_is_better(self.metric) else "items/s"
+        return (f"all {len(self.values)} replicates more than {MARGIN:.0%} worse than every replicate of trial "
+                f"{best} ({_span(self.values)} vs {_span(theirs)} {unit})")
 
 
-def _step_values(objective: Objective, run: RunResult) -> list[float]:
-    """Deciles of the replicate's forward latencies, or of its items/s per iteration."""
-    if objective == "throughput":
-        per_instance = [[1000.0 * _items_per_iteration(i.metrics) / ms for ms in i.metrics["iterations_ms"]]
-                        for i in run.instances]
-        return [sum(d) for d in zip(*(stats.deciles(v) for v in per_instance), strict=True)]
-    return stats.deciles([x for i in run.instances for x in i.metrics["latencies_ms"]])
-
-
-def _items_per_iteration(metrics: Any) -> float:
-    iterations = len(metrics["latencies_ms"]) or 1
-    return float(metrics["items"]) / iterations
-
-
+def _span(values: Sequence[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"

@@ -20,6 +20,7 @@ from autotune import __version__
 from autotune.child.cpu import cpuinfo
 from autotune.launch import LaunchPlan
 from autotune.machine import Machine
+from autotune.objectives import Metric
 from autotune.replicates import Measurement
 from autotune.storage import StudyError
 
@@ -55,6 +56,12 @@ def best_measured(study: optuna.Study) -> list[FrozenTrial]:
 
 def is_duplicate(trial: FrozenTrial) -> bool:
     return "duplicate_of" in trial.user_attrs
+
+
+def replicate_values(trial: FrozenTrial, metric: Metric) -> list[float]:
+    """The metric of each replicate (fresh process) the trial ran, as it recorded them."""
+    key = "replicate_p50_ms" if metric == "latency_p50_ms" else "replicate_throughput_ips"
+    return [float(v) for v in trial.user_attrs.get(key, [])]
 
 
 def plan_of(trial: FrozenTrial) -> LaunchPlan:

@@ -66,14 +66,15 @@ class Measurement:
     def summary(self) -> dict[str, Any]:
         """Everything a trial records about its measurement."""
         samples = self.samples()
-        low, high = stats.median_ci(samples)
+        interval = stats.median_ci(samples)
         noise = [r.noise for r in self.runs if r.noise]
         return {
             "latency_p50_ms": round(self.latency_p50_ms, 4),
             "latency_p90_ms": round(stats.percentile(samples, 90), 4),
             "latency_iqr_ms": round(stats.iqr(samples), 4),
             "latency_iqr_rel": round(self.spread, 4),
-            "latency_ci95_ms": [round(low, 4), round(high, 4)],
+            "latency_ci_ms": [round(interval.low, 4), round(interval.high, 4)],  # of the pooled samples' median
+            "latency_ci_label": interval.label,
             "throughput_ips": round(self.throughput_ips, 4),
             "peak_rss_mb": round(max(r.peak_rss_mb for r in self.runs), 1),
             "samples": len(samples),

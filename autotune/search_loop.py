@@ -24,7 +24,7 @@ from autotune.launch import MeasureSettings
 from autotune.machine import Machine, machine_has_bf16
 from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
 from autotune.orchestrate import run_plan
-from autotune.pruning import MarginWilcoxonPruner, PruneCheck
+from autotune.pruning import PruneCheck
 from autotune.replicates import Measurement, PlanRunner, ReplicatePolicy, measure_replicates
 from autotune.storage import StudyError
 
@@ -139,7 +139,7 @@ def open_search(request: SearchRequest, machine: Machine,
     name = study_name(request, model)
     url = storage.storage_url(name, request.storage, request.studies_dir)
     study = storage.create(name, url, DIRECTIONS[request.objective], _sampler(request.seed),
-                           _pruner(request.objective))
+                           optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine))
     notes = [*adapted.notes, *(f"trial {n} was left running by a killed autotune; marked failed"
                                for n in records.abandon_stale_trials(study))]
@@ -165,12 +165,6 @@ def _sampler(seed: int | None) -> optuna.samplers.BaseSampler:
         # group=True keeps conditional knobs (kmp_* only with Intel OpenMP) in their own groups.
         return optuna.samplers.TPESampler(multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
                                           seed=seed)
-
-
-def _pruner(objective: Objective) -> optuna.pruners.BasePruner:
-    if objective == "both":
-        return optuna.pruners.NopPruner()
-    return MarginWilcoxonPruner()
 
 
 def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],

@@ -13,6 +13,8 @@ from scipy import stats as scipy_stats
 
 from autotune.objectives import ALPHA, MIN_EFFECT
 
+CONFIDENCE = 0.95  # of every interval printed as a CI
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile, q in [0, 100]."""
@@ -38,18 +40,36 @@ def relative_iqr(values: Sequence[float]) -> float:
     return iqr(values) / middle if middle else math.inf
 
 
-def median_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Distribution-free interval for the median from order statistics (binomial ranks).
+@dataclass(frozen=True)
+class Interval:
+    """A distribution-free interval for a median and the probability that it covers it."""
 
-    With fewer than 6 values no 95% interval exists; the full range is returned then.
-    """
+    low: float
+    high: float
+    coverage: float
+
+    @property
+    def label(self) -> str:
+        """'95% CI' only when it covers at least 95%; below 6 values no such interval exists and
+        the full range is given with its real coverage (93.8% at 5 values, 75% at 3)."""
+        if self.coverage >= CONFIDENCE:
+            return f"{CONFIDENCE:.0%} CI"
+        return f"{self.coverage:.1%} CI (full range)"
+
+    def describe(self, digits: int = 3) -> str:
+        return f"{self.label} {self.low:.{digits}f}-{self.high:.{digits}f}"
+
+
+def median_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+    """Distribution-free interval for the median from order statistics (binomial ranks): the
+    tightest symmetric ranks that cover it with at least `confidence`, else the full range."""
     ordered = sorted(values)
     n = len(ordered)
     low_rank = max(int(scipy_stats.binom.ppf((1 - confidence) / 2, n, 0.5)), 1)
     # Step outward until the symmetric ranks cover the median with the asked probability.
     while low_rank > 1 and _coverage(n, low_rank, n + 1 - low_rank) < confidence:
         low_rank -= 1
-    return ordered[low_rank - 1], ordered[n - low_rank]
+    return Interval(ordered[low_rank - 1], ordered[n - low_rank], _coverage(n, low_rank, n + 1 - low_rank))
 
 
 def _coverage(n: int, low_rank: int, high_rank: int) -> float:
@@ -57,18 +77,12 @@ def _coverage(n: int, low_rank: int, high_rank: int) -> float:
     return float(scipy_stats.binom.cdf(high_rank - 1, n, 0.5) - scipy_stats.binom.cdf(low_rank - 1, n, 0.5))
 
 
-def deciles(values: Sequence[float]) -> list[float]:
-    """The 10th..90th percentiles: a distribution summary that pairs well across trials."""
-    return [percentile(values, q) for q in range(10, 100, 10)]
-
-
 @dataclass(frozen=True)
 class PairedComparison:
     """A candidate against a reference over paired rounds: ratios > 1 mean the candidate is better."""
 
     speedup: float
-    ci_low: float
-    ci_high: float
+    interval: Interval
     p_value: float
     rounds: int
     min_effect: float
@@ -78,7 +92,7 @@ class PairedComparison:
         return self.p_value < ALPHA
 
     def describe(self) -> str:
-        return (f"{self.speedup:.3f}x (95% CI {self.ci_low:.3f}-{self.ci_high:.3f}, Wilcoxon p={self.p_value:.3g} "
+        return (f"{self.speedup:.3f}x ({self.interval.describe()}, Wilcoxon p={self.p_value:.3g} "
                 f"for a gain above {self.min_effect:.0%}, {self.rounds} rounds)")
 
 
@@ -92,15 +106,4 @@ def paired_speedup(ratios: Sequence[float], min_effect: float = MIN_EFFECT) -> P
         p_value = 1.0
     else:
         p_value = float(scipy_stats.wilcoxon(logs, alternative="greater", zero_method="zsplit").pvalue)
-    low, high = median_ci(ratios)
-    return PairedComparison(median(ratios), low, high, p_value, len(ratios), min_effect)
-
-
-def paired_worse_p(trial: Sequence[float], best: Sequence[float], minimize: bool, margin: float = 0.0) -> float:
-    """One-sided Wilcoxon p-value that `trial` is worse than `best` by more than `margin` (relative),
-    on paired positive values."""
-    diffs = [math.log(t / b) - math.log1p(margin) if minimize else math.log(b / t) - math.log1p(margin)
-             for t, b in zip(trial, best, strict=True)]
-    if len(diffs) < 2 or all(d == 0 for d in diffs):
-        return 1.0
-    return float(scipy_stats.wilcoxon(diffs, alternative="greater", zero_method="zsplit").pvalue)
+    return PairedComparison(median(ratios), median_ci(ratios), p_value, len(ratios), min_effect)

@@ -2,8 +2,9 @@
 
 For resnext101: batch size 1 latency and batch size 8 throughput. Four searches (seed space and
 default space, each objective), then the three contenders of each setting re-measured side by
-side in interleaved rounds (fresh processes, rotating order), speedups paired by round with a 95%
-interval. The searches' own numbers are not reused: only the final interleaved rounds are printed.
+side in interleaved rounds (fresh processes, a random balanced order), speedups paired by round with
+an order-statistic interval labelled with its real coverage. The searches' own numbers are not
+reused: only the final interleaved rounds are printed.
 
     .venv/bin/python benchmarks/beyond_seed.py                  # about 40 minutes on 2 cores
     .venv/bin/python benchmarks/beyond_seed.py --trials 6 --rounds 5
@@ -42,7 +43,7 @@ def main() -> None:
             rows += side_by_side(args, objective, batch, found)
     print(f"\n{args.model}: PyTorch defaults vs the tuner's best, {args.rounds} interleaved rounds per setting "
           f"(searches of {args.trials} trials each)\n")
-    print("| setting | contender | knobs | median p50 ms | median items/s | speedup vs defaults (95% CI) | p |")
+    print("| setting | contender | knobs | median p50 ms | median items/s | speedup vs defaults (interval) | p |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(row)
@@ -77,23 +78,27 @@ def side_by_side(args: argparse.Namespace, objective: str, batch: int,
     seed = Contender("best, seed knobs", found["seed"][1])
     everything = Contender("best, all knobs", found["default"][1])
     metric = confirm.metric_of(objective)
-    values = confirm.interleave([defaults, seed, everything], args.rounds, metric, args.timeout, run_plan,
-                                lambda e: print(f"round {e.round + 1}: {e.contender.label}: "
-                                                f"{'ok' if e.result.ok else e.result.reason}", file=sys.stderr))
-    knobs = {defaults.label: "defaults", seed.label: found["seed"][2], everything.label: found["default"][2]}
+    contenders = [defaults, seed, everything]
+    measured = confirm.interleave(contenders, args.rounds, metric, args.timeout, run_plan,
+                                  lambda e: print(f"round {e.round + 1}: {e.contender.label}: "
+                                                  f"{'ok' if e.result.ok else e.result.reason}", file=sys.stderr))
+    knobs = ["defaults", found["seed"][2], found["default"][2]]
     setting = f"batch {batch}, {objective}"
     rows = []
-    for contender in (defaults, seed, everything):
-        ran = [v for v in values[contender.label] if v is not None]
-        if not ran:
-            rows.append(f"| {setting} | {contender.label} | {knobs[contender.label]} | failed | | | |")
+    for position, contender in enumerate(contenders):
+        values = measured.values(position)
+        ran = [v for v in values if v is not None]
+        if len(ran) < len(values):
+            reason = next(r.reason for r in measured.runs[position] if r.value is None)
+            rows.append(f"| {setting} | {contender.label} | {knobs[position]} | failed: {reason[:80]} | | | |")
             continue
-        result = confirm.paired(values[defaults.label], values[contender.label], metric, 0.0)
+        result = confirm.paired(measured.values(0), values, metric, 0.0)
         p50 = stats.median(ran) if metric == "latency_p50_ms" else None
         ips = stats.median(ran) if metric != "latency_p50_ms" else None
-        speed = (f"{result.speedup:.2f}x ({result.ci_low:.2f}-{result.ci_high:.2f})" if result else "-")
-        rows.append(f"| {setting} | {contender.label} | {knobs[contender.label]} | {_f(p50)} | {_f(ips)} | {speed} "
-                    f"| {result.p_value:.3g} |" if result else f"| {setting} | {contender.label} | | | | | |")
+        speed = f"{result.speedup:.2f}x ({result.interval.describe(2)})" if result else "-"
+        p_value = f"{result.p_value:.3g}" if result and position else "-"
+        rows.append(f"| {setting} | {contender.label} | {knobs[position]} | {_f(p50)} | {_f(ips)} | {speed} "
+                    f"| {p_value} |")
     return rows
 
 

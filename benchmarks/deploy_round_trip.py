@@ -48,7 +48,7 @@ def main() -> int:
             rows.append(round_trip(args, name, Path(tmp)))
     print(f"\n{args.model}, batch 1, {args.trials}-trial search, {args.rounds} confirmation rounds, "
           f"{args.rounds} deployed rounds of {args.requests} requests\n")
-    print("| setting | exported knobs | confirmed speedup (95% CI) | deployed speedup (min-max of rounds) | "
+    print("| setting | exported knobs | confirmed speedup (interval) | deployed speedup (min-max of rounds) | "
           "deployed / confirmed | first answer, artifact s | first answer, compiling s |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
@@ -75,10 +75,11 @@ def round_trip(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
     ratios = [p / d for p, d in zip(plain, deployed, strict=True)]
     deployed_speedup = stats.median(ratios)
     confirmed = verdict.get("speedup", 1.0)
-    interval = verdict.get("ci95") or [1.0, 1.0]
+    interval = verdict.get("ci") or [1.0, 1.0]
+    label = verdict.get("ci_label", "")
     knobs = next((c["config"] for c in verdict["candidates"] if c["trial"] == verdict["winner_trial"]), "defaults")
     print(f"[{name}] confirmed {confirmed:.3f}x, deployed ratios {[round(r, 3) for r in ratios]}", file=sys.stderr)
-    return [name, knobs, f"{confirmed:.2f}x ({interval[0]:.2f}-{interval[1]:.2f})",
+    return [name, knobs, f"{confirmed:.2f}x ({label} {interval[0]:.2f}-{interval[1]:.2f})",
             f"{deployed_speedup:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
             f"{deployed_speedup / confirmed:.2f}", f"{stats.median(ready):.1f}", f"{stats.median(compiling):.1f}"]
 

@@ -49,13 +49,13 @@ def spread(args: argparse.Namespace, here: machine.Machine, measure: MeasureSett
             p50s.append(result.latency_p50_ms)
             print(f"run {number + 1}/{args.runs}: p50 {result.latency_p50_ms:.1f} ms "
                   f"(other processes' CPU share {result.noise.get('other_cpu_share', 0):.0%})", file=sys.stderr)
-    low, high = stats.median_ci(p50s)
+    interval = stats.median_ci(p50s)
     print(f"\n1. {plan.bench.model} batch 1, PyTorch defaults, {len(p50s)} separate runs "
           f"({measure.duration_s:g} s window each)\n")
-    print("| median p50 ms | min | max | max/min | IQR/median across runs | 95% CI of the median |")
+    print("| median p50 ms | min | max | max/min | IQR/median across runs | interval of the median |")
     print("|---|---|---|---|---|---|")
     print(f"| {stats.median(p50s):.1f} | {min(p50s):.1f} | {max(p50s):.1f} | {max(p50s) / min(p50s):.2f} "
-          f"| {stats.relative_iqr(p50s):.1%} | {low:.1f}-{high:.1f} |")
+          f"| {stats.relative_iqr(p50s):.1%} | {interval.describe(1)} |")
 
 
 def round_trip(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> None:

@@ -49,6 +49,12 @@ def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[st
         (["search", "--model", "resnet18", "--trials", "2", "--batch-size", "1,x"],
          "Error: --batch-size '1,x' is not allowed; give a number like 8 or a list like 1,2,4,8"),
         (["confirm", "--rounds", "3"], "Error: Invalid value for '--rounds': 3 is not in the range x>=5."),
+        (["confirm", "--rounds", "5", "--top", "3"], "Error: --rounds 5 can never reach significance for 3 "
+                                                     "candidate(s)"),
+        (["search", "--model", "resnet18", "--trials", "2", "--confirm-rounds", "5"],
+         "Error: --confirm-rounds 5 can never reach significance for 3 candidate(s): the smallest one-sided "
+         "signed-rank p is 1/32, and Holm's correction asks for p < 0.05/3; use --confirm-rounds 6 or more, or a "
+         "smaller --confirm-top"),
         (["plan", "--model", "resnet18", "--set", "backend=inductor", "--set", "mkldnn=on"],
          "Error: mkldnn applies only with backend=eager (here backend=inductor)"),
         (["plan", "--model", "resnet18", "--example-inputs", "/nonexistent/inputs.pt"],
