@@ -1,7 +1,7 @@
 """The `autotune` command: flags in, one function call, output and exit code out.
 
 Exit codes: 0 success; 1 a benchmark ran and failed; 2 bad input (one `Error:` line);
-130 interrupted.
+128 + the signal when stopped: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, NoReturn
 
 import click
 
-from autotune import display, knobs, machine, models, planning
+from autotune import display, knobs, machine, models, planning, tempdirs
 from autotune.child.convert import TOLERANCE, ApplyError
-from autotune.errors import AutotuneError, RunFailed
+from autotune.errors import AutotuneError, Interrupted, RunFailed
 from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.objectives import COMPARABLE, MIN_EFFECT, MIN_ROUNDS, metric_of, parse_objective
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_USAGE = 1, 2
 MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
               "(importable from here), a TorchScript .pt or an exported .pt2 file.")
 SHAPE_HELP = "One input item's shape, e.g. 3x224x224 (default for image models) or 128."
@@ -394,7 +394,7 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
-    raise KeyboardInterrupt
+    raise Interrupted(signum)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -402,12 +402,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)  # a closed terminal stops the children too
+    tempdirs.remove_orphans()
     try:
         code = cli.main(args=args, prog_name="autotune", standalone_mode=False)
-    except click.exceptions.Abort:
-        code = _interrupted()
-    except KeyboardInterrupt:
-        code = _interrupted()
+    except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt into Abort
+        code = _interrupted(exc.__context__)
+    except KeyboardInterrupt as exc:
+        code = _interrupted(exc)
     except click.ClickException as exc:
         code = _fail(exc.format_message() + _help_hint(exc), EXIT_USAGE)
     except (AutotuneError, ApplyError) as exc:
@@ -434,6 +435,7 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _interrupted() -> int:
-    click.echo("Interrupted: every benchmark process was stopped.", err=True)
-    return EXIT_INTERRUPTED
+def _interrupted(cause: BaseException | None) -> int:
+    stop = cause if isinstance(cause, Interrupted) else Interrupted()  # a plain one is Ctrl-C
+    click.echo(f"{stop.reason[0].upper()}{stop.reason[1:]}: every benchmark process was stopped.", err=True)
+    return stop.exit_code

@@ -4,15 +4,22 @@ crashing, hanging and out-of-memory children, hostile values in what it exports,
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autotune import search_loop, storage
+from autotune import orchestrate, records, search_loop, storage, tempdirs
+from autotune.errors import Interrupted
 from autotune.launch import LaunchPlan
 from autotune.libs import Libraries
 from autotune.machine import Machine
@@ -151,3 +158,115 @@ def test_a_truncated_study_is_damaged_too(damaged_study: Path, capsys: pytest.Ca
     code, _, err = run_cli(capsys, "export", "best.env")
     assert (code, err) == (2, f"Error: the study database {damaged_study.resolve()} is damaged (database disk "
                               "image is malformed); restore it from a copy or use another --study\n")
+
+
+PLAIN_ENV = """# autotune configuration: hand-written for a test
+export AUTOTUNE_INSTANCES='1'
+export AUTOTUNE_BINDING='none'
+export AUTOTUNE_INSTANCE_CPUS=''
+export AUTOTUNE_INSTANCE_NUMA_NODES=''
+"""
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+
+
+def start_run(tmp_path: Path, pidfile: Path) -> subprocess.Popen[str]:
+    """`autotune run` of a program that writes its pid and sleeps, with its own TMPDIR."""
+    env_file = tmp_path / "plain.env"
+    env_file.write_text(PLAIN_ENV)
+    program = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    proc = subprocess.Popen([AUTOTUNE, "run", str(env_file), "--", sys.executable, "-c", program],
+                            env={**os.environ, "TMPDIR": str(tmp_path)}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    return proc
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(("signum", "code", "line"), [
+    (signal.SIGINT, 130, "Interrupted by the user (Ctrl-C): every benchmark process was stopped."),
+    (signal.SIGTERM, 143, "Interrupted by SIGTERM (asked to stop): every benchmark process was stopped."),
+    (signal.SIGHUP, 129, "Interrupted by SIGHUP (the terminal closed): every benchmark process was stopped."),
+])
+def test_a_signal_exits_128_plus_it_and_says_which(tmp_path: Path, signum: int, code: int, line: str) -> None:
+    pidfile = tmp_path / "child.pid"
+    proc = start_run(tmp_path, pidfile)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code
+    assert err.strip().splitlines() == [line]  # click starts a new line after a ^C
+    assert gone_within(int(pidfile.read_text()), 1.0)
+    assert not list(tmp_path.glob("autotune-*"))
+
+
+def test_kill_9_takes_the_children_along_and_the_next_start_removes_its_folder(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    proc = start_run(tmp_path, pidfile)
+    left = list(tmp_path.glob(f"autotune-apply-{proc.pid}-*"))
+    assert len(left) == 1
+    proc.kill()
+    proc.communicate()
+    assert gone_within(int(pidfile.read_text()), 1.0)
+    assert left[0].is_dir()
+    subprocess.run([AUTOTUNE, "knobs"], env={**os.environ, "TMPDIR": str(tmp_path)}, check=True,
+                   capture_output=True)
+    assert not left[0].exists()
+
+
+def test_only_folders_of_dead_owners_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    mine = tmp_path / tempdirs.prefix("run")
+    orphan = tmp_path / f"autotune-run-{dead.stdout.strip()}-x1"
+    other = tmp_path / f"autotune-artifact-{dead.stdout.strip()}-x2"
+    for folder in (mine, orphan, other):
+        (folder / "inside").mkdir(parents=True)
+    assert tempdirs.remove_orphans(tmp_path) == [orphan]
+    assert mine.is_dir() and other.is_dir() and not orphan.exists()
+
+
+def test_run_plan_names_its_folder_after_its_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_runner import plan_of
+
+    prefixes = []
+    real = tempfile.TemporaryDirectory
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        prefixes.append(kw.get("prefix"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(orchestrate.tempfile, "TemporaryDirectory", spy)
+    assert orchestrate.run_plan(plan_of("ok"), 30).ok
+    assert prefixes == [f"autotune-run-{os.getpid()}-"]
+
+
+@pytest.mark.parametrize(("stop", "reason"), [
+    (KeyboardInterrupt(), "interrupted by the user (Ctrl-C)"),
+    (Interrupted(signal.SIGTERM), "interrupted by SIGTERM (asked to stop)"),
+    (Interrupted(signal.SIGHUP), "interrupted by SIGHUP (the terminal closed)"),
+])
+def test_an_interrupted_trial_records_what_stopped_it_and_runs_again(
+        tmp_path: Path, here: Machine, stop: KeyboardInterrupt, reason: str) -> None:
+    calls = []
+
+    def interrupted(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        calls.append(plan)
+        if len(calls) == 2:
+            raise stop
+        return fake_runner(plan, timeout_s)
+
+    opened = search_loop.open_search(request(tmp_path, 2, seed=3), here)
+    with pytest.raises(KeyboardInterrupt):
+        search_loop.run_search(opened, here, lambda e: None, runner=interrupted)
+    cut = opened.study.get_trials()[-1]
+    assert (cut.state, cut.user_attrs["fail_reason"]) == (TrialState.FAIL, reason)
+    assert records.same_config(opened.study, 99, cut.user_attrs["config"], 1) is None
