@@ -25,7 +25,9 @@ from autotune.userrun import EnvFile
 # file after another never keeps the first one's.
 OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS")
 # Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
-# that sourcing it reproduces the trial even in a shell that had them set.
+# that sourcing it reproduces the trial even in a shell that had them set. Nothing else is unset:
+# the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
+# the user's, even though a measured child did not inherit them.
 TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
                "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD")
 
@@ -79,7 +81,7 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
     ]
     if len(records.best_trials(study)) > 1 and len(study.directions) > 1:
         lines.append("# this study has several Pareto-optimal trials; pick another with --trial N")
-    unset = [v for v in dict.fromkeys([*TUNING_VARS, *plan.cleared]) if v not in shared]
+    unset = [v for v in TUNING_VARS if v not in shared]
     unset += [v for v in OPTIONAL_VARS if v not in _knob_vars(plan) and not (artifacts and v == deploy.ARTIFACTS_VAR)]
     if unset:
         lines.append(f"unset {' '.join(unset)}")

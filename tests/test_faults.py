@@ -3,6 +3,7 @@ crashing, hanging and out-of-memory children, hostile values in what it exports,
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -18,7 +19,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autotune import orchestrate, records, search_loop, storage, tempdirs
+from autotune import export, orchestrate, records, search_loop, storage, tempdirs
 from autotune.errors import Interrupted
 from autotune.launch import LaunchPlan
 from autotune.libs import Libraries
@@ -270,3 +271,14 @@ def test_an_interrupted_trial_records_what_stopped_it_and_runs_again(
     cut = opened.study.get_trials()[-1]
     assert (cut.state, cut.user_attrs["fail_reason"]) == (TrialState.FAIL, reason)
     assert records.same_config(opened.study, 99, cut.user_attrs["config"], 1) is None
+
+
+def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -> None:
+    opened = search_loop.open_search(request(tmp_path, 2), here)
+    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    trial = copy.deepcopy(export.pick_trial(opened.study, 0))
+    plan = trial.user_attrs["plan"]
+    plan["cleared"] = ["OMP_SCHEDULE", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TORCH_SHOW_CPP_STACKTRACES"]
+    trial.user_attrs = {**trial.user_attrs, "plan": plan}
+    unset = [line for line in export.render(opened.study, trial).splitlines() if line.startswith("unset ")]
+    assert unset == [f"unset {' '.join(export.TUNING_VARS)} {' '.join(export.OPTIONAL_VARS)}"]
