@@ -79,7 +79,7 @@ def _cache_dir_option(func: Any) -> Any:
 
 def _measure_options(func: Any) -> Any:
     """The in-process protocol, shared by bench and search."""
-    func = click.option("--tolerance", default=-1.0, type=float, show_default=False,
+    func = click.option("--tolerance", type=float, callback=_check_tolerance,
                         help="Relative error allowed against eager fp32 (default: "
                              f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16).")(func)
     func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
@@ -91,6 +91,10 @@ def _measure_options(func: Any) -> Any:
     func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
                         help="Untimed warmup iterations at least.")(func)
     return _cache_dir_option(_timeout_option(func))
+
+
+def _check_tolerance(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    return None if value is None else planning.check_tolerance(value, "--tolerance ")
 
 
 def _settings(warmup: int, warmup_time: float, duration: float, min_iterations: int) -> MeasureSettings:
@@ -143,8 +147,8 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 @_measure_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-                  example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float, tolerance: float,
-                  **measure: Any) -> None:
+                  example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float,
+                  tolerance: float | None, **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
 
     \b
@@ -193,7 +197,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, confirm_top: int, confirm_rounds: int, min_effect: float,
-           timeout: float, tolerance: float, cache_dir: Path, **measure: Any) -> None:
+           timeout: float, tolerance: float | None, cache_dir: Path, **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b

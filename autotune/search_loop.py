@@ -55,7 +55,7 @@ class SearchRequest:
     seed: int | None = None
     input_shape: str | None = None
     example_inputs: str | None = None
-    tolerance: float = -1.0
+    tolerance: float | None = None  # None: per precision
     max_latency_ms: float | None = None
     batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
     command_line: str = ""
@@ -109,7 +109,8 @@ def study_name(request: SearchRequest, model: models.ModelSpec) -> str:
     batch = "-".join(map(str, request.batch_sizes)) if len(request.batch_sizes) > 1 else str(request.batch_size)
     limit = f"-p90max{request.max_latency_ms:g}ms" if request.max_latency_ms else ""
     stem = storage.safe_name(Path(model.name).stem if model.kind in ("torchscript", "exported") else model.name)
-    return storage.check_name(request.study or f"{stem}-bs{batch}-{request.objective}{limit}")
+    return storage.check_name(request.study if request.study is not None else
+                              f"{stem}-bs{batch}-{request.objective}{limit}")
 
 
 def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec, space.SearchSpace]:

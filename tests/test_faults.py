@@ -27,7 +27,7 @@ from autotune.machine import Machine
 from autotune.replicates import PlanRunner, ReplicatePolicy
 from autotune.results import RunResult
 from tests.conftest import lscpu
-from tests.test_study import fake_runner, request
+from tests.test_study import SPACE, fake_runner, request
 
 HOLD = """
 import sqlite3, sys, time
@@ -282,3 +282,267 @@ def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -
     trial.user_attrs = {**trial.user_attrs, "plan": plan}
     unset = [line for line in export.render(opened.study, trial).splitlines() if line.startswith("unset ")]
     assert unset == [f"unset {' '.join(export.TUNING_VARS)} {' '.join(export.OPTIONAL_VARS)}"]
+
+
+TRAIN_MODE_PT = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+import tinynets
+m = tinynets.cnn().train()
+torch.jit.save(torch.jit.script(m), sys.argv[1])
+"""
+TINY = Path(__file__).parent / "fixtures" / "models"
+
+
+@pytest.fixture(scope="module")
+def train_mode_pt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pt") / "cnn_train.pt"
+    subprocess.run([sys.executable, "-W", "ignore", "-c", TRAIN_MODE_PT, str(path), str(TINY)], check=True,
+                   capture_output=True)
+    return path
+
+
+def test_a_torchscript_file_saved_in_train_mode_runs_in_eval_mode(train_mode_pt: Path) -> None:
+    from autotune.child.build import load_model
+
+    model = load_model(str(train_mode_pt), "")
+    assert not model.training
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("knob", ["weight_cache=on", "backend=torchscript"])
+def test_a_train_mode_torchscript_file_can_be_frozen(tmp_path: Path, train_mode_pt: Path, knob: str) -> None:
+    proc = subprocess.run([AUTOTUNE, "bench", "--model", str(train_mode_pt), "--input-shape", "3x32x32", "--set",
+                           knob, "--duration", "0.2", "--warmup-time", "0", "--min-iterations", "3", "--json",
+                           "--cache-dir", str(tmp_path / "cache")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["result"]["ok"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Libraries) -> Path:
+    """A folder with a finished study, a good env file and damaged copies of it, and odd files."""
+    root = tmp_path_factory.mktemp("work")
+    here = Machine(lscpu("amd_1s_smt"), fake_libs_module)
+    opened = search_loop.open_search(search_loop.SearchRequest(
+        model="resnet18", trials=4, space=SPACE, studies_dir=root / "studies", seed=0), here)
+    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    good = export.render(opened.study, export.pick_trial(opened.study, 0))
+    (root / "good.env").write_text(good)
+    for name, old, new in [("lots", "AUTOTUNE_BATCH_SIZE='1'", "AUTOTUNE_BATCH_SIZE='lots'"),
+                           ("zero", "AUTOTUNE_BATCH_SIZE='1'", "AUTOTUNE_BATCH_SIZE='0'"),
+                           ("knob", "AUTOTUNE_KNOBS=''", "AUTOTUNE_KNOBS='allocator=mimalloc'"),
+                           ("instances", "AUTOTUNE_INSTANCES='1'", "AUTOTUNE_INSTANCES='x'"),
+                           ("binding", "AUTOTUNE_BINDING='none'", "AUTOTUNE_BINDING='magic'"),
+                           ("injected", "AUTOTUNE_INSTANCES='1'", "AUTOTUNE_INSTANCES=$(touch PWNED)")]:
+        assert old in good, old
+        (root / f"{name}.env").write_text(good.replace(old, new))
+    (root / "tolerance.env").write_text(good + "export AUTOTUNE_TOLERANCE='nan'\n")
+    (root / "binary.bin").write_bytes(bytes(range(256)) * 4)
+    (root / "notenv.txt").write_text("export A=1\n")
+    (root / "bad.yaml").write_text("knobs: [unclosed\n")
+    (root / "unknown.yaml").write_text("knobs:\n  omp_thread: [1, 2]\n")
+    (root / "empty.yaml").write_text("")
+    (root / "folder.env").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def fake_libs_module() -> Libraries:
+    return Libraries(paths={name: Path(f"/opt/fake/{name}.so") for name in ("libiomp5", "libomp", "jemalloc",
+                                                                           "tcmalloc")},
+                     numactl=Path("/usr/bin/numactl"), numactl_usable=True, taskset=Path("/usr/bin/taskset"))
+
+
+R18 = ["--model", "resnet18"]
+SEARCH = ["search", *R18, "--trials", "3"]
+BAD_INPUTS: list[tuple[list[str], str]] = [
+    # plan: the model, knobs, shapes, files
+    (["plan"], "Missing option '--model'"),
+    (["plan", "--model", "resnet5"], "unknown model 'resnet5'; did you mean resnet50"),
+    (["plan", "--model", "x.txt"], "unknown model 'x.txt'"),
+    (["plan", "--model", "missing.pt"], "cannot read model file 'missing.pt': No such file or directory"),
+    (["plan", "--model", "nosuchmodule:factory"], "no module named 'nosuchmodule'"),
+    (["plan", *R18, "--set", "omp_thread=2"], "unknown knob 'omp_thread'; did you mean omp_threads?"),
+    (["plan", *R18, "--set", "allocator=mimalloc"], "allocator=mimalloc is not allowed; use default, jemalloc"),
+    (["plan", *R18, "--set", "noequals"], "--set 'noequals' is not KNOB=VALUE"),
+    (["plan", *R18, "--set", "=3"], "--set '=3' is not KNOB=VALUE"),
+    (["plan", *R18, "--set", "omp_threads=0"], "omp_threads=0"),
+    (["plan", *R18, "--set", "omp_threads=abc"], "omp_threads=abc"),
+    (["plan", *R18, "--set", "instances=0"], "instances=0"),
+    (["plan", *R18, "--set", "precision=fp16"], "precision=fp16 is not allowed; use fp32, bf16"),
+    (["plan", *R18, "--set", "backend=inductor", "--set", "mkldnn=on"], "mkldnn applies only with backend=eager"),
+    (["plan", *R18, "--set", "kmp_blocktime=5"], "kmp_blocktime"),
+    (["plan", *R18, "--batch-size", "0"], "--batch-size 0 is not allowed; use 1 or more"),
+    (["plan", *R18, "--batch-size", "-3"], "--batch-size -3 is not allowed; use 1 or more"),
+    (["plan", *R18, "--batch-size", "x"], "Invalid value for '--batch-size'"),
+    (["plan", *R18, "--input-shape", ""], "--input-shape '' is not a shape"),
+    (["plan", *R18, "--input-shape", "3x0x224"], "--input-shape '3x0x224' is not a shape"),
+    (["plan", *R18, "--input-shape", "abc"], "--input-shape 'abc' is not a shape"),
+    (["plan", *R18, "--input-shape", "3x-1"], "--input-shape '3x-1' is not a shape"),
+    (["plan", *R18, "--lscpu", "/nonexistent/lscpu.txt"], "cannot read --lscpu file '/nonexistent/lscpu.txt'"),
+    (["plan", *R18, "--lscpu", "binary.bin"], "cannot read --lscpu file 'binary.bin'"),
+    (["plan", *R18, "--lscpu", "notenv.txt"], ""),
+    (["plan", *R18, "--example-inputs", "/nonexistent/in.pt"], "--example-inputs '/nonexistent/in.pt' is not a file"),
+    (["plan", *R18, "--example-inputs", ""], "--example-inputs '' is not a file"),
+    (["plan", *R18, "--example-inputs", "binary.bin"], "--example-inputs: cannot load example inputs"),
+    (["plan", *R18, "--input-shape", "3x32x32", "--example-inputs", "binary.bin"],
+     "give --input-shape or --example-inputs, not both"),
+    (["plan", *R18, "--bogus"], "No such option '--bogus'."),
+    (["plan", *R18, "extra"], "Got unexpected extra argument (extra)"),
+    # bench: the measuring options
+    (["bench"], "Missing option '--model'"),
+    (["bench", "--model", "resnet5"], "unknown model 'resnet5'"),
+    (["bench", *R18, "--tolerance", "-5"], "--tolerance -5 is not a tolerance; give a relative error of 0 or more"),
+    (["bench", *R18, "--tolerance", "nan"], "--tolerance nan is not a tolerance"),
+    (["bench", *R18, "--tolerance", "inf"], "--tolerance inf is not a tolerance"),
+    (["bench", *R18, "--tolerance", "abc"], "Invalid value for '--tolerance'"),
+    (["bench", *R18, "--duration", "-1"], "Invalid value for '--duration'"),
+    (["bench", *R18, "--duration", "0"], "Invalid value for '--duration'"),
+    (["bench", *R18, "--warmup", "-1"], "Invalid value for '--warmup'"),
+    (["bench", *R18, "--warmup-time", "-1"], "Invalid value for '--warmup-time'"),
+    (["bench", *R18, "--min-iterations", "0"], "Invalid value for '--min-iterations'"),
+    (["bench", *R18, "--timeout", "0"], "Invalid value for '--timeout'"),
+    (["bench", *R18, "--timeout", "abc"], "Invalid value for '--timeout'"),
+    (["bench", *R18, "--cache-dir", "binary.bin"], "Invalid value for '--cache-dir'"),
+    (["bench", *R18, "--input-shape", ""], "--input-shape '' is not a shape"),
+    (["bench", *R18, "--set", "allocator=x"], "allocator=x is not allowed"),
+    (["bench", *R18, "--batch-size", "0"], "--batch-size 0 is not allowed"),
+    (["bench", *R18, "--example-inputs", "/nonexistent/in.pt"], "--example-inputs '/nonexistent/in.pt'"),
+    # search: the study, the space, the objective
+    (["search", *R18], "Missing option '--trials'"),
+    ([*SEARCH[:-1], "0"], "--trials 0 is not allowed; use 1 or more"),
+    ([*SEARCH[:-1], "-1"], "--trials -1 is not allowed; use 1 or more"),
+    ([*SEARCH[:-1], "x"], "Invalid value for '--trials'"),
+    ([*SEARCH, "--space", "nosuch"], "no search space 'nosuch'"),
+    ([*SEARCH, "--space", "binary.bin"], "cannot read search space binary.bin: not a text file"),
+    ([*SEARCH, "--space", "bad.yaml"], "bad.yaml: not valid YAML at line"),
+    ([*SEARCH, "--space", "unknown.yaml"], "unknown.yaml"),
+    ([*SEARCH, "--space", "empty.yaml"], "empty.yaml: expected a mapping `knobs:`"),
+    ([*SEARCH, "--space", "/nonexistent/space.yaml"], "cannot read search space /nonexistent/space.yaml"),
+    ([*SEARCH, "--objective", "fastest"], "--objective 'fastest' is not allowed; use latency, throughput or both"),
+    ([*SEARCH, "--batch-size", "1,x"], "--batch-size '1,x' is not allowed"),
+    ([*SEARCH, "--batch-size", "0"], "--batch-size '0' is not allowed"),
+    ([*SEARCH, "--batch-size", ""], "--batch-size '' is not allowed"),
+    ([*SEARCH, "--batch-size", "1,2"], "a list of batch sizes is searched only with --objective throughput"),
+    ([*SEARCH, "--max-latency-ms", "50"], "--max-latency-ms needs --objective throughput"),
+    ([*SEARCH, "--objective", "throughput", "--max-latency-ms", "-1"], "--max-latency-ms needs"),
+    ([*SEARCH, "--max-latency-ms", "x"], "Invalid value for '--max-latency-ms'"),
+    ([*SEARCH, "--replicates", "0"], "Invalid value for '--replicates'"),
+    ([*SEARCH, "--confirm-top", "-1"], "Invalid value for '--confirm-top'"),
+    ([*SEARCH, "--confirm-rounds", "3"], "Invalid value for '--confirm-rounds'"),
+    ([*SEARCH, "--min-effect", "-0.1"], "Invalid value for '--min-effect'"),
+    ([*SEARCH, "--min-effect", "11"], "Invalid value for '--min-effect'"),
+    ([*SEARCH, "--tolerance", "-5"], "--tolerance -5 is not a tolerance"),
+    ([*SEARCH, "--tolerance", "nan"], "--tolerance nan is not a tolerance"),
+    ([*SEARCH, "--study", "bad name!"], "--study 'bad name!' is not a usable name"),
+    ([*SEARCH, "--study", ""], "--study '' is not a usable name"),
+    ([*SEARCH, "--storage", "notaurl"], "--storage 'notaurl' is not a storage URL"),
+    ([*SEARCH, "--input-shape", ""], "--input-shape '' is not a shape"),
+    ([*SEARCH, "--seed", "x"], "Invalid value for '--seed'"),
+    ([*SEARCH, "--timeout", "0"], "Invalid value for '--timeout'"),
+    ([*SEARCH, "--duration", "-1"], "Invalid value for '--duration'"),
+    ([*SEARCH, "--example-inputs", "/nonexistent/in.pt"], "--example-inputs '/nonexistent/in.pt'"),
+    (["search", "--model", "resnet5", "--trials", "3"], "unknown model 'resnet5'"),
+    ([*SEARCH, "--study", "resnet18-bs1-latency", "--batch-size", "2"], "study 'resnet18-bs1-latency' was made for"),
+    # confirm
+    (["confirm", "--study", "nosuch"], "no study 'nosuch' in studies/"),
+    (["confirm", "--rounds", "3"], "Invalid value for '--rounds': 3 is not in the range x>=5."),
+    (["confirm", "--top", "0"], "Invalid value for '--top'"),
+    (["confirm", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
+    (["confirm", "--min-effect", "-1"], "Invalid value for '--min-effect'"),
+    (["confirm", "--timeout", "0"], "Invalid value for '--timeout'"),
+    (["confirm", "--study", "bad/../name"], "no study 'bad/../name'"),
+    # compare
+    (["compare", "0"], "Missing argument 'SECOND'"),
+    (["compare", "0", "1", "--study", "nosuch"], "no study 'nosuch' in studies/"),
+    (["compare", "0", "99"], "trial 99 of study 'resnet18-bs1-latency' did not complete"),
+    (["compare", "a.env", "b.env"], "cannot read a.env"),
+    (["compare", "notenv.txt", "good.env"], "notenv.txt is not an autotune env file"),
+    (["compare", "binary.bin", "good.env"], "cannot read binary.bin: not text"),
+    (["compare", "good.env", "lots.env"], "lots.env: AUTOTUNE_BATCH_SIZE='lots' is not a batch size"),
+    (["compare", "good.env", "knob.env"], "knob.env: allocator=mimalloc is not allowed"),
+    (["compare", "good.env", "tolerance.env"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
+    (["compare", "0", "1", "--rounds", "2"], "Invalid value for '--rounds'"),
+    (["compare", "0", "1", "--objective", "both"], "--objective 'both' is not allowed; use latency or throughput"),
+    (["compare", "0", "1", "--min-effect", "-1"], "Invalid value for '--min-effect'"),
+    # export
+    (["export"], "Missing argument 'PATH'"),
+    (["export", "best.env", "--study", "nosuch"], "no study 'nosuch' in studies/"),
+    (["export", "best.env", "--trial", "x"], "Invalid value for '--trial'"),
+    (["export", "best.env", "--trial", "99"], "study 'resnet18-bs1-latency' has no trial 99"),
+    (["export", "studies", "--trial", "0"], "cannot write studies: it is a directory"),
+    (["export", "/nonexistent/dir/best.env", "--trial", "0"], "cannot write /nonexistent/dir/best.env"),
+    (["export", "best.env", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
+    (["export", "best.env", "--timeout", "0"], "Invalid value for '--timeout'"),
+    (["export", "best.env", "--artifacts", "binary.bin"], "Invalid value for '--artifacts'"),
+    # run
+    (["run"], "Missing argument 'ENV_FILE'"),
+    (["run", "good.env"], "Missing argument 'COMMAND...'"),
+    (["run", "nosuch.env", "--", "true"], "cannot read nosuch.env"),
+    (["run", "folder.env", "--", "true"], "Invalid value for 'ENV_FILE'"),
+    (["run", "binary.bin", "--", "true"], "cannot read binary.bin: not text"),
+    (["run", "notenv.txt", "--", "true"], "notenv.txt is not an autotune env file"),
+    (["run", "lots.env", "--", "true"], "lots.env: AUTOTUNE_BATCH_SIZE='lots' is not a batch size"),
+    (["run", "zero.env", "--", "true"], "zero.env: AUTOTUNE_BATCH_SIZE='0' is not a batch size"),
+    (["run", "tolerance.env", "--", "true"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
+    (["run", "knob.env", "--", "true"], "knob.env: allocator=mimalloc is not allowed"),
+    (["run", "instances.env", "--", "true"], "instances.env: AUTOTUNE_INSTANCE_* values are damaged"),
+    (["run", "binding.env", "--", "true"], "binding.env: AUTOTUNE_BINDING='magic' is not a binding"),
+    (["run", "injected.env", "--", "true"], "injected.env"),
+    (["run", "good.env", "--", "no-such-program-here"], "command not found: 'no-such-program-here'"),
+    # knobs and models take nothing
+    (["knobs", "--bogus"], "No such option '--bogus'."),
+    (["knobs", "extra"], "Got unexpected extra argument (extra)"),
+    (["models", "extra"], "Got unexpected extra argument (extra)"),
+    (["doctor", "--bogus"], "No such option '--bogus'."),
+    (["plna"], "No such command 'plna'."),
+]
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[" ".join(a)[:60] for a, _ in BAD_INPUTS])
+def test_every_bad_input_is_one_error_line_exit_2_and_writes_nothing(
+        workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+        message: str) -> None:
+    monkeypatch.chdir(workdir)
+    before = snapshot(workdir)
+    code, out, err = run_cli(capsys, *args)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"Error: {message}"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert snapshot(workdir) == before
+
+
+def test_the_bad_input_list_covers_every_command() -> None:
+    from autotune.cli import cli
+
+    assert len(BAD_INPUTS) >= 90
+    assert {args[0] for args, _ in BAD_INPUTS} >= set(cli.commands) - {"doctor", "models"}
+
+
+OOM_CHILD = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+             "hog = [bytearray(1 << 26) for _ in range(64)]")
+
+
+def child_plan(*command: str) -> LaunchPlan:
+    from autotune.knobs import Config
+    from autotune.launch import BenchSpec, InstancePlan
+
+    return LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", (InstancePlan(0, (0,), 0, {}, command),))
+
+
+@pytest.mark.parametrize(("command", "timeout_s", "reason"), [
+    ((sys.executable, str(Path(__file__).parent / "fake_worker.py"), "crash-early"), 30, "crashed with SIGSEGV"),
+    ((sys.executable, str(Path(__file__).parent / "fake_worker.py"), "hang-late"), 3, "timed out after 3s"),
+    ((sys.executable, "-c", OOM_CHILD), 30, "exited with code 1"),
+])
+def test_a_failing_child_is_a_recorded_failure_and_leaves_nothing(
+        command: tuple[str, ...], timeout_s: float, reason: str) -> None:
+    result = orchestrate.run_plan(child_plan(*command), timeout_s)
+    assert not result.ok and reason in result.reason
+    assert not psutil.Process().children(recursive=True)
