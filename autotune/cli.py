@@ -1,7 +1,7 @@
 """The `autotune` command: flags in, one function call, output and exit code out.
 
 Exit codes: 0 success; 1 a benchmark ran and failed; 2 bad input (one `Error:` line);
-130 interrupted.
+128 + the signal when stopped: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, NoReturn
 
 import click
 
-from autotune import display, knobs, machine, models, planning
+from autotune import display, knobs, machine, models, planning, tempdirs
 from autotune.child.convert import TOLERANCE, ApplyError
-from autotune.errors import AutotuneError, RunFailed
+from autotune.errors import AutotuneError, Interrupted, RunFailed
 from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.objectives import COMPARABLE, MIN_EFFECT, MIN_ROUNDS, metric_of, min_rounds, parse_objective
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_USAGE = 1, 2
 MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
               "(importable from here), a TorchScript .pt or an exported .pt2 file.")
 SHAPE_HELP = "One input item's shape, e.g. 3x224x224 (default for image models) or 128."
@@ -85,7 +85,7 @@ def _cache_dir_option(func: Any) -> Any:
 
 def _measure_options(func: Any) -> Any:
     """The in-process protocol, shared by bench and search."""
-    func = click.option("--tolerance", default=-1.0, type=float, show_default=False,
+    func = click.option("--tolerance", type=float, callback=_check_tolerance,
                         help="Relative error allowed against eager fp32 (default: "
                              f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16).")(func)
     func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
@@ -97,6 +97,10 @@ def _measure_options(func: Any) -> Any:
     func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
                         help="Untimed warmup iterations at least.")(func)
     return _cache_dir_option(_timeout_option(func))
+
+
+def _check_tolerance(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    return None if value is None else planning.check_tolerance(value, "--tolerance ")
 
 
 def _settings(warmup: int, warmup_time: float, duration: float, min_iterations: int) -> MeasureSettings:
@@ -149,8 +153,8 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 @_measure_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-                  example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float, tolerance: float,
-                  **measure: Any) -> None:
+                  example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float,
+                  tolerance: float | None, **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
 
     \b
@@ -199,7 +203,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, confirm_top: int, confirm_rounds: int, min_effect: float,
-           timeout: float, tolerance: float, cache_dir: Path, **measure: Any) -> None:
+           timeout: float, tolerance: float | None, cache_dir: Path, **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -407,7 +411,7 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
-    raise KeyboardInterrupt
+    raise Interrupted(signum)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -415,12 +419,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)  # a closed terminal stops the children too
+    tempdirs.remove_orphans()
     try:
         code = cli.main(args=args, prog_name="autotune", standalone_mode=False)
-    except click.exceptions.Abort:
-        code = _interrupted()
-    except KeyboardInterrupt:
-        code = _interrupted()
+    except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt into Abort
+        code = _interrupted(exc.__context__)
+    except KeyboardInterrupt as exc:
+        code = _interrupted(exc)
     except click.ClickException as exc:
         code = _fail(exc.format_message() + _help_hint(exc), EXIT_USAGE)
     except (AutotuneError, ApplyError) as exc:
@@ -447,6 +452,7 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _interrupted() -> int:
-    click.echo("Interrupted: every benchmark process was stopped.", err=True)
-    return EXIT_INTERRUPTED
+def _interrupted(cause: BaseException | None) -> int:
+    stop = cause if isinstance(cause, Interrupted) else Interrupted()  # a plain one is Ctrl-C
+    click.echo(f"{stop.reason[0].upper()}{stop.reason[1:]}: every benchmark process was stopped.", err=True)
+    return stop.exit_code

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class AutotuneError(Exception):
     """A mistake the user can fix: the message says what was wrong and what to do."""
@@ -25,3 +27,30 @@ class TopologyError(AutotuneError):
 
 class RunFailed(Exception):
     """A measurement that ran and failed (exit code 1): not the user's input, but not a success."""
+
+
+INTERRUPTED_BY = "interrupted by"  # how every trial cut short by a stop from outside begins its reason
+SIGNAL_CAUSES = {"SIGINT": "the user (Ctrl-C)", "SIGTERM": "SIGTERM (asked to stop)",
+                 "SIGHUP": "SIGHUP (the terminal closed)"}
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop from outside: Ctrl-C or a signal; says which, and exits with 128 + its number."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def reason(self) -> str:
+        name = signal.Signals(self.signum).name
+        return f"{INTERRUPTED_BY} {SIGNAL_CAUSES.get(name, name)}"
+
+
+def interrupt_reason(exc: KeyboardInterrupt) -> str:
+    """Why a run stopped: a plain KeyboardInterrupt is Ctrl-C."""
+    return exc.reason if isinstance(exc, Interrupted) else Interrupted().reason

@@ -14,7 +14,7 @@ from typing import Any, cast, get_args
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import records
+from autotune import planning, records
 from autotune.child import deploy, envfile
 from autotune.child.envfile import quote, value_text
 from autotune.errors import AutotuneError
@@ -23,9 +23,11 @@ from autotune.userrun import EnvFile
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
 # file after another never keeps the first one's.
-OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS")
+OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS", deploy.TOLERANCE_VAR)
 # Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
-# that sourcing it reproduces the trial even in a shell that had them set.
+# that sourcing it reproduces the trial even in a shell that had them set. Nothing else is unset:
+# the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
+# the user's, even though a measured child did not inherit them.
 TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
                "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD")
 
@@ -79,7 +81,7 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
     ]
     if len(records.best_trials(study)) > 1 and len(study.directions) > 1:
         lines.append("# this study has several Pareto-optimal trials; pick another with --trial N")
-    unset = [v for v in dict.fromkeys([*TUNING_VARS, *plan.cleared]) if v not in shared]
+    unset = [v for v in TUNING_VARS if v not in shared]
     unset += [v for v in OPTIONAL_VARS if v not in _knob_vars(plan) and not (artifacts and v == deploy.ARTIFACTS_VAR)]
     if unset:
         lines.append(f"unset {' '.join(unset)}")
@@ -127,7 +129,7 @@ def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
         "AUTOTUNE_BATCH_SIZE": str(bench.batch_size),
         "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape)),
         **({"AUTOTUNE_EXAMPLE_INPUTS": bench.example_inputs} if bench.example_inputs else {}),
-        "AUTOTUNE_TOLERANCE": str(bench.tolerance),
+        **({deploy.TOLERANCE_VAR: str(bench.tolerance)} if bench.tolerance is not None else {}),
         **deploy.to_env(model_knobs(config)),
         "AUTOTUNE_DATALOADER_WORKERS": config.text("dataloader_workers"),
         "AUTOTUNE_INSTANCES": str(len(instances)),
@@ -177,6 +179,10 @@ def read(path: Path) -> EnvFile:
         parsed = envfile.parse(text)
     except envfile.EnvFileError as exc:
         raise ExportError(f"{path} {exc}; export it again") from None
+    try:
+        planning.exported_request(parsed.env)
+    except AutotuneError as exc:
+        raise ExportError(f"{path}: {exc}") from None
     return _env_file(path, parsed.env, parsed.unset)
 
 

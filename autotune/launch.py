@@ -70,7 +70,7 @@ class BenchSpec:
     batch_size: int = 1
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     cache_dir: str = "studies/cache"
-    tolerance: float = -1.0  # relative error allowed against eager fp32; < 0: per precision
+    tolerance: float | None = None  # relative error allowed against eager fp32; None: per precision
     import_path: str = ""  # where a `pkg.module:factory` model is imported from
     example_inputs: str = ""  # a torch.save file of the model's inputs, items along dim 0
 
@@ -102,6 +102,8 @@ class LaunchPlan:
         bench = dict(data["bench"])
         bench["item_shape"] = tuple(bench["item_shape"])
         bench["measure"] = MeasureSettings(**bench["measure"])
+        if bench.get("tolerance") is not None and bench["tolerance"] < 0:
+            bench["tolerance"] = None  # recorded before it was optional: negative meant per precision
         instances = tuple(
             InstancePlan(i["index"], tuple(i["cpus"]), i["numa_node"], dict(i["env"]), tuple(i["command"]))
             for i in data["instances"])
@@ -136,7 +138,7 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         "--item-shape", "x".join(map(str, bench.item_shape)),
         "--batch-size", str(bench.batch_size),
         *(arg for name, var in deploy.KNOB_VARS.items() for arg in (f"--{name.replace('_', '-')}", knobs[var])),
-        "--tolerance", str(bench.tolerance),
+        *(("--tolerance", str(bench.tolerance)) if bench.tolerance is not None else ()),
         "--dataloader-workers", config.text("dataloader_workers"),
         "--warmup", str(bench.measure.warmup),
         "--warmup-time", str(bench.measure.warmup_s),

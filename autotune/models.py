@@ -87,10 +87,10 @@ def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: st
             example_inputs: str | None = None) -> ModelSpec:
     """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name.
     `example_inputs` (a torch.save file) replaces the synthetic inputs and gives the item shape."""
-    if input_shape and example_inputs:
+    if input_shape is not None and example_inputs is not None:
         raise ModelError("give --input-shape or --example-inputs, not both (the file's tensors have a shape)")
-    shape = parse_shape(input_shape) if input_shape else None
-    saved = _example_inputs(example_inputs) if example_inputs else None
+    shape = parse_shape(input_shape) if input_shape is not None else None
+    saved = _example_inputs(example_inputs) if example_inputs is not None else None
     if saved is not None:
         shape = saved[0]
     if text.endswith((".pt", ".pt2")) or "/" in text:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune import noise
+from autotune import noise, tempdirs
 from autotune.launch import Binding, InstancePlan, LaunchPlan, child_environment
 from autotune.results import InstanceResult, RunResult, combine
 
@@ -50,7 +50,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
     env = dict(os.environ if parent_env is None else parent_env)
     start = time.monotonic()
     deadline = start + timeout_s
-    with tempfile.TemporaryDirectory(prefix="autotune-run-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=tempdirs.prefix("run")) as tmp:
         children: list[_Child] = []
         after: noise.Snapshot | None = None
         before = after

@@ -3,6 +3,7 @@ tried once (the probe) before anything is measured."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -30,7 +31,7 @@ class BenchRequest:
     cache_dir: Path = Path("studies/cache")
     input_shape: str | None = None
     example_inputs: str | None = None
-    tolerance: float = -1.0
+    tolerance: float | None = None  # None: per precision (convert.TOLERANCE)
 
     @classmethod
     def from_flags(cls, model: str, assignments: Iterable[str], batch_size: int,
@@ -58,22 +59,34 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
 
 def plan_from_exported(env: Mapping[str, str], machine: Machine,
                        measure: MeasureSettings | None = None) -> LaunchPlan:
-    """An exported configuration planned again for `machine` from its recorded knobs
-    (AUTOTUNE_MODEL, AUTOTUNE_BATCH_SIZE, AUTOTUNE_KNOBS)."""
+    """An exported configuration planned again for `machine` from its recorded knobs."""
+    return make_plan(exported_request(env, measure), machine)
+
+
+def exported_request(env: Mapping[str, str], measure: MeasureSettings | None = None) -> BenchRequest:
+    """The request an env file records (AUTOTUNE_MODEL, _BATCH_SIZE, _KNOBS, ...), checked: the
+    one validation of those variables, for `run` and `compare` alike."""
+    batch = env.get("AUTOTUNE_BATCH_SIZE", "1")
+    if not batch.strip().isdigit() or int(batch) < 1:
+        raise ConfigError(f"AUTOTUNE_BATCH_SIZE={batch!r} is not a batch size (1 or more); export again")
     try:
-        batch_size = int(env.get("AUTOTUNE_BATCH_SIZE", "1"))
-    except ValueError:
-        raise ConfigError(f"AUTOTUNE_BATCH_SIZE={env['AUTOTUNE_BATCH_SIZE']!r} is not a number; export again") from None
-    try:
-        tolerance = float(env.get("AUTOTUNE_TOLERANCE", "-1"))
+        tolerance = float(env["AUTOTUNE_TOLERANCE"]) if env.get("AUTOTUNE_TOLERANCE") else None
     except ValueError:
         raise ConfigError(f"AUTOTUNE_TOLERANCE={env['AUTOTUNE_TOLERANCE']!r} is not a number; export again") from None
     saved = env.get("AUTOTUNE_EXAMPLE_INPUTS") or None
-    request = BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=batch_size,
-                           config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
-                           measure=measure or MeasureSettings(), tolerance=tolerance, example_inputs=saved,
-                           input_shape=None if saved else env.get("AUTOTUNE_INPUT_SHAPE"))
-    return make_plan(request, machine)
+    return BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=int(batch),
+                        config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
+                        measure=measure or MeasureSettings(), example_inputs=saved,
+                        tolerance=None if tolerance is None else check_tolerance(tolerance, "AUTOTUNE_TOLERANCE="),
+                        input_shape=None if saved else env.get("AUTOTUNE_INPUT_SHAPE"))
+
+
+def check_tolerance(value: float, name: str) -> float:
+    """A relative error allowed against eager fp32: finite, 0 or more."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{name}{value:g} is not a tolerance; give a relative error of 0 or more, like 0.01 "
+                          f"(leave it out for the default per precision)")
+    return value
 
 
 def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600) -> None:

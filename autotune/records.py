@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import __version__
 from autotune.child.cpu import cpuinfo
+from autotune.errors import INTERRUPTED_BY
 from autotune.launch import LaunchPlan
 from autotune.machine import Machine
 from autotune.objectives import Metric
@@ -27,7 +28,7 @@ from autotune.storage import StudyError
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 STDERR_TAIL_KEPT = 2000
 # Failures that say nothing about the configuration: it is worth running again.
-CUT_SHORT = ("interrupted by the user", "left running by")
+CUT_SHORT = (INTERRUPTED_BY, "left running by")
 
 
 def baseline(study: optuna.Study) -> FrozenTrial | None:

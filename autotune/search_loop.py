@@ -7,18 +7,19 @@ themselves, and several processes writing one SQLite study can run an enqueued t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import models, planning, records, space, storage
-from autotune.errors import AutotuneError, RunFailed
+from autotune.errors import AutotuneError, RunFailed, interrupt_reason
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
 from autotune.machine import Machine, machine_has_bf16
@@ -26,12 +27,14 @@ from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_o
 from autotune.orchestrate import run_plan
 from autotune.pruning import PruneCheck
 from autotune.replicates import Measurement, PlanRunner, ReplicatePolicy, measure_replicates
-from autotune.storage import StudyError
+from autotune.results import RunResult
+from autotune.storage import StudyError, StudyLocked
 
 MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE
 DIRECTIONS: dict[Objective, list[optuna.study.StudyDirection]] = {
     "latency": [MIN], "throughput": [MAX], "both": [MIN, MAX]}
 STARTUP_TRIALS = 8  # random trials before TPE models the space
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class SearchRequest:
     seed: int | None = None
     input_shape: str | None = None
     example_inputs: str | None = None
-    tolerance: float = -1.0
+    tolerance: float | None = None  # None: per precision
     max_latency_ms: float | None = None
     batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
     command_line: str = ""
@@ -106,7 +109,8 @@ def study_name(request: SearchRequest, model: models.ModelSpec) -> str:
     batch = "-".join(map(str, request.batch_sizes)) if len(request.batch_sizes) > 1 else str(request.batch_size)
     limit = f"-p90max{request.max_latency_ms:g}ms" if request.max_latency_ms else ""
     stem = storage.safe_name(Path(model.name).stem if model.kind in ("torchscript", "exported") else model.name)
-    return storage.check_name(request.study or f"{stem}-bs{batch}-{request.objective}{limit}")
+    return storage.check_name(request.study if request.study is not None else
+                              f"{stem}-bs{batch}-{request.objective}{limit}")
 
 
 def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec, space.SearchSpace]:
@@ -172,51 +176,64 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
     """Run trials until the study holds `--trials` finished ones; the first is the baseline."""
     study = search.study
     start = time.monotonic()
-    while records.finished(study) < search.request.trials:
-        is_baseline = records.baseline(study) is None
-        trial = study.ask()
+    while _patiently(search, lambda: records.finished(study)) < search.request.trials:
+        is_baseline, trial = _patiently(search, lambda: (records.baseline(study) is None, study.ask()))
         try:
             _run_trial(search, machine, trial, is_baseline, start, on_event, runner)
-        except KeyboardInterrupt:
-            _abandon(study, trial, "interrupted by the user (Ctrl-C)")
+        except KeyboardInterrupt as exc:
+            _abandon(search, trial, interrupt_reason(exc))
             raise
+        except StudyLocked:
+            raise  # nothing can be written now; the next start marks the trial failed
         except BaseException as exc:  # never leave a trial RUNNING, whatever went wrong
-            _abandon(study, trial, f"autotune failed: {type(exc).__name__}: {exc}")
+            _abandon(search, trial, f"autotune failed: {type(exc).__name__}: {exc}")
             raise
 
 
-def _abandon(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
-    """A trial cut short is recorded as failed with the reason, never left RUNNING."""
-    if study._storage.get_trial(trial._trial_id).state.is_finished():
-        return
-    records.record_failure(trial, reason)
-    study.tell(trial, state=TrialState.FAIL)
+def _patiently(search: Search, action: Callable[[], T]) -> T:
+    """Every read and write of the study during a search waits while another process locks it."""
+    return storage.patiently(search.storage, action)
+
+
+def _abandon(search: Search, trial: optuna.Trial, reason: str) -> None:
+    """A trial cut short is recorded as failed with the reason, never left RUNNING (unless the
+    database stays locked: then the next start marks it failed)."""
+    study = search.study
+
+    def fail() -> None:
+        if not study._storage.get_trial(trial._trial_id).state.is_finished():
+            records.record_failure(trial, reason)
+            study.tell(trial, state=TrialState.FAIL)
+
+    with contextlib.suppress(StudyLocked):
+        _patiently(search, fail)
 
 
 def _run_trial(search: Search, machine: Machine, trial: optuna.Trial, is_baseline: bool, start: float,
                on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> None:
     study = search.study
+    config, batch = _patiently(search, lambda: _start_trial(search, trial, is_baseline))
+    event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials)
+    finished = _patiently(search, lambda: records.finished(study))
+    on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
+    outcome = _measure(search, machine, trial, config, batch, runner)
+    _store(search, trial, outcome)
+    if is_baseline and outcome.state != TrialState.COMPLETE:
+        raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
+                        f"tune; try `autotune bench --model {search.request.model}` to see why")
+    finished, best = _patiently(search, lambda: (records.finished(study), records.best_trials(study)))
+    on_event(TrialEvent("done", finished=finished, elapsed_s=time.monotonic() - start,
+                        outcome=outcome, best=best[0] if best else None, **event))
+
+
+def _start_trial(search: Search, trial: optuna.Trial, is_baseline: bool) -> tuple[Config, int]:
     records.claim_trial(trial)
     config = Config() if is_baseline else search.space.sample(trial)
     batch = _batch_size(search.request, trial, is_baseline)
     trial.set_user_attr("baseline", is_baseline)
     trial.set_user_attr("config", config.describe())
     trial.set_user_attr("batch_size", batch)
-    event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials)
-    on_event(TrialEvent("start", finished=records.finished(study), elapsed_s=time.monotonic() - start, **event))
-    outcome = _measure(search, machine, trial, config, batch, runner)
-    if outcome.state == TrialState.COMPLETE and search.request.max_latency_ms is not None:
-        _constrain(trial, search.request.max_latency_ms)
-    if outcome.state == TrialState.COMPLETE:
-        study.tell(trial, list(outcome.values))
-    else:
-        study.tell(trial, state=outcome.state)
-    if is_baseline and outcome.state != TrialState.COMPLETE:
-        raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
-                        f"tune; try `autotune bench --model {search.request.model}` to see why")
-    best = records.best_trials(study)
-    on_event(TrialEvent("done", finished=records.finished(study), elapsed_s=time.monotonic() - start,
-                        outcome=outcome, best=best[0] if best else None, **event))
+    return config, batch
 
 
 def _batch_size(request: SearchRequest, trial: optuna.Trial, is_baseline: bool) -> int:
@@ -234,27 +251,78 @@ def _constrain(trial: optuna.Trial, limit_ms: float) -> None:
 
 def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, batch: int,
              runner: PlanRunner) -> Outcome:
-    """Measure one trial's configuration and record it; a failure is a reason, never an exception."""
+    """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
+    recorded by `_store`, so that a locked database cannot lose it."""
     request = search.request
-    duplicate = records.same_config(search.study, trial.number, config.describe(), batch) if config.values else None
+    duplicate = _patiently(search, lambda: records.same_config(search.study, trial.number, config.describe(),
+                                                               batch)) if config.values else None
     if duplicate is not None:
-        return _reuse(trial, duplicate)
+        return _reuse(search, trial, duplicate)
     try:
         plan = planning.make_plan(_bench_request(request, config, batch), machine)
     except AutotuneError as exc:
-        records.record_failure(trial, str(exc))
-        return Outcome(TrialState.FAIL, reason=str(exc))
-    records.record_plan(trial, plan)
+        reason = str(exc)
+        _patiently(search, lambda: records.record_failure(trial, reason))
+        return Outcome(TrialState.FAIL, reason=reason)
+    _patiently(search, lambda: records.record_plan(trial, plan))
     pruner = PruneCheck(search.study, trial, request.objective)
-    measurement = measure_replicates(plan, request.replicates, runner, after_each=pruner)
+    measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner))
     if not measurement.ok:
-        records.record_failed_run(trial, measurement)
         return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)
-    records.record_metrics(search.study, trial, measurement)
     if measurement.stopped_early:
-        records.record_pruned(trial, pruner.reason)
         return Outcome(TrialState.PRUNED, reason=pruner.reason, measurement=measurement)
     return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
+
+
+def _pruning(search: Search, pruner: PruneCheck) -> Callable[[int, RunResult, bool], bool]:
+    """The pruner waits for a locked database too; past the wait the trial is measured in full."""
+
+    def check(index: int, run: RunResult, more_planned: bool) -> bool:
+        try:
+            return _patiently(search, lambda: pruner(index, run, more_planned))
+        except StudyLocked:
+            return False
+
+    return check
+
+
+def _store(search: Search, trial: optuna.Trial, outcome: Outcome) -> None:
+    """Record what the trial measured and tell Optuna, waiting while the database is locked; if
+    the lock outlasts the wait, the measurement is kept in a file beside the study."""
+    try:
+        _patiently(search, lambda: _record_and_tell(search, trial, outcome))
+    except StudyLocked as exc:
+        if outcome.measurement is None:
+            raise
+        kept = storage.keep_aside(search.storage, search.request.studies_dir, f"{search.name}.trial-{trial.number}",
+                                  _unsaved(search, trial, outcome))
+        raise StudyLocked(f"{exc}; trial {trial.number}'s measurement is kept in {kept}; close what holds the "
+                          "database (optuna-dashboard, sqlite3) and rerun the same command") from None
+
+
+def _unsaved(search: Search, trial: optuna.Trial, outcome: Outcome) -> dict[str, Any]:
+    measurement = outcome.measurement
+    assert measurement is not None
+    return {"study": search.name, "storage": search.storage, "trial": trial.number,
+            "params": trial.params, "state": outcome.state.name, "values": list(outcome.values),
+            "reason": outcome.reason, "summary": measurement.summary() if measurement.ok else {},
+            "samples_ms": measurement.samples(), "runs": [run.summary() for run in measurement.runs]}
+
+
+def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome) -> None:
+    measurement = outcome.measurement
+    if measurement is not None and not measurement.ok:
+        records.record_failed_run(trial, measurement)
+    elif measurement is not None:
+        records.record_metrics(search.study, trial, measurement)
+        if outcome.state == TrialState.PRUNED:
+            records.record_pruned(trial, outcome.reason)
+    if outcome.state == TrialState.COMPLETE and search.request.max_latency_ms is not None:
+        _constrain(trial, search.request.max_latency_ms)
+    if outcome.state == TrialState.COMPLETE:
+        search.study.tell(trial, list(outcome.values), skip_if_finished=True)
+    else:
+        search.study.tell(trial, state=outcome.state, skip_if_finished=True)
 
 
 def _bench_request(request: SearchRequest, config: Config, batch: int | None = None) -> planning.BenchRequest:
@@ -264,10 +332,10 @@ def _bench_request(request: SearchRequest, config: Config, batch: int | None = N
                                  tolerance=request.tolerance)
 
 
-def _reuse(trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:
+def _reuse(search: Search, trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:
     """The same configuration ran before: its result (and intermediate values) are reused, be it
     a measurement, a pruning or a failure."""
-    records.copy_result(trial, duplicate)
+    _patiently(search, lambda: records.copy_result(trial, duplicate))
     if duplicate.state == TrialState.COMPLETE:
         return Outcome(TrialState.COMPLETE, tuple(duplicate.values), duplicate_of=duplicate.number)
     return Outcome(duplicate.state, reason=f"same configuration as trial {duplicate.number}: "

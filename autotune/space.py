@@ -140,6 +140,9 @@ def load(path: Path) -> SearchSpace:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise SpaceError(f"cannot read search space {where}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpaceError(f"cannot read search space {where}: not a text file; give a YAML file like "
+                         "search_spaces/default.yaml") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

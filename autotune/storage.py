@@ -3,12 +3,16 @@ storage failure becomes a user-facing error."""
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
+import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy.exc
@@ -19,10 +23,20 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 SQLITE = "sqlite:///"
 CREATE_ATTEMPTS = 3  # a brand-new SQLite file opened by two processes at once can race on its schema
+LOCK_WAIT_S = 120.0  # how long a write waits for a study database another process holds locked
+LOCK_PAUSE_S = (0.5, 5.0)  # first and longest pause between two attempts (doubling in between)
+LOCKED = ("database is locked", "database table is locked")
+DAMAGED = ("malformed", "file is not a database", "database disk image")
+WAITING = "note: waiting for the study database (locked by another process)"
+T = TypeVar("T")
 
 
 class StudyError(AutotuneError):
     """A study that does not exist, does not match the request, or cannot be used."""
+
+
+class StudyLocked(StudyError):
+    """Another process held the study database locked for longer than LOCK_WAIT_S."""
 
 
 def safe_name(text: str) -> str:
@@ -47,15 +61,103 @@ def storage_url(name: str, storage: str | None, studies_dir: Path) -> str:
 
 @contextmanager
 def storage_errors(url: str) -> Iterator[None]:
-    """Every way a storage can fail to open, as one `StudyError` naming it and what to check."""
+    """Every way a storage can fail, as one `StudyError` naming it and what to do."""
     try:
         yield
-    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
-        raise storage_error(url, str(exc).splitlines()[0]) from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError,
+            ValueError) as exc:
+        raise storage_error(url, _root_reason(exc)) from None
 
 
 def storage_error(url: str, reason: str) -> StudyError:
+    if any(mark in reason for mark in DAMAGED):
+        where = url[len(SQLITE):] if url.startswith(SQLITE) else url
+        return StudyError(f"the study database {where} is damaged ({reason}); restore it from a copy or use "
+                          "another --study")
+    if any(mark in reason for mark in LOCKED):
+        return StudyLocked(f"the study database {url} is locked by another process ({reason}); close what "
+                           "holds it (optuna-dashboard, sqlite3) and rerun")
     return StudyError(f"cannot open the study storage {url}: {reason}; check --storage (and the driver it needs)")
+
+
+def _root_reason(exc: BaseException) -> str:
+    """The first line of the innermost cause: optuna wraps sqlalchemy, which wraps the driver."""
+    inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    while inner is not None:
+        exc, inner = inner, inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def is_locked(exc: BaseException) -> bool:
+    return any(mark in _root_reason(exc) for mark in LOCKED)
+
+
+def patiently(url: str, action: Callable[[], T], note: Callable[[str], None] | None = None) -> T:
+    """`action` (reads and writes of the study at `url`), retried with backoff while another
+    process holds the database locked, up to LOCK_WAIT_S; one note says why it waits. Any other
+    storage failure, or the lock outlasting the wait, is a `StudyError`."""
+    deadline, pause, attempt = time.monotonic() + LOCK_WAIT_S, LOCK_PAUSE_S[0], 0
+    while True:
+        try:
+            with storage_errors(url), _repeatable(attempt):
+                return action()
+        except StudyLocked:
+            if time.monotonic() + pause > deadline:
+                raise StudyLocked(f"the study database {url} stayed locked by another process for "
+                                  f"{LOCK_WAIT_S:g} s") from None
+        if attempt == 0:
+            (note or _to_stderr)(WAITING)
+        time.sleep(pause)
+        pause, attempt = min(2 * pause, LOCK_PAUSE_S[1]), attempt + 1
+
+
+@contextmanager
+def _repeatable(attempt: int) -> Iterator[None]:
+    """A retried action repeats what went through before the lock: Optuna warns about re-reported
+    intermediate values, which are the same values."""
+    with warnings.catch_warnings():
+        if attempt:
+            warnings.filterwarnings("ignore", message=".*is already reported", category=UserWarning)
+        yield
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def keep_aside(url: str, studies_dir: Path, stem: str, data: dict[str, Any]) -> Path:
+    """What could not be written to the study, as a JSON file beside it (`stem`.unsaved.json)."""
+    folder = Path(url[len(SQLITE):]).parent if url.startswith(SQLITE) else studies_dir
+    path = folder / f"{safe_name(stem)}.unsaved.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
+
+
+def check_intact(url: str) -> None:
+    """A SQLite study file whose pages were damaged fails later, in any read; say so at open."""
+    path = Path(url[len(SQLITE):]) if url.startswith(SQLITE) else None
+    if path is None or not path.is_file():
+        return
+    try:
+        with _closing(sqlite3.connect(path)) as db:
+            rows = db.execute("PRAGMA quick_check(1)").fetchall()
+    except sqlite3.DatabaseError as exc:
+        if any(mark in str(exc) for mark in LOCKED):
+            return  # the writes that follow wait for the lock
+        raise storage_error(url, str(exc)) from None
+    if rows != [("ok",)]:
+        detail = " ".join(str(rows[0][0]).replace("*** in database main ***", "").split())
+        raise storage_error(url, f"database disk image is malformed: {detail}")
+
+
+@contextmanager
+def _closing(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    try:
+        yield db
+    finally:
+        db.close()
 
 
 @contextmanager
@@ -71,6 +173,7 @@ def create(name: str, url: str, directions: list[optuna.study.StudyDirection],
     """Create or load; the schema-creation race of a brand-new SQLite file is retried."""
     if url.startswith(SQLITE):
         Path(url[len(SQLITE):]).parent.mkdir(parents=True, exist_ok=True)
+    check_intact(url)
     with storage_errors(url):
         for attempt in range(CREATE_ATTEMPTS):
             try:
@@ -88,6 +191,7 @@ def find_study(studies_dir: Path, name: str | None, storage: str | None) -> optu
     """Load an existing study without creating anything: by name, or the newest under studies/."""
     if storage:
         if name is None:
+            check_intact(storage)
             with storage_errors(storage):
                 names = optuna.get_all_study_names(storage)
             if len(names) != 1:
@@ -107,6 +211,7 @@ def find_study(studies_dir: Path, name: str | None, storage: str | None) -> optu
 
 
 def load(name: str, storage: str) -> optuna.Study:
+    check_intact(storage)
     try:
         with quiet_optuna(), storage_errors(storage):
             return optuna.load_study(study_name=name, storage=storage)

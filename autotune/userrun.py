@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from autotune import tempdirs
 from autotune.child import deploy
 from autotune.child.convert import ApplyError, ModelKnobs
 from autotune.errors import AutotuneError
@@ -89,7 +90,7 @@ def user_launches(env_file: EnvFile, command: Sequence[str], libs: Libraries,
 def run_checked(env_file: EnvFile, launches: Sequence[UserLaunch]) -> tuple[int, str]:
     """Run the instances with a report file `autotune.apply` writes to; also return a warning
     naming the model knobs when an instance never applied them ('' when all did)."""
-    with tempfile.TemporaryDirectory(prefix="autotune-apply-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=tempdirs.prefix("apply")) as tmp:
         report = Path(tmp) / "applied.jsonl"
         told = [replace(launch, env={**launch.env, deploy.REPORT_VAR: str(report)}) for launch in launches]
         code = run_foreground(told)

@@ -143,7 +143,7 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert err.strip().splitlines()[-1] == "Interrupted: every benchmark process was stopped."
+    assert err.strip().splitlines()[-1] == "Interrupted by the user (Ctrl-C): every benchmark process was stopped."
     time.sleep(0.5)
     left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert left == []

@@ -125,7 +125,7 @@ def load_model(spec: str, import_path: str) -> Any:
     if spec.endswith(".pt2"):
         return torch.export.load(spec).module()
     if spec.endswith(".pt"):
-        return torch.jit.load(spec)
+        return torch.jit.load(spec).eval()  # saved in train mode, it could not be frozen (weight_cache, torchscript)
     if ":" in spec:
         module_name, _, factory = spec.partition(":")
         if import_path and import_path not in sys.path:

@@ -1,0 +1,548 @@
+"""Every fault autotune must survive: a locked or damaged study, signals, killed processes,
+crashing, hanging and out-of-memory children, hostile values in what it exports, bad inputs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autotune import export, orchestrate, records, search_loop, storage, tempdirs
+from autotune.errors import Interrupted
+from autotune.launch import LaunchPlan
+from autotune.libs import Libraries
+from autotune.machine import Machine
+from autotune.replicates import PlanRunner, ReplicatePolicy
+from autotune.results import RunResult
+from tests.conftest import lscpu
+from tests.test_study import SPACE, fake_runner, request
+
+HOLD = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("COMMIT")
+"""
+
+
+@pytest.fixture
+def here(fake_libs: Libraries) -> Machine:
+    return Machine(lscpu("amd_1s_smt"), fake_libs)
+
+
+def hold_lock(db: Path, seconds: float) -> subprocess.Popen[str]:
+    """A second process holding BEGIN EXCLUSIVE on the study, as optuna-dashboard or sqlite3 can."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    with proc.stdout:
+        assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def locking_runner(db: Path, seconds: float, at_call: int, holders: list[subprocess.Popen[str]]) -> PlanRunner:
+    """Measures like fake_runner; the `at_call`-th run locks the study as it ends."""
+    calls = []
+
+    def run(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        calls.append(plan)
+        if len(calls) == at_call:
+            holders.append(hold_lock(db, seconds))
+        return fake_runner(plan, timeout_s)
+
+    return run
+
+
+def test_a_study_locked_during_a_trial_waits_and_loses_nothing(tmp_path: Path, here: Machine,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    opened = search_loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    db = tmp_path / "studies" / f"{opened.name}.db"
+    holders: list[subprocess.Popen[str]] = []
+    search_loop.run_search(opened, here, lambda e: None, runner=locking_runner(db, 6.5, 2, holders))
+    assert holders[0].wait(timeout=10) == 0
+    trials = opened.study.get_trials()
+    assert len(trials) == 3
+    for trial in trials:  # each recorded what its run measured (the fake crashes mkldnn=on)
+        assert (trial.state, trial.user_attrs["status"]) in ((TrialState.COMPLETE, "ok"), (TrialState.FAIL, "failed"))
+        assert ("latency_p50_ms" in trial.user_attrs
+                or trial.user_attrs["fail_reason"] == "instance 0: crashed with SIGSEGV")
+    assert capfd.readouterr().err.count(storage.WAITING) == 1
+
+
+def test_a_lock_past_the_wait_keeps_the_measurement_and_the_next_start_fails_the_trial(
+        tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "LOCK_WAIT_S", 1.0)
+    opened = search_loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    db = tmp_path / "studies" / f"{opened.name}.db"
+    holders: list[subprocess.Popen[str]] = []
+    with pytest.raises(storage.StudyLocked) as info:
+        search_loop.run_search(opened, here, lambda e: None, runner=locking_runner(db, 12, 2, holders))
+    kept = tmp_path / "studies" / f"{opened.name}.trial-1.unsaved.json"
+    assert str(info.value) == (f"the study database {opened.storage} stayed locked by another process for 1 s; "
+                               f"trial 1's measurement is kept in {kept}; close what holds the database "
+                               "(optuna-dashboard, sqlite3) and rerun the same command")
+    saved = json.loads(kept.read_text())
+    assert saved["trial"] == 1 and saved["state"] in ("COMPLETE", "FAIL") and saved["runs"]
+    assert saved["summary"].get("latency_p50_ms") == (saved["values"] or [None])[0]
+    holders[0].kill()
+    holders[0].wait()
+    again = search_loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    assert [t.state for t in again.study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert again.study.get_trials()[1].user_attrs["fail_reason"].startswith("left running by an autotune process")
+    assert any("trial 1 was left running" in note for note in again.notes)
+
+
+def _one() -> ReplicatePolicy:
+    return ReplicatePolicy(replicates=1, max_extra=0)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from autotune.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    captured = capsys.readouterr()
+    return int(info.value.code or 0), captured.out, captured.err
+
+
+def damage_pages(db: Path, seed: int = 1, pages: int = 3) -> None:
+    """Random bytes over whole pages in the middle of a valid file; the header stays intact."""
+    data = bytearray(db.read_bytes())
+    size, rng = 4096, random.Random(seed)
+    for page in rng.sample(range(2, len(data) // size), pages):
+        data[page * size:(page + 1) * size] = rng.randbytes(size)
+    db.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def damaged_study(tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> Path:
+    opened = search_loop.open_search(request(tmp_path, 6), here)
+    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    db = tmp_path / "studies" / f"{opened.name}.db"
+    damage_pages(db)
+    monkeypatch.chdir(tmp_path)
+    return db
+
+
+@pytest.mark.parametrize("command", [
+    ["export", "best.env"], ["confirm", "--rounds", "5"], ["compare", "0", "1", "--rounds", "5"],
+    ["search", "--model", "resnet18", "--trials", "8", "--study", "resnet18-bs1-latency"],
+    ["export", "best.env", "--storage", "sqlite:///studies/resnet18-bs1-latency.db"],
+])
+def test_a_study_damaged_in_the_middle_is_one_line_naming_it(
+        damaged_study: Path, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    before = damaged_study.read_bytes()
+    code, out, err = run_cli(capsys, *command)
+    assert code == 2 and out == ""
+    named = "studies/" if "--storage" in command else f"{damaged_study.parent.resolve()}/"
+    assert err.startswith(f"Error: the study database {named}resnet18-bs1-latency.db is damaged (database disk "
+                          "image is malformed: ")
+    assert err.endswith("); restore it from a copy or use another --study\n") and err.count("\n") == 1
+    assert damaged_study.read_bytes() == before and not Path("best.env").exists()
+
+
+def test_a_truncated_study_is_damaged_too(damaged_study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    damaged_study.write_bytes(damaged_study.read_bytes()[:5000])
+    code, _, err = run_cli(capsys, "export", "best.env")
+    assert (code, err) == (2, f"Error: the study database {damaged_study.resolve()} is damaged (database disk "
+                              "image is malformed); restore it from a copy or use another --study\n")
+
+
+PLAIN_ENV = """# autotune configuration: hand-written for a test
+export AUTOTUNE_INSTANCES='1'
+export AUTOTUNE_BINDING='none'
+export AUTOTUNE_INSTANCE_CPUS=''
+export AUTOTUNE_INSTANCE_NUMA_NODES=''
+"""
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+
+
+def start_run(tmp_path: Path, pidfile: Path) -> subprocess.Popen[str]:
+    """`autotune run` of a program that writes its pid and sleeps, with its own TMPDIR."""
+    env_file = tmp_path / "plain.env"
+    env_file.write_text(PLAIN_ENV)
+    program = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    proc = subprocess.Popen([AUTOTUNE, "run", str(env_file), "--", sys.executable, "-c", program],
+                            env={**os.environ, "TMPDIR": str(tmp_path)}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    return proc
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(("signum", "code", "line"), [
+    (signal.SIGINT, 130, "Interrupted by the user (Ctrl-C): every benchmark process was stopped."),
+    (signal.SIGTERM, 143, "Interrupted by SIGTERM (asked to stop): every benchmark process was stopped."),
+    (signal.SIGHUP, 129, "Interrupted by SIGHUP (the terminal closed): every benchmark process was stopped."),
+])
+def test_a_signal_exits_128_plus_it_and_says_which(tmp_path: Path, signum: int, code: int, line: str) -> None:
+    pidfile = tmp_path / "child.pid"
+    proc = start_run(tmp_path, pidfile)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code
+    assert err.strip().splitlines() == [line]  # click starts a new line after a ^C
+    assert gone_within(int(pidfile.read_text()), 1.0)
+    assert not list(tmp_path.glob("autotune-*"))
+
+
+def test_kill_9_takes_the_children_along_and_the_next_start_removes_its_folder(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    proc = start_run(tmp_path, pidfile)
+    left = list(tmp_path.glob(f"autotune-apply-{proc.pid}-*"))
+    assert len(left) == 1
+    proc.kill()
+    proc.communicate()
+    assert gone_within(int(pidfile.read_text()), 1.0)
+    assert left[0].is_dir()
+    subprocess.run([AUTOTUNE, "knobs"], env={**os.environ, "TMPDIR": str(tmp_path)}, check=True,
+                   capture_output=True)
+    assert not left[0].exists()
+
+
+def test_only_folders_of_dead_owners_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    mine = tmp_path / tempdirs.prefix("run")
+    orphan = tmp_path / f"autotune-run-{dead.stdout.strip()}-x1"
+    other = tmp_path / f"autotune-artifact-{dead.stdout.strip()}-x2"
+    for folder in (mine, orphan, other):
+        (folder / "inside").mkdir(parents=True)
+    assert tempdirs.remove_orphans(tmp_path) == [orphan]
+    assert mine.is_dir() and other.is_dir() and not orphan.exists()
+
+
+def test_run_plan_names_its_folder_after_its_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_runner import plan_of
+
+    prefixes = []
+    real = tempfile.TemporaryDirectory
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        prefixes.append(kw.get("prefix"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(orchestrate.tempfile, "TemporaryDirectory", spy)
+    assert orchestrate.run_plan(plan_of("ok"), 30).ok
+    assert prefixes == [f"autotune-run-{os.getpid()}-"]
+
+
+@pytest.mark.parametrize(("stop", "reason"), [
+    (KeyboardInterrupt(), "interrupted by the user (Ctrl-C)"),
+    (Interrupted(signal.SIGTERM), "interrupted by SIGTERM (asked to stop)"),
+    (Interrupted(signal.SIGHUP), "interrupted by SIGHUP (the terminal closed)"),
+])
+def test_an_interrupted_trial_records_what_stopped_it_and_runs_again(
+        tmp_path: Path, here: Machine, stop: KeyboardInterrupt, reason: str) -> None:
+    calls = []
+
+    def interrupted(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        calls.append(plan)
+        if len(calls) == 2:
+            raise stop
+        return fake_runner(plan, timeout_s)
+
+    opened = search_loop.open_search(request(tmp_path, 2, seed=3), here)
+    with pytest.raises(KeyboardInterrupt):
+        search_loop.run_search(opened, here, lambda e: None, runner=interrupted)
+    cut = opened.study.get_trials()[-1]
+    assert (cut.state, cut.user_attrs["fail_reason"]) == (TrialState.FAIL, reason)
+    assert records.same_config(opened.study, 99, cut.user_attrs["config"], 1) is None
+
+
+def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -> None:
+    opened = search_loop.open_search(request(tmp_path, 2), here)
+    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    trial = copy.deepcopy(export.pick_trial(opened.study, 0))
+    plan = trial.user_attrs["plan"]
+    plan["cleared"] = ["OMP_SCHEDULE", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TORCH_SHOW_CPP_STACKTRACES"]
+    trial.user_attrs = {**trial.user_attrs, "plan": plan}
+    unset = [line for line in export.render(opened.study, trial).splitlines() if line.startswith("unset ")]
+    assert unset == [f"unset {' '.join(export.TUNING_VARS)} {' '.join(export.OPTIONAL_VARS)}"]
+
+
+TRAIN_MODE_PT = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+import tinynets
+m = tinynets.cnn().train()
+torch.jit.save(torch.jit.script(m), sys.argv[1])
+"""
+TINY = Path(__file__).parent / "fixtures" / "models"
+
+
+@pytest.fixture(scope="module")
+def train_mode_pt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pt") / "cnn_train.pt"
+    subprocess.run([sys.executable, "-W", "ignore", "-c", TRAIN_MODE_PT, str(path), str(TINY)], check=True,
+                   capture_output=True)
+    return path
+
+
+def test_a_torchscript_file_saved_in_train_mode_runs_in_eval_mode(train_mode_pt: Path) -> None:
+    from autotune.child.build import load_model
+
+    model = load_model(str(train_mode_pt), "")
+    assert not model.training
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("knob", ["weight_cache=on", "backend=torchscript"])
+def test_a_train_mode_torchscript_file_can_be_frozen(tmp_path: Path, train_mode_pt: Path, knob: str) -> None:
+    proc = subprocess.run([AUTOTUNE, "bench", "--model", str(train_mode_pt), "--input-shape", "3x32x32", "--set",
+                           knob, "--duration", "0.2", "--warmup-time", "0", "--min-iterations", "3", "--json",
+                           "--cache-dir", str(tmp_path / "cache")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["result"]["ok"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Libraries) -> Path:
+    """A folder with a finished study, a good env file and damaged copies of it, and odd files."""
+    root = tmp_path_factory.mktemp("work")
+    here = Machine(lscpu("amd_1s_smt"), fake_libs_module)
+    opened = search_loop.open_search(search_loop.SearchRequest(
+        model="resnet18", trials=4, space=SPACE, studies_dir=root / "studies", seed=0), here)
+    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    good = export.render(opened.study, export.pick_trial(opened.study, 0))
+    (root / "good.env").write_text(good)
+    for name, old, new in [("lots", "AUTOTUNE_BATCH_SIZE='1'", "AUTOTUNE_BATCH_SIZE='lots'"),
+                           ("zero", "AUTOTUNE_BATCH_SIZE='1'", "AUTOTUNE_BATCH_SIZE='0'"),
+                           ("knob", "AUTOTUNE_KNOBS=''", "AUTOTUNE_KNOBS='allocator=mimalloc'"),
+                           ("instances", "AUTOTUNE_INSTANCES='1'", "AUTOTUNE_INSTANCES='x'"),
+                           ("binding", "AUTOTUNE_BINDING='none'", "AUTOTUNE_BINDING='magic'"),
+                           ("injected", "AUTOTUNE_INSTANCES='1'", "AUTOTUNE_INSTANCES=$(touch PWNED)")]:
+        assert old in good, old
+        (root / f"{name}.env").write_text(good.replace(old, new))
+    (root / "tolerance.env").write_text(good + "export AUTOTUNE_TOLERANCE='nan'\n")
+    (root / "binary.bin").write_bytes(bytes(range(256)) * 4)
+    (root / "notenv.txt").write_text("export A=1\n")
+    (root / "bad.yaml").write_text("knobs: [unclosed\n")
+    (root / "unknown.yaml").write_text("knobs:\n  omp_thread: [1, 2]\n")
+    (root / "empty.yaml").write_text("")
+    (root / "folder.env").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def fake_libs_module() -> Libraries:
+    return Libraries(paths={name: Path(f"/opt/fake/{name}.so") for name in ("libiomp5", "libomp", "jemalloc",
+                                                                           "tcmalloc")},
+                     numactl=Path("/usr/bin/numactl"), numactl_usable=True, taskset=Path("/usr/bin/taskset"))
+
+
+R18 = ["--model", "resnet18"]
+SEARCH = ["search", *R18, "--trials", "3"]
+BAD_INPUTS: list[tuple[list[str], str]] = [
+    # plan: the model, knobs, shapes, files
+    (["plan"], "Missing option '--model'"),
+    (["plan", "--model", "resnet5"], "unknown model 'resnet5'; did you mean resnet50"),
+    (["plan", "--model", "x.txt"], "unknown model 'x.txt'"),
+    (["plan", "--model", "missing.pt"], "cannot read model file 'missing.pt': No such file or directory"),
+    (["plan", "--model", "nosuchmodule:factory"], "no module named 'nosuchmodule'"),
+    (["plan", *R18, "--set", "omp_thread=2"], "unknown knob 'omp_thread'; did you mean omp_threads?"),
+    (["plan", *R18, "--set", "allocator=mimalloc"], "allocator=mimalloc is not allowed; use default, jemalloc"),
+    (["plan", *R18, "--set", "noequals"], "--set 'noequals' is not KNOB=VALUE"),
+    (["plan", *R18, "--set", "=3"], "--set '=3' is not KNOB=VALUE"),
+    (["plan", *R18, "--set", "omp_threads=0"], "omp_threads=0"),
+    (["plan", *R18, "--set", "omp_threads=abc"], "omp_threads=abc"),
+    (["plan", *R18, "--set", "instances=0"], "instances=0"),
+    (["plan", *R18, "--set", "precision=fp16"], "precision=fp16 is not allowed; use fp32, bf16"),
+    (["plan", *R18, "--set", "backend=inductor", "--set", "mkldnn=on"], "mkldnn applies only with backend=eager"),
+    (["plan", *R18, "--set", "kmp_blocktime=5"], "kmp_blocktime"),
+    (["plan", *R18, "--batch-size", "0"], "--batch-size 0 is not allowed; use 1 or more"),
+    (["plan", *R18, "--batch-size", "-3"], "--batch-size -3 is not allowed; use 1 or more"),
+    (["plan", *R18, "--batch-size", "x"], "Invalid value for '--batch-size'"),
+    (["plan", *R18, "--input-shape", ""], "--input-shape '' is not a shape"),
+    (["plan", *R18, "--input-shape", "3x0x224"], "--input-shape '3x0x224' is not a shape"),
+    (["plan", *R18, "--input-shape", "abc"], "--input-shape 'abc' is not a shape"),
+    (["plan", *R18, "--input-shape", "3x-1"], "--input-shape '3x-1' is not a shape"),
+    (["plan", *R18, "--lscpu", "/nonexistent/lscpu.txt"], "cannot read --lscpu file '/nonexistent/lscpu.txt'"),
+    (["plan", *R18, "--lscpu", "binary.bin"], "cannot read --lscpu file 'binary.bin'"),
+    (["plan", *R18, "--lscpu", "notenv.txt"], ""),
+    (["plan", *R18, "--example-inputs", "/nonexistent/in.pt"], "--example-inputs '/nonexistent/in.pt' is not a file"),
+    (["plan", *R18, "--example-inputs", ""], "--example-inputs '' is not a file"),
+    (["plan", *R18, "--example-inputs", "binary.bin"], "--example-inputs: cannot load example inputs"),
+    (["plan", *R18, "--input-shape", "3x32x32", "--example-inputs", "binary.bin"],
+     "give --input-shape or --example-inputs, not both"),
+    (["plan", *R18, "--bogus"], "No such option '--bogus'."),
+    (["plan", *R18, "extra"], "Got unexpected extra argument (extra)"),
+    # bench: the measuring options
+    (["bench"], "Missing option '--model'"),
+    (["bench", "--model", "resnet5"], "unknown model 'resnet5'"),
+    (["bench", *R18, "--tolerance", "-5"], "--tolerance -5 is not a tolerance; give a relative error of 0 or more"),
+    (["bench", *R18, "--tolerance", "nan"], "--tolerance nan is not a tolerance"),
+    (["bench", *R18, "--tolerance", "inf"], "--tolerance inf is not a tolerance"),
+    (["bench", *R18, "--tolerance", "abc"], "Invalid value for '--tolerance'"),
+    (["bench", *R18, "--duration", "-1"], "Invalid value for '--duration'"),
+    (["bench", *R18, "--duration", "0"], "Invalid value for '--duration'"),
+    (["bench", *R18, "--warmup", "-1"], "Invalid value for '--warmup'"),
+    (["bench", *R18, "--warmup-time", "-1"], "Invalid value for '--warmup-time'"),
+    (["bench", *R18, "--min-iterations", "0"], "Invalid value for '--min-iterations'"),
+    (["bench", *R18, "--timeout", "0"], "Invalid value for '--timeout'"),
+    (["bench", *R18, "--timeout", "abc"], "Invalid value for '--timeout'"),
+    (["bench", *R18, "--cache-dir", "binary.bin"], "Invalid value for '--cache-dir'"),
+    (["bench", *R18, "--input-shape", ""], "--input-shape '' is not a shape"),
+    (["bench", *R18, "--set", "allocator=x"], "allocator=x is not allowed"),
+    (["bench", *R18, "--batch-size", "0"], "--batch-size 0 is not allowed"),
+    (["bench", *R18, "--example-inputs", "/nonexistent/in.pt"], "--example-inputs '/nonexistent/in.pt'"),
+    # search: the study, the space, the objective
+    (["search", *R18], "Missing option '--trials'"),
+    ([*SEARCH[:-1], "0"], "--trials 0 is not allowed; use 1 or more"),
+    ([*SEARCH[:-1], "-1"], "--trials -1 is not allowed; use 1 or more"),
+    ([*SEARCH[:-1], "x"], "Invalid value for '--trials'"),
+    ([*SEARCH, "--space", "nosuch"], "no search space 'nosuch'"),
+    ([*SEARCH, "--space", "binary.bin"], "cannot read search space binary.bin: not a text file"),
+    ([*SEARCH, "--space", "bad.yaml"], "bad.yaml: not valid YAML at line"),
+    ([*SEARCH, "--space", "unknown.yaml"], "unknown.yaml"),
+    ([*SEARCH, "--space", "empty.yaml"], "empty.yaml: expected a mapping `knobs:`"),
+    ([*SEARCH, "--space", "/nonexistent/space.yaml"], "cannot read search space /nonexistent/space.yaml"),
+    ([*SEARCH, "--objective", "fastest"], "--objective 'fastest' is not allowed; use latency, throughput or both"),
+    ([*SEARCH, "--batch-size", "1,x"], "--batch-size '1,x' is not allowed"),
+    ([*SEARCH, "--batch-size", "0"], "--batch-size '0' is not allowed"),
+    ([*SEARCH, "--batch-size", ""], "--batch-size '' is not allowed"),
+    ([*SEARCH, "--batch-size", "1,2"], "a list of batch sizes is searched only with --objective throughput"),
+    ([*SEARCH, "--max-latency-ms", "50"], "--max-latency-ms needs --objective throughput"),
+    ([*SEARCH, "--objective", "throughput", "--max-latency-ms", "-1"], "--max-latency-ms needs"),
+    ([*SEARCH, "--max-latency-ms", "x"], "Invalid value for '--max-latency-ms'"),
+    ([*SEARCH, "--replicates", "0"], "Invalid value for '--replicates'"),
+    ([*SEARCH, "--confirm-top", "-1"], "Invalid value for '--confirm-top'"),
+    ([*SEARCH, "--confirm-rounds", "3"], "Invalid value for '--confirm-rounds'"),
+    ([*SEARCH, "--min-effect", "-0.1"], "Invalid value for '--min-effect'"),
+    ([*SEARCH, "--min-effect", "11"], "Invalid value for '--min-effect'"),
+    ([*SEARCH, "--tolerance", "-5"], "--tolerance -5 is not a tolerance"),
+    ([*SEARCH, "--tolerance", "nan"], "--tolerance nan is not a tolerance"),
+    ([*SEARCH, "--study", "bad name!"], "--study 'bad name!' is not a usable name"),
+    ([*SEARCH, "--study", ""], "--study '' is not a usable name"),
+    ([*SEARCH, "--storage", "notaurl"], "--storage 'notaurl' is not a storage URL"),
+    ([*SEARCH, "--input-shape", ""], "--input-shape '' is not a shape"),
+    ([*SEARCH, "--seed", "x"], "Invalid value for '--seed'"),
+    ([*SEARCH, "--timeout", "0"], "Invalid value for '--timeout'"),
+    ([*SEARCH, "--duration", "-1"], "Invalid value for '--duration'"),
+    ([*SEARCH, "--example-inputs", "/nonexistent/in.pt"], "--example-inputs '/nonexistent/in.pt'"),
+    (["search", "--model", "resnet5", "--trials", "3"], "unknown model 'resnet5'"),
+    ([*SEARCH, "--study", "resnet18-bs1-latency", "--batch-size", "2"], "study 'resnet18-bs1-latency' was made for"),
+    # confirm
+    (["confirm", "--study", "nosuch"], "no study 'nosuch' in studies/"),
+    (["confirm", "--rounds", "3"], "Invalid value for '--rounds': 3 is not in the range x>=5."),
+    (["confirm", "--top", "0"], "Invalid value for '--top'"),
+    (["confirm", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
+    (["confirm", "--min-effect", "-1"], "Invalid value for '--min-effect'"),
+    (["confirm", "--timeout", "0"], "Invalid value for '--timeout'"),
+    (["confirm", "--study", "bad/../name"], "no study 'bad/../name'"),
+    # compare
+    (["compare", "0"], "Missing argument 'SECOND'"),
+    (["compare", "0", "1", "--study", "nosuch"], "no study 'nosuch' in studies/"),
+    (["compare", "0", "99"], "trial 99 of study 'resnet18-bs1-latency' did not complete"),
+    (["compare", "a.env", "b.env"], "cannot read a.env"),
+    (["compare", "notenv.txt", "good.env"], "notenv.txt is not an autotune env file"),
+    (["compare", "binary.bin", "good.env"], "cannot read binary.bin: not text"),
+    (["compare", "good.env", "lots.env"], "lots.env: AUTOTUNE_BATCH_SIZE='lots' is not a batch size"),
+    (["compare", "good.env", "knob.env"], "knob.env: allocator=mimalloc is not allowed"),
+    (["compare", "good.env", "tolerance.env"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
+    (["compare", "0", "1", "--rounds", "2"], "Invalid value for '--rounds'"),
+    (["compare", "0", "1", "--objective", "both"], "--objective 'both' is not allowed; use latency or throughput"),
+    (["compare", "0", "1", "--min-effect", "-1"], "Invalid value for '--min-effect'"),
+    # export
+    (["export"], "Missing argument 'PATH'"),
+    (["export", "best.env", "--study", "nosuch"], "no study 'nosuch' in studies/"),
+    (["export", "best.env", "--trial", "x"], "Invalid value for '--trial'"),
+    (["export", "best.env", "--trial", "99"], "study 'resnet18-bs1-latency' has no trial 99"),
+    (["export", "studies", "--trial", "0"], "cannot write studies: it is a directory"),
+    (["export", "/nonexistent/dir/best.env", "--trial", "0"], "cannot write /nonexistent/dir/best.env"),
+    (["export", "best.env", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
+    (["export", "best.env", "--timeout", "0"], "Invalid value for '--timeout'"),
+    (["export", "best.env", "--artifacts", "binary.bin"], "Invalid value for '--artifacts'"),
+    # run
+    (["run"], "Missing argument 'ENV_FILE'"),
+    (["run", "good.env"], "Missing argument 'COMMAND...'"),
+    (["run", "nosuch.env", "--", "true"], "cannot read nosuch.env"),
+    (["run", "folder.env", "--", "true"], "Invalid value for 'ENV_FILE'"),
+    (["run", "binary.bin", "--", "true"], "cannot read binary.bin: not text"),
+    (["run", "notenv.txt", "--", "true"], "notenv.txt is not an autotune env file"),
+    (["run", "lots.env", "--", "true"], "lots.env: AUTOTUNE_BATCH_SIZE='lots' is not a batch size"),
+    (["run", "zero.env", "--", "true"], "zero.env: AUTOTUNE_BATCH_SIZE='0' is not a batch size"),
+    (["run", "tolerance.env", "--", "true"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
+    (["run", "knob.env", "--", "true"], "knob.env: allocator=mimalloc is not allowed"),
+    (["run", "instances.env", "--", "true"], "instances.env: AUTOTUNE_INSTANCE_* values are damaged"),
+    (["run", "binding.env", "--", "true"], "binding.env: AUTOTUNE_BINDING='magic' is not a binding"),
+    (["run", "injected.env", "--", "true"], "injected.env"),
+    (["run", "good.env", "--", "no-such-program-here"], "command not found: 'no-such-program-here'"),
+    # knobs and models take nothing
+    (["knobs", "--bogus"], "No such option '--bogus'."),
+    (["knobs", "extra"], "Got unexpected extra argument (extra)"),
+    (["models", "extra"], "Got unexpected extra argument (extra)"),
+    (["doctor", "--bogus"], "No such option '--bogus'."),
+    (["plna"], "No such command 'plna'."),
+]
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[" ".join(a)[:60] for a, _ in BAD_INPUTS])
+def test_every_bad_input_is_one_error_line_exit_2_and_writes_nothing(
+        workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+        message: str) -> None:
+    monkeypatch.chdir(workdir)
+    before = snapshot(workdir)
+    code, out, err = run_cli(capsys, *args)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"Error: {message}"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert snapshot(workdir) == before
+
+
+def test_the_bad_input_list_covers_every_command() -> None:
+    from autotune.cli import cli
+
+    assert len(BAD_INPUTS) >= 90
+    assert {args[0] for args, _ in BAD_INPUTS} >= set(cli.commands) - {"doctor", "models"}
+
+
+OOM_CHILD = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+             "hog = [bytearray(1 << 26) for _ in range(64)]")
+
+
+def child_plan(*command: str) -> LaunchPlan:
+    from autotune.knobs import Config
+    from autotune.launch import BenchSpec, InstancePlan
+
+    return LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", (InstancePlan(0, (0,), 0, {}, command),))
+
+
+@pytest.mark.parametrize(("command", "timeout_s", "reason"), [
+    ((sys.executable, str(Path(__file__).parent / "fake_worker.py"), "crash-early"), 30, "crashed with SIGSEGV"),
+    ((sys.executable, str(Path(__file__).parent / "fake_worker.py"), "hang-late"), 3, "timed out after 3s"),
+    ((sys.executable, "-c", OOM_CHILD), 30, "exited with code 1"),
+])
+def test_a_failing_child_is_a_recorded_failure_and_leaves_nothing(
+        command: tuple[str, ...], timeout_s: float, reason: str) -> None:
+    result = orchestrate.run_plan(child_plan(*command), timeout_s)
+    assert not result.ok and reason in result.reason
+    assert not psutil.Process().children(recursive=True)
