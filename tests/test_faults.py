@@ -138,7 +138,7 @@ def damaged_study(tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("command", [
-    ["export", "best.env"], ["confirm", "--rounds", "5"], ["compare", "0", "1", "--rounds", "5"],
+    ["export", "best.env"], ["confirm", "--rounds", "6"], ["compare", "0", "1", "--rounds", "5"],
     ["search", "--model", "resnet18", "--trials", "8", "--study", "resnet18-bs1-latency"],
     ["export", "best.env", "--storage", "sqlite:///studies/resnet18-bs1-latency.db"],
 ])
