@@ -65,12 +65,12 @@ def test_other_processes_busy_on_the_cpus_flag_the_measurement_noisy() -> None:
     busy = replicates.Measurement((run_with(steady, 0.1), run_with(steady, 0.88)))
     summary = busy.summary()
     assert summary["noisy"] is True and summary["other_cpu_share_max"] == 0.88
-    assert summary["noisy_reason"] == "other processes used 88% of the CPUs > 50%"
+    assert summary["noisy_reason"] == "other processes used 88% of the CPUs > 25%"
 
 
 def test_both_reasons_are_recorded() -> None:
     spread = replicates.Measurement((run_with([10.0, 20.0, 30.0, 40.0], 0.9),))
-    assert spread.noisy_reason == "IQR/median 60% > 10%; other processes used 90% of the CPUs > 50%"
+    assert spread.noisy_reason == "IQR/median 60% > 10%; other processes used 90% of the CPUs > 25%"
 
 
 def test_a_trial_stores_a_bounded_summary_of_200k_samples() -> None:
