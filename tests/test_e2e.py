@@ -81,6 +81,7 @@ def test_two_instances_share_one_window_and_serving_memory_excludes_tracing(tmp_
     loops = max(inst["late_start_s"] + inst["window_s"] for inst in result["instances"])
     assert loops - 0.05 <= result["noise"]["window_s"] <= loops + 0.25  # the timed loops, not the exits
     for inst in result["instances"]:
+        assert inst["late_start_s"] < 0.01  # nothing slow between the window's start and the first sample
         assert inst["peak_rss_note"] == ""
         assert inst["setup_peak_rss_mb"] > inst["peak_rss_mb"]  # eager reference and tracing freed
     assert result["setup_peak_rss_mb"] > result["peak_rss_mb"]

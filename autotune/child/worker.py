@@ -165,8 +165,8 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
     iterations_ms: list[float] = []
     items = 0
     with torch.no_grad():
+        cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
         time.sleep(max(window.start - time.monotonic(), 0.0))
-        cpu_before = cpu_seconds()
         start = time.monotonic()
         while time.monotonic() < window.end or len(latencies_ms) < args.min_iterations:
             t_fetch = time.perf_counter()
