@@ -153,7 +153,7 @@ class SearchProgress:
                 text += f" (same config as trial {outcome.duplicate_of})"
             elif outcome.measurement is not None:
                 m = outcome.measurement
-                text += f" ±{m.spread:.0%} IQR, {len(m.runs)} runs" + (" NOISY" if m.noisy else "")
+                text += f" ±{m.spread:.0%} IQR, {len(m.runs)} runs" + (f" NOISY ({m.noisy_reason})" if m.noisy else "")
         elif state == "PRUNED":
             text = f"pruned: {outcome.reason}"
         else:

@@ -1,5 +1,10 @@
 """Execute a `LaunchPlan`: start every instance, barrier, common window, kill and reap, collect.
 
+The protocol with each child is documented in `autotune.child.worker`: after every child said
+`ready`, each is sent the same window (`go START END`, CLOCK_MONOTONIC seconds a short lead from
+now), and each says `done` when its timed loop ends; the noise snapshots span START to the last
+`done`, the children's timed loops, not their result writing and exit.
+
 Every outcome is a result: a crash, a non-zero exit, a hang past the timeout or a missing result
 file becomes a failed `InstanceResult` with its reason and stderr tail. Each child runs in its own
 session so that its whole process group (DataLoader workers included) is killed on the way out,
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -26,6 +32,7 @@ from autotune.launch import Binding, InstancePlan, LaunchPlan, child_environment
 from autotune.results import InstanceResult, RunResult, combine
 
 STDERR_TAIL_CHARS = 2000
+GO_LEAD_S = 0.1  # from sending `go` to the window's start: every child has read it by then
 
 
 @dataclass
@@ -35,9 +42,12 @@ class _Child:
     ready_fd: int
     result_path: Path
     log_path: Path
-    ready: bool = False
+    heard: bytes = b""  # what the child wrote to its ready fd so far
     forced_reason: str = ""
     fd_open: bool = True
+
+    def said(self, word: bytes) -> bool:
+        return word + b"\n" in self.heard
 
     def close_ready_fd(self) -> None:
         if self.fd_open:
@@ -52,16 +62,13 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
     deadline = start + timeout_s
     with tempfile.TemporaryDirectory(prefix=tempdirs.prefix("run")) as tmp:
         children: list[_Child] = []
-        after: noise.Snapshot | None = None
-        before = after
+        before: noise.Snapshot | None = None
+        after = before
         try:
             for instance in plan.instances:
                 children.append(_start(instance, plan.binding, Path(tmp), env))
             if _barrier(children, deadline, timeout_s):
-                before = noise.snapshot()
-                _go(children)
-                _wait(children, deadline, timeout_s)
-                after = noise.snapshot()
+                before, after = _measure(children, plan.bench.measure.duration_s, deadline, timeout_s)
         except OSError as exc:  # could not start an instance (e.g. a binding tool is missing)
             index = len(children)
             _stop_unfinished(children, f"stopped because instance {index} could not start")
@@ -72,6 +79,19 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
         results = tuple(_collect(c) for c in children)
         disturbance = noise.noise(before, after, results) if before and after else {}
         return combine(results, time.monotonic() - start, disturbance)
+
+
+def _measure(children: list[_Child], duration_s: float, deadline: float,
+             timeout_s: float) -> tuple[noise.Snapshot | None, noise.Snapshot | None]:
+    """Send the common window, snapshot the CPUs at its start and when the last timed loop ends."""
+    window_start = _go(children, duration_s)
+    time.sleep(max(window_start - time.monotonic(), 0.0))
+    before = noise.snapshot()
+    if not _hear(children, b"done", deadline, stop_on_exit=False):
+        _stop_unfinished(children, f"timed out after {timeout_s:g}s while measuring")
+    after = noise.snapshot()
+    _wait(children, deadline, timeout_s)
+    return before, after
 
 
 def _finish(children: list[_Child]) -> list[_Child]:
@@ -109,40 +129,60 @@ def _start(instance: InstancePlan, binding: Binding, tmp: Path, parent_env: Mapp
 
 def _barrier(children: list[_Child], deadline: float, timeout_s: float) -> bool:
     """Wait until every child is warm. False (and the rest stopped) if one fails or time runs out."""
+    if not _hear(children, b"ready", deadline, stop_on_exit=True):
+        _stop_unfinished(children, f"timed out after {timeout_s:g}s before measuring "
+                                   "(model setup or warmup too slow, or hung)")
+        return False
+    dead = [c for c in children if not c.said(b"ready")]
+    if dead:
+        _stop_unfinished(children, f"stopped because instance {dead[0].plan.index} failed")
+        return False
+    return True
+
+
+def _hear(children: list[_Child], word: bytes, deadline: float, stop_on_exit: bool) -> bool:
+    """Listen until every child said `word` or exited (with `stop_on_exit`: until one exited
+    without saying it). False when the deadline came first."""
     selector = selectors.DefaultSelector()
     for child in children:
-        selector.register(child.ready_fd, selectors.EVENT_READ, child)
+        if child.fd_open:
+            selector.register(child.ready_fd, selectors.EVENT_READ, child)
     try:
-        while not all(c.ready for c in children):
+        while True:
+            silent = [c for c in children if not c.said(word)]
+            exited = [c for c in silent if c.proc.poll() is not None]
+            if len(exited) == len(silent) or (stop_on_exit and exited):
+                return True
             if time.monotonic() > deadline:
-                _stop_unfinished(children, f"timed out after {timeout_s:g}s before measuring "
-                                           "(model setup or warmup too slow, or hung)")
                 return False
-            for key, _ in selector.select(timeout=0.1):
-                child = key.data
-                data = os.read(child.ready_fd, 64)
-                child.ready = child.ready or data.startswith(b"ready")
-                if not data:
-                    selector.unregister(child.ready_fd)
-            dead = [c for c in children if not c.ready and c.proc.poll() is not None]
-            if dead:
-                _stop_unfinished(children, f"stopped because instance {dead[0].plan.index} failed")
-                return False
-        return True
+            for key, _ in selector.select(timeout=0.05):
+                _listen(key.data, selector)
     finally:
         selector.close()
-        for child in children:
-            child.close_ready_fd()
 
 
-def _go(children: list[_Child]) -> None:
+def _listen(child: _Child, selector: selectors.BaseSelector) -> None:
+    try:
+        data = os.read(child.ready_fd, 64)
+    except BlockingIOError:
+        return
+    child.heard += data
+    if not data:  # the child closed its end or exited
+        selector.unregister(child.ready_fd)
+
+
+def _go(children: list[_Child], duration_s: float) -> float:
+    """Send every child the same window; returns its start."""
+    start = time.monotonic() + GO_LEAD_S
+    line = f"go {start!r} {start + duration_s!r}\n".encode()
     for child in children:
         try:
             assert child.proc.stdin is not None
-            child.proc.stdin.write(b"go\n")
+            child.proc.stdin.write(line)
             child.proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
+    return start
 
 
 def _wait(children: list[_Child], deadline: float, timeout_s: float) -> None:
@@ -192,7 +232,31 @@ def _collect(child: _Child) -> InstanceResult:
         return InstanceResult(index, False, f"exited with code {code}{_last_line(tail)}", code, tail)
     if payload is None:
         return InstanceResult(index, False, "exited without writing a result", code, tail)
+    ignored = ignored_preload(child.plan.env.get("LD_PRELOAD", ""), payload.get("runtime", {}))
+    if ignored:
+        return InstanceResult(index, False, ignored, code, tail)
     return InstanceResult(index, True, "", code, tail, payload)
+
+
+def ignored_preload(preload: str, runtime: Mapping[str, Any]) -> str:
+    """Why the run is not what the plan said when a library in LD_PRELOAD is neither the OpenMP
+    nor the malloc the child resolved (the loader skipped it: missing, wrong architecture, ...);
+    "" when each preloaded library is one of them (same real path, or same library name)."""
+    resolved = {"OpenMP": runtime.get("openmp_library"), "malloc": runtime.get("malloc_library")}
+    found = [str(path) for path in resolved.values() if path]
+    paths = {os.path.realpath(p) for p in found}
+    names = {_library_name(p) for p in found}
+    for entry in re.split(r"[:\s]+", preload.strip()):
+        if entry and os.path.realpath(entry) not in paths and _library_name(entry) not in names:
+            seen = ", ".join(f"{what} from {_library_name(path) if path else 'nowhere'}"
+                             for what, path in resolved.items())
+            return f"LD_PRELOAD of {_library_name(entry)} was ignored: the child resolved {seen}"
+    return ""
+
+
+def _library_name(path: str) -> str:
+    """`/usr/lib/x86_64-linux-gnu/libjemalloc.so.2` -> `libjemalloc`."""
+    return Path(path).name.split(".so")[0]
 
 
 def _read_result(path: Path) -> dict[str, Any] | None:

@@ -197,7 +197,6 @@ def record_metrics(study: optuna.Study, trial: optuna.Trial, measurement: Measur
     trial.set_user_attr("status", "ok")
     for key, value in summary.items():
         trial.set_user_attr(key, value)
-    trial.set_user_attr("samples_ms", " ".join(f"{x:.2f}" for x in measurement.samples()))
     base = baseline(study)
     speedups = (1.0, 1.0) if base is None else (
         base.user_attrs["latency_p50_ms"] / measurement.latency_p50_ms,

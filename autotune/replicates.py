@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from autotune import stats
@@ -13,6 +14,11 @@ from autotune.results import RunResult
 from autotune.stats import median
 
 NOISY = 0.10  # IQR/median above this is flagged
+# Other processes' share of the CPUs above this in any replicate is flagged. A lone resnet18 bench
+# on a quiet 2-CPU machine showed 0.01-0.02 (the rest of the system, autotune's own parent 0.002);
+# two benches sharing the CPUs each see about 0.5 of them taken by the other, more on a busy host.
+BUSY_MACHINE = 0.25
+PERCENTILES = tuple(range(101))  # the stored summary of all samples: p0..p100, a fixed size
 REMEASURE = 0.25  # above this more replicates are taken, at most `max_extra` of them
 
 # Executes a plan once with a timeout: the real orchestrator, or a fake in tests.
@@ -47,6 +53,11 @@ class Measurement:
     def samples(self) -> list[float]:
         return [x for r in self.runs if r.ok for i in r.instances for x in i.metrics["latencies_ms"]]
 
+    @cached_property
+    def _sorted(self) -> list[float]:
+        """All samples, sorted once: every statistic below sorts again, in linear time."""
+        return sorted(self.samples())
+
     @property
     def latency_p50_ms(self) -> float:
         return median([r.latency_p50_ms for r in self.runs])
@@ -57,15 +68,30 @@ class Measurement:
 
     @property
     def spread(self) -> float:
-        return stats.relative_iqr(self.samples())
+        return stats.relative_iqr(self._sorted)
+
+    @property
+    def other_cpu_share(self) -> float:
+        """The largest share of the CPUs other processes used while a replicate measured."""
+        return max((float(r.noise.get("other_cpu_share", 0.0)) for r in self.runs), default=0.0)
+
+    @property
+    def noisy_reason(self) -> str:
+        """Why the measurement is not to be trusted as it is, or "": spread, other CPU use, or both."""
+        reasons = []
+        if self.spread > NOISY:
+            reasons.append(f"IQR/median {self.spread:.0%} > {NOISY:.0%}")
+        if self.other_cpu_share > BUSY_MACHINE:
+            reasons.append(f"other processes used {self.other_cpu_share:.0%} of the CPUs > {BUSY_MACHINE:.0%}")
+        return "; ".join(reasons)
 
     @property
     def noisy(self) -> bool:
-        return self.spread > NOISY
+        return bool(self.noisy_reason)
 
     def summary(self) -> dict[str, Any]:
         """Everything a trial records about its measurement."""
-        samples = self.samples()
+        samples = self._sorted
         interval = stats.median_ci(samples)
         noise = [r.noise for r in self.runs if r.noise]
         return {
@@ -77,13 +103,16 @@ class Measurement:
             "latency_ci_label": interval.label,
             "throughput_ips": round(self.throughput_ips, 4),
             "peak_rss_mb": round(max(r.peak_rss_mb for r in self.runs), 1),
+            "setup_peak_rss_mb": round(max(r.setup_peak_rss_mb for r in self.runs), 1),
             "samples": len(samples),
             "replicates": len(self.runs),
             "replicate_p50_ms": [round(r.latency_p50_ms, 3) for r in self.runs],
             "replicate_throughput_ips": [round(r.throughput_ips, 3) for r in self.runs],
+            "latency_percentiles_ms": [round(stats.percentile(samples, q), 4) for q in PERCENTILES],
             "noisy": self.noisy,
+            "noisy_reason": self.noisy_reason,
             "child_cpu_utilization": round(_utilization(self.runs), 3),
-            "other_cpu_share_max": max((n.get("other_cpu_share", 0.0) for n in noise), default=0.0),
+            "other_cpu_share_max": self.other_cpu_share,
             "steal_share_max": max((n.get("steal_share", 0.0) for n in noise), default=0.0),
             "load_before": noise[0].get("load_before") if noise else None,
             "load_after": noise[-1].get("load_after") if noise else None,

@@ -49,7 +49,13 @@ class RunResult:
 
     @property
     def peak_rss_mb(self) -> float:
+        """What serving holds: the instances' peaks over warmup and the timed loop, summed."""
         return sum(float(i.metrics["peak_rss_mb"]) for i in self.instances)
+
+    @property
+    def setup_peak_rss_mb(self) -> float:
+        """What building and converting the models held at their peak, summed."""
+        return sum(float(i.metrics["setup_peak_rss_mb"]) for i in self.instances)
 
     def summary(self) -> dict[str, Any]:
         """Aggregated metrics, or the failure, as plain data for JSON and the study."""
@@ -57,7 +63,8 @@ class RunResult:
                                "noise": dict(self.noise)}
         if self.ok:
             out.update(latency_p50_ms=self.latency_p50_ms, latency_p90_ms=self.latency_p90_ms,
-                       throughput_ips=self.throughput_ips, peak_rss_mb=self.peak_rss_mb)
+                       throughput_ips=self.throughput_ips, peak_rss_mb=self.peak_rss_mb,
+                       setup_peak_rss_mb=self.setup_peak_rss_mb)
         out["instances"] = [instance_summary(i) for i in self.instances]
         return out
 
@@ -69,8 +76,9 @@ def instance_summary(result: InstanceResult) -> dict[str, Any]:
         m = result.metrics
         out.update(latency_p50_ms=result.percentile(50), latency_p90_ms=result.percentile(90),
                    throughput_ips=m["throughput_ips"], peak_rss_mb=m["peak_rss_mb"],
-                   samples=len(m["latencies_ms"]), window_s=m["window_s"],
-                   setup=m.get("setup", {}), runtime=m.get("runtime", {}))
+                   setup_peak_rss_mb=m["setup_peak_rss_mb"], peak_rss_note=m.get("peak_rss_note", ""),
+                   samples=len(m["latencies_ms"]), window=m.get("window"), window_s=m["window_s"],
+                   late_start_s=m.get("late_start_s"), setup=m.get("setup", {}), runtime=m.get("runtime", {}))
     else:
         out["stderr_tail"] = result.stderr_tail
     return out

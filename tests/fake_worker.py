@@ -1,4 +1,6 @@
-"""A stand-in benchmark child that speaks the runner's protocol and misbehaves on request."""
+"""A stand-in benchmark child that speaks the runner's protocol (see autotune.child.worker) and
+misbehaves on request. It measures nothing, but keeps the window it was sent and reports the
+OpenMP and malloc libraries this process really resolved, as the real child does."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from autotune.child.worker import symbol_owner
 
 
 def main() -> None:
@@ -25,8 +29,12 @@ def main() -> None:
             f.write(str(child.pid))
         time.sleep(3600)
     os.write(ready_fd, b"ready\n")
-    if sys.stdin.readline().strip() != "go":
+    words = sys.stdin.readline().split()
+    if len(words) != 3 or words[0] != "go":
         sys.exit(1)
+    start, end = float(words[1]), float(words[2])
+    time.sleep(max(start - time.monotonic(), 0.0))
+    late = time.monotonic() - start
     if behaviour == "crash-late":
         print("about to crash", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGABRT)
@@ -37,9 +45,16 @@ def main() -> None:
         sys.exit(0)
     if behaviour == "hang-late":
         time.sleep(3600)
+    time.sleep(max(end - time.monotonic(), 0.0))
+    os.write(ready_fd, b"done\n")
+    if behaviour == "slow-exit":  # result writing and exit are not part of the window
+        time.sleep(1.0)
+    runtime = {"env": dict(os.environ), "openmp_library": symbol_owner("omp_get_max_threads"),
+               "malloc_library": symbol_owner("malloc")}
     payload = {"status": "ok", "latencies_ms": [10.0, 11.0, 12.0, 30.0],
                "iterations_ms": [11.0, 12.0, 13.0, 31.0], "cpu_s": 0.5, "items": 4, "window_s": 1.0,
-               "throughput_ips": 4.0, "peak_rss_mb": 100.0, "runtime": {"env": dict(os.environ)}}
+               "window": {"start": start, "end": end}, "late_start_s": late, "throughput_ips": 4.0,
+               "peak_rss_mb": 100.0, "setup_peak_rss_mb": 150.0, "runtime": runtime}
     if behaviour == "bench-error":
         payload = {"status": "error", "reason": "mkldnn: aten::foo has no mkldnn kernel"}
     with open(result, "w") as f:

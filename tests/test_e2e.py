@@ -71,6 +71,22 @@ def test_each_allocator_with_two_instances(tmp_path: Path, allocator: str, libra
             assert runtime["env"]["MALLOC_CONF"].startswith("oversize_threshold:1")
 
 
+def test_two_instances_share_one_window_and_serving_memory_excludes_tracing(tmp_path: Path) -> None:
+    code, data, err = bench(tmp_path, *knobs("instances=2", "backend=torchscript"))
+    assert code == 0, err
+    result = data["result"]
+    first, second = result["instances"]
+    assert first["window"] == second["window"]
+    assert first["window"]["end"] - first["window"]["start"] == pytest.approx(0.3)
+    loops = max(inst["late_start_s"] + inst["window_s"] for inst in result["instances"])
+    assert loops - 0.05 <= result["noise"]["window_s"] <= loops + 0.25  # the timed loops, not the exits
+    for inst in result["instances"]:
+        assert inst["late_start_s"] < 0.01  # nothing slow between the window's start and the first sample
+        assert inst["peak_rss_note"] == ""
+        assert inst["setup_peak_rss_mb"] > inst["peak_rss_mb"]  # eager reference and tracing freed
+    assert result["setup_peak_rss_mb"] > result["peak_rss_mb"]
+
+
 def test_seed_recipe_mkldnn_weight_cache_intel_jemalloc(tmp_path: Path) -> None:
     recipe = knobs("mkldnn=on", "weight_cache=on", "omp_runtime=intel", "allocator=jemalloc",
                    "kmp_affinity=compact", "kmp_blocktime=1")

@@ -9,19 +9,22 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune import libs
 from autotune.knobs import Config
-from autotune.launch import BenchSpec, InstancePlan, LaunchPlan
-from autotune.orchestrate import run_plan
+from autotune.launch import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings
+from autotune.orchestrate import ignored_preload, run_plan
 from autotune.stats import percentile
 
 FAKE = str(Path(__file__).parent / "fake_worker.py")
+WINDOW_S = 0.3
 
 
 def plan_of(*behaviours: str, env: dict[str, str] | None = None) -> LaunchPlan:
     instances = tuple(
         InstancePlan(i, (0,), 0, env or {}, (sys.executable, FAKE, b)) for i, b in enumerate(behaviours)
     )
-    return LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", instances)
+    return LaunchPlan(Config(), BenchSpec("fake", (1,), measure=MeasureSettings(duration_s=WINDOW_S)), "none",
+                      instances)
 
 
 def no_children_left() -> bool:
@@ -34,7 +37,46 @@ def test_two_good_instances_aggregate() -> None:
     assert result.throughput_ips == 8.0
     assert result.latency_p50_ms == 11.5
     assert result.peak_rss_mb == 200.0
+    assert result.setup_peak_rss_mb == 300.0
     assert no_children_left()
+
+
+def test_every_instance_measures_over_the_same_window() -> None:
+    result = run_plan(plan_of("ok", "ok", "ok"), timeout_s=60)
+    assert result.ok, result.reason
+    windows = [i.metrics["window"] for i in result.instances]
+    assert windows[0] == windows[1] == windows[2]
+    assert windows[0]["end"] - windows[0]["start"] == pytest.approx(WINDOW_S)
+    assert all(i.metrics["late_start_s"] < 0.05 for i in result.instances)
+
+
+def test_the_noise_window_is_the_timed_loop_not_the_exit() -> None:
+    result = run_plan(plan_of("slow-exit", "ok"), timeout_s=60)
+    assert result.ok, result.reason
+    assert WINDOW_S <= result.noise["window_s"] < WINDOW_S + 0.5  # the child took 1 s more to exit
+
+
+def test_an_ignored_preload_fails_the_instance() -> None:
+    result = run_plan(plan_of("ok", env={"LD_PRELOAD": "/nonexistent/libiomp5.so"}), timeout_s=60)
+    assert not result.ok
+    assert result.reason == ("instance 0: LD_PRELOAD of libiomp5 was ignored: the child resolved OpenMP "
+                             "from nowhere, malloc from libc")
+
+
+def test_a_preload_that_took_effect_passes() -> None:
+    jemalloc = libs.discover().require("jemalloc")
+    result = run_plan(plan_of("ok", env={"LD_PRELOAD": str(jemalloc)}), timeout_s=60)
+    assert result.ok, result.reason
+    assert Path(result.instances[0].metrics["runtime"]["malloc_library"]).name.startswith("libjemalloc")
+
+
+def test_preloads_compare_by_real_path_or_library_name() -> None:
+    runtime = {"openmp_library": "/opt/intel/lib/libiomp5.so", "malloc_library": "/usr/lib/libjemalloc.so.2"}
+    assert ignored_preload("/venv/lib/libiomp5.so /usr/lib/libjemalloc.so.2", runtime) == ""
+    assert ignored_preload("", {}) == ""
+    assert ignored_preload("/usr/lib/libiomp5.so:/usr/lib/libtcmalloc_minimal.so.4", runtime) == (
+        "LD_PRELOAD of libtcmalloc_minimal was ignored: the child resolved OpenMP from libiomp5, "
+        "malloc from libjemalloc")
 
 
 def test_plan_env_reaches_the_child_and_nothing_else_leaks(monkeypatch: pytest.MonkeyPatch) -> None:

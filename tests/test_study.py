@@ -41,7 +41,7 @@ def fake_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
 def fake_result(latencies: list[float]) -> RunResult:
     metrics = {"latencies_ms": latencies, "iterations_ms": [x + 1 for x in latencies],
                "throughput_ips": 1000 / statistics.median(latencies), "peak_rss_mb": 500.0, "window_s": 1.0,
-               "items": len(latencies), "cpu_s": 0.9}
+               "items": len(latencies), "cpu_s": 0.9, "setup_peak_rss_mb": 600.0}
     return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), 1.0)
 
 

@@ -2,7 +2,18 @@
 
 Kept small and free of the harness: it imports torch only inside `main()`, never imports optuna or
 the CLI, and sends its result as a JSON file (never by printing). Protocol with the runner:
-write a line to `--ready-fd` once warm, read `go` from stdin, measure, write `--result`.
+
+1. build the model, warm up, then write `ready` and a newline to `--ready-fd`;
+2. read `go START END` from stdin: the common measuring window, in CLOCK_MONOTONIC seconds
+   (system-wide on Linux, so the runner's `time.monotonic()` and the child's agree); anything else
+   (EOF included) means the run was aborted, and the child exits 1;
+3. wait until START, time samples until END (and at least `--min-iterations` of them);
+4. write `done` and a newline to `--ready-fd` and close it, the end of the timed loop;
+5. write `--result` and exit 0.
+
+Without `--ready-fd` the child measures at once, for `--duration` seconds.
+Peak RSS is reset after building (Linux `clear_refs`), so `peak_rss_mb` is what warmup and the
+timed loop held and `setup_peak_rss_mb` what building and converting did.
 """
 
 from __future__ import annotations
@@ -11,6 +22,7 @@ import argparse
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import json
 import os
 import re
@@ -18,6 +30,7 @@ import resource
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +146,17 @@ def warm_up(args: argparse.Namespace, forward: Any, batches: Any) -> int:
     return count
 
 
-def timed_loop(args: argparse.Namespace, forward: Any, batches: Any) -> dict[str, Any]:
-    """Timed loop over a common window: forward latency per batch, end-to-end items per second."""
+@dataclass(frozen=True)
+class Window:
+    """The common measuring window, in CLOCK_MONOTONIC seconds."""
+
+    start: float
+    end: float
+
+
+def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Window) -> dict[str, Any]:
+    """Timed loop over the common window: forward latency per batch, end-to-end items per second
+    of this instance's own time in the window (from START, or later if it heard `go` late)."""
     import torch
 
     from autotune.child.convert import batch_size
@@ -143,10 +165,10 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any) -> dict[str
     iterations_ms: list[float] = []
     items = 0
     with torch.no_grad():
-        cpu_before = cpu_seconds()
-        start = time.perf_counter()
-        deadline = start + args.duration
-        while time.perf_counter() < deadline or len(latencies_ms) < args.min_iterations:
+        cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
+        time.sleep(max(window.start - time.monotonic(), 0.0))
+        start = time.monotonic()
+        while time.monotonic() < window.end or len(latencies_ms) < args.min_iterations:
             t_fetch = time.perf_counter()
             batch = next(batches)
             t0 = time.perf_counter()
@@ -155,19 +177,60 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any) -> dict[str
             latencies_ms.append((t1 - t0) * 1e3)
             iterations_ms.append((t1 - t_fetch) * 1e3)
             items += batch_size(batch)
-        window = time.perf_counter() - start
+        elapsed = time.monotonic() - start
         cpu_s = cpu_seconds() - cpu_before
     return {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
-            "window_s": window, "throughput_ips": items / window, "cpu_s": cpu_s}
+            "window": {"start": window.start, "end": window.end}, "late_start_s": start - window.start,
+            "window_s": elapsed, "throughput_ips": items / elapsed, "cpu_s": cpu_s}
 
 
-def wait_for_go(ready_fd: int) -> None:
+def wait_for_go(ready_fd: int, duration_s: float) -> Window:
+    """Say `ready`, then the window the runner sends (step 2 of the protocol)."""
     if ready_fd < 0:
-        return
+        now = time.monotonic()
+        return Window(now, now + duration_s)
     os.write(ready_fd, b"ready\n")
-    os.close(ready_fd)
-    if sys.stdin.readline().strip() != "go":
-        sys.exit(1)  # the runner went away or aborted the run
+    words = sys.stdin.readline().split()
+    try:
+        if words[0] == "go" and len(words) == 3:
+            return Window(float(words[1]), float(words[2]))
+    except (IndexError, ValueError):
+        pass
+    sys.exit(1)  # the runner went away or aborted the run
+
+
+def say_done(ready_fd: int) -> None:
+    if ready_fd >= 0:
+        os.write(ready_fd, b"done\n")
+        os.close(ready_fd)
+
+
+def start_peak_rss(clear_refs: str = "/proc/self/clear_refs") -> str:
+    """Reset the peak RSS (VmHWM) to the current RSS, so that the peak measured from here on is what
+    serving costs; the reason it could not, where `clear_refs` is not writable."""
+    try:
+        with open(clear_refs, "w") as f:
+            f.write("5")
+    except OSError as exc:
+        return f"peak RSS includes building the model: cannot reset it ({exc.strerror or exc})"
+    return ""
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS since the last reset (VmHWM), or since it started (getrusage)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def release_setup_memory() -> None:
+    """Free what building left behind (the eager reference model, traced graphs) before measuring,
+    and hand glibc's freed heap back, so that it does not count as serving memory."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.probe:
             write_json(args.result, {"status": "ok", "setup": setup})
             return 0
+        release_setup_memory()
+        setup_peak_mb, peak_note = peak_rss_mb(), start_peak_rss()
         with torch.no_grad():
             warmup_start = time.perf_counter()
             setup["warmup_iterations"] = warm_up(args, forward, batches)
@@ -202,14 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         reason = str(exc) if isinstance(exc, ApplyError) else explain(exc)
         write_json(args.result, {"status": "error", "reason": reason, "setup": setup})
         return EXIT_BENCH_ERROR
-    wait_for_go(args.ready_fd)
-    result = timed_loop(args, forward, batches)
+    window = wait_for_go(args.ready_fd, args.duration)
+    result = timed_loop(args, forward, batches, window)
+    say_done(args.ready_fd)
     del batches, loader  # stop DataLoader workers so their peak RSS is counted below
     result.update(
         status="ok",
         setup=setup,
         runtime=runtime_report(args),
-        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        peak_rss_mb=peak_rss_mb(),
+        setup_peak_rss_mb=setup_peak_mb,
+        peak_rss_note=peak_note,
         loader_peak_rss_mb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     )
     write_json(args.result, result)
