@@ -21,7 +21,7 @@ from autotune import tempdirs
 from autotune.child import deploy
 from autotune.child.convert import ApplyError, ModelKnobs
 from autotune.errors import AutotuneError
-from autotune.launch import TUNING, Binding, best_binder, bind_prefix
+from autotune.launch import Binding, best_binder, bind_prefix
 from autotune.libs import Libraries
 from autotune.orchestrate import kill_group
 from autotune.topology import Topology, format_cpus
@@ -69,12 +69,12 @@ def user_launches(env_file: EnvFile, command: Sequence[str], libs: Libraries,
                   parent_env: Mapping[str, str]) -> list[UserLaunch]:
     """The user's command per instance, with the exported env and core binding.
 
-    The environment is the user's own without any tuning variable (OMP_*, KMP_*, MALLOC_*, ...,
-    as the trial's child had none) plus the file's exports and AUTOTUNE_INSTANCE_INDEX, so that
-    instances can shard work.
+    The environment is what `source` of the file gives: the user's own without the variables the
+    file unsets (those a knob can set), plus the file's exports and AUTOTUNE_INSTANCE_INDEX, so
+    that instances can shard work. The shell's other variables (OPENBLAS_CORETYPE keeps some
+    OpenBLAS builds from crashing) stay the user's.
     """
-    base = {k: v for k, v in parent_env.items()
-            if k not in env_file.unset and (not TUNING.match(k) or k in env_file.env)}
+    base = {k: v for k, v in parent_env.items() if k not in env_file.unset}
     binding: Binding = "none" if env_file.binding == "none" else best_binder(libs)
     launches = []
     for index in range(env_file.instances):

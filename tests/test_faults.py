@@ -19,7 +19,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autotune import export, orchestrate, records, search_loop, storage, tempdirs
+from autotune import export, orchestrate, records, search_loop, storage, tempdirs, userrun
 from autotune.errors import Interrupted
 from autotune.launch import LaunchPlan
 from autotune.libs import Libraries
@@ -283,6 +283,22 @@ def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -
     unset = [line for line in export.render(opened.study, trial).splitlines() if line.startswith("unset ")]
     assert unset == [f"unset {' '.join(export.TUNING_VARS)} {' '.join(export.OPTIONAL_VARS)}"]
 
+
+
+def test_run_keeps_the_shells_variables_that_source_keeps(tmp_path: Path, here: Machine) -> None:
+    opened = search_loop.open_search(request(tmp_path, 2), here)
+    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    path = tmp_path / "best.env"
+    export.write(path, export.render(opened.study, export.pick_trial(opened.study, 0)))
+    shell = {"PATH": "/bin", "OPENBLAS_CORETYPE": "Haswell", "TORCH_SHOW_CPP_STACKTRACES": "1",
+             "OMP_NUM_THREADS": "64", "LD_PRELOAD": "/x.so"}
+    [launch] = userrun.user_launches(export.read(path), ["true"], here.libs, shell)
+    sourced = subprocess.run(["env", "-i", *(f"{k}={v}" for k, v in shell.items()), "bash", "-c",
+                              f"source {path} && env -0"], capture_output=True, check=True).stdout
+    expected = dict(item.split("=", 1) for item in sourced.decode().split("\0") if item and "=" in item)
+    for name in ("OPENBLAS_CORETYPE", "TORCH_SHOW_CPP_STACKTRACES", "OMP_NUM_THREADS", "LD_PRELOAD"):
+        assert launch.env.get(name) == expected.get(name), name
+    assert launch.env["OPENBLAS_CORETYPE"] == "Haswell" and "OMP_NUM_THREADS" not in launch.env
 
 TRAIN_MODE_PT = """
 import sys, torch
