@@ -7,6 +7,8 @@ this module, so an attribute's name and meaning have one owner.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 import shlex
 import socket
@@ -16,7 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import __version__
+from autotune import __version__, storage
 from autotune.child.cpu import cpuinfo
 from autotune.launch import LaunchPlan
 from autotune.machine import Machine
@@ -89,38 +91,40 @@ def claim(study: optuna.Study, wanted: Mapping[str, Any], space: dict[str, Any],
 
 
 def claim_trial(trial: optuna.Trial) -> None:
-    """Who runs this trial: a later autotune can tell a dead owner from a live one."""
+    """Who runs this trial; its heartbeat (storage.heartbeat) tells a later autotune it is alive."""
     trial.set_user_attr("host", socket.gethostname())
     trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("heartbeat_s", storage.HEARTBEAT_INTERVAL_S)
 
 
 def abandon_stale_trials(study: optuna.Study) -> list[int]:
-    """RUNNING trials whose autotune process on this host is gone become FAIL, never left dangling."""
-    host = socket.gethostname()
-    stale = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid = trial.user_attrs.get("pid")
-        if trial.user_attrs.get("host") != host or (isinstance(pid, int) and _alive(pid)):
-            continue
-        storage = study._storage
-        storage.set_trial_user_attr(trial._trial_id, "status", "failed")
-        storage.set_trial_user_attr(trial._trial_id, "fail_reason",
-                                    f"left running by an autotune process (pid {pid}) that was killed")
-        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-        stale.append(trial.number)
-    return stale
+    """RUNNING trials whose autotune stopped beating (killed, on any host) become FAIL, never
+    left dangling. A trial of an autotune older than heartbeats has none: it is stale once it is
+    older than the grace period."""
+    stale_ids = storage.stale_trial_ids(study)
+    stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+             if t._trial_id in stale_ids or _stale_without_heartbeat(t)]
+    for trial in stale:
+        _fail_stale(study, trial)
+    return [t.number for t in stale]
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _stale_without_heartbeat(trial: FrozenTrial) -> bool:
+    started = trial.datetime_start
+    return ("heartbeat_s" not in trial.user_attrs and started is not None
+            and (datetime.datetime.now() - started).total_seconds() > storage.GRACE_PERIOD_S)
+
+
+def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> None:
+    """What optuna.storages.fail_stale_trials does, with the reason recorded first (a finished
+    trial's attributes cannot change)."""
+    backend = study._storage
+    reason = (f"left running by an autotune process (pid {trial.user_attrs.get('pid')}) that was killed: "
+              f"no heartbeat for over {storage.GRACE_PERIOD_S}s")
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another autotune got it first
+        backend.set_trial_user_attr(trial._trial_id, "status", "failed")
+        backend.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+        backend.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
 
 
 def same_config(study: optuna.Study, number: int, config: str, batch: int) -> FrozenTrial | None:

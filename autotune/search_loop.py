@@ -180,9 +180,10 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
     start = time.monotonic()
     while records.finished(study) < search.request.trials:
         is_baseline = records.baseline(study) is None
-        trial = study.ask()
+        trial = storage.ask(study)
         try:
-            _run_trial(search, machine, trial, is_baseline, start, on_event, runner)
+            with storage.heartbeat(study, trial):
+                _run_trial(search, machine, trial, is_baseline, start, on_event, runner)
         except KeyboardInterrupt:
             _abandon(study, trial, "interrupted by the user (Ctrl-C)")
             raise

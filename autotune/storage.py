@@ -3,7 +3,9 @@ storage failure becomes a user-facing error."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -19,6 +21,10 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 SQLITE = "sqlite:///"
 CREATE_ATTEMPTS = 3  # a brand-new SQLite file opened by two processes at once can race on its schema
+# A running trial's autotune writes a heartbeat this often; a RUNNING trial without one for
+# GRACE_PERIOD_S was left by a killed autotune (on any host: containers change hostnames).
+HEARTBEAT_INTERVAL_S = 10
+GRACE_PERIOD_S = 60
 
 
 class StudyError(AutotuneError):
@@ -66,6 +72,13 @@ def quiet_optuna() -> Iterator[None]:
         yield
 
 
+def _rdb(url: str) -> optuna.storages.RDBStorage:
+    """The one storage construction for every study opened here, heartbeat enabled."""
+    with quiet_optuna():
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                                          grace_period=GRACE_PERIOD_S)
+
+
 def create(name: str, url: str, directions: list[optuna.study.StudyDirection],
            sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner) -> optuna.Study:
     """Create or load; the schema-creation race of a brand-new SQLite file is retried."""
@@ -75,7 +88,7 @@ def create(name: str, url: str, directions: list[optuna.study.StudyDirection],
         for attempt in range(CREATE_ATTEMPTS):
             try:
                 with quiet_optuna():
-                    return optuna.create_study(study_name=name, storage=url, load_if_exists=True,
+                    return optuna.create_study(study_name=name, storage=_rdb(url), load_if_exists=True,
                                                directions=directions, sampler=sampler, pruner=pruner)
             except sqlalchemy.exc.IntegrityError:
                 if attempt == CREATE_ATTEMPTS - 1:
@@ -109,6 +122,45 @@ def find_study(studies_dir: Path, name: str | None, storage: str | None) -> optu
 def load(name: str, storage: str) -> optuna.Study:
     try:
         with quiet_optuna(), storage_errors(storage):
-            return optuna.load_study(study_name=name, storage=storage)
+            return optuna.load_study(study_name=name, storage=_rdb(storage))
     except KeyError:
         raise StudyError(f"no study {name!r} in {storage}") from None
+
+
+def ask(study: optuna.Study) -> optuna.Trial:
+    """A new trial; Optuna warns that heartbeats are meant for `optimize`, but `heartbeat` below
+    does that loop's job for ask/tell."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
+        return study.ask()
+
+
+@contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Beat for `trial` while the block runs, so that another autotune can tell it is alive."""
+    stop = threading.Event()
+    beater = threading.Thread(target=_beat, args=(study._storage, trial._trial_id, stop),
+                              name="autotune-heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join()
+
+
+def _beat(storage: optuna.storages.BaseStorage, trial_id: int, stop: threading.Event) -> None:
+    """A missed beat (database busy) is not fatal: the grace period spans several."""
+    while True:
+        with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):
+            storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+        if stop.wait(HEARTBEAT_INTERVAL_S):
+            return
+
+
+def stale_trial_ids(study: optuna.Study) -> set[int]:
+    """RUNNING trials whose heartbeat stopped more than GRACE_PERIOD_S ago (Optuna's own test)."""
+    backend = study._storage
+    if not optuna.storages._heartbeat.is_heartbeat_enabled(backend):
+        return set()
+    return set(backend._get_stale_trial_ids(study._study_id))  # type: ignore[attr-defined]

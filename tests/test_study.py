@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import statistics
+import time
 from pathlib import Path
 
 import optuna
@@ -16,6 +16,7 @@ from autotune.errors import RunFailed
 from autotune.launch import LaunchPlan
 from autotune.libs import Libraries
 from autotune.machine import Machine
+from autotune.replicates import ReplicatePolicy
 from autotune.results import InstanceResult, RunResult
 from autotune.space import SpaceError
 from tests.conftest import lscpu
@@ -92,19 +93,43 @@ def test_rerun_resumes_and_trials_counts_the_total(tmp_path: Path, here: Machine
     assert sum(bool(t.user_attrs.get("baseline")) for t in more.get_trials()) == 1
 
 
-def test_stale_running_trials_of_dead_processes_become_failed(tmp_path: Path, here: Machine) -> None:
-    opened = search_loop.open_search(request(tmp_path, 1), here)
-    dead = opened.study.ask()
-    dead.set_user_attr("host", socket.gethostname())
-    dead.set_user_attr("pid", 2**22 + 12345)  # no such process
-    alive = opened.study.ask()
-    alive.set_user_attr("host", socket.gethostname())
-    alive.set_user_attr("pid", os.getppid())
-    assert records.abandon_stale_trials(opened.study) == [dead.number]
+def test_running_trials_are_told_apart_by_heartbeat_not_hostname(tmp_path: Path, here: Machine,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "HEARTBEAT_INTERVAL_S", 1)
+    monkeypatch.setattr(storage, "GRACE_PERIOD_S", 2)
+    opened = search_loop.open_search(request(tmp_path, 1, replicates=ReplicatePolicy(1, 0)), here)
+    dead = storage.ask(opened.study)
+    records.claim_trial(dead)  # this host and a live pid (ours): neither tells whether it runs
+    with storage.heartbeat(opened.study, dead):
+        pass  # one beat, then its autotune was killed
+    seen = []
+
+    def slow(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        time.sleep(3.5)  # longer than the grace period: only the heartbeat keeps this trial alive
+        seen.append(records.abandon_stale_trials(storage.load(opened.name, opened.storage)))
+        return fake_runner(plan, timeout_s)
+
+    search_loop.run_search(opened, here, lambda event: None, runner=slow)
+    assert seen == [[dead.number]]
     trials = opened.study.get_trials()
-    assert trials[0].state == TrialState.FAIL
-    assert trials[0].user_attrs["fail_reason"].startswith("left running by an autotune process")
-    assert trials[1].state == TrialState.RUNNING
+    assert trials[dead.number].state == TrialState.FAIL
+    assert trials[dead.number].user_attrs["fail_reason"] == (
+        f"left running by an autotune process (pid {os.getpid()}) that was killed: no heartbeat for over 2s")
+    assert trials[-1].state == TrialState.COMPLETE and trials[-1].user_attrs["baseline"]
+
+
+def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_grace_period(
+        tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "GRACE_PERIOD_S", 1)
+    opened = search_loop.open_search(request(tmp_path, 1), here)
+    legacy = storage.ask(opened.study)
+    legacy.set_user_attr("host", "another-container")
+    legacy.set_user_attr("pid", 2**22 + 12345)
+    assert records.abandon_stale_trials(opened.study) == []  # too young to tell
+    time.sleep(1.2)
+    assert records.abandon_stale_trials(opened.study) == [legacy.number]
+    assert opened.study.get_trials()[0].user_attrs["fail_reason"].startswith(
+        "left running by an autotune process (pid 4206649) that was killed")
 
 
 def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine) -> None:
