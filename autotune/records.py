@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
+import json
 import os
 import shlex
 import socket
@@ -90,6 +92,34 @@ def claim(study: optuna.Study, wanted: Mapping[str, Any], space: dict[str, Any],
                          f"libraries or cores changed since); use another --study name or the same --space")
 
 
+def claim_settings(study: optuna.Study, settings: Mapping[str, Any], flags: Mapping[str, str]) -> list[str]:
+    """A study is resumed only under the settings it was measured with; `flags` names the option
+    behind each setting. A study from before settings were recorded adopts today's, and says so."""
+    recorded = study.user_attrs.get("settings")
+    if recorded is None:
+        study.set_user_attr("settings", dict(settings))
+        study.set_user_attr("settings_digest", settings_digest(settings))
+        return [f"study {study.study_name} was made before autotune recorded its measurement settings "
+                f"(input shape, timing, replicates, tolerance, torch, this machine); it now records today's, "
+                f"and its earlier trials are measured again rather than reused"]
+    for key, value in json.loads(json.dumps(dict(settings))).items():
+        if key in recorded and recorded[key] != value:
+            raise StudyError(f"study {study.study_name!r} was measured with {key}={recorded[key]}, not {value}; "
+                             f"use another --study name{_same(key, flags)}")
+    return []
+
+
+def _same(key: str, flags: Mapping[str, str]) -> str:
+    if key in flags:
+        return f" or the same {flags[key]}"
+    return " (measurements from another machine or torch do not mix)"
+
+
+def settings_digest(settings: Mapping[str, Any]) -> str:
+    """Names the settings a trial was measured under: only a trial with the same digest is reused."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def claim_trial(trial: optuna.Trial) -> None:
     """Who runs this trial; its heartbeat (storage.heartbeat) tells a later autotune it is alive."""
     trial.set_user_attr("host", socket.gethostname())
@@ -127,12 +157,13 @@ def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> None:
         backend.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
 
 
-def same_config(study: optuna.Study, number: int, config: str, batch: int) -> FrozenTrial | None:
-    """An earlier finished trial that ran exactly this configuration, unless it was cut short by
-    the user or a killed autotune (those are worth running again)."""
+def same_config(study: optuna.Study, number: int, config: str, batch: int, digest: str) -> FrozenTrial | None:
+    """An earlier finished trial that ran exactly this configuration under the same settings, unless
+    it was cut short by the user or a killed autotune (those are worth running again)."""
     return next((t for t in study.get_trials(deepcopy=False, states=FINISHED)
                  if t.user_attrs.get("config") == config and t.number != number
                  and t.user_attrs.get("batch_size", batch) == batch
+                 and t.user_attrs.get("settings_digest") == digest
                  and not t.user_attrs.get("baseline") and not _cut_short(t)), None)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +21,7 @@ from autotune import models, planning, records, space, storage
 from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
-from autotune.machine import Machine, machine_has_bf16
+from autotune.machine import Machine, fingerprint, machine_has_bf16, torch_versions
 from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
 from autotune.orchestrate import run_plan
 from autotune.pruning import MarginWilcoxonPruner, PruneCheck
@@ -32,6 +32,10 @@ MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAX
 DIRECTIONS: dict[Objective, list[optuna.study.StudyDirection]] = {
     "latency": [MIN], "throughput": [MAX], "both": [MIN, MAX]}
 STARTUP_TRIALS = 8  # random trials before TPE models the space
+# The option behind each recorded measurement setting (the others are the machine and torch).
+SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
+                 "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
+                 "timeout_s": "--timeout", "tolerance": "--tolerance"}
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class Search:
     storage: str
     notes: tuple[str, ...] = field(default=())
     finished_before: int = 0
+    settings_digest: str = ""
 
     def should_confirm(self, top: int) -> bool:
         """Confirm when asked and something new ran, or when the study holds no verdict yet."""
@@ -140,13 +145,15 @@ def open_search(request: SearchRequest, machine: Machine,
     url = storage.storage_url(name, request.storage, request.studies_dir)
     study = storage.create(name, url, DIRECTIONS[request.objective], _sampler(request.seed),
                            _pruner(request.objective))
-    records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine))
-    notes = [*adapted.notes, *(f"trial {n} was left running by a killed autotune; marked failed"
-                               for n in records.abandon_stale_trials(study))]
+    settings = _settings(request, model, machine)
+    records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
+    notes = [*adapted.notes, *records.claim_settings(study, settings, SETTING_FLAGS),
+             *(f"trial {n} was left running by a killed autotune; marked failed"
+               for n in records.abandon_stale_trials(study))]
     done = records.finished(study)
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
-    return Search(request, study, adapted, model, name, url, tuple(notes), done)
+    return Search(request, study, adapted, model, name, url, tuple(notes), done, records.settings_digest(settings))
 
 
 def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
@@ -155,9 +162,19 @@ def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
     return wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
 
 
-def _description(request: SearchRequest, machine: Machine) -> dict[str, Any]:
+def _description(request: SearchRequest, machine: Machine, settings: dict[str, Any]) -> dict[str, Any]:
     return {"host": records.host_fingerprint(machine), "created_by": request.command_line,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": settings,
+            "settings_digest": records.settings_digest(settings)}
+
+
+def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine) -> dict[str, Any]:
+    """Everything besides the configuration that a measurement depends on, as plain JSON values."""
+    versions = torch_versions()
+    return {"input_shape": "x".join(map(str, model.item_shape)), **asdict(request.measure),
+            "replicates": request.replicates.replicates, "timeout_s": request.replicates.timeout_s,
+            "tolerance": request.tolerance, "torch": versions["torch"], "onednn": versions["onednn"],
+            **fingerprint(machine)}
 
 
 def _sampler(seed: int | None) -> optuna.samplers.BaseSampler:
@@ -209,6 +226,7 @@ def _run_trial(search: Search, machine: Machine, trial: optuna.Trial, is_baselin
     trial.set_user_attr("baseline", is_baseline)
     trial.set_user_attr("config", config.describe())
     trial.set_user_attr("batch_size", batch)
+    trial.set_user_attr("settings_digest", search.settings_digest)
     event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials)
     on_event(TrialEvent("start", finished=records.finished(study), elapsed_s=time.monotonic() - start, **event))
     outcome = _measure(search, machine, trial, config, batch, runner)
@@ -243,7 +261,8 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
              runner: PlanRunner) -> Outcome:
     """Measure one trial's configuration and record it; a failure is a reason, never an exception."""
     request = search.request
-    duplicate = records.same_config(search.study, trial.number, config.describe(), batch) if config.values else None
+    duplicate = (records.same_config(search.study, trial.number, config.describe(), batch, search.settings_digest)
+                 if config.values else None)
     if duplicate is not None:
         return _reuse(trial, duplicate)
     try:

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from autotune import records, search_loop, storage
 from autotune.errors import RunFailed
-from autotune.launch import LaunchPlan
+from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.libs import Libraries
 from autotune.machine import Machine
 from autotune.replicates import ReplicatePolicy
@@ -137,6 +137,81 @@ def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine
     with pytest.raises(storage.StudyError, match="study 'mine' was made for model=resnet18, not resnet50"):
         search_loop.open_search(search_loop.SearchRequest(model="resnet50", trials=1, space=SPACE, study="mine",
                                               studies_dir=tmp_path / "studies"), here)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"input_shape": "3x128x128"}, "input_shape=3x224x224, not 3x128x128; use another --study name or the "
+                                       "same --input-shape"),
+        ({"measure": MeasureSettings(duration_s=5.0)}, "duration_s=2.0, not 5.0; use another --study name or the "
+                                                       "same --duration"),
+        ({"replicates": ReplicatePolicy(replicates=5)}, "replicates=3, not 5; use another --study name or the "
+                                                        "same --replicates"),
+        ({"replicates": ReplicatePolicy(timeout_s=60.0)}, "timeout_s=900.0, not 60.0; use another --study name or "
+                                                          "the same --timeout"),
+        ({"tolerance": 0.01}, "tolerance=-1.0, not 0.01; use another --study name or the same --tolerance"),
+    ],
+)
+def test_resuming_with_other_measurement_settings_is_refused(tmp_path: Path, here: Machine, change: dict[str, object],
+                                                             message: str) -> None:
+    search(tmp_path, here, trials=2, study="mine")
+    with pytest.raises(storage.StudyError) as refused:
+        search_loop.open_search(request(tmp_path, 3, study="mine", **change), here)
+    assert str(refused.value) == f"study 'mine' was measured with {message}"
+    assert records.finished(storage.load("mine", f"sqlite:///{tmp_path}/studies/mine.db")) == 2
+
+
+@pytest.mark.parametrize(("where", "key", "other"), [
+    (search_loop, "torch_versions", {"torch": "9.9.9", "onednn": "3.7.1"}),
+    (search_loop, "fingerprint", {"cpu_model": "Another CPU", "memory_gib": 1}),
+])
+def test_resuming_on_another_machine_or_torch_is_refused(tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch,
+                                                         where: object, key: str, other: dict[str, object]) -> None:
+    search(tmp_path, here, trials=1, study="mine")
+    real = getattr(where, key)
+    monkeypatch.setattr(where, key, lambda *args: {**real(*args), **other})
+    with pytest.raises(storage.StudyError, match=r"^study 'mine' was measured with (torch|cpu_model)=.*, not "
+                                                 r"(9\.9\.9|Another CPU); use another --study name \(measurements "
+                                                 r"from another machine or torch do not mix\)$"):
+        search_loop.open_search(request(tmp_path, 3, study="mine"), here)
+
+
+def test_the_study_records_settings_and_each_trial_their_digest(tmp_path: Path, here: Machine) -> None:
+    study = search(tmp_path, here, trials=3)
+    settings = study.user_attrs["settings"]
+    assert settings["input_shape"] == "3x224x224" and settings["duration_s"] == 2.0 and settings["replicates"] == 3
+    assert {"torch", "onednn", "cpu_model", "isa", "physical_cores", "memory_gib"} <= set(settings)
+    assert "hostname" not in settings
+    assert {t.user_attrs["settings_digest"] for t in study.get_trials()} == {study.user_attrs["settings_digest"]}
+
+
+def test_a_study_from_before_settings_adopts_todays_and_measures_its_trials_again(tmp_path: Path,
+                                                                                  here: Machine) -> None:
+    made = search(tmp_path / "new", here, trials=1, study="old")
+    (tmp_path / "studies").mkdir()
+    legacy = optuna.create_study(study_name="old", storage=f"sqlite:///{tmp_path}/studies/old.db")
+    for key, value in made.user_attrs.items():
+        if not key.startswith("settings"):
+            legacy.set_user_attr(key, value)
+    for config, latency in (("defaults", 100.0), ("allocator=jemalloc", 50.0)):
+        legacy.add_trial(optuna.trial.create_trial(
+            value=latency, user_attrs={"config": config, "baseline": config == "defaults", "batch_size": 1,
+                                       "latency_p50_ms": latency, "throughput_ips": 1000 / latency}))
+    opened = search_loop.open_search(request(tmp_path, 3, study="old"), here)
+    assert opened.notes[-1] == ("study old was made before autotune recorded its measurement settings (input shape, "
+                                "timing, replicates, tolerance, torch, this machine); it now records today's, and "
+                                "its earlier trials are measured again rather than reused")
+    assert opened.study.user_attrs["settings"] == made.user_attrs["settings"]
+    assert records.same_config(opened.study, 5, "allocator=jemalloc", 1, opened.settings_digest) is None
+
+
+def test_a_duplicate_reuses_only_a_trial_measured_under_the_same_settings(tmp_path: Path, here: Machine) -> None:
+    study = search(tmp_path, here, trials=2)
+    trial = study.get_trials()[1]
+    config, digest = trial.user_attrs["config"], trial.user_attrs["settings_digest"]
+    assert records.same_config(study, 99, config, 1, digest) == trial
+    assert records.same_config(study, 99, config, 1, "another digest") is None
 
 
 @pytest.mark.parametrize(
