@@ -25,12 +25,17 @@ from autotune.child.cpu import cpuinfo
 from autotune.launch import LaunchPlan
 from autotune.machine import Machine
 from autotune.replicates import Measurement
+from autotune.results import RunResult
 from autotune.storage import StudyError
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 STDERR_TAIL_KEPT = 2000
-# Failures that say nothing about the configuration: it is worth running again.
-CUT_SHORT = ("interrupted by the user", "left running by")
+# Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
+CUT_SHORT = "cut_short"  # the user or a killed autotune stopped it: says nothing, always run again
+KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run again once
+ERROR = "error"  # wrong answers, an exception, an exit code: the configuration's own, reused
+KILLED_RERUNS = 1
+LEGACY_CUT_SHORT = ("interrupted by the user", "left running by")  # trials from before fail_cause
 
 
 def baseline(study: optuna.Study) -> FrozenTrial | None:
@@ -154,21 +159,32 @@ def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> None:
     with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another autotune got it first
         backend.set_trial_user_attr(trial._trial_id, "status", "failed")
         backend.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+        backend.set_trial_user_attr(trial._trial_id, "fail_cause", CUT_SHORT)
         backend.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
 
 
 def same_config(study: optuna.Study, number: int, config: str, batch: int, digest: str) -> FrozenTrial | None:
-    """An earlier finished trial that ran exactly this configuration under the same settings, unless
-    it was cut short by the user or a killed autotune (those are worth running again)."""
-    return next((t for t in study.get_trials(deepcopy=False, states=FINISHED)
-                 if t.user_attrs.get("config") == config and t.number != number
-                 and t.user_attrs.get("batch_size", batch) == batch
-                 and t.user_attrs.get("settings_digest") == digest
-                 and not t.user_attrs.get("baseline") and not _cut_short(t)), None)
+    """The earlier trial whose result this configuration reuses (None: measure it). Only trials that
+    measured it under the same settings count, never one cut short; a killed one counts once it
+    was run again KILLED_RERUNS times, and then the latest outcome is reused."""
+    ran = [t for t in study.get_trials(deepcopy=False, states=FINISHED)
+           if t.user_attrs.get("config") == config and t.number != number
+           and t.user_attrs.get("batch_size", batch) == batch and t.user_attrs.get("settings_digest") == digest
+           and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT]
+    settled = [t for t in ran if fail_cause(t) != KILLED]
+    if settled:
+        return settled[0]
+    return ran[-1] if len(ran) > KILLED_RERUNS else None
 
 
-def _cut_short(trial: FrozenTrial) -> bool:
-    return str(trial.user_attrs.get("fail_reason", "")).startswith(CUT_SHORT)
+def fail_cause(trial: FrozenTrial) -> str | None:
+    """CUT_SHORT, KILLED or ERROR for a failed trial (None otherwise); read from the text for
+    trials recorded before causes were."""
+    if trial.state != TrialState.FAIL:
+        return None
+    if "fail_cause" in trial.user_attrs:
+        return str(trial.user_attrs["fail_cause"])
+    return CUT_SHORT if str(trial.user_attrs.get("fail_reason", "")).startswith(LEGACY_CUT_SHORT) else ERROR
 
 
 def copy_result(trial: optuna.Trial, duplicate: FrozenTrial) -> None:
@@ -192,9 +208,10 @@ def record_plan(trial: optuna.Trial, plan: LaunchPlan) -> None:
         trial.set_user_attr(f"instance_{inst.index}_command", shlex.join(inst.command))
 
 
-def record_failure(trial: optuna.Trial, reason: str, stderr_tail: str = "") -> None:
+def record_failure(trial: optuna.Trial, reason: str, cause: str, stderr_tail: str = "") -> None:
     trial.set_user_attr("status", "failed")
     trial.set_user_attr("fail_reason", reason)
+    trial.set_user_attr("fail_cause", cause)
     if stderr_tail:
         trial.set_user_attr("stderr_tail", stderr_tail[-STDERR_TAIL_KEPT:])
 
@@ -202,8 +219,15 @@ def record_failure(trial: optuna.Trial, reason: str, stderr_tail: str = "") -> N
 def record_failed_run(trial: optuna.Trial, measurement: Measurement) -> None:
     failed = next(r for r in measurement.runs if not r.ok)
     tail = next((i.stderr_tail for i in failed.instances if not i.ok and i.stderr_tail), "")
-    record_failure(trial, measurement.reason, tail)
+    record_failure(trial, measurement.reason, _run_cause(failed), tail)
     trial.set_user_attr("instances", failed.summary()["instances"])
+
+
+def _run_cause(failed: RunResult) -> str:
+    """KILLED when every failed instance died of a signal (the orchestrator kills a timed-out or
+    stopped instance with SIGKILL); an exit code, an error result or a failed start is ERROR."""
+    codes = [i.returncode for i in failed.instances if not i.ok]
+    return KILLED if codes and all(code is not None and code < 0 for code in codes) else ERROR
 
 
 def record_pruned(trial: optuna.Trial, reason: str) -> None:

@@ -213,7 +213,7 @@ def _abandon(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
     """A trial cut short is recorded as failed with the reason, never left RUNNING."""
     if study._storage.get_trial(trial._trial_id).state.is_finished():
         return
-    records.record_failure(trial, reason)
+    records.record_failure(trial, reason, records.CUT_SHORT)
     study.tell(trial, state=TrialState.FAIL)
 
 
@@ -268,7 +268,7 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     try:
         plan = planning.make_plan(_bench_request(request, config, batch), machine)
     except AutotuneError as exc:
-        records.record_failure(trial, str(exc))
+        records.record_failure(trial, str(exc), records.ERROR)
         return Outcome(TrialState.FAIL, reason=str(exc))
     records.record_plan(trial, plan)
     pruner = PruneCheck(search.study, trial, request.objective)

@@ -16,7 +16,7 @@ from autotune.errors import RunFailed
 from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.libs import Libraries
 from autotune.machine import Machine
-from autotune.replicates import ReplicatePolicy
+from autotune.replicates import Measurement, ReplicatePolicy
 from autotune.results import InstanceResult, RunResult
 from autotune.space import SpaceError
 from tests.conftest import lscpu
@@ -47,8 +47,8 @@ def fake_result(latencies: list[float]) -> RunResult:
 
 
 def request(tmp_path: Path, trials: int, **kw: object) -> search_loop.SearchRequest:
-    return search_loop.SearchRequest(model="resnet18", trials=trials, space=SPACE, studies_dir=tmp_path / "studies",
-                               cache_dir=tmp_path / "cache", **kw)  # type: ignore[arg-type]
+    return search_loop.SearchRequest(**{"model": "resnet18", "trials": trials, "space": SPACE,  # type: ignore[arg-type]
+                                        "studies_dir": tmp_path / "studies", "cache_dir": tmp_path / "cache", **kw})
 
 
 def search(tmp_path: Path, here: Machine, trials: int, **kw: object) -> optuna.Study:
@@ -207,7 +207,9 @@ def test_a_study_from_before_settings_adopts_todays_and_measures_its_trials_agai
 
 
 def test_a_duplicate_reuses_only_a_trial_measured_under_the_same_settings(tmp_path: Path, here: Machine) -> None:
-    study = search(tmp_path, here, trials=2)
+    space = tmp_path / "jemalloc.yaml"
+    space.write_text("knobs:\n  allocator: [jemalloc]\n")
+    study = search(tmp_path, here, trials=2, space=space)
     trial = study.get_trials()[1]
     config, digest = trial.user_attrs["config"], trial.user_attrs["settings_digest"]
     assert records.same_config(study, 99, config, 1, digest) == trial
@@ -279,3 +281,67 @@ def test_both_objectives_give_a_pareto_front(tmp_path: Path, here: Machine) -> N
     result = search(tmp_path, here, trials=6, objective="both")
     front = records.best_trials(result)
     assert front and all(len(t.values) == 2 for t in front)
+
+
+def failing_mkldnn(*failures: InstanceResult) -> tuple[list[int], search_loop.PlanRunner]:
+    """A runner whose mkldnn runs fail as given, one per call (the last repeats), and counts them."""
+    calls: list[int] = []
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        if not plan.config.get("mkldnn"):
+            return fake_runner(plan, timeout_s)
+        calls.append(1)
+        failed = failures[min(len(calls), len(failures)) - 1]
+        if failed.ok:
+            return fake_result([90.0, 91.0, 92.0])
+        return RunResult(False, f"instance 0: {failed.reason}", (failed,), 1.0)
+
+    return calls, runner
+
+
+ONLY_MKLDNN = "knobs:\n  mkldnn: [on]\n"
+CRASH = InstanceResult(0, False, "crashed with SIGSEGV", -11, "segfault\n")
+TIMEOUT = InstanceResult(0, False, "timed out after 5s while measuring", -9, "")
+OK = InstanceResult(0, True, "", 0, "")
+WRONG = InstanceResult(0, False, "wrong answers: max relative error 0.2 > tolerance 0.001", 3, "")
+EXIT = InstanceResult(0, False, "exited with code 1: RuntimeError: no kernel", 1, "")
+
+
+@pytest.mark.parametrize(("failures", "measured", "reused_from", "cause"), [
+    ((CRASH,), 2, 2, "killed"),  # killed twice: the second outcome is reused from then on
+    ((TIMEOUT, OK), 2, 2, None),  # a timeout, then a measurement that is reused
+    ((WRONG,), 1, 1, "error"),  # wrong answers say something about the configuration: reused at once
+    ((EXIT,), 1, 1, "error"),
+])
+def test_a_failure_by_a_signal_or_timeout_is_measured_once_more_a_deterministic_one_never(
+        tmp_path: Path, here: Machine, failures: tuple[InstanceResult, ...], measured: int, reused_from: int,
+        cause: str | None) -> None:
+    space = tmp_path / "mkldnn.yaml"
+    space.write_text(ONLY_MKLDNN)
+    calls, runner = failing_mkldnn(*failures)
+    opened = search_loop.open_search(request(tmp_path, 5, space=space, replicates=ReplicatePolicy(1, 0)), here)
+    search_loop.run_search(opened, here, lambda event: None, runner=runner)
+    trials = opened.study.get_trials()
+    assert len(calls) == measured
+    assert [t.user_attrs.get("duplicate_of") for t in trials[1:]] == [None] * measured + [reused_from] * (4 - measured)
+    assert trials[reused_from].user_attrs.get("fail_cause") == cause
+
+
+def test_a_run_stopped_because_another_instance_exited_is_a_deterministic_failure(tmp_path: Path,
+                                                                                 here: Machine) -> None:
+    stopped = InstanceResult(0, False, "stopped because instance 1 failed", -9, "")
+    exited = InstanceResult(1, False, "exited with code 1: out of memory", 1, "")
+    opened = search_loop.open_search(request(tmp_path, 1), here)
+    trial = storage.ask(opened.study)
+    records.record_failed_run(trial, Measurement((RunResult(False, "instance 0: stopped", (stopped, exited), 1.0),)))
+    assert trial.user_attrs["fail_cause"] == "error"
+
+
+@pytest.mark.parametrize(("reason", "cause"), [
+    ("interrupted by the user (Ctrl-C)", "cut_short"),
+    ("left running by an autotune process (pid 12) that was killed", "cut_short"),
+    ("instance 0: crashed with SIGSEGV", "error"),  # as before causes were recorded: reused
+])
+def test_a_trial_recorded_before_causes_keeps_its_old_meaning(reason: str, cause: str) -> None:
+    trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": reason})
+    assert records.fail_cause(trial) == cause
