@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -20,6 +21,7 @@ from autotune import display, knobs, machine, models, planning, tempdirs
 from autotune.child.convert import TOLERANCE, ApplyError
 from autotune.errors import AutotuneError, Interrupted, RunFailed
 from autotune.launch import LaunchPlan, MeasureSettings
+from autotune.lock import machine_lock
 from autotune.objectives import COMPARABLE, MIN_EFFECT, MIN_ROUNDS, metric_of, min_rounds, parse_objective
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -75,6 +77,18 @@ def _rounds_option(name: str, help_text: str) -> Decorator:
 def _order_seed_option(func: Any) -> Any:
     return click.option("--seed", type=int, help="Seed of the rounds' random balanced order (default: a random "
                                                   "one, recorded with the verdict).")(func)
+
+
+def _no_wait_option(func: Any) -> Any:
+    return click.option("--no-wait", is_flag=True,
+                        help="Fail at once (exit 2) if another autotune is measuring on this machine, "
+                             "instead of waiting for it.")(func)
+
+
+def _holding(command: str, no_wait: bool) -> AbstractContextManager[None]:
+    """The machine to ourselves while measuring: one benchmark per machine at a time."""
+    return machine_lock(command, wait=not no_wait,
+                        say=lambda line: display.err.print(line, markup=False, soft_wrap=True))
 
 
 def _cache_dir_option(func: Any) -> Any:
@@ -151,10 +165,11 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 @cli.command(name="bench")
 @_model_options
 @_measure_options
+@_no_wait_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
                   example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float,
-                  tolerance: float | None, **measure: Any) -> None:
+                  tolerance: float | None, no_wait: bool, **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
 
     \b
@@ -168,10 +183,11 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
                                                example_inputs=example_inputs, tolerance=tolerance)
     here = machine.this_machine()
     launch = planning.make_plan(request, here)
-    planning.check_model(request, here, timeout)
-    with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
-                        f"{len(launch.instances)} instance(s)", quiet=as_json):
-        result = run_plan(launch, timeout)
+    with _holding("bench", no_wait):
+        planning.check_model(request, here, timeout)
+        with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
+                            f"{len(launch.instances)} instance(s)", quiet=as_json):
+            result = run_plan(launch, timeout)
     _emit({"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
@@ -200,10 +216,11 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @_rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
 @_min_effect_option
 @_measure_options
+@_no_wait_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, confirm_top: int, confirm_rounds: int, min_effect: float,
-           timeout: float, tolerance: float | None, cache_dir: Path, **measure: Any) -> None:
+           timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool, **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -227,19 +244,22 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
         command_line=" ".join(["autotune", *sys.argv[1:]]))
     here = machine.this_machine()
-    opened = search_loop.open_search(request, here, check=planning.check_model)
-    for note in opened.notes:
-        display.err.print(f"note: {note}", markup=False)
-    progress = display.SearchProgress(request.objective)
-    try:
-        search_loop.run_search(opened, here, progress)
-    finally:
-        progress.close()
-    display.best_table(opened.name, request.objective, best_measured(opened.study)[:5], opened.storage)
-    if opened.should_confirm(confirm_top):
-        _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)
-    elif confirm_top > 0:
-        display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes it)")
+    search_loop.validate(request, here)  # a bad input is said at once, not after waiting for the machine
+    with _holding("search", no_wait):
+        opened = search_loop.open_search(request, here, check=planning.check_model)
+        for note in opened.notes:
+            display.err.print(f"note: {note}", markup=False)
+        progress = display.SearchProgress(request.objective)
+        try:
+            search_loop.run_search(opened, here, progress)
+        finally:
+            progress.close()
+        display.best_table(opened.name, request.objective, best_measured(opened.study)[:5], opened.storage)
+        if opened.should_confirm(confirm_top):
+            _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)
+        elif confirm_top > 0:
+            display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes "
+                              "it)")
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -267,8 +287,9 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 @_min_effect_option
 @_timeout_option
 @_order_seed_option
+@_no_wait_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
-                    timeout: float, seed: int | None) -> None:
+                    timeout: float, seed: int | None, no_wait: bool) -> None:
     """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
 
     \b
@@ -279,7 +300,9 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
     from autotune.storage import find_study
 
     check_rounds(rounds, top)
-    _confirm(find_study(STUDIES, study_name, storage), top, rounds, min_effect, timeout, seed)
+    found = find_study(STUDIES, study_name, storage)
+    with _holding("confirm", no_wait):
+        _confirm(found, top, rounds, min_effect, timeout, seed)
 
 
 @cli.command(name="compare")
@@ -292,8 +315,9 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
 @click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
 @_timeout_option
 @_order_seed_option
+@_no_wait_option
 def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
-                    min_effect: float, objective: str, timeout: float, seed: int | None) -> None:
+                    min_effect: float, objective: str, timeout: float, seed: int | None, no_wait: bool) -> None:
     """Measure two configurations (trial numbers or env files) the same way; speedup of SECOND over FIRST.
 
     \b
@@ -308,7 +332,8 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     metric = metric_of(parse_objective(objective, COMPARABLE))
     pair = confirm.distinct([confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
                                                     _plan_from_env_file) for spec in (first, second)])
-    measured = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress, seed)
+    with _holding("compare", no_wait):
+        measured = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress, seed)
     comparison = confirm.compared(measured, metric, min_effect)
     display.comparison(measured, metric, comparison)
     if comparison is None:
@@ -328,8 +353,9 @@ def _plan_from_env_file(path: str) -> LaunchPlan:
 @click.option("--artifacts", type=click.Path(path_type=Path, file_okay=False),
               help="Compile the configuration once into this folder; autotune.apply loads it from there.")
 @_timeout_option
+@_no_wait_option
 def export_command(path: Path, study_name: str | None, storage: str | None,
-                   trial_number: int | None, artifacts: Path | None, timeout: float) -> None:
+                   trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool) -> None:
     """Write the best configuration (or --trial N) as a bash env file to `source`.
 
     \b
@@ -346,8 +372,8 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
     trial = export.pick_trial(found, trial_number)
     text = export.render(found, trial, artifacts)
     if artifacts is not None:
-        with display.status(f"compiling trial {trial.number} into {artifacts}"):
-            compiled = planning.build_artifacts(plan_of(trial), artifacts, timeout)
+        with _holding("export", no_wait), display.status(f"compiling trial {trial.number} into {artifacts}"):
+            compiled = planning.build_artifacts(plan_of(trial), artifacts, timeout)  # all cores: spoils timings
         if not compiled:
             display.err.print(f"note: trial {trial.number} runs its model as it is; nothing to compile into "
                               f"{artifacts}", markup=False, soft_wrap=True)

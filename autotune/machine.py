@@ -49,6 +49,24 @@ def torch_versions() -> dict[str, str | None]:
     }
 
 
+def fingerprint(machine: Machine) -> dict[str, Any]:
+    """What makes timings from two hosts incomparable: CPU model and ISA, cores, memory. Not the
+    hostname, which a container changes on every start."""
+    topo = machine.topology
+    return {"cpu_model": cpuinfo()[0], "isa": list(cpu.isa()), "sockets": len(topo.sockets),
+            "physical_cores": len(topo.all_cores), "logical_cpus": len(topo.cpus),
+            "usable_physical_cores": len(topo.usable_cores), "memory_gib": memory_gib()}
+
+
+def memory_gib() -> int | None:
+    """Total memory, rounded to GiB (the kernel's own reservations vary by a few MiB per boot)."""
+    try:
+        found = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    except OSError:
+        return None
+    return round(int(found.group(1)) / 2**20) if found else None
+
+
 def report(machine: Machine) -> dict[str, Any]:
     """Everything `autotune doctor` shows, as plain data."""
     topo, found = machine.topology, machine.libs

@@ -133,7 +133,7 @@ def _barrier(children: list[_Child], deadline: float, timeout_s: float) -> bool:
         _stop_unfinished(children, f"timed out after {timeout_s:g}s before measuring "
                                    "(model setup or warmup too slow, or hung)")
         return False
-    dead = [c for c in children if not c.said(b"ready")]
+    dead = [c for c in children if not c.said(b"ready") and c.proc.poll() is not None]
     if dead:
         _stop_unfinished(children, f"stopped because instance {dead[0].plan.index} failed")
         return False

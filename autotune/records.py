@@ -7,28 +7,38 @@ this module, so an attribute's name and meaning have one owner.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import hashlib
+import json
 import os
 import shlex
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import __version__
+from autotune import __version__, storage
 from autotune.child.cpu import cpuinfo
 from autotune.errors import INTERRUPTED_BY
 from autotune.launch import LaunchPlan
 from autotune.machine import Machine
 from autotune.objectives import Metric
 from autotune.replicates import Measurement
+from autotune.results import RunResult
 from autotune.storage import StudyError
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 STDERR_TAIL_KEPT = 2000
-# Failures that say nothing about the configuration: it is worth running again.
-CUT_SHORT = (INTERRUPTED_BY, "left running by")
+# Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
+CUT_SHORT = "cut_short"  # the user or a killed autotune stopped it: says nothing, always run again
+KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run again once
+ERROR = "error"  # wrong answers, an exception, an exit code: the configuration's own, reused
+KILLED_RERUNS = 1
+LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fail_cause
 
 
 def baseline(study: optuna.Study) -> FrozenTrial | None:
@@ -96,52 +106,98 @@ def claim(study: optuna.Study, wanted: Mapping[str, Any], space: dict[str, Any],
                          f"libraries or cores changed since); use another --study name or the same --space")
 
 
+def claim_settings(study: optuna.Study, settings: Mapping[str, Any], flags: Mapping[str, str]) -> list[str]:
+    """A study is resumed only under the settings it was measured with; `flags` names the option
+    behind each setting. A study from before settings were recorded adopts today's, and says so."""
+    recorded = study.user_attrs.get("settings")
+    if recorded is None:
+        study.set_user_attr("settings", dict(settings))
+        study.set_user_attr("settings_digest", settings_digest(settings))
+        return [f"study {study.study_name} was made before autotune recorded its measurement settings "
+                f"(input shape, timing, replicates, tolerance, torch, this machine); it now records today's, "
+                f"and its earlier trials are measured again rather than reused"]
+    for key, value in json.loads(json.dumps(dict(settings))).items():
+        if key in recorded and recorded[key] != value:
+            raise StudyError(f"study {study.study_name!r} was measured with {key}={_shown(recorded[key])}, not "
+                             f"{_shown(value)}; use another --study name{_same(key, flags)}")
+    return []
+
+
+def _shown(value: Any) -> str:
+    return "the default" if value is None else str(value)
+
+
+def _same(key: str, flags: Mapping[str, str]) -> str:
+    if key in flags:
+        return f" or the same {flags[key]}"
+    return " (measurements from another machine or torch do not mix)"
+
+
+def settings_digest(settings: Mapping[str, Any]) -> str:
+    """Names the settings a trial was measured under: only a trial with the same digest is reused."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def claim_trial(trial: optuna.Trial) -> None:
-    """Who runs this trial: a later autotune can tell a dead owner from a live one."""
+    """Who runs this trial; its heartbeat (storage.heartbeat) tells a later autotune it is alive."""
     trial.set_user_attr("host", socket.gethostname())
     trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("heartbeat_s", storage.HEARTBEAT_INTERVAL_S)
 
 
 def abandon_stale_trials(study: optuna.Study) -> list[int]:
-    """RUNNING trials whose autotune process on this host is gone become FAIL, never left dangling."""
-    host = socket.gethostname()
-    stale = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid = trial.user_attrs.get("pid")
-        if trial.user_attrs.get("host") != host or (isinstance(pid, int) and _alive(pid)):
-            continue
-        storage = study._storage
-        storage.set_trial_user_attr(trial._trial_id, "status", "failed")
-        storage.set_trial_user_attr(trial._trial_id, "fail_reason",
-                                    f"left running by an autotune process (pid {pid}) that was killed")
-        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-        stale.append(trial.number)
-    return stale
+    """RUNNING trials whose autotune stopped beating (killed, on any host) become FAIL, never
+    left dangling. A trial of an autotune older than heartbeats has none: it is stale once it is
+    older than the grace period."""
+    stale_ids = storage.stale_trial_ids(study)
+    stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+             if t._trial_id in stale_ids or _stale_without_heartbeat(t)]
+    for trial in stale:
+        _fail_stale(study, trial)
+    return [t.number for t in stale]
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _stale_without_heartbeat(trial: FrozenTrial) -> bool:
+    started = trial.datetime_start
+    return ("heartbeat_s" not in trial.user_attrs and started is not None
+            and (datetime.datetime.now() - started).total_seconds() > storage.GRACE_PERIOD_S)
 
 
-def same_config(study: optuna.Study, number: int, config: str, batch: int) -> FrozenTrial | None:
-    """An earlier finished trial that ran exactly this configuration, unless it was cut short by
-    the user or a killed autotune (those are worth running again)."""
-    return next((t for t in study.get_trials(deepcopy=False, states=FINISHED)
-                 if t.user_attrs.get("config") == config and t.number != number
-                 and t.user_attrs.get("batch_size", batch) == batch
-                 and not t.user_attrs.get("baseline") and not _cut_short(t)), None)
+def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> None:
+    """What optuna.storages.fail_stale_trials does, with the reason recorded first (a finished
+    trial's attributes cannot change)."""
+    backend = study._storage
+    reason = (f"left running by an autotune process (pid {trial.user_attrs.get('pid')}) that was killed: "
+              f"no heartbeat for over {storage.GRACE_PERIOD_S}s")
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another autotune got it first
+        backend.set_trial_user_attr(trial._trial_id, "status", "failed")
+        backend.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+        backend.set_trial_user_attr(trial._trial_id, "fail_cause", CUT_SHORT)
+        backend.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
 
 
-def _cut_short(trial: FrozenTrial) -> bool:
-    return str(trial.user_attrs.get("fail_reason", "")).startswith(CUT_SHORT)
+def same_config(study: optuna.Study, number: int, config: str, batch: int, digest: str) -> FrozenTrial | None:
+    """The earlier trial whose result this configuration reuses (None: measure it). Only trials that
+    measured it under the same settings count, never one cut short; a killed one counts once it
+    was run again KILLED_RERUNS times, and then the latest outcome is reused."""
+    ran = [t for t in study.get_trials(deepcopy=False, states=FINISHED)
+           if t.user_attrs.get("config") == config and t.number != number
+           and t.user_attrs.get("batch_size", batch) == batch and t.user_attrs.get("settings_digest") == digest
+           and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT]
+    settled = [t for t in ran if fail_cause(t) != KILLED]
+    if settled:
+        return settled[0]
+    return ran[-1] if len(ran) > KILLED_RERUNS else None
+
+
+def fail_cause(trial: FrozenTrial) -> str | None:
+    """CUT_SHORT, KILLED or ERROR for a failed trial (None otherwise); read from the text for
+    trials recorded before causes were."""
+    if trial.state != TrialState.FAIL:
+        return None
+    if "fail_cause" in trial.user_attrs:
+        return str(trial.user_attrs["fail_cause"])
+    return CUT_SHORT if str(trial.user_attrs.get("fail_reason", "")).startswith(LEGACY_CUT_SHORT) else ERROR
 
 
 def copy_result(trial: optuna.Trial, duplicate: FrozenTrial) -> None:
@@ -165,9 +221,10 @@ def record_plan(trial: optuna.Trial, plan: LaunchPlan) -> None:
         trial.set_user_attr(f"instance_{inst.index}_command", shlex.join(inst.command))
 
 
-def record_failure(trial: optuna.Trial, reason: str, stderr_tail: str = "") -> None:
+def record_failure(trial: optuna.Trial, reason: str, cause: str, stderr_tail: str = "") -> None:
     trial.set_user_attr("status", "failed")
     trial.set_user_attr("fail_reason", reason)
+    trial.set_user_attr("fail_cause", cause)
     if stderr_tail:
         trial.set_user_attr("stderr_tail", stderr_tail[-STDERR_TAIL_KEPT:])
 
@@ -175,8 +232,46 @@ def record_failure(trial: optuna.Trial, reason: str, stderr_tail: str = "") -> N
 def record_failed_run(trial: optuna.Trial, measurement: Measurement) -> None:
     failed = next(r for r in measurement.runs if not r.ok)
     tail = next((i.stderr_tail for i in failed.instances if not i.ok and i.stderr_tail), "")
-    record_failure(trial, measurement.reason, tail)
+    record_failure(trial, measurement.reason, _run_cause(failed), tail)
     trial.set_user_attr("instances", failed.summary()["instances"])
+
+
+def _run_cause(failed: RunResult) -> str:
+    """KILLED when every failed instance died of a signal (the orchestrator kills a timed-out or
+    stopped instance with SIGKILL); an exit code, an error result or a failed start is ERROR."""
+    codes = [i.returncode for i in failed.instances if not i.ok]
+    return KILLED if codes and all(code is not None and code < 0 for code in codes) else ERROR
+
+
+def restore_kept(study: optuna.Study, path: Path, max_latency_ms: float | None) -> int | None:
+    """A trial's measurement kept aside while the study was locked, recorded now on that trial if
+    it is still RUNNING (then the file is removed); its number, or None when there was nothing to do."""
+    data = json.loads(path.read_text())
+    frozen = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number == data.get("trial")), None)
+    if frozen is None:
+        return None
+    trial = optuna.Trial(study, frozen._trial_id)
+    state = TrialState[data["state"]]
+    for key, value in data.get("summary", {}).items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("restored_from", str(path))
+    if state == TrialState.FAIL:
+        record_failure(trial, data["reason"], data.get("cause", ERROR))
+    elif state == TrialState.PRUNED:
+        record_pruned(trial, data["reason"])
+    else:
+        trial.set_user_attr("status", "ok")
+        if max_latency_ms is not None:
+            record_constraint(trial, float(data["summary"]["latency_p90_ms"]) - max_latency_ms)
+    study.tell(trial, data["values"] if state == TrialState.COMPLETE else None, state=state)
+    path.unlink()
+    return frozen.number
+
+
+def failure_cause(measurement: Measurement) -> str:
+    """KILLED or ERROR for a measurement with a failed run."""
+    return _run_cause(next(r for r in measurement.runs if not r.ok))
 
 
 def record_pruned(trial: optuna.Trial, reason: str) -> None:

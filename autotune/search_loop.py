@@ -11,7 +11,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -22,7 +22,7 @@ from autotune import models, planning, records, space, storage
 from autotune.errors import AutotuneError, RunFailed, interrupt_reason
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
-from autotune.machine import Machine, machine_has_bf16
+from autotune.machine import Machine, fingerprint, machine_has_bf16, torch_versions
 from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
 from autotune.orchestrate import run_plan
 from autotune.pruning import PruneCheck
@@ -35,6 +35,10 @@ DIRECTIONS: dict[Objective, list[optuna.study.StudyDirection]] = {
     "latency": [MIN], "throughput": [MAX], "both": [MIN, MAX]}
 STARTUP_TRIALS = 8  # random trials before TPE models the space
 T = TypeVar("T")
+# The option behind each recorded measurement setting (the others are the machine and torch).
+SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
+                 "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
+                 "timeout_s": "--timeout", "tolerance": "--tolerance"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class Search:
     storage: str
     notes: tuple[str, ...] = field(default=())
     finished_before: int = 0
+    settings_digest: str = ""
 
     def should_confirm(self, top: int) -> bool:
         """Confirm when asked and something new ran, or when the study holds no verdict yet."""
@@ -144,13 +149,26 @@ def open_search(request: SearchRequest, machine: Machine,
     url = storage.storage_url(name, request.storage, request.studies_dir)
     study = storage.create(name, url, DIRECTIONS[request.objective], _sampler(request.seed),
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
-    records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine))
-    notes = [*adapted.notes, *(f"trial {n} was left running by a killed autotune; marked failed"
-                               for n in records.abandon_stale_trials(study))]
+    settings = _settings(request, model, machine)
+    records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
+    notes = [*adapted.notes, *records.claim_settings(study, settings, SETTING_FLAGS),
+             *_restore_kept(study, url, request),
+             *(f"trial {n} was left running by a killed autotune; marked failed"
+               for n in records.abandon_stale_trials(study))]
     done = records.finished(study)
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
-    return Search(request, study, adapted, model, name, url, tuple(notes), done)
+    return Search(request, study, adapted, model, name, url, tuple(notes), done, records.settings_digest(settings))
+
+
+def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list[str]:
+    """Measurements a locked database kept out of the study last time are recorded now."""
+    notes = []
+    for path in storage.kept_aside(url, request.studies_dir, study.study_name):
+        number = records.restore_kept(study, path, request.max_latency_ms)
+        if number is not None:
+            notes.append(f"trial {number}'s measurement, kept in {path} while the study was locked, is recorded now")
+    return notes
 
 
 def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
@@ -159,9 +177,19 @@ def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
     return wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
 
 
-def _description(request: SearchRequest, machine: Machine) -> dict[str, Any]:
+def _description(request: SearchRequest, machine: Machine, settings: dict[str, Any]) -> dict[str, Any]:
     return {"host": records.host_fingerprint(machine), "created_by": request.command_line,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": settings,
+            "settings_digest": records.settings_digest(settings)}
+
+
+def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine) -> dict[str, Any]:
+    """Everything besides the configuration that a measurement depends on, as plain JSON values."""
+    versions = torch_versions()
+    return {"input_shape": "x".join(map(str, model.item_shape)), **asdict(request.measure),
+            "replicates": request.replicates.replicates, "timeout_s": request.replicates.timeout_s,
+            "tolerance": request.tolerance, "torch": versions["torch"], "onednn": versions["onednn"],
+            **fingerprint(machine)}
 
 
 def _sampler(seed: int | None) -> optuna.samplers.BaseSampler:
@@ -177,9 +205,10 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
     study = search.study
     start = time.monotonic()
     while _patiently(search, lambda: records.finished(study)) < search.request.trials:
-        is_baseline, trial = _patiently(search, lambda: (records.baseline(study) is None, study.ask()))
+        is_baseline, trial = _patiently(search, lambda: (records.baseline(study) is None, storage.ask(study)))
         try:
-            _run_trial(search, machine, trial, is_baseline, start, on_event, runner)
+            with storage.heartbeat(study, trial):
+                _run_trial(search, machine, trial, is_baseline, start, on_event, runner)
         except KeyboardInterrupt as exc:
             _abandon(search, trial, interrupt_reason(exc))
             raise
@@ -202,7 +231,7 @@ def _abandon(search: Search, trial: optuna.Trial, reason: str) -> None:
 
     def fail() -> None:
         if not study._storage.get_trial(trial._trial_id).state.is_finished():
-            records.record_failure(trial, reason)
+            records.record_failure(trial, reason, records.CUT_SHORT)
             study.tell(trial, state=TrialState.FAIL)
 
     with contextlib.suppress(StudyLocked):
@@ -233,6 +262,7 @@ def _start_trial(search: Search, trial: optuna.Trial, is_baseline: bool) -> tupl
     trial.set_user_attr("baseline", is_baseline)
     trial.set_user_attr("config", config.describe())
     trial.set_user_attr("batch_size", batch)
+    trial.set_user_attr("settings_digest", search.settings_digest)
     return config, batch
 
 
@@ -254,15 +284,15 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
     recorded by `_store`, so that a locked database cannot lose it."""
     request = search.request
-    duplicate = _patiently(search, lambda: records.same_config(search.study, trial.number, config.describe(),
-                                                               batch)) if config.values else None
+    duplicate = _patiently(search, lambda: records.same_config(search.study, trial.number, config.describe(), batch,
+                                                               search.settings_digest)) if config.values else None
     if duplicate is not None:
         return _reuse(search, trial, duplicate)
     try:
         plan = planning.make_plan(_bench_request(request, config, batch), machine)
     except AutotuneError as exc:
         reason = str(exc)
-        _patiently(search, lambda: records.record_failure(trial, reason))
+        _patiently(search, lambda: records.record_failure(trial, reason, records.ERROR))
         return Outcome(TrialState.FAIL, reason=reason)
     _patiently(search, lambda: records.record_plan(trial, plan))
     pruner = PruneCheck(search.study, trial, request.objective)
@@ -306,6 +336,7 @@ def _unsaved(search: Search, trial: optuna.Trial, outcome: Outcome) -> dict[str,
     return {"study": search.name, "storage": search.storage, "trial": trial.number,
             "params": trial.params, "state": outcome.state.name, "values": list(outcome.values),
             "reason": outcome.reason, "summary": measurement.summary() if measurement.ok else {},
+            "cause": "" if measurement.ok else records.failure_cause(measurement),
             "samples_ms": measurement.samples(), "runs": [run.summary() for run in measurement.runs]}
 
 

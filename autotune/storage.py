@@ -3,10 +3,12 @@ storage failure becomes a user-facing error."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -29,6 +31,10 @@ LOCKED = ("database is locked", "database table is locked")
 DAMAGED = ("malformed", "file is not a database", "database disk image")
 WAITING = "note: waiting for the study database (locked by another process)"
 T = TypeVar("T")
+# A running trial's autotune writes a heartbeat this often; a RUNNING trial without one for
+# GRACE_PERIOD_S was left by a killed autotune (on any host: containers change hostnames).
+HEARTBEAT_INTERVAL_S = 10
+GRACE_PERIOD_S = 60
 
 
 class StudyError(AutotuneError):
@@ -128,11 +134,20 @@ def _to_stderr(text: str) -> None:
 
 def keep_aside(url: str, studies_dir: Path, stem: str, data: dict[str, Any]) -> Path:
     """What could not be written to the study, as a JSON file beside it (`stem`.unsaved.json)."""
-    folder = Path(url[len(SQLITE):]).parent if url.startswith(SQLITE) else studies_dir
+    folder = _aside(url, studies_dir)
     path = folder / f"{safe_name(stem)}.unsaved.json"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
+
+
+def kept_aside(url: str, studies_dir: Path, name: str) -> list[Path]:
+    """The files `keep_aside` wrote for study `name`'s trials, oldest trial first."""
+    return sorted(_aside(url, studies_dir).glob(f"{safe_name(name)}.trial-*.unsaved.json"))
+
+
+def _aside(url: str, studies_dir: Path) -> Path:
+    return Path(url[len(SQLITE):]).parent if url.startswith(SQLITE) else studies_dir
 
 
 def check_intact(url: str) -> None:
@@ -168,6 +183,13 @@ def quiet_optuna() -> Iterator[None]:
         yield
 
 
+def _rdb(url: str) -> optuna.storages.RDBStorage:
+    """The one storage construction for every study opened here, heartbeat enabled."""
+    with quiet_optuna():
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                                          grace_period=GRACE_PERIOD_S)
+
+
 def create(name: str, url: str, directions: list[optuna.study.StudyDirection],
            sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner) -> optuna.Study:
     """Create or load; the schema-creation race of a brand-new SQLite file is retried."""
@@ -178,7 +200,7 @@ def create(name: str, url: str, directions: list[optuna.study.StudyDirection],
         for attempt in range(CREATE_ATTEMPTS):
             try:
                 with quiet_optuna():
-                    return optuna.create_study(study_name=name, storage=url, load_if_exists=True,
+                    return optuna.create_study(study_name=name, storage=_rdb(url), load_if_exists=True,
                                                directions=directions, sampler=sampler, pruner=pruner)
             except sqlalchemy.exc.IntegrityError:
                 if attempt == CREATE_ATTEMPTS - 1:
@@ -214,6 +236,45 @@ def load(name: str, storage: str) -> optuna.Study:
     check_intact(storage)
     try:
         with quiet_optuna(), storage_errors(storage):
-            return optuna.load_study(study_name=name, storage=storage)
+            return optuna.load_study(study_name=name, storage=_rdb(storage))
     except KeyError:
         raise StudyError(f"no study {name!r} in {storage}") from None
+
+
+def ask(study: optuna.Study) -> optuna.Trial:
+    """A new trial; Optuna warns that heartbeats are meant for `optimize`, but `heartbeat` below
+    does that loop's job for ask/tell."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
+        return study.ask()
+
+
+@contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Beat for `trial` while the block runs, so that another autotune can tell it is alive."""
+    stop = threading.Event()
+    beater = threading.Thread(target=_beat, args=(study._storage, trial._trial_id, stop),
+                              name="autotune-heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join()
+
+
+def _beat(storage: optuna.storages.BaseStorage, trial_id: int, stop: threading.Event) -> None:
+    """A missed beat (database busy) is not fatal: the grace period spans several."""
+    while True:
+        with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):
+            storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+        if stop.wait(HEARTBEAT_INTERVAL_S):
+            return
+
+
+def stale_trial_ids(study: optuna.Study) -> set[int]:
+    """RUNNING trials whose heartbeat stopped more than GRACE_PERIOD_S ago (Optuna's own test)."""
+    backend = study._storage
+    if not optuna.storages._heartbeat.is_heartbeat_enabled(backend):
+        return set()
+    return set(backend._get_stale_trial_ids(study._study_id))  # type: ignore[attr-defined]

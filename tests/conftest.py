@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from autotune.libs import Libraries
+from autotune.lock import LOCK_ENV
 from autotune.topology import Topology, from_lscpu_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -28,3 +31,17 @@ def fake_libs() -> Libraries:
         numactl_usable=True,
         taskset=Path("/usr/bin/taskset"),
     )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_machine_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The tests' own machine lock (inherited by the autotune processes they start): a test never
+    waits for a real autotune measuring on this machine, nor holds one up."""
+    path = tmp_path_factory.mktemp("lock") / "autotune.lock"
+    before = os.environ.get(LOCK_ENV)
+    os.environ[LOCK_ENV] = str(path)
+    yield path
+    if before is None:
+        del os.environ[LOCK_ENV]
+    else:
+        os.environ[LOCK_ENV] = before

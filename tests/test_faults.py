@@ -82,7 +82,7 @@ def test_a_study_locked_during_a_trial_waits_and_loses_nothing(tmp_path: Path, h
     assert capfd.readouterr().err.count(storage.WAITING) == 1
 
 
-def test_a_lock_past_the_wait_keeps_the_measurement_and_the_next_start_fails_the_trial(
+def test_a_lock_past_the_wait_keeps_the_measurement_and_the_next_start_records_it(
         tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage, "LOCK_WAIT_S", 1.0)
     opened = search_loop.open_search(request(tmp_path, 3, replicates=_one()), here)
@@ -100,9 +100,12 @@ def test_a_lock_past_the_wait_keeps_the_measurement_and_the_next_start_fails_the
     holders[0].kill()
     holders[0].wait()
     again = search_loop.open_search(request(tmp_path, 3, replicates=_one()), here)
-    assert [t.state for t in again.study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL]
-    assert again.study.get_trials()[1].user_attrs["fail_reason"].startswith("left running by an autotune process")
-    assert any("trial 1 was left running" in note for note in again.notes)
+    restored = again.study.get_trials()[1]
+    assert restored.state == TrialState[saved["state"]] and not kept.exists()
+    assert restored.values == (saved["values"] or None) and restored.user_attrs["restored_from"] == str(kept)
+    if saved["state"] == "COMPLETE":
+        assert restored.user_attrs["latency_p50_ms"] == saved["summary"]["latency_p50_ms"]
+    assert f"trial 1's measurement, kept in {kept} while the study was locked, is recorded now" in again.notes
 
 
 def _one() -> ReplicatePolicy:
@@ -270,7 +273,7 @@ def test_an_interrupted_trial_records_what_stopped_it_and_runs_again(
         search_loop.run_search(opened, here, lambda e: None, runner=interrupted)
     cut = opened.study.get_trials()[-1]
     assert (cut.state, cut.user_attrs["fail_reason"]) == (TrialState.FAIL, reason)
-    assert records.same_config(opened.study, 99, cut.user_attrs["config"], 1) is None
+    assert records.same_config(opened.study, 99, cut.user_attrs["config"], 1, opened.settings_digest) is None
 
 
 def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -> None:

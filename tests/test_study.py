@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import statistics
+import time
 from pathlib import Path
 
 import optuna
@@ -13,9 +13,10 @@ from optuna.trial import TrialState
 
 from autotune import records, search_loop, storage
 from autotune.errors import RunFailed
-from autotune.launch import LaunchPlan
+from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.libs import Libraries
 from autotune.machine import Machine
+from autotune.replicates import Measurement, ReplicatePolicy
 from autotune.results import InstanceResult, RunResult
 from autotune.space import SpaceError
 from tests.conftest import lscpu
@@ -46,8 +47,8 @@ def fake_result(latencies: list[float]) -> RunResult:
 
 
 def request(tmp_path: Path, trials: int, **kw: object) -> search_loop.SearchRequest:
-    return search_loop.SearchRequest(model="resnet18", trials=trials, space=SPACE, studies_dir=tmp_path / "studies",
-                               cache_dir=tmp_path / "cache", **kw)  # type: ignore[arg-type]
+    return search_loop.SearchRequest(**{"model": "resnet18", "trials": trials, "space": SPACE,  # type: ignore[arg-type]
+                                        "studies_dir": tmp_path / "studies", "cache_dir": tmp_path / "cache", **kw})
 
 
 def search(tmp_path: Path, here: Machine, trials: int, **kw: object) -> optuna.Study:
@@ -92,19 +93,43 @@ def test_rerun_resumes_and_trials_counts_the_total(tmp_path: Path, here: Machine
     assert sum(bool(t.user_attrs.get("baseline")) for t in more.get_trials()) == 1
 
 
-def test_stale_running_trials_of_dead_processes_become_failed(tmp_path: Path, here: Machine) -> None:
-    opened = search_loop.open_search(request(tmp_path, 1), here)
-    dead = opened.study.ask()
-    dead.set_user_attr("host", socket.gethostname())
-    dead.set_user_attr("pid", 2**22 + 12345)  # no such process
-    alive = opened.study.ask()
-    alive.set_user_attr("host", socket.gethostname())
-    alive.set_user_attr("pid", os.getppid())
-    assert records.abandon_stale_trials(opened.study) == [dead.number]
+def test_running_trials_are_told_apart_by_heartbeat_not_hostname(tmp_path: Path, here: Machine,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "HEARTBEAT_INTERVAL_S", 1)
+    monkeypatch.setattr(storage, "GRACE_PERIOD_S", 2)
+    opened = search_loop.open_search(request(tmp_path, 1, replicates=ReplicatePolicy(1, 0)), here)
+    dead = storage.ask(opened.study)
+    records.claim_trial(dead)  # this host and a live pid (ours): neither tells whether it runs
+    with storage.heartbeat(opened.study, dead):
+        pass  # one beat, then its autotune was killed
+    seen = []
+
+    def slow(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        time.sleep(3.5)  # longer than the grace period: only the heartbeat keeps this trial alive
+        seen.append(records.abandon_stale_trials(storage.load(opened.name, opened.storage)))
+        return fake_runner(plan, timeout_s)
+
+    search_loop.run_search(opened, here, lambda event: None, runner=slow)
+    assert seen == [[dead.number]]
     trials = opened.study.get_trials()
-    assert trials[0].state == TrialState.FAIL
-    assert trials[0].user_attrs["fail_reason"].startswith("left running by an autotune process")
-    assert trials[1].state == TrialState.RUNNING
+    assert trials[dead.number].state == TrialState.FAIL
+    assert trials[dead.number].user_attrs["fail_reason"] == (
+        f"left running by an autotune process (pid {os.getpid()}) that was killed: no heartbeat for over 2s")
+    assert trials[-1].state == TrialState.COMPLETE and trials[-1].user_attrs["baseline"]
+
+
+def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_grace_period(
+        tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "GRACE_PERIOD_S", 1)
+    opened = search_loop.open_search(request(tmp_path, 1), here)
+    legacy = storage.ask(opened.study)
+    legacy.set_user_attr("host", "another-container")
+    legacy.set_user_attr("pid", 2**22 + 12345)
+    assert records.abandon_stale_trials(opened.study) == []  # too young to tell
+    time.sleep(1.2)
+    assert records.abandon_stale_trials(opened.study) == [legacy.number]
+    assert opened.study.get_trials()[0].user_attrs["fail_reason"].startswith(
+        "left running by an autotune process (pid 4206649) that was killed")
 
 
 def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine) -> None:
@@ -112,6 +137,83 @@ def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine
     with pytest.raises(storage.StudyError, match="study 'mine' was made for model=resnet18, not resnet50"):
         search_loop.open_search(search_loop.SearchRequest(model="resnet50", trials=1, space=SPACE, study="mine",
                                               studies_dir=tmp_path / "studies"), here)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"input_shape": "3x128x128"}, "input_shape=3x224x224, not 3x128x128; use another --study name or the "
+                                       "same --input-shape"),
+        ({"measure": MeasureSettings(duration_s=5.0)}, "duration_s=2.0, not 5.0; use another --study name or the "
+                                                       "same --duration"),
+        ({"replicates": ReplicatePolicy(replicates=5)}, "replicates=3, not 5; use another --study name or the "
+                                                        "same --replicates"),
+        ({"replicates": ReplicatePolicy(timeout_s=60.0)}, "timeout_s=900.0, not 60.0; use another --study name or "
+                                                          "the same --timeout"),
+        ({"tolerance": 0.01}, "tolerance=the default, not 0.01; use another --study name or the same --tolerance"),
+    ],
+)
+def test_resuming_with_other_measurement_settings_is_refused(tmp_path: Path, here: Machine, change: dict[str, object],
+                                                             message: str) -> None:
+    search(tmp_path, here, trials=2, study="mine")
+    with pytest.raises(storage.StudyError) as refused:
+        search_loop.open_search(request(tmp_path, 3, study="mine", **change), here)
+    assert str(refused.value) == f"study 'mine' was measured with {message}"
+    assert records.finished(storage.load("mine", f"sqlite:///{tmp_path}/studies/mine.db")) == 2
+
+
+@pytest.mark.parametrize(("where", "key", "other"), [
+    (search_loop, "torch_versions", {"torch": "9.9.9", "onednn": "3.7.1"}),
+    (search_loop, "fingerprint", {"cpu_model": "Another CPU", "memory_gib": 1}),
+])
+def test_resuming_on_another_machine_or_torch_is_refused(tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch,
+                                                         where: object, key: str, other: dict[str, object]) -> None:
+    search(tmp_path, here, trials=1, study="mine")
+    real = getattr(where, key)
+    monkeypatch.setattr(where, key, lambda *args: {**real(*args), **other})
+    with pytest.raises(storage.StudyError, match=r"^study 'mine' was measured with (torch|cpu_model)=.*, not "
+                                                 r"(9\.9\.9|Another CPU); use another --study name \(measurements "
+                                                 r"from another machine or torch do not mix\)$"):
+        search_loop.open_search(request(tmp_path, 3, study="mine"), here)
+
+
+def test_the_study_records_settings_and_each_trial_their_digest(tmp_path: Path, here: Machine) -> None:
+    study = search(tmp_path, here, trials=3)
+    settings = study.user_attrs["settings"]
+    assert settings["input_shape"] == "3x224x224" and settings["duration_s"] == 2.0 and settings["replicates"] == 3
+    assert {"torch", "onednn", "cpu_model", "isa", "physical_cores", "memory_gib"} <= set(settings)
+    assert "hostname" not in settings
+    assert {t.user_attrs["settings_digest"] for t in study.get_trials()} == {study.user_attrs["settings_digest"]}
+
+
+def test_a_study_from_before_settings_adopts_todays_and_measures_its_trials_again(tmp_path: Path,
+                                                                                  here: Machine) -> None:
+    made = search(tmp_path / "new", here, trials=1, study="old")
+    (tmp_path / "studies").mkdir()
+    legacy = optuna.create_study(study_name="old", storage=f"sqlite:///{tmp_path}/studies/old.db")
+    for key, value in made.user_attrs.items():
+        if not key.startswith("settings"):
+            legacy.set_user_attr(key, value)
+    for config, latency in (("defaults", 100.0), ("allocator=jemalloc", 50.0)):
+        legacy.add_trial(optuna.trial.create_trial(
+            value=latency, user_attrs={"config": config, "baseline": config == "defaults", "batch_size": 1,
+                                       "latency_p50_ms": latency, "throughput_ips": 1000 / latency}))
+    opened = search_loop.open_search(request(tmp_path, 3, study="old"), here)
+    assert opened.notes[-1] == ("study old was made before autotune recorded its measurement settings (input shape, "
+                                "timing, replicates, tolerance, torch, this machine); it now records today's, and "
+                                "its earlier trials are measured again rather than reused")
+    assert opened.study.user_attrs["settings"] == made.user_attrs["settings"]
+    assert records.same_config(opened.study, 5, "allocator=jemalloc", 1, opened.settings_digest) is None
+
+
+def test_a_duplicate_reuses_only_a_trial_measured_under_the_same_settings(tmp_path: Path, here: Machine) -> None:
+    space = tmp_path / "jemalloc.yaml"
+    space.write_text("knobs:\n  allocator: [jemalloc]\n")
+    study = search(tmp_path, here, trials=2, space=space)
+    trial = study.get_trials()[1]
+    config, digest = trial.user_attrs["config"], trial.user_attrs["settings_digest"]
+    assert records.same_config(study, 99, config, 1, digest) == trial
+    assert records.same_config(study, 99, config, 1, "another digest") is None
 
 
 @pytest.mark.parametrize(
@@ -179,3 +281,67 @@ def test_both_objectives_give_a_pareto_front(tmp_path: Path, here: Machine) -> N
     result = search(tmp_path, here, trials=6, objective="both")
     front = records.best_trials(result)
     assert front and all(len(t.values) == 2 for t in front)
+
+
+def failing_mkldnn(*failures: InstanceResult) -> tuple[list[int], search_loop.PlanRunner]:
+    """A runner whose mkldnn runs fail as given, one per call (the last repeats), and counts them."""
+    calls: list[int] = []
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        if not plan.config.get("mkldnn"):
+            return fake_runner(plan, timeout_s)
+        calls.append(1)
+        failed = failures[min(len(calls), len(failures)) - 1]
+        if failed.ok:
+            return fake_result([90.0, 91.0, 92.0])
+        return RunResult(False, f"instance 0: {failed.reason}", (failed,), 1.0)
+
+    return calls, runner
+
+
+ONLY_MKLDNN = "knobs:\n  mkldnn: [on]\n"
+CRASH = InstanceResult(0, False, "crashed with SIGSEGV", -11, "segfault\n")
+TIMEOUT = InstanceResult(0, False, "timed out after 5s while measuring", -9, "")
+OK = InstanceResult(0, True, "", 0, "")
+WRONG = InstanceResult(0, False, "wrong answers: max relative error 0.2 > tolerance 0.001", 3, "")
+EXIT = InstanceResult(0, False, "exited with code 1: RuntimeError: no kernel", 1, "")
+
+
+@pytest.mark.parametrize(("failures", "measured", "reused_from", "cause"), [
+    ((CRASH,), 2, 2, "killed"),  # killed twice: the second outcome is reused from then on
+    ((TIMEOUT, OK), 2, 2, None),  # a timeout, then a measurement that is reused
+    ((WRONG,), 1, 1, "error"),  # wrong answers say something about the configuration: reused at once
+    ((EXIT,), 1, 1, "error"),
+])
+def test_a_failure_by_a_signal_or_timeout_is_measured_once_more_a_deterministic_one_never(
+        tmp_path: Path, here: Machine, failures: tuple[InstanceResult, ...], measured: int, reused_from: int,
+        cause: str | None) -> None:
+    space = tmp_path / "mkldnn.yaml"
+    space.write_text(ONLY_MKLDNN)
+    calls, runner = failing_mkldnn(*failures)
+    opened = search_loop.open_search(request(tmp_path, 5, space=space, replicates=ReplicatePolicy(1, 0)), here)
+    search_loop.run_search(opened, here, lambda event: None, runner=runner)
+    trials = opened.study.get_trials()
+    assert len(calls) == measured
+    assert [t.user_attrs.get("duplicate_of") for t in trials[1:]] == [None] * measured + [reused_from] * (4 - measured)
+    assert trials[reused_from].user_attrs.get("fail_cause") == cause
+
+
+def test_a_run_stopped_because_another_instance_exited_is_a_deterministic_failure(tmp_path: Path,
+                                                                                 here: Machine) -> None:
+    stopped = InstanceResult(0, False, "stopped because instance 1 failed", -9, "")
+    exited = InstanceResult(1, False, "exited with code 1: out of memory", 1, "")
+    opened = search_loop.open_search(request(tmp_path, 1), here)
+    trial = storage.ask(opened.study)
+    records.record_failed_run(trial, Measurement((RunResult(False, "instance 0: stopped", (stopped, exited), 1.0),)))
+    assert trial.user_attrs["fail_cause"] == "error"
+
+
+@pytest.mark.parametrize(("reason", "cause"), [
+    ("interrupted by the user (Ctrl-C)", "cut_short"),
+    ("left running by an autotune process (pid 12) that was killed", "cut_short"),
+    ("instance 0: crashed with SIGSEGV", "error"),  # as before causes were recorded: reused
+])
+def test_a_trial_recorded_before_causes_keeps_its_old_meaning(reason: str, cause: str) -> None:
+    trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": reason})
+    assert records.fail_cause(trial) == cause
