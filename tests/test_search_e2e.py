@@ -79,7 +79,7 @@ def test_compare_two_trials_prints_a_speedup_with_its_interval(
                  if t.state == TrialState.COMPLETE and t.number > 0)
     proc = autotune(cwd, "compare", "0", str(other), "--rounds", "5")
     assert proc.returncode == 0, proc.stderr
-    assert f"trial {other} vs trial 0: " in proc.stdout and "95% CI" in proc.stdout
+    assert f"trial {other} vs trial 0: " in proc.stdout and "93.8% CI (full range)" in proc.stdout  # 5 rounds
     assert proc.stderr.count("round ") == 10
 
 
