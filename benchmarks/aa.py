@@ -1,0 +1,98 @@
+"""How often does a verdict lie? A/A comparisons (a configuration against itself) give the false-win
+rate; A/B comparisons against a variant doing about 10% more work give the detection rate.
+
+Each comparison is what `autotune compare` does: two contenders, each its own series of fresh
+processes, in interleaved rounds of a random balanced order; a one-sided Wilcoxon signed-rank test
+on the per-round ratios at alpha 0.05, once with no minimum effect (the strictest reading) and
+once with the default minimum effect that `confirm` uses. Rates come with exact (Clopper-Pearson)
+95% intervals. The A/B variant is the same model fed 3x235x235 images instead of 3x224x224
+(10.1% more pixels, so about 10% more convolution work).
+
+    .venv/bin/python benchmarks/aa.py                       # 20 A/A + 10 A/B, about 20 minutes here
+    .venv/bin/python benchmarks/aa.py --aa 40 --ab 20 --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from scipy import stats as scipy_stats
+
+from autotune import confirm, machine, planning
+from autotune.confirm import Contender
+from autotune.knobs import Config
+from autotune.launch import LaunchPlan, MeasureSettings
+from autotune.objectives import ALPHA, MIN_EFFECT
+from autotune.orchestrate import run_plan
+from autotune.stats import PairedComparison, median
+
+HEAVIER = "3x235x235"  # (235/224)^2 = 1.101: about 10% more work per image
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--aa", type=int, default=20, help="A/A comparisons")
+    p.add_argument("--ab", type=int, default=10, help="A/B comparisons")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--duration", type=float, default=0.5, help="timed seconds per run")
+    p.add_argument("--seed", type=int, default=0, help="first order seed; comparison k uses seed + k")
+    args = p.parse_args()
+    here = machine.this_machine()
+    measure = MeasureSettings(warmup=3, warmup_s=0.3, duration_s=args.duration, min_iterations=10)
+    normal = plan_for(args.model, None, measure, here)
+    heavier = plan_for(args.model, HEAVIER, measure, here)
+    aa = series(args, "A/A", Contender("A", normal), Contender("A'", normal), args.aa, 0)
+    ab = series(args, "A/B", Contender("10% more work", heavier), Contender("A", normal), args.ab, args.aa)
+    print(f"\n{args.model} batch 1, {args.rounds} interleaved rounds per comparison, {args.duration:g} s timed "
+          f"per run; one-sided Wilcoxon at alpha {ALPHA}\n")
+    print("| experiment | comparisons | significant, min effect 0 | significant, min effect "
+          f"{MIN_EFFECT:.0%} | median speedup (min-max) |")
+    print("|---|---|---|---|---|")
+    for name, results in (("A/A (false wins)", aa), ("A/B 10% more work (detected)", ab)):
+        print(row(name, results))
+    return 0
+
+
+def plan_for(model: str, shape: str | None, measure: MeasureSettings, here: machine.Machine) -> LaunchPlan:
+    request = planning.BenchRequest(model=model, config=Config(), measure=measure, input_shape=shape)
+    return planning.make_plan(request, here)
+
+
+def series(args: argparse.Namespace, name: str, first: Contender, second: Contender, count: int,
+           seed_offset: int) -> list[tuple[PairedComparison, PairedComparison] | None]:
+    """`count` comparisons of second vs first: (no minimum effect, default minimum effect), or None
+    when a run failed."""
+    out: list[tuple[PairedComparison, PairedComparison] | None] = []
+    for k in range(count):
+        measured = confirm.interleave([first, second], args.rounds, "latency_p50_ms", 600, run_plan,
+                                      lambda e: None, seed=args.seed + seed_offset + k)
+        strict = confirm.compared(measured, "latency_p50_ms", 0.0)
+        usual = confirm.compared(measured, "latency_p50_ms", MIN_EFFECT)
+        out.append((strict, usual) if strict and usual else None)
+        shown = strict.describe() if strict else "a run failed"
+        print(f"{name} {k + 1}/{count}: {shown}", file=sys.stderr)
+    return out
+
+
+def row(name: str, results: Sequence[tuple[PairedComparison, PairedComparison] | None]) -> str:
+    done = [r for r in results if r is not None]
+    speedups = [strict.speedup for strict, _ in done]
+    spread = f"{median(speedups):.3f}x ({min(speedups):.3f}-{max(speedups):.3f})" if speedups else "-"
+    return (f"| {name} | {len(done)} of {len(results)} | {rate([s.significant for s, _ in done])} "
+            f"| {rate([u.significant for _, u in done])} | {spread} |")
+
+
+def rate(hits: Sequence[bool]) -> str:
+    """k/n, the rate and its exact (Clopper-Pearson) 95% interval."""
+    if not hits:
+        return "-"
+    k, n = sum(hits), len(hits)
+    interval = scipy_stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return f"{k}/{n} = {k / n:.0%} (95% CI {interval.low:.0%}-{interval.high:.0%})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
