@@ -10,26 +10,20 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from autotune import display, knobs, machine, models, planning, tempdirs
-from autotune.child.convert import TOLERANCE, ApplyError
+from autotune import display, knobs, machine, models, options, planning, tempdirs
+from autotune.child.convert import ApplyError
 from autotune.errors import AutotuneError, Interrupted, RunFailed
-from autotune.launch import LaunchPlan, MeasureSettings
+from autotune.launch import LaunchPlan
 from autotune.lock import machine_lock
-from autotune.objectives import COMPARABLE, MIN_EFFECT, MIN_ROUNDS, metric_of, min_rounds, parse_objective
+from autotune.objectives import COMPARABLE, metric_of, parse_objective
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
-MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
-              "(importable from here), a TorchScript .pt or an exported .pt2 file.")
-SHAPE_HELP = "One input item's shape, e.g. 3x224x224 (default for image models) or 128."
-INPUTS_HELP = ("Your own inputs instead of random ones: a torch.save file of a tensor, a tuple or a dict of "
-               "tensors, items along dim 0 (integer token ids work).")
 STUDIES = Path("studies")
 
 
@@ -46,89 +40,10 @@ def cli(debug: bool) -> None:
     """
 
 
-Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
-
-
-def _study_options(study_help: str = "Study name (default: the newest in studies/).",
-                   storage_help: str = "Optuna storage URL, if not a study under studies/.") -> Decorator:
-    def add(func: Any) -> Any:
-        func = click.option("--storage", help=storage_help)(func)
-        return click.option("--study", "study_name", help=study_help)(func)
-
-    return add
-
-
-def _timeout_option(func: Any) -> Any:
-    return click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
-                        help="Seconds before one run is killed and recorded as failed.")(func)
-
-
-def _min_effect_option(func: Any) -> Any:
-    return click.option("--min-effect", default=MIN_EFFECT, show_default=True, type=click.FloatRange(min=0, max=10),
-                        help="Smallest gain over the baseline worth recommending (0.03 = 3%).")(func)
-
-
-def _rounds_option(name: str, help_text: str) -> Decorator:
-    return click.option(name, default=10, show_default=True, type=click.IntRange(min=MIN_ROUNDS),
-                        help=f"{help_text} ({MIN_ROUNDS} at least for one candidate, {min_rounds(3)} for three: "
-                             f"fewer can never be significant after Holm's correction).")
-
-
-def _order_seed_option(func: Any) -> Any:
-    return click.option("--seed", type=int, help="Seed of the rounds' random balanced order (default: a random "
-                                                  "one, recorded with the verdict).")(func)
-
-
-def _no_wait_option(func: Any) -> Any:
-    return click.option("--no-wait", is_flag=True,
-                        help="Fail at once (exit 2) if another autotune is measuring on this machine, "
-                             "instead of waiting for it.")(func)
-
-
 def _holding(command: str, no_wait: bool) -> AbstractContextManager[None]:
     """The machine to ourselves while measuring: one benchmark per machine at a time."""
     return machine_lock(command, wait=not no_wait,
                         say=lambda line: display.err.print(line, markup=False, soft_wrap=True))
-
-
-def _cache_dir_option(func: Any) -> Any:
-    return click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
-                        type=click.Path(path_type=Path, file_okay=False),
-                        help="Where compiled artifacts (TorchScript, AOTInductor) and inductor kernels live.")(func)
-
-
-def _measure_options(func: Any) -> Any:
-    """The in-process protocol, shared by bench and search."""
-    func = click.option("--tolerance", type=float, callback=_check_tolerance,
-                        help="Relative error allowed against eager fp32 (default: "
-                             f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16).")(func)
-    func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
-                        help="Timed samples at least, per process.")(func)
-    func = click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
-                        help="Seconds of timed samples at least, per process (a common window).")(func)
-    func = click.option("--warmup-time", default=1.0, show_default=True, type=click.FloatRange(min=0),
-                        help="Seconds of untimed warmup at least.")(func)
-    func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
-                        help="Untimed warmup iterations at least.")(func)
-    return _cache_dir_option(_timeout_option(func))
-
-
-def _check_tolerance(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    return None if value is None else planning.check_tolerance(value, "--tolerance ")
-
-
-def _settings(warmup: int, warmup_time: float, duration: float, min_iterations: int) -> MeasureSettings:
-    return MeasureSettings(warmup=warmup, warmup_s=warmup_time, duration_s=duration, min_iterations=min_iterations)
-
-
-def _model_options(func: Any) -> Any:
-    func = click.option("--batch-size", default=1, show_default=True, type=int,
-                        help="Items per forward call.")(func)
-    func = click.option("--set", "assignments", multiple=True, metavar="KNOB=VALUE",
-                        help="Set a knob (repeatable); `autotune knobs` lists them.")(func)
-    func = click.option("--model", required=True, help=MODEL_HELP)(func)
-    func = click.option("--input-shape", help=SHAPE_HELP)(func)
-    return click.option("--example-inputs", type=click.Path(dir_okay=False), help=INPUTS_HELP)(func)
 
 
 @cli.command()
@@ -144,7 +59,7 @@ def doctor(as_json: bool) -> None:
 
 
 @cli.command()
-@_model_options
+@options.model_options
 @click.option("--lscpu", type=click.Path(path_type=Path, dir_okay=False),
               help="Plan for another machine: a file with its `lscpu --parse=CPU,Core,Socket,Node`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -163,9 +78,9 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 
 
 @cli.command(name="bench")
-@_model_options
-@_measure_options
-@_no_wait_option
+@options.model_options
+@options.measure_options
+@options.no_wait_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
                   example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float,
@@ -178,7 +93,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
     """
     from autotune.orchestrate import run_plan
 
-    request = planning.BenchRequest.from_flags(model, assignments, batch_size, measure=_settings(**measure),
+    request = planning.BenchRequest.from_flags(model, assignments, batch_size, measure=options.settings(**measure),
                                                cache_dir=cache_dir, input_shape=input_shape,
                                                example_inputs=example_inputs, tolerance=tolerance)
     here = machine.this_machine()
@@ -194,14 +109,14 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 
 
 @cli.command()
-@click.option("--model", required=True, help=MODEL_HELP)
-@click.option("--input-shape", help=SHAPE_HELP)
-@click.option("--example-inputs", type=click.Path(dir_okay=False), help=INPUTS_HELP)
+@click.option("--model", required=True, help=options.MODEL_HELP)
+@click.option("--input-shape", help=options.SHAPE_HELP)
+@click.option("--example-inputs", type=click.Path(dir_okay=False), help=options.INPUTS_HELP)
 @click.option("--trials", required=True, type=int,
               help="Total finished trials the study should hold (baseline included); a rerun resumes.")
 @click.option("--space", "space_spec", default="default", show_default=True,
               help="Search space: a name in search_spaces/ or a .yaml path.")
-@_study_options("Study name (default: MODEL-bsB-OBJECTIVE).", "Optuna storage URL (default: sqlite:///studies/STUDY.db).")
+@options.study_options("Study name (default: MODEL-bsB-OBJECTIVE).", "Optuna storage URL (default: sqlite:///studies/STUDY.db).")
 @click.option("--objective", default="latency", show_default=True,
               help="latency (min p50), throughput (max items/s) or both (Pareto front).")
 @click.option("--batch-size", default="1", show_default=True,
@@ -213,10 +128,10 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
               help="Fresh processes per trial; more are added (up to 2) while a trial stays noisy.")
 @click.option("--confirm-top", default=3, show_default=True, type=click.IntRange(min=0),
               help="Candidates re-measured against the baseline at the end (0: skip).")
-@_rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
-@_min_effect_option
-@_measure_options
-@_no_wait_option
+@options.rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
+@options.min_effect_option
+@options.measure_options
+@options.no_wait_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, confirm_top: int, confirm_rounds: int, min_effect: float,
@@ -239,7 +154,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
     request = search_loop.SearchRequest(
         model=model, trials=trials, space=space.find(space_spec), objective=parse_objective(objective),
         batch_size=sizes[0], batch_sizes=sizes if len(sizes) > 1 else (), max_latency_ms=max_latency_ms,
-        study=study_name, storage=storage, measure=_settings(**measure),
+        study=study_name, storage=storage, measure=options.settings(**measure),
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout), cache_dir=cache_dir, seed=seed,
         input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
         command_line=" ".join(["autotune", *sys.argv[1:]]))
@@ -280,14 +195,14 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 
 
 @cli.command(name="confirm")
-@_study_options()
+@options.study_options()
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1),
               help="Best distinct candidates re-measured against the baseline.")
-@_rounds_option("--rounds", "Interleaved rounds, each contender once per round in a fresh process")
-@_min_effect_option
-@_timeout_option
-@_order_seed_option
-@_no_wait_option
+@options.rounds_option("--rounds", "Interleaved rounds, each contender once per round in a fresh process")
+@options.min_effect_option
+@options.timeout_option
+@options.order_seed_option
+@options.no_wait_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
                     timeout: float, seed: int | None, no_wait: bool) -> None:
     """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
@@ -308,14 +223,14 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
 @cli.command(name="compare")
 @click.argument("first")
 @click.argument("second")
-@_study_options()
-@_rounds_option("--rounds", "Interleaved rounds, each configuration once per round in a fresh process")
+@options.study_options()
+@options.rounds_option("--rounds", "Interleaved rounds, each configuration once per round in a fresh process")
 @click.option("--min-effect", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
               help="Gain the test must exceed to call SECOND faster.")
 @click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
-@_timeout_option
-@_order_seed_option
-@_no_wait_option
+@options.timeout_option
+@options.order_seed_option
+@options.no_wait_option
 def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
                     min_effect: float, objective: str, timeout: float, seed: int | None, no_wait: bool) -> None:
     """Measure two configurations (trial numbers or env files) the same way; speedup of SECOND over FIRST.
@@ -348,12 +263,12 @@ def _plan_from_env_file(path: str) -> LaunchPlan:
 
 @cli.command(name="export")
 @click.argument("path", type=click.Path(path_type=Path))
-@_study_options()
+@options.study_options()
 @click.option("--trial", "trial_number", type=int, help="Export this trial instead of the best.")
 @click.option("--artifacts", type=click.Path(path_type=Path, file_okay=False),
               help="Compile the configuration once into this folder; autotune.apply loads it from there.")
-@_timeout_option
-@_no_wait_option
+@options.timeout_option
+@options.no_wait_option
 def export_command(path: Path, study_name: str | None, storage: str | None,
                    trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool) -> None:
     """Write the best configuration (or --trial N) as a bash env file to `source`.
