@@ -123,7 +123,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
               help="Items per forward call; a list like 1,2,4,8 is searched with --objective throughput.")
 @click.option("--max-latency-ms", type=float,
               help="With --objective throughput: only configurations whose p90 latency stays under this.")
-@click.option("--seed", type=int, help="Seed of the sampler, for a reproducible sequence of trials.")
+@click.option("--seed", type=int,
+              help="Seed of the sampler and of the confirmation's round order, for a reproducible run.")
 @click.option("--replicates", default=3, show_default=True, type=click.IntRange(min=1),
               help="Fresh processes per trial; more are added (up to 2) while a trial stays noisy.")
 @click.option("--confirm-top", default=3, show_default=True, type=click.IntRange(min=0),

@@ -22,10 +22,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import __version__, storage
-from autotune.child.cpu import cpuinfo
 from autotune.errors import INTERRUPTED_BY
 from autotune.launch import LaunchPlan
-from autotune.machine import Machine
+from autotune.machine import Machine, fingerprint
 from autotune.objectives import Metric
 from autotune.replicates import Measurement
 from autotune.results import RunResult
@@ -81,12 +80,11 @@ def plan_of(trial: FrozenTrial) -> LaunchPlan:
 
 
 def host_fingerprint(machine: Machine) -> dict[str, Any]:
+    """Where the study was made, for people: the host's name beside what makes timings comparable."""
     import torch
 
-    return {"hostname": socket.gethostname(), "cpu_model": cpuinfo()[0],
-            "physical_cores": len(machine.topology.all_cores),
-            "usable_physical_cores": len(machine.topology.usable_cores),
-            "torch": torch.__version__, "autotune": __version__}
+    return {"hostname": socket.gethostname(), **fingerprint(machine), "torch": torch.__version__,
+            "autotune": __version__}
 
 
 def claim(study: optuna.Study, wanted: Mapping[str, Any], space: dict[str, Any],
