@@ -129,6 +129,23 @@ def test_a_saved_artifact_is_loaded_by_the_next_process_instead_of_traced(tmp_pa
     assert len(list(tmp_path.glob("*.pt"))) == 1
 
 
+def test_an_inductor_artifact_is_keyed_by_the_thread_count_it_was_compiled_for(tmp_path: Path) -> None:
+    """Inductor writes the thread count into its kernels (1 thread: no parallel loops at all), so a
+    threads=2 process must never load what a threads=1 process compiled; TorchScript is not keyed."""
+    before = torch.get_num_threads()
+    paths = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for backend in ("inductor", "torchscript"):
+                meta = convert.artifact_meta(ModelKnobs(backend=backend), IMAGES, "w")
+                paths[backend, threads] = convert.artifact_path(tmp_path, meta, ".x")
+    finally:
+        torch.set_num_threads(before)
+    assert paths["inductor", 1] != paths["inductor", 2]
+    assert paths["torchscript", 1] == paths["torchscript", 2]
+
+
 def test_an_artifact_of_other_weights_is_never_loaded(tmp_path: Path) -> None:
     deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
     deploy.apply_deployment(tinynets.cnn(), IMAGES, deployment, check=False)

@@ -407,8 +407,11 @@ def _forward_source(module: Any) -> str:
 def artifact_meta(knobs: ModelKnobs, example: Any, weights: str) -> dict[str, Any]:
     import torch
 
-    return {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": layout(example),
+    meta = {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": layout(example),
             "torch": torch.__version__, "isa": list(cpu.isa()), "weights": weights}
+    # Inductor bakes the thread count into its kernels (`omp parallel num_threads(N)`, and no
+    # parallel loops at all for 1 thread), so each thread count is its own artifact.
+    return meta | ({"threads": torch.get_num_threads()} if knobs.backend == "inductor" else {})
 
 
 def artifact_path(folder: Path, meta: dict[str, Any], suffix: str) -> Path:
