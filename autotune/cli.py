@@ -167,10 +167,13 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
             display.err.print(f"note: {note}", markup=False)
         progress = display.SearchProgress(request.objective)
         try:
-            search_loop.run_search(opened, here, progress)
+            stopped = search_loop.run_search(opened, here, progress)
         finally:
             progress.close()
+        if stopped:
+            display.err.print(f"note: {stopped}", markup=False)
         display.best_table(opened.name, request.objective, best_measured(opened.study)[:5], opened.storage)
+        display.accounting(opened.study.user_attrs["accounting"])
         if opened.should_confirm(confirm_top):
             _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)
         elif confirm_top > 0:

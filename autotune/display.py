@@ -164,6 +164,7 @@ class SearchProgress:
                                                            else "latency"), 1.0)
             best = f" | best: trial {event.best.number} {_values(self.objective, event.best.values)} ({speed:.2f}x)"
         config = event.config.describe() if event.config.values else "baseline (PyTorch defaults)"
+        config = f"recipe {event.recipe}: {config}" if event.recipe else config
         return f"{head} {text} | {config}{best} | {_remaining(event)}"
 
     def close(self) -> None:
@@ -197,7 +198,8 @@ def best_table(name: str, objective: str, trials: Any, storage: str) -> None:
                    "RSS MB", "latency x", "throughput x")
     for t in trials:
         a = t.user_attrs
-        table.add_row(str(t.number), a.get("config", ""), f"{a['latency_p50_ms']:.2f}",
+        knobs = a.get("config", "") + (f" (recipe {a['recipe']})" if a.get("recipe") else "")
+        table.add_row(str(t.number), knobs, f"{a['latency_p50_ms']:.2f}",
                       f"{a['latency_p90_ms']:.2f}", f"{a['throughput_ips']:.2f}", f"{a['peak_rss_mb']:.0f}",
                       f"{a.get('speedup_latency', 1):.2f}", f"{a.get('speedup_throughput', 1):.2f}")
     out.print(table)
@@ -206,6 +208,14 @@ def best_table(name: str, objective: str, trials: Any, storage: str) -> None:
         path = os.path.relpath(storage[len("sqlite:///"):])
         shown = storage if path.startswith("..") else f"sqlite:///{path}"
         out.print(f"review:          optuna-dashboard {shown}", soft_wrap=True)
+
+
+def accounting(numbers: Mapping[str, Any]) -> None:
+    """What the study's searches cost, in one line (stored as the study's `accounting`)."""
+    out.print(f"search cost: {numbers['trials']} trials, {numbers['distinct_configurations']} distinct "
+              f"configurations, {_clock(numbers['wall_s'])} wall, {numbers['timed_s']:.0f} s of timed samples "
+              f"({numbers['efficiency']:.0%} of the wall time), {numbers['trials_per_hour']:.0f} trials/hour",
+              soft_wrap=True, highlight=False)
 
 
 def confirm_progress(event: Any) -> None:

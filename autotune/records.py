@@ -64,6 +64,29 @@ def best_measured(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in best_trials(study) if not is_duplicate(t)]
 
 
+def distinct_configs(study: optuna.Study) -> int:
+    """Distinct (configuration, batch size) among the finished trials, the baseline included."""
+    return len({(t.user_attrs.get("config"), t.user_attrs.get("batch_size"))
+                for t in study.get_trials(deepcopy=False, states=FINISHED) if "config" in t.user_attrs})
+
+
+def account(study: optuna.Study, session_s: float) -> dict[str, float]:
+    """What the study's searches cost and measured, over all their sessions: wall time, timed
+    seconds (the windows samples were taken in; a duplicate's reused ones once), their ratio,
+    distinct configurations and trials per hour. Stored as the study's `accounting`."""
+    before = study.user_attrs.get("accounting", {})
+    wall = float(before.get("wall_s", 0.0)) + session_s
+    trials = study.get_trials(deepcopy=False, states=FINISHED)
+    timed = sum(float(t.user_attrs.get("timed_s", 0.0)) for t in trials if not is_duplicate(t))
+    accounting = {"wall_s": round(wall, 2), "timed_s": round(timed, 2),
+                  "efficiency": round(timed / wall, 3) if wall else 0.0,
+                  "distinct_configurations": distinct_configs(study), "trials": len(trials),
+                  "trials_per_hour": round(len(trials) / wall * 3600, 1) if wall else 0.0,
+                  "sessions": int(before.get("sessions", 0)) + 1}
+    study.set_user_attr("accounting", accounting)
+    return accounting
+
+
 def is_duplicate(trial: FrozenTrial) -> bool:
     return "duplicate_of" in trial.user_attrs
 
@@ -178,10 +201,30 @@ def same_config(study: optuna.Study, number: int, config: str, batch: int, diges
     """The earlier trial whose result this configuration reuses (None: measure it). Only trials that
     measured it under the same settings count, never one cut short; a killed one counts once it
     was run again KILLED_RERUNS times, and then the latest outcome is reused."""
-    ran = [t for t in study.get_trials(deepcopy=False, states=FINISHED)
-           if t.user_attrs.get("config") == config and t.number != number
-           and t.user_attrs.get("batch_size", batch) == batch and t.user_attrs.get("settings_digest") == digest
-           and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT]
+    ran = [t for t in _measured(study, digest) if t.user_attrs.get("config") == config and t.number != number
+           and t.user_attrs.get("batch_size", batch) == batch]
+    return _reused(ran)
+
+
+def measured_configs(study: optuna.Study, digest: str) -> set[tuple[str, int]]:
+    """(config, batch size) of every configuration whose result a new trial would reuse: a search
+    never proposes these again. The same rule as `same_config`."""
+    groups: dict[tuple[str, int], list[FrozenTrial]] = {}
+    for t in _measured(study, digest):
+        key = (str(t.user_attrs.get("config")), int(t.user_attrs.get("batch_size", 0)))
+        groups.setdefault(key, []).append(t)
+    return {key for key, ran in groups.items() if _reused(ran) is not None}
+
+
+def _measured(study: optuna.Study, digest: str) -> list[FrozenTrial]:
+    """Finished trials that measured a configuration under these settings, not cut short."""
+    return [t for t in study.get_trials(deepcopy=False, states=FINISHED)
+            if t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
+            and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT]
+
+
+def _reused(ran: list[FrozenTrial]) -> FrozenTrial | None:
+    """Among trials of one configuration: the settled one, or the last once killed runs were retried."""
     settled = [t for t in ran if fail_cause(t) != KILLED]
     if settled:
         return settled[0]

@@ -105,6 +105,8 @@ class Measurement:
             "peak_rss_mb": round(max(r.peak_rss_mb for r in self.runs), 1),
             "setup_peak_rss_mb": round(max(r.setup_peak_rss_mb for r in self.runs), 1),
             "samples": len(samples),
+            "timed_s": round(sum(_window_s(r) for r in self.runs), 3),
+            "measure_wall_s": round(sum(r.wall_s for r in self.runs), 3),
             "replicates": len(self.runs),
             "replicate_p50_ms": [round(r.latency_p50_ms, 3) for r in self.runs],
             "replicate_throughput_ips": [round(r.throughput_ips, 3) for r in self.runs],
@@ -117,6 +119,11 @@ class Measurement:
             "load_before": noise[0].get("load_before") if noise else None,
             "load_after": noise[-1].get("load_after") if noise else None,
         }
+
+
+def _window_s(run: RunResult) -> float:
+    """Seconds the run took samples in: the common window, as its longest instance measured it."""
+    return max((float(i.metrics.get("window_s", 0.0)) for i in run.instances), default=0.0)
 
 
 def _utilization(runs: Sequence[RunResult]) -> float:

@@ -8,6 +8,7 @@ themselves, and several processes writing one SQLite study can run an enqueued t
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any, Literal, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import models, planning, records, space, storage
+from autotune import models, planning, proposals, recipes, records, space, storage
 from autotune.errors import AutotuneError, RunFailed, interrupt_reason
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
@@ -39,6 +40,10 @@ T = TypeVar("T")
 SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
                  "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
                  "timeout_s": "--timeout", "tolerance": "--tolerance"}
+
+
+# What a trial measures: the baseline, a trial already enqueued in the study, or a proposal.
+Next = proposals.Proposal | Literal["baseline", "enqueued"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class TrialEvent:
     elapsed_s: float
     outcome: Outcome | None = None
     best: FrozenTrial | None = None
+    recipe: str = ""
 
 
 @dataclass
@@ -103,6 +109,7 @@ class Search:
     notes: tuple[str, ...] = field(default=())
     finished_before: int = 0
     settings_digest: str = ""
+    proposer: proposals.Proposer | None = None
 
     def should_confirm(self, top: int) -> bool:
         """Confirm when asked and something new ran, or when the study holds no verdict yet."""
@@ -151,14 +158,18 @@ def open_search(request: SearchRequest, machine: Machine,
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     settings = _settings(request, model, machine)
     records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
-    notes = [*adapted.notes, *records.claim_settings(study, settings, SETTING_FLAGS),
+    known, left_out = recipes.fitting(recipes.recipes(machine.topology, request.objective, machine_has_bf16()),
+                                      adapted)
+    notes = [*adapted.notes, *([left_out] if left_out else []), *records.claim_settings(study, settings, SETTING_FLAGS),
              *_restore_kept(study, url, request),
              *(f"trial {n} was left running by a killed autotune; marked failed"
                for n in records.abandon_stale_trials(study))]
     done = records.finished(study)
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
-    return Search(request, study, adapted, model, name, url, tuple(notes), done, records.settings_digest(settings))
+    proposer = proposals.Proposer(adapted, request.batch_sizes or (request.batch_size,), known, request.seed)
+    return Search(request, study, adapted, model, name, url, tuple(notes), done, records.settings_digest(settings),
+                  proposer)
 
 
 def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list[str]:
@@ -200,15 +211,39 @@ def _sampler(seed: int | None) -> optuna.samplers.BaseSampler:
 
 
 def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],
-               runner: PlanRunner = run_plan) -> None:
-    """Run trials until the study holds `--trials` finished ones; the first is the baseline."""
-    study = search.study
+               runner: PlanRunner = run_plan) -> str:
+    """Run trials until the study holds `--trials` finished ones, each a configuration not measured
+    before; the first is the baseline, then the experts' recipes. Returns why it stopped early
+    ("" when it ran them all): every configuration of the space has run."""
     start = time.monotonic()
+
+    def account() -> None:
+        _patiently(search, lambda: records.account(search.study, time.monotonic() - start))
+
+    try:
+        stopped = _trials(search, machine, on_event, runner, start)
+    except StudyLocked:
+        raise  # nothing can be written now
+    except BaseException:
+        with contextlib.suppress(StudyLocked):
+            account()
+        raise
+    account()
+    return stopped
+
+
+def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None], runner: PlanRunner,
+            start: float) -> str:
+    study = search.study
     while _patiently(search, lambda: records.finished(study)) < search.request.trials:
-        is_baseline, trial = _patiently(search, lambda: (records.baseline(study) is None, storage.ask(study)))
+        proposed = _patiently(search, lambda: _propose(search))
+        if proposed is None:
+            return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
+                    f"baseline included); widen the space (--space) to search further")
+        trial = _patiently(search, functools.partial(_ask, search, proposed))
         try:
             with storage.heartbeat(study, trial):
-                _run_trial(search, machine, trial, is_baseline, start, on_event, runner)
+                _run_trial(search, machine, trial, proposed, start, on_event, runner)
         except KeyboardInterrupt as exc:
             _abandon(search, trial, interrupt_reason(exc))
             raise
@@ -217,6 +252,27 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
         except BaseException as exc:  # never leave a trial RUNNING, whatever went wrong
             _abandon(search, trial, f"autotune failed: {type(exc).__name__}: {exc}")
             raise
+    return ""
+
+
+def _propose(search: Search) -> Next | None:
+    """The baseline first; then trials enqueued through Optuna (by a user, or by an autotune
+    stopped between enqueueing and asking), sampled as they are; then a configuration that has not
+    run (None: the space is exhausted)."""
+    study = search.study
+    if records.baseline(study) is None:
+        return "baseline"
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return "enqueued"
+    assert search.proposer is not None
+    return search.proposer.next(study, records.measured_configs(study, search.settings_digest))
+
+
+def _ask(search: Search, proposal: Next) -> optuna.Trial:
+    """A new trial; a proposal's parameters are fixed in it by enqueueing them just before."""
+    if isinstance(proposal, proposals.Proposal):
+        search.study.enqueue_trial(proposal.params, skip_if_exists=False)
+    return storage.ask(search.study)
 
 
 def _patiently(search: Search, action: Callable[[], T]) -> T:
@@ -238,11 +294,14 @@ def _abandon(search: Search, trial: optuna.Trial, reason: str) -> None:
         _patiently(search, fail)
 
 
-def _run_trial(search: Search, machine: Machine, trial: optuna.Trial, is_baseline: bool, start: float,
+def _run_trial(search: Search, machine: Machine, trial: optuna.Trial,
+               proposal: Next, start: float,
                on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> None:
     study = search.study
-    config, batch = _patiently(search, lambda: _start_trial(search, trial, is_baseline))
-    event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials)
+    is_baseline = proposal == "baseline"
+    config, batch = _patiently(search, lambda: _start_trial(search, trial, proposal))
+    event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials,
+                                 recipe=proposal.recipe if isinstance(proposal, proposals.Proposal) else "")
     finished = _patiently(search, lambda: records.finished(study))
     on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
     outcome = _measure(search, machine, trial, config, batch, runner)
@@ -255,9 +314,23 @@ def _run_trial(search: Search, machine: Machine, trial: optuna.Trial, is_baselin
                         outcome=outcome, best=best[0] if best else None, **event))
 
 
-def _start_trial(search: Search, trial: optuna.Trial, is_baseline: bool) -> tuple[Config, int]:
+def _start_trial(search: Search, trial: optuna.Trial,
+                 proposal: Next) -> tuple[Config, int]:
     records.claim_trial(trial)
-    config = Config() if is_baseline else search.space.sample(trial)
+    is_baseline = proposal == "baseline"
+    if isinstance(proposal, proposals.Proposal):
+        config = search.space.sample(trial, only=proposal.config if proposal.recipe else None)
+        if config != proposal.config:  # the enqueued parameters were not taken: never measure a surprise
+            raise AutotuneError(f"trial {trial.number} sampled {config.describe()} instead of the proposed "
+                                f"{proposal.config.describe()}")
+        trial.set_user_attr("proposed_by", proposal.origin)
+        if proposal.recipe:
+            trial.set_user_attr("recipe", proposal.recipe)
+    elif proposal == "enqueued":
+        config = search.space.sample(trial)
+        trial.set_user_attr("proposed_by", "enqueued")
+    else:
+        config = Config()
     batch = _batch_size(search.request, trial, is_baseline)
     trial.set_user_attr("baseline", is_baseline)
     trial.set_user_attr("config", config.describe())

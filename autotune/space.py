@@ -18,7 +18,7 @@ the range of omp_threads shrinks with the sampled instances.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +37,7 @@ SAMPLE_ORDER = ("omp_runtime", "kmp_affinity", "kmp_blocktime", "omp_proc_bind",
                 "dataloader_workers")
 RANGE_KEYS = {"low", "high", "step", "log", "when"}
 CHOICE_KEYS = {"choices", "when"}
+ENUMERATE_LIMIT = 20_000  # a space with more configurations is not listed (nor exhausted)
 # Which library each choice needs, so a machine without it never samples it.
 NEEDS = {("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
          ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
@@ -91,20 +92,66 @@ class SearchSpace:
     def get(self, name: str) -> KnobRange | None:
         return next((k for k in self.knobs if k.name == name), None)
 
-    def sample(self, trial: Suggester) -> Config:
-        """A configuration by construction valid: conditions hold, threads x instances fit."""
+    def sample(self, trial: Suggester, only: Config | None = None) -> Config:
+        """A configuration by construction valid: conditions hold, threads x instances fit. With
+        `only`, just the knobs it sets are suggested (a recipe: the others stay at their defaults),
+        each with the distribution a sampled trial would give it."""
         sampled: dict[str, KnobValue] = {}
-        for name in SAMPLE_ORDER:
-            rng = self.get(name)
-            if rng is None or not rng.applies(sampled):
+        for rng in self._applicable(only.as_dict() if only is not None else sampled):
+            if only is not None and rng.name not in only.as_dict():
                 continue
             if rng.choices:
                 labels = [value_text(c) for c in rng.choices]
-                sampled[name] = knob(name).parse(trial.suggest_categorical(name, labels))
+                sampled[rng.name] = knob(rng.name).parse(trial.suggest_categorical(rng.name, labels))
             else:
                 low, high = rng.low, self._dynamic_high(rng, sampled)
-                sampled[name] = trial.suggest_int(name, low, high, step=rng.step, log=rng.log)
+                sampled[rng.name] = trial.suggest_int(rng.name, low, high, step=rng.step, log=rng.log)
         return Config.from_mapping(sampled)
+
+    def _applicable(self, sampled: Mapping[str, KnobValue]) -> Iterator[KnobRange]:
+        """The knobs to sample, in order; each one's condition is read from what `sampled` holds by then."""
+        for name in SAMPLE_ORDER:
+            rng = self.get(name)
+            if rng is not None and rng.applies(sampled):
+                yield rng
+
+    def configurations(self, limit: int = ENUMERATE_LIMIT) -> list[Config] | None:
+        """Every configuration `sample` can return, in sampling order; None when there are more
+        than `limit` (a space too large to list, which a search never exhausts)."""
+        found: list[Config] = []
+        pending: list[dict[str, KnobValue]] = [{}]
+        while pending:
+            partial = pending.pop()
+            rng = next((r for r in self._applicable(partial) if r.name not in partial), None)
+            if rng is None:
+                found.append(Config.from_mapping(partial))
+                if len(found) > limit:
+                    return None
+                continue
+            options: Sequence[KnobValue] = rng.choices or range(rng.low, self._dynamic_high(rng, partial) + 1, rng.step)
+            pending.extend({**partial, rng.name: value} for value in reversed(options))
+        return found
+
+    def lacks(self, config: Config) -> str:
+        """The first knob value of `config` this space does not offer ("" when it offers them all)."""
+        values = config.as_dict()
+        for name, value in config.values:
+            rng = self.get(name)
+            offered = rng is not None and rng.applies(values) and (
+                value in rng.choices if rng.choices else
+                rng.low <= int(value) <= self._dynamic_high(rng, values) and (int(value) - rng.low) % rng.step == 0)
+            if not offered:
+                return f"{name}={value_text(value)}"
+        return ""
+
+    def params(self, config: Config) -> dict[str, KnobValue]:
+        """The Optuna parameters that make a trial sample exactly `config` (choices as their labels)."""
+        params: dict[str, KnobValue] = {}
+        for name, value in config.values:
+            rng = self.get(name)
+            if rng is not None:
+                params[name] = value_text(value) if rng.choices else value
+        return params
 
     def _dynamic_high(self, rng: KnobRange, sampled: Mapping[str, KnobValue]) -> int:
         high = int(rng.high)

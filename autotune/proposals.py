@@ -1,0 +1,158 @@
+"""What the next trial measures: the experts' recipes first, then the sampler's proposals, and
+never a configuration that already ran, so that N trials are N distinct configurations.
+
+The sampler is asked on a copy of the study held in memory, so that a proposal it makes twice
+leaves no trial behind. When it keeps proposing configurations that ran (TPE does, once it has
+settled on a region), the next trial is the configuration nearest its last proposal that has not
+run: fewest knobs changed, ties broken at random. That keeps exploiting where the sampler points
+instead of spending a trial on a repeat. When every configuration of the space has run there is
+nothing to propose, and the search stops and says so.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import storage
+from autotune.knobs import Config, KnobValue
+from autotune.recipes import Recipe
+from autotune.space import SearchSpace
+
+RETRIES = 8  # proposals asked of the sampler before taking the nearest configuration that has not run
+RANDOM_TRIES = 10_000  # a space too large to list: random draws looking for one that has not run
+Identity = tuple[str, int]  # (configuration as a user types it, batch size)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A configuration to measure, the Optuna parameters that make a trial sample it, and where it
+    came from: a recipe, the sampler, or the nearest unmeasured neighbour of the sampler's choice."""
+
+    config: Config
+    batch: int
+    params: dict[str, KnobValue] = field(default_factory=dict)
+    recipe: str = ""
+    origin: str = "sampler"
+
+    @property
+    def identity(self) -> Identity:
+        return (self.config.describe(), self.batch)
+
+
+@dataclass(frozen=True)
+class Proposer:
+    """Everything a proposal depends on besides the study."""
+
+    space: SearchSpace
+    batch_sizes: tuple[int, ...]  # more than one: the batch size is a searched parameter
+    recipes: tuple[Recipe, ...] = ()
+    seed: int | None = None
+
+    @property
+    def searches_batch(self) -> bool:
+        return len(self.batch_sizes) > 1
+
+    def configurations(self) -> list[Identity] | None:
+        """Every (configuration, batch size) the space holds; None when too many to list."""
+        configs = _listed(self.space)
+        return None if configs is None else [(c.describe(), b) for c in configs for b in self.batch_sizes]
+
+    def next(self, study: optuna.Study, measured: set[Identity]) -> Proposal | None:
+        """The next configuration to measure, or None when every one of the space has run."""
+        for recipe in self.recipes:
+            proposal = self._recipe(recipe)
+            if proposal.identity not in measured:
+                return proposal
+        last: Proposal | None = None
+        probe = _in_memory_copy(study)
+        for _ in range(RETRIES):
+            last = self._ask(probe)
+            if last.identity not in measured:
+                return last
+        return self._nearest_unmeasured(last, measured, len(study.trials))
+
+    def _recipe(self, recipe: Recipe) -> Proposal:
+        batch = max(self.batch_sizes)  # throughput recipes run at the largest batch asked for
+        params = self.space.params(recipe.config) | ({"batch_size": batch} if self.searches_batch else {})
+        return Proposal(recipe.config, batch, params, recipe=recipe.name, origin="recipe")
+
+    def _ask(self, probe: optuna.Study) -> Proposal:
+        trial = probe.ask()
+        config = self.space.sample(trial)
+        batch = int(trial.suggest_categorical("batch_size", list(self.batch_sizes))) if self.searches_batch \
+            else self.batch_sizes[0]
+        return Proposal(config, batch, dict(trial.params))
+
+    def _nearest_unmeasured(self, proposed: Proposal | None, measured: set[Identity], salt: int) -> Proposal | None:
+        rng = random.Random(f"{self.seed}-{salt}")
+        configs = _listed(self.space)
+        if configs is None:
+            return self._random_unmeasured(rng, measured)
+        candidates = [(c, b) for c in configs for b in self.batch_sizes if (c.describe(), b) not in measured]
+        if not candidates:
+            return None
+        rng.shuffle(candidates)
+        if proposed is not None:
+            candidates.sort(key=lambda cb: _distance(cb[0], cb[1], proposed))
+        config, batch = candidates[0]
+        return self._fixed(config, batch, "nearest unmeasured")
+
+    def _random_unmeasured(self, rng: random.Random, measured: set[Identity]) -> Proposal | None:
+        for _ in range(RANDOM_TRIES):
+            config = self.space.sample(_RandomSuggester(rng))
+            batch = rng.choice(self.batch_sizes)
+            if (config.describe(), batch) not in measured:
+                return self._fixed(config, batch, "random unmeasured")
+        return None
+
+    def _fixed(self, config: Config, batch: int, origin: str) -> Proposal:
+        params = self.space.params(config) | ({"batch_size": batch} if self.searches_batch else {})
+        return Proposal(config, batch, params, origin=origin)
+
+
+@lru_cache(maxsize=4)
+def _listed(space: SearchSpace) -> tuple[Config, ...] | None:
+    configs = space.configurations()
+    return None if configs is None else tuple(configs)
+
+
+def _distance(config: Config, batch: int, proposed: Proposal) -> int:
+    """Knobs (and the batch size) whose values differ; a knob set on one side only counts once."""
+    mine, theirs = config.as_dict(), proposed.config.as_dict()
+    return sum(mine.get(k) != theirs.get(k) for k in mine.keys() | theirs.keys()) + (batch != proposed.batch)
+
+
+def _in_memory_copy(study: optuna.Study) -> optuna.Study:
+    """The study's finished trials (parameters, values, intermediate values: what samplers read)
+    in a study held in memory, sharing the study's sampler."""
+    with storage.quiet_optuna():
+        probe = optuna.create_study(directions=study.directions, sampler=study.sampler)
+        probe.add_trials([_slim(t) for t in study.get_trials(deepcopy=False)
+                          if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)])
+    return probe
+
+
+def _slim(trial: FrozenTrial) -> FrozenTrial:
+    return optuna.trial.create_trial(
+        state=trial.state, values=trial.values if trial.state == TrialState.COMPLETE else None,
+        params=trial.params, distributions=trial.distributions, intermediate_values=trial.intermediate_values,
+        system_attrs={k: v for k, v in trial.system_attrs.items() if k == "constraints"})
+
+
+class _RandomSuggester:
+    """Uniform draws, for spaces too large to list."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def suggest_categorical(self, name: str, choices: Sequence[KnobValue]) -> KnobValue:
+        return self.rng.choice(list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        return self.rng.randrange(low, high + 1, step)

@@ -1,0 +1,178 @@
+"""What a search measures next: recipes after the baseline, distinct configurations only, the
+nearest unmeasured one when the sampler repeats itself, a stop when the space is exhausted, and
+what every study records about its cost. Fake runner, no processes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune import proposals, recipes, records, search_loop, space
+from autotune.knobs import Config
+from autotune.launch import LaunchPlan
+from autotune.libs import Libraries
+from autotune.machine import Machine
+from autotune.results import RunResult
+from tests.conftest import lscpu
+from tests.test_study import SPACE, fake_result, fake_runner, request
+
+DEFAULT = space.find("default")
+
+
+@pytest.fixture
+def here(fake_libs: Libraries) -> Machine:
+    return Machine(lscpu("amd_1s_smt"), fake_libs)
+
+
+def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[search_loop.Search, str]:
+    runner = kw.pop("runner", fake_runner)
+    opened = search_loop.open_search(request(tmp_path, trials, **kw), here)
+    stopped = search_loop.run_search(opened, here, lambda event: None, runner=runner)
+    return opened, stopped
+
+
+def ok_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+    """Every configuration runs; faster the more knobs it sets (a deterministic landscape)."""
+    return fake_result([100.0 - len(plan.config.values) + j for j in (-0.5, 0.0, 0.5)])
+
+
+def test_configurations_lists_exactly_what_sampling_can_return(here: Machine) -> None:
+    adapted = space.adapt(space.load(DEFAULT), 2, {})
+    listed = adapted.configurations()
+    assert listed is not None and len(listed) == len(set(listed))
+
+    class Random:
+        rng = random.Random(0)
+
+        def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+            return self.rng.choice(list(choices))
+
+        def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+            return self.rng.randrange(low, high + 1, step)
+
+    drawn = {adapted.sample(Random()) for _ in range(3000)}
+    assert drawn <= set(listed)
+    small = space.adapt(space.load(SPACE), 8, {})
+    assert len(small.configurations() or []) == 8  # 2 x 2 x 2, no conditions
+    assert adapted.configurations(limit=100) is None  # too many to list
+    assert space.adapt(space.load(DEFAULT), 8, {}).configurations() is None
+
+
+def test_n_trials_are_n_distinct_configurations(tmp_path: Path, here: Machine) -> None:
+    opened, stopped = run(tmp_path, here, 7, space=SPACE, runner=ok_runner)
+    configs = [(t.user_attrs["config"], t.user_attrs["batch_size"]) for t in opened.study.get_trials()]
+    assert len(configs) == 7 and len(set(configs)) == 7 and stopped == ""
+    assert not any(records.is_duplicate(t) for t in opened.study.get_trials())
+
+
+def test_an_exhausted_space_stops_the_search_and_says_so(tmp_path: Path, here: Machine) -> None:
+    opened, stopped = run(tmp_path, here, 20, space=SPACE, runner=ok_runner)
+    assert len(opened.study.get_trials()) == 9  # the baseline and the 8 configurations of the space
+    assert stopped == ("every configuration of the space has run (9 distinct, baseline included); widen the space "
+                       "(--space) to search further")
+
+
+class Stubborn(optuna.samplers.BaseSampler):
+    """Always proposes the same values: a sampler that has settled."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+
+    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
+        return {}
+
+    def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
+        return self.values[name]
+
+
+def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measured(here: Machine) -> None:
+    small = space.adapt(space.load(SPACE), 8, {})
+    study = optuna.create_study(sampler=Stubborn({"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"}))
+    proposer = proposals.Proposer(small, (1,), seed=0)
+    measured = {("mkldnn=off omp_runtime=gnu allocator=jemalloc", 1)}
+    proposal = proposer.next(study, measured)
+    assert proposal is not None and proposal.origin == "nearest unmeasured"
+    assert proposal.identity not in measured
+    # one knob away from what the sampler wanted
+    assert proposal.identity[0] in {"mkldnn=on omp_runtime=gnu allocator=jemalloc",
+                                    "mkldnn=off omp_runtime=intel allocator=jemalloc",
+                                    "mkldnn=off omp_runtime=gnu allocator=default"}
+    assert proposal.params == small.params(proposal.config)
+    everything = {(c.describe(), 1) for c in small.configurations() or []}
+    assert proposer.next(study, everything) is None
+
+
+def test_recipes_run_right_after_the_baseline_and_are_named(tmp_path: Path, here: Machine) -> None:
+    opened, _ = run(tmp_path, here, 6, space=DEFAULT, runner=ok_runner)
+    trials = opened.study.get_trials()
+    assert opened.proposer is not None
+    names = [r.name for r in opened.proposer.recipes]
+    assert names[:3] == ["seed", "pytorch-launcher", "compile+channels_last"]
+    assert [t.user_attrs.get("recipe") for t in trials] == [None, *names, None][:6]
+    seed = trials[1]
+    assert seed.user_attrs["config"] == ("mkldnn=on weight_cache=on omp_threads=8 omp_runtime=intel "
+                                         "kmp_affinity=compact kmp_blocktime=1 allocator=jemalloc instances=1")
+    assert seed.params == {"mkldnn": "on", "weight_cache": "on", "omp_threads": 8, "omp_runtime": "intel",
+                           "kmp_affinity": "compact", "kmp_blocktime": "1", "allocator": "jemalloc", "instances": 1}
+    compiled = trials[3]
+    assert compiled.user_attrs["config"] == "backend=inductor memory_format=channels_last"  # nothing else set
+    assert {t.user_attrs.get("proposed_by") for t in trials[1:]} >= {"recipe"}
+
+
+def test_throughput_adds_one_instance_per_node_and_bf16_only_where_supported() -> None:
+    two_sockets = lscpu("xeon_2s_ht")
+    names = [r.name for r in recipes.recipes(two_sockets, "throughput", bf16=False)]
+    assert names == ["seed", "pytorch-launcher", "compile+channels_last", "seed, one instance per node",
+                     "pytorch-launcher, one instance per node", "compile+channels_last, one instance per node"]
+    per_node = recipes.recipes(two_sockets, "throughput", bf16=True)[-1]
+    cores = len(two_sockets.usable_cores)
+    assert per_node.config.get("instances") == 2 and per_node.config.get("omp_threads") == cores // 2
+    assert [r.name for r in recipes.recipes(two_sockets, "latency", bf16=True)][-1] == "compile+bf16+channels_last"
+
+
+def test_recipes_the_space_cannot_express_are_left_out_with_one_note(tmp_path: Path, here: Machine) -> None:
+    opened = search_loop.open_search(request(tmp_path, 2, space=SPACE), here)
+    assert opened.proposer is not None and opened.proposer.recipes == ()
+    [note] = [n for n in opened.notes if n.startswith("recipes not run")]
+    assert note.startswith(f"recipes not run, since {SPACE} does not offer a knob value they set: seed "
+                           "(weight_cache=on), pytorch-launcher (omp_threads=8)")
+
+
+def test_a_trial_enqueued_through_optuna_is_run_as_enqueued(tmp_path: Path, here: Machine) -> None:
+    opened, _ = run(tmp_path, here, 1, space=SPACE, runner=ok_runner)
+    opened.study.enqueue_trial({"mkldnn": "on", "omp_runtime": "intel", "allocator": "default"})
+    again = search_loop.open_search(request(tmp_path, 2, space=SPACE), here)
+    search_loop.run_search(again, here, lambda event: None, runner=ok_runner)
+    last = again.study.get_trials()[-1]
+    assert last.user_attrs["config"] == "mkldnn=on omp_runtime=intel allocator=default"
+    assert last.user_attrs["proposed_by"] == "enqueued"
+
+
+def test_every_study_records_what_its_searches_cost(tmp_path: Path, here: Machine) -> None:
+    opened, _ = run(tmp_path, here, 3, space=SPACE, runner=ok_runner)
+    first = opened.study.user_attrs["accounting"]
+    assert first["trials"] == 3 and first["distinct_configurations"] == 3 and first["sessions"] == 1
+    assert first["timed_s"] == pytest.approx(3 * 3 * 1.0)  # 3 trials x 3 replicates x a 1 s window
+    assert first["efficiency"] == pytest.approx(first["timed_s"] / first["wall_s"], rel=0.05)
+    assert first["trials_per_hour"] == pytest.approx(3 / first["wall_s"] * 3600, rel=0.05)
+    again, _ = run(tmp_path, here, 4, space=SPACE, runner=ok_runner)
+    second = again.study.user_attrs["accounting"]
+    assert second["sessions"] == 2 and second["trials"] == 4 and second["wall_s"] >= first["wall_s"]
+    assert second["timed_s"] == pytest.approx(4 * 3 * 1.0)
+
+
+def test_the_space_says_what_it_lacks_and_the_params_that_sample_a_config() -> None:
+    small = space.adapt(space.load(SPACE), 8, {})
+    assert small.lacks(Config.from_mapping({"mkldnn": True, "allocator": "jemalloc"})) == ""
+    assert small.lacks(Config.from_mapping({"allocator": "tcmalloc"})) == "allocator=tcmalloc"
+    assert small.lacks(Config.from_mapping({"backend": "inductor"})) == "backend=inductor"
+    config = Config.from_mapping({"mkldnn": False, "omp_runtime": "intel", "allocator": "default"})
+    assert small.params(config) == {"mkldnn": "off", "omp_runtime": "intel", "allocator": "default"}
