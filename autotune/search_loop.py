@@ -154,7 +154,7 @@ def open_search(request: SearchRequest, machine: Machine,
         check(_bench_request(request, Config()), machine)
     name = study_name(request, model)
     url = storage.storage_url(name, request.storage, request.studies_dir)
-    study = storage.create(name, url, DIRECTIONS[request.objective], _sampler(request.seed),
+    study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed),
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     settings = _settings(request, model, machine)
     records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
@@ -203,7 +203,8 @@ def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine)
             **fingerprint(machine)}
 
 
-def _sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+def sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    """The search's sampler; its settings were chosen with benchmarks/sampler_replay.py (README)."""
     with storage.quiet_optuna():
         # group=True keeps conditional knobs (kmp_* only with Intel OpenMP) in their own groups.
         return optuna.samplers.TPESampler(multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,

@@ -1,0 +1,345 @@
+"""Which sampler finds the best configuration in the fewest trials? A tabular benchmark, as HPO
+research uses them: every configuration of a reduced but realistic space is measured once, with
+replicates, and stored as a table; samplers are then replayed against the table, each noisy
+observation a recorded replicate drawn at random.
+
+    .venv/bin/python benchmarks/sampler_replay.py collect   # measure the table: about 25 minutes here
+    .venv/bin/python benchmarks/sampler_replay.py replay    # replay the samplers: about 15 minutes
+
+`collect` measures `benchmarks/data/replay_space.yaml` (72 configurations on 2 cores) for resnet18
+at batch 1, `--replicates` fresh processes each, in passes over a shuffled order (a replicate of
+every configuration, then the next), and writes `benchmarks/data/sampler_replay_resnet18.json`
+after every configuration (an interrupted collection resumes). Each replicate records its p50, its
+wall time, and the p50 of the first quarter of its window (what a 4x shorter replicate would have
+seen), so that the replay can also price a shorter first replicate.
+
+`replay` runs each sampler `--seeds` times for `--trials` trials through autotune's own proposal
+path (`proposals.Proposer`: distinct configurations only, recipes first where the variant has
+them) and reports, per sampler, the median and IQR of the trials needed until the incumbent (the
+configuration with the best observed value so far) is truly within 3% of the table's optimum
+(its true value: the median of its recorded replicates), and the regret (incumbent's true value
+over the optimum, minus 1) after 10, 25 and 50 trials. Trials that never get there count as
+"never" and make the median "never" when they are half or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune import machine, planning, proposals, pruning, recipes, search_loop, space, storage
+from autotune.knobs import KNOBS, Config
+from autotune.launch import MeasureSettings
+from autotune.orchestrate import run_plan
+from autotune.replicates import BUSY_MACHINE
+from autotune.results import RunResult
+from autotune.stats import median
+
+HERE = Path(__file__).resolve().parent
+SPACE = HERE / "data" / "replay_space.yaml"
+SHORT = 0.25  # the short fidelity: the first quarter of a replicate's window
+SHORT_MARGIN = 0.10  # a short first replicate prunes when this much worse than the best trial's worst
+BUSY_RETRIES = 3  # a replicate taken while other processes used the CPUs is taken again
+
+
+def table_path(model: str) -> Path:
+    return HERE / "data" / f"sampler_replay_{model}.json"
+
+
+def replay_space(cores: int) -> space.SearchSpace:
+    return space.adapt(space.load(SPACE), cores, {})
+
+
+def collect(args: argparse.Namespace) -> None:
+    here = machine.this_machine()
+    configs = replay_space(len(here.topology.usable_cores)).configurations()
+    assert configs is not None
+    path = table_path(args.model)
+    table = json.loads(path.read_text()) if path.exists() else {
+        "model": args.model, "batch_size": 1, "space": str(SPACE.relative_to(HERE.parent)),
+        "measure": vars(MeasureSettings(warmup_s=args.warmup_time, duration_s=args.duration)),
+        "machine": machine.fingerprint(here), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "configs": {}}
+    for entry in table["configs"].values():  # a replicate another process disturbed is measured again
+        entry["replicates"] = [r for r in entry["replicates"] if r["other_cpu_share"] <= BUSY_MACHINE]
+    order = list(configs)
+    random.Random(args.seed).shuffle(order)
+    measure = MeasureSettings(warmup_s=args.warmup_time, duration_s=args.duration)
+    for rep in range(args.replicates):
+        for number, config in enumerate(order):
+            entry = table["configs"].setdefault(config.describe(), {"knobs": dict(config.values), "replicates": []})
+            if len(entry["replicates"]) > rep or entry.get("failed"):
+                continue
+            request = planning.BenchRequest(model=args.model, config=config, measure=measure,
+                                            cache_dir=Path(args.cache_dir))
+            run = run_plan(planning.make_plan(request, here), args.timeout)
+            for _ in range(BUSY_RETRIES):
+                if not run.ok or run.noise.get("other_cpu_share", 0.0) <= BUSY_MACHINE:
+                    break
+                run = run_plan(planning.make_plan(request, here), args.timeout)
+            if not run.ok:
+                entry["failed"] = run.reason
+            else:
+                entry["replicates"].append(replicate(run))
+            print(f"pass {rep + 1}/{args.replicates} {number + 1}/{len(order)} {config.describe()}: "
+                  f"{entry['replicates'][-1]['p50_ms'] if run.ok else run.reason}", file=sys.stderr, flush=True)
+            table["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(table, indent=1))
+            tmp.replace(path)
+
+
+def replicate(run: RunResult) -> dict[str, Any]:
+    """What the replay needs of one fresh process."""
+    [instance] = run.instances
+    samples = list(instance.metrics["latencies_ms"])
+    short = samples[: max(1, int(len(samples) * SHORT))]
+    setup = instance.metrics.get("setup", {})
+    return {"p50_ms": round(run.latency_p50_ms, 4), "short_p50_ms": round(median(short), 4),
+            "samples": len(samples), "wall_s": round(run.wall_s, 3), "window_s": round(instance.metrics["window_s"], 3),
+            "compile_s": round(float(setup.get("compile_s", setup.get("trace_s", 0.0))), 3),
+            "other_cpu_share": run.noise.get("other_cpu_share", 0.0)}
+
+
+WITHIN = 0.03  # "found": the incumbent's true value within 3% of the optimum
+CHECKPOINTS = (10, 25, 50)
+
+
+class Table:
+    """The measured configurations: their replicates, true values and the optimum."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self.cores = int(raw["machine"]["usable_physical_cores"])
+        self.space = replay_space(self.cores)
+        self.replicates = {key: [r["p50_ms"] for r in entry["replicates"]]
+                           for key, entry in raw["configs"].items() if entry["replicates"] and not entry.get("failed")}
+        self.truth = {key: median(values) for key, values in self.replicates.items()}
+        self.optimum = min(self.truth.values())
+
+    def key(self, config: Config) -> str:
+        """A recipe sets fewer knobs than the table's configurations: the rest are at their defaults
+        (threads: all the cores), as when the recipe runs."""
+        values = dict(config.values)
+        full = {}
+        for rng in self.space.knobs:
+            default = KNOBS[rng.name].default
+            full[rng.name] = values.get(rng.name, self.cores if default is None else default)
+        return Config.from_mapping(full).describe()
+
+    def observe(self, config: Config, rng: random.Random) -> float:
+        """A noisy observation: one recorded replicate at random (a failed configuration: inf)."""
+        values = self.replicates.get(self.key(config))
+        return rng.choice(values) if values else math.inf
+
+    def true(self, config: Config) -> float:
+        return self.truth.get(self.key(config), math.inf)
+
+
+def machine_recipes(table: Table) -> tuple[recipes.Recipe, ...]:
+    """The recipes a latency search on this machine (the table's) runs, fitted to the replay space;
+    with its defaults filled in, a recipe is one of the table's configurations."""
+    kept, _ = recipes.fitting(recipes.recipes(machine.this_machine().topology, "latency", bf16=True), table.space)
+    return kept
+
+
+Sampler = Callable[[int], optuna.samplers.BaseSampler]
+SAMPLERS: dict[str, tuple[Sampler, bool]] = {
+    # name: (sampler for a seed, recipes first)
+    "TPE as configured (multivariate, group, 8 startup)": (search_loop.sampler, False),
+    "TPE, Optuna defaults": (lambda seed: optuna.samplers.TPESampler(seed=seed), False),
+    "GPSampler": (lambda seed: optuna.samplers.GPSampler(seed=seed), False),
+    "random": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False),
+    "grid order": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False),  # replaced below
+    "experts first, then TPE as configured": (search_loop.sampler, True),
+}
+
+
+def replay_once(table: Table, name: str, seed: int, trials: int) -> list[float]:
+    """One replay: the incumbent's true value after each trial."""
+    make, experts = SAMPLERS[name]
+    rng = random.Random(seed)
+    with storage.quiet_optuna():
+        study = optuna.create_study(sampler=make(seed))
+    proposer = proposals.Proposer(table.space, (1,), machine_recipes(table) if experts else (), seed)
+    order = table.space.configurations() or []
+    measured: set[proposals.Identity] = set()
+    best_seen, incumbent, curve = math.inf, math.inf, []
+    for number in range(min(trials, len(order))):
+        if name == "grid order":
+            config = order[number]
+            proposal: proposals.Proposal | None = proposals.Proposal(config, 1, table.space.params(config))
+        else:
+            proposal = proposer.next(study, measured)
+        if proposal is None:
+            break
+        with storage.quiet_optuna():
+            study.enqueue_trial(proposal.params)
+            trial = study.ask()
+        config = table.space.sample(trial, only=proposal.config if proposal.recipe else None)
+        measured.add(proposal.identity)
+        value = table.observe(config, rng)
+        if math.isinf(value):
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, value)
+        if value < best_seen:
+            best_seen, incumbent = value, table.true(config)
+        curve.append(incumbent)
+    return curve
+
+
+def trials_to_target(curve: list[float], optimum: float) -> float:
+    return next((i + 1 for i, v in enumerate(curve) if v <= optimum * (1 + WITHIN)), math.inf)
+
+
+def regret(curve: list[float], optimum: float, after: int) -> float:
+    return curve[min(after, len(curve)) - 1] / optimum - 1
+
+
+def replay(args: argparse.Namespace) -> None:
+    table = Table(json.loads(table_path(args.model).read_text()))
+    grid = len(table.replicates)
+    print(f"{args.model} at batch 1, {grid} configurations measured ({table.raw['space']}), optimum "
+          f"{table.optimum:.2f} ms p50; {args.seeds} seeds x {args.trials} trials per sampler; "
+          f"target: within {WITHIN:.0%} of the optimum in {grid // 4} trials (25% of the grid) or fewer\n")
+    print("| sampler | trials to within 3%: median | IQR | never | regret @10 | @25 | @50 |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.samplers if args.samplers is not None else SAMPLERS:
+        curves = [replay_once(table, name, seed, args.trials) for seed in range(args.seeds)]
+        hits = sorted(trials_to_target(c, table.optimum) for c in curves)
+        regrets = [[regret(c, table.optimum, k) for c in curves] for k in CHECKPOINTS]
+        never = sum(math.isinf(h) for h in hits)
+        print(f"| {name} | {_trials(rank(hits, 0.5))} | {_trials(rank(hits, 0.25))}-{_trials(rank(hits, 0.75))} "
+              f"| {never}/{len(hits)} | " + " | ".join(f"{median(r):.1%}" for r in regrets) + " |", flush=True)
+    fidelity(args, table)
+
+
+def fidelity(args: argparse.Namespace, table: Table) -> None:
+    """Does a 4x shorter first replicate, pruned from when clearly worse, save time without losing
+    winners? Both variants run the default sampler (experts first, then TPE) over the same seeds and
+    pay each replicate's recorded wall time; the short one pays a quarter of its window."""
+    print(f"\nMulti-fidelity, {args.seeds} seeds: wall seconds until the incumbent is within {WITHIN:.0%} of "
+          "the optimum (recorded replicate costs), and how often a configuration within 3% was pruned\n")
+    print("| first replicate | seconds to within 3%: median | IQR | never | near-optimal pruned | seconds per trial |")
+    print("|---|---|---|---|---|---|")
+    for short in (False, True):
+        runs = [costed_replay(table, seed, args.trials, short) for seed in range(args.seeds)]
+        costs = sorted(r[0] for r in runs)
+        label = f"short ({SHORT:.0%} of the window, pruned when {SHORT_MARGIN:.0%} worse)" if short else \
+            f"full (pruned from the 2nd replicate, {pruning.MARGIN:.0%})"
+        print(f"| {label} | {_seconds(rank(costs, 0.5))} | {_seconds(rank(costs, 0.25))}-"
+              f"{_seconds(rank(costs, 0.75))} | {sum(math.isinf(c) for c in costs)}/{len(costs)} | "
+              f"{sum(r[1] for r in runs)}/{len(runs)} | {median([r[2] for r in runs]):.1f} |", flush=True)
+
+
+def costed_replay(table: Table, seed: int, trials: int, short: bool) -> tuple[float, bool, float]:
+    """(seconds until within 3% or inf, whether a near-optimal configuration was pruned by the short
+    screen, mean seconds per trial) for the default sampler, replicates drawn in random order."""
+    rng = random.Random(seed)
+    with storage.quiet_optuna():
+        study = optuna.create_study(sampler=search_loop.sampler(seed))
+    proposer = proposals.Proposer(table.space, (1,), machine_recipes(table), seed)
+    measured: set[proposals.Identity] = set()
+    best: list[float] = []
+    best_seen, spent, reached, lost, count = math.inf, 0.0, math.inf, False, 0
+    for _ in range(trials):
+        proposal = proposer.next(study, measured)
+        if proposal is None:
+            break
+        with storage.quiet_optuna():
+            study.enqueue_trial(proposal.params)
+            trial = study.ask()
+        config = table.space.sample(trial, only=proposal.config if proposal.recipe else None)
+        measured.add(proposal.identity)
+        count += 1
+        reps = list(table.raw["configs"].get(table.key(config), {}).get("replicates", []))
+        if not reps:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        rng.shuffle(reps)
+        cost, values, pruned = _replicates(reps, best, short)
+        spent += cost
+        lost = lost or (pruned and short and table.true(config) <= table.optimum * (1 + WITHIN))
+        value = median(values)
+        study.tell(trial, value)
+        if not pruned and value < best_seen:
+            best_seen, best = value, values
+            if table.true(config) <= table.optimum * (1 + WITHIN) and math.isinf(reached):
+                reached = spent
+    return reached, lost, spent / max(count, 1)
+
+
+def _replicates(reps: list[dict[str, Any]], best: list[float], short: bool) -> tuple[float, list[float], bool]:
+    """(seconds, values, pruned) of one trial under autotune's replicate rule, with or without a
+    short first replicate; the recorded replicates are reused in turn (a fourth draws the first)."""
+    def full(i: int) -> tuple[float, float]:
+        r = reps[i % len(reps)]
+        return r["wall_s"], r["p50_ms"]
+
+    cost, values = 0.0, []
+    if short:
+        first = reps[0]
+        cost += first["wall_s"] - (1 - SHORT) * first["window_s"]
+        if best and first["short_p50_ms"] > max(best) * (1 + SHORT_MARGIN):
+            return cost, [first["short_p50_ms"]], True
+        for i in (1, 2):
+            seconds, value = full(i)
+            cost, values = cost + seconds, [*values, value]
+        return cost, values, False
+    for i in (0, 1):
+        seconds, value = full(i)
+        cost, values = cost + seconds, [*values, value]
+    if best and pruning.separated(values, best, "latency_p50_ms"):
+        return cost, values, True
+    seconds, value = full(2)
+    return cost + seconds, [*values, value], False
+
+
+def _seconds(value: float) -> str:
+    return "never" if math.isinf(value) else f"{value:.0f}"
+
+
+def rank(ordered: list[float], q: float) -> float:
+    """The q-quantile as an order statistic (nearest rank): defined when some values are "never"."""
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _trials(value: float) -> str:
+    return "never" if math.isinf(value) else f"{value:g}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect", help="measure every configuration of the replay space")
+    c.add_argument("--model", default="resnet18")
+    c.add_argument("--replicates", type=int, default=3)
+    c.add_argument("--duration", type=float, default=1.0)
+    c.add_argument("--warmup-time", type=float, default=0.5)
+    c.add_argument("--timeout", type=float, default=600)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--cache-dir", default="/tmp/autotune-replay-cache")
+    r = sub.add_parser("replay", help="replay the samplers against the table")
+    r.add_argument("--model", default="resnet18")
+    r.add_argument("--seeds", type=int, default=20)
+    r.add_argument("--trials", type=int, default=50)
+    r.add_argument("--samplers", nargs="*", choices=list(SAMPLERS), help="only these (default: all)")
+    args = p.parse_args()
+    if args.command == "collect":
+        collect(args)
+    else:
+        replay(args)
+
+
+if __name__ == "__main__":
+    main()
