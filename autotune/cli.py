@@ -22,6 +22,7 @@ from autotune.errors import AutotuneError, Interrupted, RunFailed
 from autotune.launch import LaunchPlan
 from autotune.lock import machine_lock
 from autotune.objectives import COMPARABLE, metric_of, parse_objective
+from autotune.replicates import WARM_SEARCH_DEFAULT
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 STUDIES = Path("studies")
@@ -126,7 +127,11 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @click.option("--seed", type=int,
               help="Seed of the sampler and of the confirmation's round order, for a reproducible run.")
 @click.option("--replicates", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Fresh processes per trial; more are added (up to 2) while a trial stays noisy.")
+              help="Measurements per trial; more are added (up to 2, fresh processes) while a trial stays noisy.")
+@click.option("--warm-replicates/--fresh-replicates", default=WARM_SEARCH_DEFAULT, show_default=True,
+              help="A trial's replicates as consecutive windows of one warmed process (one start, build and "
+                   "warmup: see README for what that saves and risks), or each in a fresh process. "
+                   "Confirmation always uses fresh processes.")
 @click.option("--confirm-top", default=3, show_default=True, type=click.IntRange(min=0),
               help="Candidates re-measured against the baseline at the end (0: skip).")
 @options.rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
@@ -135,8 +140,9 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @options.no_wait_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
-           seed: int | None, replicates: int, confirm_top: int, confirm_rounds: int, min_effect: float,
-           timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool, **measure: Any) -> None:
+           seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
+           min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool,
+           **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -156,7 +162,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         model=model, trials=trials, space=space.find(space_spec), objective=parse_objective(objective),
         batch_size=sizes[0], batch_sizes=sizes if len(sizes) > 1 else (), max_latency_ms=max_latency_ms,
         study=study_name, storage=storage, measure=options.settings(**measure),
-        replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout), cache_dir=cache_dir, seed=seed,
+        replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout, in_process=warm_replicates),
+        cache_dir=cache_dir, seed=seed,
         input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
         command_line=" ".join(["autotune", *sys.argv[1:]]))
     here = machine.this_machine()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -122,6 +122,25 @@ class LaunchPlan:
                 for i in self.instances
             ],
         }
+
+
+def stretched(plan: LaunchPlan, parts: int) -> LaunchPlan:
+    """The same plan with a window `parts` times as long (and as many samples at least), to be cut
+    into `parts` consecutive windows of one warmed process (`RunResult.parts`)."""
+    measure = replace(plan.bench.measure, duration_s=plan.bench.measure.duration_s * parts,
+                      min_iterations=plan.bench.measure.min_iterations * parts)
+    flags = {"--duration": str(measure.duration_s), "--min-iterations": str(measure.min_iterations)}
+    instances = tuple(replace(i, command=_with_flags(i.command, flags)) for i in plan.instances)
+    return replace(plan, bench=replace(plan.bench, measure=measure), instances=instances)
+
+
+def _with_flags(command: tuple[str, ...], flags: Mapping[str, str]) -> tuple[str, ...]:
+    """`command` with the value after each flag replaced."""
+    out = list(command)
+    for at, word in enumerate(command[:-1]):
+        if word in flags:
+            out[at + 1] = flags[word]
+    return tuple(out)
 
 
 def model_knobs(config: Config) -> ModelKnobs:

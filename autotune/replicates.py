@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from autotune import stats
-from autotune.launch import LaunchPlan
+from autotune.launch import LaunchPlan, stretched
 from autotune.results import RunResult
 from autotune.stats import median
 
@@ -20,6 +20,9 @@ NOISY = 0.10  # IQR/median above this is flagged
 BUSY_MACHINE = 0.25
 PERCENTILES = tuple(range(101))  # the stored summary of all samples: p0..p100, a fixed size
 REMEASURE = 0.25  # above this more replicates are taken, at most `max_extra` of them
+# A search's replicates are windows of one warmed process unless --fresh-replicates: measured by
+# benchmarks/fresh_vs_warm.py (README, "Fresh or warm replicates").
+WARM_SEARCH_DEFAULT = True
 
 # Executes a plan once with a timeout: the real orchestrator, or a fake in tests.
 PlanRunner = Callable[[LaunchPlan, float], RunResult]
@@ -32,6 +35,9 @@ class ReplicatePolicy:
     replicates: int = 3
     max_extra: int = 2
     timeout_s: float = 900.0
+    # True: the replicates are consecutive windows of one warmed process (one start, one compile
+    # check, one warmup); False: each is a fresh process. Extra replicates are always fresh.
+    in_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,14 +151,22 @@ def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRu
     it is told whether more replicates are planned, since stopping after the last saves nothing."""
     runs: list[RunResult] = []
     limit = policy.replicates
-    while len(runs) < limit:
-        run = runner(plan, policy.timeout_s)
-        runs.append(run)
+    if policy.in_process and limit > 1:
+        run = runner(stretched(plan, limit), policy.timeout_s)
+        runs.extend(run.parts(limit))
         if not run.ok:
-            break
-        if after_each(len(runs) - 1, run, len(runs) < limit):
-            return Measurement(tuple(runs), stopped_early=True)
+            return Measurement(tuple(runs))
+        for index, part in enumerate(runs):
+            after_each(index, part, False)  # reported; stopping now would save nothing
+    while True:
         room = limit < policy.replicates + policy.max_extra
         if len(runs) == limit and room and Measurement(tuple(runs)).spread > REMEASURE:
             limit += 1
-    return Measurement(tuple(runs))
+        if len(runs) >= limit:
+            return Measurement(tuple(runs))
+        run = runner(plan, policy.timeout_s)
+        runs.append(run)
+        if not run.ok:
+            return Measurement(tuple(runs))
+        if after_each(len(runs) - 1, run, len(runs) < limit):
+            return Measurement(tuple(runs), stopped_early=True)

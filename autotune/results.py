@@ -6,7 +6,7 @@ Aggregated metrics exist only when every instance succeeded; a failure is a resu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.stats import median, percentile
@@ -57,6 +57,17 @@ class RunResult:
         """What building and converting the models held at their peak, summed."""
         return sum(float(i.metrics["setup_peak_rss_mb"]) for i in self.instances)
 
+    def parts(self, count: int) -> tuple[RunResult, ...]:
+        """The window cut into `count` consecutive windows of equal time, each a run of its own:
+        replicates inside one warmed process. Each instance is cut by its own clock (the sum of
+        its iteration times); process-wide figures (peak RSS, setup) stay with every part."""
+        if not self.ok or count <= 1:
+            return (self,)
+        cut = [_parts(i.metrics, count) for i in self.instances]
+        return tuple(RunResult(True, "", tuple(replace(i, metrics=pieces[n])
+                                               for i, pieces in zip(self.instances, cut, strict=True)),
+                               self.wall_s / count, self.noise) for n in range(count))
+
     def summary(self) -> dict[str, Any]:
         """Aggregated metrics, or the failure, as plain data for JSON and the study."""
         out: dict[str, Any] = {"ok": self.ok, "reason": self.reason, "wall_s": round(self.wall_s, 3),
@@ -67,6 +78,30 @@ class RunResult:
                        setup_peak_rss_mb=self.setup_peak_rss_mb)
         out["instances"] = [instance_summary(i) for i in self.instances]
         return out
+
+
+def _parts(metrics: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
+    """One instance's samples split where its iterations cross each 1/count of its window."""
+    iterations = list(metrics["iterations_ms"])
+    latencies = list(metrics["latencies_ms"])
+    total = sum(iterations) or 1.0
+    per_item = metrics["items"] / max(len(latencies), 1)
+    bounds: list[tuple[int, int]] = []
+    clock, start = 0.0, 0
+    for index, spent in enumerate(iterations):
+        clock += spent
+        if clock >= total * (len(bounds) + 1) / count and len(bounds) < count - 1:
+            bounds.append((start, index + 1))
+            start = index + 1
+    bounds.append((start, len(iterations)))
+    pieces = []
+    for low, high in bounds:
+        seconds = sum(iterations[low:high]) / 1e3
+        items = per_item * (high - low)
+        pieces.append({**metrics, "latencies_ms": latencies[low:high], "iterations_ms": iterations[low:high],
+                       "items": items, "window_s": seconds, "throughput_ips": items / seconds if seconds else 0.0,
+                       "cpu_s": float(metrics.get("cpu_s", 0.0)) * seconds * 1e3 / total})
+    return pieces
 
 
 def instance_summary(result: InstanceResult) -> dict[str, Any]:

@@ -39,6 +39,7 @@ T = TypeVar("T")
 # The option behind each recorded measurement setting (the others are the machine and torch).
 SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
                  "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
+                 "warm_replicates": "--warm-replicates/--fresh-replicates",
                  "timeout_s": "--timeout", "tolerance": "--tolerance"}
 
 
@@ -199,6 +200,7 @@ def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine)
     versions = torch_versions()
     return {"input_shape": "x".join(map(str, model.item_shape)), **asdict(request.measure),
             "replicates": request.replicates.replicates, "timeout_s": request.replicates.timeout_s,
+            "warm_replicates": request.replicates.in_process,
             "tolerance": request.tolerance, "torch": versions["torch"], "onednn": versions["onednn"],
             **fingerprint(machine)}
 

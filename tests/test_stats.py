@@ -8,7 +8,7 @@ import pytest
 
 from autotune import replicates, stats
 from autotune.knobs import Config
-from autotune.launch import BenchSpec, LaunchPlan
+from autotune.launch import BenchSpec, InstancePlan, LaunchPlan, worker_command
 from autotune.results import RunResult
 from tests.test_study import fake_result
 
@@ -123,3 +123,47 @@ def test_a_failed_replicate_stops_the_measurement() -> None:
     measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3), counted)
     assert not measured.ok and measured.reason == "instance 0: crashed with SIGSEGV"
     assert len(measured.runs) == 2
+
+
+def test_a_window_cut_into_parts_keeps_every_sample_in_order_and_splits_time_evenly() -> None:
+    run = fake_result([10.0] * 10 + [20.0] * 5)  # iterations of 11 and 21 ms: 215 ms in all
+    parts = run.parts(3)
+    assert len(parts) == 3 and all(p.ok for p in parts)
+    cut = [p.instances[0].metrics for p in parts]
+    assert [x for m in cut for x in m["latencies_ms"]] == run.instances[0].metrics["latencies_ms"]
+    assert [len(m["latencies_ms"]) for m in cut] == [7, 5, 3]  # each part ends where 1/3 of the time is crossed
+    for m in cut:
+        assert abs(m["window_s"] - 0.215 / 3) <= 0.021  # within one iteration of a third
+        assert m["throughput_ips"] == pytest.approx(m["items"] / m["window_s"])
+        assert m["peak_rss_mb"] == run.instances[0].metrics["peak_rss_mb"]  # the process's, in every part
+    assert sum(m["items"] for m in cut) == pytest.approx(15)
+    assert sum(p.wall_s for p in parts) == pytest.approx(run.wall_s)
+    assert run.parts(1) == (run,)
+
+
+def test_in_process_replicates_are_one_stretched_process_cut_into_windows() -> None:
+    seen: list[LaunchPlan] = []
+    told: list[tuple[int, bool]] = []
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        seen.append(plan)
+        return fake_result([20.0] * 30)
+
+    def after_each(index: int, run: RunResult, more: bool) -> bool:
+        told.append((index, more))
+        return True  # would prune: but the windows already ran
+
+    bench = BenchSpec("fake", (1,))
+    instance = InstancePlan(0, (0,), None, {}, worker_command("python", bench, Config()))
+    one = LaunchPlan(Config(), bench, "none", (instance,))
+    policy = replicates.ReplicatePolicy(replicates=3, max_extra=0, in_process=True)
+    measured = replicates.measure_replicates(one, policy, runner, after_each)
+    assert len(seen) == 1 and len(measured.runs) == 3 and not measured.stopped_early
+    [plan] = seen
+    base = PLAN.bench.measure
+    assert plan.bench.measure.duration_s == 3 * base.duration_s
+    assert plan.bench.measure.min_iterations == 3 * base.min_iterations
+    command = plan.instances[0].command
+    assert command[command.index("--duration") + 1] == str(3 * base.duration_s)
+    assert command[command.index("--min-iterations") + 1] == str(3 * base.min_iterations)
+    assert told == [(0, False), (1, False), (2, False)]
