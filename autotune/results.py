@@ -94,6 +94,9 @@ def _parts(metrics: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
             bounds.append((start, index + 1))
             start = index + 1
     bounds.append((start, len(iterations)))
+    if any(low == high for low, high in bounds):  # one iteration crossed two cuts: cut by count instead
+        edges = [round(len(iterations) * n / count) for n in range(count + 1)]
+        bounds = list(zip(edges, edges[1:], strict=False))
     pieces = []
     for low, high in bounds:
         seconds = sum(iterations[low:high]) / 1e3

@@ -157,10 +157,14 @@ SAMPLERS: dict[str, tuple[Sampler, bool]] = {
     # name: (sampler for a seed, recipes first)
     "TPE as configured (multivariate, group, 8 startup)": (search_loop.sampler, False),
     "TPE, Optuna defaults": (lambda seed: optuna.samplers.TPESampler(seed=seed), False),
-    "GPSampler": (lambda seed: optuna.samplers.GPSampler(seed=seed), False),
+    "GPSampler": (lambda seed: optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False), False),
     "random": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False),
     "grid order": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False),  # replaced below
     "experts first, then TPE as configured": (search_loop.sampler, True),
+    "experts first, then TPE with 4 startup": (lambda seed: optuna.samplers.TPESampler(
+        multivariate=True, group=True, n_startup_trials=4, seed=seed), True),
+    "experts first, then GPSampler": (lambda seed: optuna.samplers.GPSampler(
+        seed=seed, warn_independent_sampling=False), True),
 }
 
 
@@ -207,6 +211,7 @@ def regret(curve: list[float], optimum: float, after: int) -> float:
 
 
 def replay(args: argparse.Namespace) -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = Table(json.loads(table_path(args.model).read_text()))
     grid = len(table.replicates)
     print(f"{args.model} at batch 1, {grid} configurations measured ({table.raw['space']}), optimum "

@@ -176,3 +176,14 @@ def test_the_space_says_what_it_lacks_and_the_params_that_sample_a_config() -> N
     assert small.lacks(Config.from_mapping({"backend": "inductor"})) == "backend=inductor"
     config = Config.from_mapping({"mkldnn": False, "omp_runtime": "intel", "allocator": "default"})
     assert small.params(config) == {"mkldnn": "off", "omp_runtime": "intel", "allocator": "default"}
+
+
+def test_warm_or_fresh_replicates_are_a_recorded_setting_a_resume_must_keep(tmp_path: Path, here: Machine) -> None:
+    from autotune.replicates import ReplicatePolicy
+    from autotune.storage import StudyError
+
+    run(tmp_path, here, 2, space=SPACE, runner=ok_runner, replicates=ReplicatePolicy(in_process=True))
+    with pytest.raises(StudyError, match=r"^study 'resnet18-bs1-latency' was measured with warm_replicates=True, "
+                                         r"not False; use another --study name or the same "
+                                         r"--warm-replicates/--fresh-replicates$"):
+        search_loop.open_search(request(tmp_path, 3, space=SPACE, replicates=ReplicatePolicy(in_process=False)), here)

@@ -167,3 +167,8 @@ def test_in_process_replicates_are_one_stretched_process_cut_into_windows() -> N
     assert command[command.index("--duration") + 1] == str(3 * base.duration_s)
     assert command[command.index("--min-iterations") + 1] == str(3 * base.min_iterations)
     assert told == [(0, False), (1, False), (2, False)]
+
+
+def test_a_part_never_comes_out_empty() -> None:
+    run = fake_result([1.0, 1.0, 50.0, 1.0])  # the long iteration crosses two of the three cuts
+    assert [len(p.instances[0].metrics["latencies_ms"]) for p in run.parts(3)] == [1, 2, 1]
