@@ -150,7 +150,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
       autotune search --model resnext101 --trials 50
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
     """
-    from autotune import search_loop, space
+    from autotune import export, search_loop, space
     from autotune.confirm import check_rounds
     from autotune.records import best_measured
     from autotune.replicates import ReplicatePolicy
@@ -179,7 +179,10 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
             progress.close()
         if stopped:
             display.err.print(f"note: {stopped}", markup=False)
-        display.best_table(opened.name, request.objective, best_measured(opened.study)[:5], opened.storage)
+        best = best_measured(opened.study)
+        display.best_table(opened.name, request.objective, best[:5], opened.storage)
+        if best and (line := export.versus_recipes(opened.study, best[0])):
+            display.out.print(line, soft_wrap=True, highlight=False, markup=False)
         display.accounting(opened.study.user_attrs["accounting"])
         if opened.should_confirm(confirm_top):
             _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)

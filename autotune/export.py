@@ -77,6 +77,7 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         f"throughput {attrs.get('speedup_throughput', 1):.2f}x",
         f"# host: {_host(sattrs.get('host', {}))}",
         *_confirmation_lines(sattrs.get("confirmation"), trial.number),
+        *([f"# {line}"] if (line := versus_recipes(study, trial)) else []),
         "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
     ]
     if len(records.best_trials(study)) > 1 and len(study.directions) > 1:
@@ -95,6 +96,23 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst.env.items())
         lines.append(f"#   instance {inst.index}: {' '.join(filter(None, (env, shlex.join(inst.command))))}")
     return "\n".join(envfile.comment(line) if line.startswith("#") else line for line in lines) + "\n"
+
+
+def versus_recipes(study: optuna.Study, trial: FrozenTrial) -> str:
+    """How `trial` compares with the best expert recipe the study ran, in the search's own
+    measurements ("" when no recipe completed)."""
+    objective = study.user_attrs.get("objective", "latency")
+    speedup = "speedup_throughput" if objective == "throughput" else "speedup_latency"
+    recipe = records.best_recipe(study, speedup)
+    if recipe is None or speedup not in trial.user_attrs:
+        return ""
+    mine, theirs = float(trial.user_attrs[speedup]), float(recipe.user_attrs[speedup])
+    what = "throughput" if speedup == "speedup_throughput" else "latency"
+    if recipe.number == trial.number:
+        return f"this is the best expert recipe the study ran ({recipe.user_attrs['recipe']}, {what} {mine:.2f}x)"
+    return (f"best expert recipe: trial {recipe.number} ({recipe.user_attrs['recipe']}), {what} {theirs:.2f}x; "
+            f"trial {trial.number} is {mine / theirs:.2f}x that (search measurements; confirmation re-measures "
+            f"against the baseline only)")
 
 
 def _export_line(name: str, value: str) -> str:

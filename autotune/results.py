@@ -5,6 +5,7 @@ Aggregated metrics exist only when every instance succeeded; a failure is a resu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -96,7 +97,7 @@ def _parts(metrics: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
     bounds.append((start, len(iterations)))
     if any(low == high for low, high in bounds):  # one iteration crossed two cuts: cut by count instead
         edges = [round(len(iterations) * n / count) for n in range(count + 1)]
-        bounds = list(zip(edges, edges[1:], strict=False))
+        bounds = list(itertools.pairwise(edges))
     pieces = []
     for low, high in bounds:
         seconds = sum(iterations[low:high]) / 1e3

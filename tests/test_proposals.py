@@ -187,3 +187,20 @@ def test_warm_or_fresh_replicates_are_a_recorded_setting_a_resume_must_keep(tmp_
                                          r"not False; use another --study name or the same "
                                          r"--warm-replicates/--fresh-replicates$"):
         search_loop.open_search(request(tmp_path, 3, space=SPACE, replicates=ReplicatePolicy(in_process=False)), here)
+
+
+def test_the_winner_is_compared_with_the_best_recipe(tmp_path: Path, here: Machine) -> None:
+    from autotune import export
+
+    opened, _ = run(tmp_path, here, 7, space=DEFAULT, runner=ok_runner)
+    study = opened.study
+    recipe = records.best_recipe(study, "speedup_latency")
+    assert recipe is not None and recipe.user_attrs["recipe"] == "seed"  # sets the most knobs: fastest here
+    other = next(t for t in study.get_trials() if t.number > 0 and not t.user_attrs.get("recipe"))
+    ratio = other.user_attrs["speedup_latency"] / recipe.user_attrs["speedup_latency"]
+    assert export.versus_recipes(study, other) == (
+        f"best expert recipe: trial {recipe.number} (seed), latency {recipe.user_attrs['speedup_latency']:.2f}x; "
+        f"trial {other.number} is {ratio:.2f}x that (search measurements; confirmation re-measures against the "
+        f"baseline only)")
+    assert export.versus_recipes(study, recipe).startswith("this is the best expert recipe the study ran (seed, ")
+    assert f"# {export.versus_recipes(study, other)}" in export.render(study, other)
