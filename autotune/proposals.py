@@ -12,7 +12,7 @@ nothing to propose, and the search stops and says so.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -51,6 +51,7 @@ class Proposer:
 
     space: SearchSpace
     batch_sizes: tuple[int, ...]  # more than one: the batch size is a searched parameter
+    sampler: Callable[[int | None], optuna.samplers.BaseSampler]  # a new one per proposal, from a seed
     recipes: tuple[Recipe, ...] = ()
     seed: int | None = None
 
@@ -70,7 +71,10 @@ class Proposer:
             if proposal.identity not in measured:
                 return proposal
         last: Proposal | None = None
-        probe = _in_memory_copy(study)
+        # A sampler of its own: Optuna's samplers cache per study and refuse a second one; seeded
+        # from the search's seed and the trial count, so that a seeded search repeats itself.
+        seed = None if self.seed is None else self.seed * 1_000_003 + len(study.trials)
+        probe = _in_memory_copy(study, self.sampler(seed))
         for _ in range(RETRIES):
             last = self._ask(probe)
             if last.identity not in measured:
@@ -128,11 +132,11 @@ def _distance(config: Config, batch: int, proposed: Proposal) -> int:
     return sum(mine.get(k) != theirs.get(k) for k in mine.keys() | theirs.keys()) + (batch != proposed.batch)
 
 
-def _in_memory_copy(study: optuna.Study) -> optuna.Study:
+def _in_memory_copy(study: optuna.Study, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
     """The study's finished trials (parameters, values, intermediate values: what samplers read)
-    in a study held in memory, sharing the study's sampler."""
+    in a study held in memory, with `sampler`."""
     with storage.quiet_optuna():
-        probe = optuna.create_study(directions=study.directions, sampler=study.sampler)
+        probe = optuna.create_study(directions=study.directions, sampler=sampler)
         probe.add_trials([_slim(t) for t in study.get_trials(deepcopy=False)
                           if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)])
     return probe

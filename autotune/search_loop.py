@@ -168,7 +168,7 @@ def open_search(request: SearchRequest, machine: Machine,
     done = records.finished(study)
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
-    proposer = proposals.Proposer(adapted, request.batch_sizes or (request.batch_size,), known, request.seed)
+    proposer = proposals.Proposer(adapted, request.batch_sizes or (request.batch_size,), sampler, known, request.seed)
     return Search(request, study, adapted, model, name, url, tuple(notes), done, records.settings_digest(settings),
                   proposer)
 

@@ -174,7 +174,7 @@ def replay_once(table: Table, name: str, seed: int, trials: int) -> list[float]:
     rng = random.Random(seed)
     with storage.quiet_optuna():
         study = optuna.create_study(sampler=make(seed))
-    proposer = proposals.Proposer(table.space, (1,), machine_recipes(table) if experts else (), seed)
+    proposer = proposals.Proposer(table.space, (1,), make, machine_recipes(table) if experts else (), seed)
     order = table.space.configurations() or []
     measured: set[proposals.Identity] = set()
     best_seen, incumbent, curve = math.inf, math.inf, []
@@ -255,7 +255,7 @@ def costed_replay(table: Table, seed: int, trials: int, mode: str) -> tuple[floa
     rng = random.Random(seed)
     with storage.quiet_optuna():
         study = optuna.create_study(sampler=search_loop.sampler(seed))
-    proposer = proposals.Proposer(table.space, (1,), machine_recipes(table), seed)
+    proposer = proposals.Proposer(table.space, (1,), search_loop.sampler, machine_recipes(table), seed)
     measured: set[proposals.Identity] = set()
     best: list[float] = []
     best_seen, spent, reached, lost, count = math.inf, 0.0, math.inf, False, 0
