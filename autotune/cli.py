@@ -183,7 +183,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         display.best_table(opened.name, request.objective, best[:5], opened.storage)
         if best and (line := export.versus_recipes(opened.study, best[0])):
             display.out.print(line, soft_wrap=True, highlight=False, markup=False)
-        display.accounting(opened.study.user_attrs["accounting"])
+        if "accounting" in opened.study.user_attrs:
+            display.accounting(opened.study.user_attrs["accounting"])
         if opened.should_confirm(confirm_top):
             _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)
         elif confirm_top > 0:

@@ -219,9 +219,11 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
     before; the first is the baseline, then the experts' recipes. Returns why it stopped early
     ("" when it ran them all): every configuration of the space has run."""
     start = time.monotonic()
+    before = _patiently(search, lambda: records.finished(search.study))
 
-    def account() -> None:
-        _patiently(search, lambda: records.account(search.study, time.monotonic() - start))
+    def account() -> None:  # only a session that added trials counts
+        if records.finished(search.study) > before:
+            records.account(search.study, time.monotonic() - start)
 
     try:
         stopped = _trials(search, machine, on_event, runner, start)
@@ -229,9 +231,9 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
         raise  # nothing can be written now
     except BaseException:
         with contextlib.suppress(StudyLocked):
-            account()
+            _patiently(search, account)
         raise
-    account()
+    _patiently(search, account)
     return stopped
 
 
@@ -273,9 +275,12 @@ def _propose(search: Search) -> Next | None:
 
 def _ask(search: Search, proposal: Next) -> optuna.Trial:
     """A new trial; a proposal's parameters are fixed in it by enqueueing them just before."""
-    if isinstance(proposal, proposals.Proposal):
-        search.study.enqueue_trial(proposal.params, skip_if_exists=False)
-    return storage.ask(search.study)
+    study = search.study
+    waiting = [t.system_attrs.get("fixed_params")
+               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    if isinstance(proposal, proposals.Proposal) and proposal.params not in waiting:  # a retry after a lock finds it
+        study.enqueue_trial(proposal.params)
+    return storage.ask(study)
 
 
 def _patiently(search: Search, action: Callable[[], T]) -> T:

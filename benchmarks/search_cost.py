@@ -10,6 +10,7 @@ accounting and the confirmation's verdict, next to the best expert recipe the st
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ def main() -> None:
     p.add_argument("--batch-size", default="1")
     p.add_argument("--confirm-rounds", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", type=Path, help="copy the study database here, to look into it afterwards")
     p.add_argument("extra", nargs="*", help="more `autotune search` flags, after --")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="autotune-search-cost-") as folder:
@@ -42,6 +44,8 @@ def main() -> None:
         done = subprocess.run(command, cwd=folder, check=False)
         wall = time.monotonic() - start
         [db] = Path(folder, "studies").glob("*.db")
+        if args.keep:
+            shutil.copyfile(db, args.keep)
         with storage.quiet_optuna():
             study = optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}")
         report(args, study, wall, done.returncode)

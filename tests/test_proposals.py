@@ -171,6 +171,20 @@ def test_every_study_records_what_its_searches_cost(tmp_path: Path, here: Machin
     second = again.study.user_attrs["accounting"]
     assert second["sessions"] == 2 and second["trials"] == 4 and second["wall_s"] >= first["wall_s"]
     assert second["timed_s"] == pytest.approx(4 * 3 * 1.0)
+    idle, _ = run(tmp_path, here, 4, space=SPACE, runner=ok_runner)  # nothing to add: not a session
+    assert idle.study.user_attrs["accounting"] == second
+
+
+def test_a_retried_ask_does_not_enqueue_its_proposal_twice(tmp_path: Path, here: Machine) -> None:
+    opened, _ = run(tmp_path, here, 1, space=SPACE, runner=ok_runner)
+    assert opened.proposer is not None
+    proposal = opened.proposer.next(opened.study, set())
+    assert proposal is not None
+    opened.study.enqueue_trial(proposal.params)  # as if the database locked right after enqueueing
+    trial = search_loop._ask(opened, proposal)
+    assert trial.params == {} and opened.study._storage.get_trial(trial._trial_id).system_attrs[
+        "fixed_params"] == proposal.params
+    assert opened.study.get_trials(states=(optuna.trial.TrialState.WAITING,)) == []
 
 
 def test_the_space_says_what_it_lacks_and_the_params_that_sample_a_config() -> None:
