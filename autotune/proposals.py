@@ -59,11 +59,6 @@ class Proposer:
     def searches_batch(self) -> bool:
         return len(self.batch_sizes) > 1
 
-    def configurations(self) -> list[Identity] | None:
-        """Every (configuration, batch size) the space holds; None when too many to list."""
-        configs = _listed(self.space)
-        return None if configs is None else [(c.describe(), b) for c in configs for b in self.batch_sizes]
-
     def next(self, study: optuna.Study, measured: set[Identity]) -> Proposal | None:
         """The next configuration to measure, or None when every one of the space has run."""
         for recipe in self.recipes:
