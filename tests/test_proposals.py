@@ -151,12 +151,13 @@ def test_a_trial_enqueued_through_optuna_is_run_as_enqueued(tmp_path: Path, here
     """Also after TPE's startup, with parameters left to the sampler: the study's own sampler then
     samples the rest, never having seen the in-memory copies proposals are asked on."""
     opened, _ = run(tmp_path, here, 10, space=DEFAULT, runner=ok_runner)
-    opened.study.enqueue_trial({"mkldnn": "on", "omp_runtime": "intel", "allocator": "default"})
+    opened.study.enqueue_trial({"backend": "eager", "mkldnn": "on", "omp_runtime": "intel", "allocator": "default"})
     again = search_loop.open_search(request(tmp_path, 12, space=DEFAULT), here)
     search_loop.run_search(again, here, lambda event: None, runner=ok_runner)
     enqueued = again.study.get_trials()[10]
     assert enqueued.user_attrs["proposed_by"] == "enqueued"
-    assert {"mkldnn=on", "omp_runtime=intel", "allocator=default"} <= set(enqueued.user_attrs["config"].split())
+    assert {"backend=eager", "mkldnn=on", "omp_runtime=intel", "allocator=default"} <= set(
+        enqueued.user_attrs["config"].split())
     assert again.study.get_trials()[11].user_attrs["proposed_by"] in ("sampler", "nearest unmeasured")
 
 
