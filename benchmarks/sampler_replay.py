@@ -186,11 +186,7 @@ def replay_once(table: Table, name: str, seed: int, trials: int) -> list[float]:
             proposal = proposer.next(study, measured)
         if proposal is None:
             break
-        with storage.quiet_optuna():
-            study.enqueue_trial(proposal.params)
-            trial = study.ask()
-        config = table.space.sample(trial, only=proposal.config if proposal.recipe else None)
-        measured.add(proposal.identity)
+        trial, config = start_trial(study, table, proposal, measured)
         value = table.observe(config, rng)
         if math.isinf(value):
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -200,6 +196,16 @@ def replay_once(table: Table, name: str, seed: int, trials: int) -> list[float]:
             best_seen, incumbent = value, table.true(config)
         curve.append(incumbent)
     return curve
+
+
+def start_trial(study: optuna.Study, table: Table, proposal: proposals.Proposal,
+                measured: set[proposals.Identity]) -> tuple[optuna.Trial, Config]:
+    """The proposal as a trial, the way the search starts one: enqueue its parameters, ask, sample."""
+    with storage.quiet_optuna():
+        study.enqueue_trial(proposal.params)
+        trial = study.ask()
+    measured.add(proposal.identity)
+    return trial, table.space.sample(trial, only=proposal.config if proposal.recipe else None)
 
 
 def trials_to_target(curve: list[float], optimum: float) -> float:
@@ -263,11 +269,7 @@ def costed_replay(table: Table, seed: int, trials: int, mode: str) -> tuple[floa
         proposal = proposer.next(study, measured)
         if proposal is None:
             break
-        with storage.quiet_optuna():
-            study.enqueue_trial(proposal.params)
-            trial = study.ask()
-        config = table.space.sample(trial, only=proposal.config if proposal.recipe else None)
-        measured.add(proposal.identity)
+        trial, config = start_trial(study, table, proposal, measured)
         count += 1
         reps = list(table.raw["configs"].get(table.key(config), {}).get("replicates", []))
         if not reps:
