@@ -56,7 +56,7 @@ def doctor(as_json: bool) -> None:
     Example:
       autotune doctor --json
     """
-    _emit(machine.report(machine.this_machine()), as_json, display.doctor)
+    _emit("doctor", machine.report(machine.this_machine()), as_json, display.doctor)
 
 
 @cli.command()
@@ -75,7 +75,7 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
     request = planning.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape,
                                                example_inputs=example_inputs)
     target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
-    _emit(planning.make_plan(request, target).to_json(), as_json, display.plan)
+    _emit("plan", planning.make_plan(request, target).to_json(), as_json, display.plan)
 
 
 @cli.command(name="bench")
@@ -104,7 +104,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
         with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
                             f"{len(launch.instances)} instance(s)", quiet=as_json):
             result = run_plan(launch, timeout)
-    _emit({"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
+    _emit("bench", {"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
 
@@ -359,9 +359,9 @@ def models_command() -> None:
     display.models(models.classification_models(), models.ALIASES)
 
 
-def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
+def _emit(kind: str, data: dict[str, Any], as_json: bool, render: Any) -> None:
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
+        click.echo(json.dumps(display.json_document(kind, data), indent=2, default=str))
     else:
         render(data)
 

@@ -16,6 +16,16 @@ from autotune.objectives import Metric, lower_is_better
 from autotune.stats import median
 from autotune.topology import format_cpus
 
+# Every `--json` payload carries what it is and the version of its layout; a field removed or
+# changed in meaning bumps the version, a field added does not.
+JSON_SCHEMA_VERSION = 1
+
+
+def json_document(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """A `--json` payload: `kind` (the command) and `schema_version` first, then the body."""
+    return {"kind": kind, "schema_version": JSON_SCHEMA_VERSION, **body}
+
+
 # Piped output (CI logs, `| less`) gets wide tables instead of 80 columns of folded cells.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)

@@ -82,6 +82,7 @@ def test_plan_json_for_a_described_machine(capsys: pytest.CaptureFixture[str]) -
                            "--json")
     assert code == 0
     data = json.loads(out)
+    assert (data["kind"], data["schema_version"]) == ("plan", 1)
     assert data["bench"]["model"] == "resnext101_32x8d"
     assert [i["cpus"] for i in data["instances"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [i["numa_node"] for i in data["instances"]] == [0, 1]
@@ -100,6 +101,7 @@ def test_doctor_json_lists_libraries_with_install_hints(capsys: pytest.CaptureFi
     code, out, _ = run_cli(capsys, "doctor", "--json")
     assert code == 0
     data = json.loads(out)
+    assert (data["kind"], data["schema_version"]) == ("doctor", 1)
     assert data["physical_cores"] >= 1 and data["usable_physical_cores"] >= 1
     assert set(data["libraries"]) == {"libiomp5", "libomp", "jemalloc", "tcmalloc"}
     for info in data["libraries"].values():
