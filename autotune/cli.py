@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -357,6 +358,45 @@ def models_command() -> None:
       autotune models
     """
     display.models(models.classification_models(), models.ALIASES)
+
+
+@cli.command(name="cache")
+@options.cache_dir_option
+@click.option("--prune", is_flag=True,
+              help="Remove what this torch or CPU can no longer use (and, with --older-than, what nobody used).")
+@options.duration_option("--older-than", "With --prune: also remove entries not used for this long (30d, 12h).")
+@click.option("--include-exported", is_flag=True,
+              help="With --prune: remove entries that an exported env file in this folder points to, too.")
+@click.option("--dry-run", is_flag=True, help="With --prune: show what would be removed, remove nothing.")
+@options.no_wait_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def cache_command(cache_dir: Path, prune: bool, older_than: float | None, include_exported: bool, dry_run: bool,
+                  no_wait: bool, as_json: bool) -> None:
+    """List compiled artifacts and kernels in the cache (size, last used, usable here); --prune cleans.
+
+    \b
+    Example:
+      autotune cache
+      autotune cache --prune --older-than 30d
+    """
+    from autotune import cache
+
+    if not prune and (older_than is not None or include_exported or dry_run):
+        raise AutotuneError("--older-than, --include-exported and --dry-run only apply with --prune; add --prune")
+    exports, notes = cache.exports_in(Path.cwd())
+    entries = cache.scan(cache_dir, cache.Here.now(), exports)
+    chosen = cache.to_prune(entries, older_than, time.time(), include_exported) if prune else []
+    failed = []
+    if chosen and not dry_run:
+        with _holding("cache --prune", no_wait):  # never delete what a measurement is loading
+            failed = [why for why in map(cache.remove, chosen) if why]
+    for note in notes + failed:
+        display.err.print(f"note: {note}", markup=False, soft_wrap=True)
+    data = {"cache_dir": str(cache_dir), "entries": [e.to_json() for e in entries], "pruned": prune,
+            "dry_run": dry_run, "removed": [str(e.path) for e in chosen], "failed": failed}
+    _emit("cache", data, as_json, lambda _: display.cache(entries, chosen, prune and not dry_run, time.time()))
+    if failed:
+        sys.exit(EXIT_FAILED)
 
 
 def _emit(kind: str, data: dict[str, Any], as_json: bool, render: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -281,3 +281,35 @@ def _unit(metric: Metric) -> str:
 
 def _num(value: float | None, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.3f}{suffix}"
+
+
+def cache(entries: Sequence[Any], chosen: Sequence[Any], removed: bool, now: float) -> None:
+    """The cache entries; with --prune, which ones go (or went)."""
+    if not entries:
+        out.print("nothing cached here; searches and `autotune export --artifacts` fill it")
+        return
+    going = {e.path for e in chosen}
+    table = _table("cache", "kind", "model", "configuration", "size", "last used", "usable here", "kept by", "prune")
+    for e in entries:
+        table.add_row(e.kind, e.model, e.config, _bytes(e.size), _age(now - e.last_used),
+                      "yes" if not e.unusable else f"no: {e.unusable}", ", ".join(e.kept_by) or "-",
+                      ("removed" if removed else "would remove") if e.path in going else "")
+    out.print(table)
+    total = sum(e.size for e in entries)
+    freed = sum(e.size for e in chosen)
+    verb = "removed" if removed else "would remove" if chosen else ""
+    out.print(f"{len(entries)} entries, {_bytes(total)}" + (f"; {verb} {len(chosen)}, {_bytes(freed)}" if verb else ""))
+
+
+def _bytes(size: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def _age(seconds: float) -> str:
+    for unit, scale in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.0f}{unit} ago"
+    return "just now"

@@ -14,6 +14,7 @@ import click
 
 from autotune import planning
 from autotune.child.convert import TOLERANCE
+from autotune.errors import AutotuneError
 from autotune.launch import MeasureSettings
 from autotune.objectives import MIN_EFFECT, MIN_ROUNDS, min_rounds
 
@@ -86,6 +87,29 @@ def measure_options(func: Any) -> Any:
 
 def check_tolerance(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     return None if value is None else planning.check_tolerance(value, "--tolerance ")
+
+
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Seconds from `90s`, `20m`, `1.5h` or `7d` (a bare number is seconds)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:].lower() in DURATION_UNITS else (text, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit.lower()]
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise AutotuneError(f"{flag} {text!r} is not a duration; give a positive number with s, m, h or d, "
+                            f"like 20m or 7d")
+    return seconds
+
+
+def duration_option(name: str, help_text: str) -> Decorator:
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+        return None if value is None else parse_duration(value, name)
+
+    return click.option(name, callback=check, help=help_text)
 
 
 def settings(warmup: int, warmup_time: float, duration: float, min_iterations: int) -> MeasureSettings:

@@ -4,7 +4,9 @@ conversions the benchmark child applies (the child calls it), numerics, artifact
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +125,15 @@ def test_a_damaged_env_file_is_one_clear_error(tmp_path: Path) -> None:
 def test_a_saved_artifact_is_loaded_by_the_next_process_instead_of_traced(tmp_path: Path) -> None:
     deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
     first = deploy.apply_deployment(tinynets.cnn(), IMAGES, deployment, check=False)
+    (described,) = tmp_path.glob("*.pt.json")
+    os.utime(described, (1.0, 1.0))
     again = deploy.apply_deployment(tinynets.cnn(), IMAGES, deployment, check=False)
     assert first.setup["artifact_hit"] is False and "trace_s" in first.setup
     assert again.setup["artifact_hit"] is True and "trace_s" not in again.setup
     assert len(list(tmp_path.glob("*.pt"))) == 1
+    # the load is the artifact's last use, for `autotune cache --older-than`; the class names the model
+    assert described.stat().st_mtime > time.time() - 60
+    assert json.loads(described.read_text())["model"] == "torch.nn.modules.container.Sequential"
 
 
 def test_an_inductor_artifact_is_keyed_by_the_thread_count_it_was_compiled_for(tmp_path: Path) -> None:

@@ -511,6 +511,12 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["run", "binding.env", "--", "true"], "binding.env: AUTOTUNE_BINDING='magic' is not a binding"),
     (["run", "injected.env", "--", "true"], "injected.env"),
     (["run", "good.env", "--", "no-such-program-here"], "command not found: 'no-such-program-here'"),
+    # cache: the flags that only make sense with --prune, ages
+    (["cache", "--older-than", "30d"], "--older-than, --include-exported and --dry-run only apply with --prune"),
+    (["cache", "--dry-run"], "--older-than, --include-exported and --dry-run only apply with --prune"),
+    (["cache", "--prune", "--older-than", "soon"], "--older-than 'soon' is not a duration"),
+    (["cache", "--prune", "--older-than", "-3d"], "--older-than '-3d' is not a duration"),
+    (["cache", "--cache-dir", "good.env"], "Invalid value for '--cache-dir'"),
     # knobs and models take nothing
     (["knobs", "--bogus"], "No such option '--bogus'."),
     (["knobs", "extra"], "Got unexpected extra argument (extra)"),

@@ -154,6 +154,7 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Call
     start = time.perf_counter()
     model = load_model(args.model, args.import_path)
     setup["build_s"] = time.perf_counter() - start
+    setup["model"] = args.model
     knobs = knobs_of(args)
     artifacts = Path(args.artifacts) if args.artifacts else Path(args.cache_dir, "artifacts")
     deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan")

@@ -250,10 +250,12 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
     path = artifact_path(folder, meta, ".pt2" if knobs.backend == "inductor" else ".pt")
     setup["artifact_file"] = str(path)
     setup["artifact_hit"] = path.exists()
-    if not path.exists():
+    if path.exists():
+        mark_used(path)
+    else:
         setup["artifact_stale"] = stale_artifacts(folder, meta)
         start = time.perf_counter()
-        fallback = _build(model, example, knobs, setup, path, meta)
+        fallback = _build(model, example, knobs, setup, path, meta | {"model": _label(model, setup)})
         if fallback is not None:
             return fallback
         setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
@@ -264,7 +266,7 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
 
 
 def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
-           meta: dict[str, Any]) -> Any:
+           described: dict[str, Any]) -> Any:
     """Save the artifact; returns a torch.compile'd model instead when torch.export cannot capture
     the model (graph breaks, data-dependent control flow), with the reason recorded."""
     import torch
@@ -272,14 +274,14 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
     if knobs.saved_as_torchscript:
         with torch.no_grad(), autocast(knobs.precision):
             scripted = torch.jit.script(model) if knobs.mkldnn else torch.jit.freeze(_trace(model, example))
-        save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), meta)
+        save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), described)
         return None
     try:
         exported = _export(model, example, knobs.precision)
     except Exception as exc:
         setup["aot_fallback"] = f"torch.export failed ({explain(exc)}); torch.compile"
         return _jit_compiled(model)
-    save_artifact(path, lambda tmp: _aot_compile(exported, tmp), meta)
+    save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
     return None
 
 
@@ -412,6 +414,36 @@ def artifact_meta(knobs: ModelKnobs, example: Any, weights: str) -> dict[str, An
     # Inductor bakes the thread count into its kernels (`omp parallel num_threads(N)`, and no
     # parallel loops at all for 1 thread), so each thread count is its own artifact.
     return meta | ({"threads": torch.get_num_threads()} if knobs.backend == "inductor" else {})
+
+
+def _label(model: Any, setup: dict[str, Any]) -> str:
+    """What the artifact's description calls the model: the benchmark's model name, else its class."""
+    return str(setup.get("model") or f"{type(model).__module__}.{type(model).__qualname__}")
+
+
+def mark_used(path: Path) -> None:
+    """A loaded artifact's description gets the time of use, so `autotune cache` can tell which
+    artifacts nobody has used for a while (atime is not kept on most mounts)."""
+    with contextlib.suppress(OSError):
+        os.utime(f"{path}.json")
+
+
+def installed_torch_version() -> str:
+    """`torch.__version__` without importing torch (seconds): read from torch/version.py, which the
+    build writes; what `artifact_meta` records."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        with contextlib.suppress(OSError):
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", Path(folder, "version.py").read_text(), re.M)
+            if found:
+                return found.group(1)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def artifact_path(folder: Path, meta: dict[str, Any], suffix: str) -> Path:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.child.convert import installed_torch_version
 from autotune.child.envfile import SWITCH
 
 EXIT_BENCH_ERROR = 3  # a failure the worker understood and described in its result file
@@ -237,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     die_with_parent(args.parent_pid)
     setup: dict[str, Any] = {}
-    # Compiled kernels persist per study, so a repeated configuration does not compile again.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir, "inductor")))
+    # Compiled kernels persist, one folder per torch version (so `autotune cache` can tell which ones
+    # this torch can still use), and a repeated configuration does not compile again.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir, "inductor", installed_torch_version())))
     import torch
 
     from autotune.child.build import build, dataset_for
