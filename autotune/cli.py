@@ -116,6 +116,10 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @click.option("--example-inputs", type=click.Path(dir_okay=False), help=options.INPUTS_HELP)
 @click.option("--trials", required=True, type=int,
               help="Total finished trials the study should hold (baseline included); a rerun resumes.")
+@click.option("--set", "pins", multiple=True, metavar="KNOB=VALUE",
+              help="Pin a knob in every trial (the baseline stays PyTorch's defaults) and search the rest; repeatable.")
+@options.duration_option("--time-budget", "Start no trial once it and the confirmation no longer fit in this "
+                                          "time (20m, 1.5h); whichever of this and --trials comes first.")
 @click.option("--space", "space_spec", default="default", show_default=True,
               help="Search space: a name in search_spaces/ or a .yaml path.")
 @options.study_options("Study name (default: MODEL-bsB-OBJECTIVE).", "Optuna storage URL (default: sqlite:///studies/STUDY.db).")
@@ -139,7 +143,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @options.min_effect_option
 @options.measure_options
 @options.no_wait_option
-def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, space_spec: str,
+def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, pins: tuple[str, ...],
+           time_budget: float | None, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
            min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool,
@@ -150,6 +155,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
     Example:
       autotune search --model resnext101 --trials 50
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
+      autotune search --model resnext101 --trials 50 --set backend=eager --time-budget 20m
     """
     from autotune import export, search_loop, space
     from autotune.confirm import check_rounds
@@ -166,7 +172,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout, in_process=warm_replicates),
         cache_dir=cache_dir, seed=seed,
         input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
-        command_line=" ".join(["autotune", *sys.argv[1:]]))
+        command_line=" ".join(["autotune", *sys.argv[1:]]), pins=knobs.Config.from_assignments(pins),
+        time_budget_s=time_budget, confirm_processes=(confirm_top + 1) * confirm_rounds if confirm_top else 0)
     here = machine.this_machine()
     search_loop.validate(request, here)  # a bad input is said at once, not after waiting for the machine
     with _holding("search", no_wait):

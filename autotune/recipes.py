@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.errors import ConfigError
 from autotune.knobs import Config, KnobValue
 from autotune.space import SearchSpace
 from autotune.topology import Topology
@@ -62,14 +63,30 @@ def _per_node(recipe: Recipe, topology: Topology) -> Recipe:
     return Recipe(f"{recipe.name}, one instance per node", Config.from_mapping(values))
 
 
-def fitting(candidates: list[Recipe], space: SearchSpace) -> tuple[tuple[Recipe, ...], str]:
-    """The recipes whose every knob value the space offers, and one note naming those left out."""
+NO_PINS = Config()
+
+
+def fitting(candidates: list[Recipe], space: SearchSpace, pins: Config = NO_PINS) -> tuple[tuple[Recipe, ...], str]:
+    """The recipes whose every knob value the space offers, with the pinned knobs added (a recipe
+    that sets a pinned knob otherwise is not that recipe any more), and one note naming those left out."""
     kept, left_out = [], []
     for recipe in candidates:
-        missing = space.lacks(recipe.config)
-        if missing:
+        merged = _with_pins(recipe, pins)
+        missing = space.lacks(recipe.config) or (space.lacks(merged.config) if merged else "a pinned knob's condition")
+        if missing or merged is None:
             left_out.append(f"{recipe.name} ({missing})")
         else:
-            kept.append(recipe)
-    note = f"recipes not run, since {space.source} does not offer a knob value they set: {', '.join(left_out)}"
+            kept.append(merged)
+    note = (f"recipes not run, since {space.source}{' with the pins' if pins.values else ''} does not offer a "
+            f"knob value they set: {', '.join(left_out)}")
     return tuple(kept), note if left_out else ""
+
+
+def _with_pins(recipe: Recipe, pins: Config) -> Recipe | None:
+    """The recipe with the pins added; None when the two together break a knob's condition."""
+    if not pins.values:
+        return recipe
+    try:
+        return Recipe(recipe.name, Config.from_mapping(recipe.config.as_dict() | pins.as_dict()))
+    except ConfigError:
+        return None

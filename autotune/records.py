@@ -87,6 +87,18 @@ def account(study: optuna.Study, session_s: float) -> dict[str, float]:
     return accounting
 
 
+def wall_per_trial(study: optuna.Study) -> float | None:
+    """Wall seconds per finished trial over the study's earlier searches (None before any)."""
+    before = study.user_attrs.get("accounting", {})
+    trials = int(before.get("trials", 0))
+    return float(before["wall_s"]) / trials if trials and "wall_s" in before else None
+
+
+def record_end(study: optuna.Study, ended: dict[str, Any]) -> None:
+    """What ended a search before `--trials` (the time budget), with its numbers: `ended_by`."""
+    study.set_user_attr("ended_by", dict(ended))
+
+
 def best_recipe(study: optuna.Study, speedup: str) -> FrozenTrial | None:
     """The completed recipe trial with the largest `speedup` attribute (speedup_latency or
     speedup_throughput), or None when no recipe completed."""

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import models, planning, proposals, recipes, records, space, storage
+from autotune import budget, models, planning, proposals, recipes, records, space, storage
 from autotune.errors import AutotuneError, RunFailed, interrupt_reason
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
@@ -69,6 +69,9 @@ class SearchRequest:
     max_latency_ms: float | None = None
     batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
     command_line: str = ""
+    pins: Config = field(default_factory=Config)  # knobs fixed in every trial but the baseline (`--set`)
+    time_budget_s: float | None = None  # `--time-budget`: no new trial once it cannot fit
+    confirm_processes: int = 0  # fresh processes of the confirmation that follows, for the budget
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available["bf16"] = machine_has_bf16()
     adapted = space.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
-    return model, adapted
+    return model, space.pin(adapted, request.pins, available)
 
 
 def open_search(request: SearchRequest, machine: Machine,
@@ -158,9 +161,10 @@ def open_search(request: SearchRequest, machine: Machine,
     study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed),
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     settings = _settings(request, model, machine)
+    _check_pins(study, request.pins)
     records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
     known, left_out = recipes.fitting(recipes.recipes(machine.topology, request.objective, machine_has_bf16()),
-                                      adapted)
+                                      adapted, request.pins)
     notes = [*adapted.notes, *([left_out] if left_out else []), *records.claim_settings(study, settings, SETTING_FLAGS),
              *_restore_kept(study, url, request),
              *(f"trial {n} was left running by a killed autotune; marked failed"
@@ -171,6 +175,18 @@ def open_search(request: SearchRequest, machine: Machine,
     proposer = proposals.Proposer(adapted, request.batch_sizes or (request.batch_size,), sampler, known, request.seed)
     return Search(request, study, adapted, model, name, url, tuple(notes), done, records.settings_digest(settings),
                   proposer)
+
+
+def _check_pins(study: optuna.Study, pins: Config) -> None:
+    """A study is resumed only with the pins it was searched with (none before pins existed)."""
+    wanted = pins.describe() if pins.values else ""
+    recorded = study.user_attrs.get("pins", "" if study.user_attrs else wanted)
+    if recorded != wanted:
+        def said(text: str) -> str:
+            return f"--set {text.replace(' ', ' --set ')}" if text else "no --set pins"
+
+        raise StudyError(f"study {study.study_name!r} was searched with {said(recorded)}, not {said(wanted)}; "
+                         f"give the same pins to resume it, or another --study name")
 
 
 def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list[str]:
@@ -185,7 +201,8 @@ def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list
 
 def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
     wanted = {"model": model.name, "batch_size": request.batch_size, "objective": request.objective,
-              "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms}
+              "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms,
+              "pins": request.pins.describe() if request.pins.values else ""}
     return wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
 
 
@@ -214,10 +231,11 @@ def sampler(seed: int | None) -> optuna.samplers.BaseSampler:
 
 
 def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],
-               runner: PlanRunner = run_plan) -> str:
+               runner: PlanRunner = run_plan, clock: Callable[[], float] = time.monotonic) -> str:
     """Run trials until the study holds `--trials` finished ones, each a configuration not measured
     before; the first is the baseline, then the experts' recipes. Returns why it stopped early
-    ("" when it ran them all): every configuration of the space has run."""
+    ("" when it ran them all): every configuration of the space has run, or the time budget has no
+    room for another trial (`clock` measures it)."""
     start = time.monotonic()
     before = _patiently(search, lambda: records.finished(search.study))
 
@@ -226,7 +244,7 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
             records.account(search.study, time.monotonic() - start)
 
     try:
-        stopped = _trials(search, machine, on_event, runner, start)
+        stopped = _trials(search, machine, on_event, runner, start, clock)
     except StudyLocked:
         raise  # nothing can be written now
     except BaseException:
@@ -238,11 +256,18 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
 
 
 def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None], runner: PlanRunner,
-            start: float) -> str:
+            start: float, clock: Callable[[], float]) -> str:
     study = search.study
+    began, ran, prior = clock(), 0, _patiently(search, lambda: records.wall_per_trial(study))
     while _patiently(search, lambda: records.finished(study)) < search.request.trials:
+        limit = _time_budget(search.request)
+        ended = limit.check(clock() - began, ran, prior) if limit else None
+        if ended is not None:
+            _patiently(search, functools.partial(records.record_end, study, ended))
+            return budget.message(ended, records.finished(study))
         proposed = _patiently(search, lambda: _propose(search))
         if proposed is None:
+            _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
                     f"baseline included); widen the space (--space) to search further")
         trial = _patiently(search, functools.partial(_ask, search, proposed))
@@ -257,7 +282,16 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
         except BaseException as exc:  # never leave a trial RUNNING, whatever went wrong
             _abandon(search, trial, f"autotune failed: {type(exc).__name__}: {exc}")
             raise
+        ran += 1
+    _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
     return ""
+
+
+def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
+    if request.time_budget_s is None:
+        return None
+    return budget.TimeBudget(request.time_budget_s, request.confirm_processes, request.replicates.replicates,
+                             request.measure.duration_s, request.replicates.in_process)
 
 
 def _propose(search: Search) -> Next | None:
