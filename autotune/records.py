@@ -87,6 +87,11 @@ def account(study: optuna.Study, session_s: float) -> dict[str, float]:
     return accounting
 
 
+def speedup_key(metric: Metric) -> str:
+    """The trial attribute holding its speedup over the baseline in `metric`."""
+    return "speedup_latency" if metric == "latency_p50_ms" else "speedup_throughput"
+
+
 def best_recipe(study: optuna.Study, speedup: str) -> FrozenTrial | None:
     """The completed recipe trial with the largest `speedup` attribute (speedup_latency or
     speedup_throughput), or None when no recipe completed."""
