@@ -5,13 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 SYSTEM_PACKAGES=(libjemalloc2 libtcmalloc-minimal4 libomp5 numactl util-linux)
+TEST_SYSTEM_PACKAGES=(chromium)  # the e2e test of `autotune report` opens the page in a real browser
 TORCH=${AUTOTUNE_TORCH:-"torch==2.14.1 torchvision==0.29.1"}
 PYTHON=${PYTHON:-python3}
 
-install_system_packages() {
-  command -v apt-get >/dev/null || { echo "setup: no apt-get; install ${SYSTEM_PACKAGES[*]} yourself" >&2; return; }
+install_system_packages() {  # the packages named, those not installed yet
+  command -v apt-get >/dev/null || { echo "setup: no apt-get; install $* yourself" >&2; return; }
   local missing=()
-  for pkg in "${SYSTEM_PACKAGES[@]}"; do
+  for pkg in "$@"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return
@@ -32,11 +33,12 @@ install_python_env() {
     || { echo "setup: the Python environment is incomplete; see pip's messages above" >&2; exit 1; }
 }
 
-install_system_packages
+install_system_packages "${SYSTEM_PACKAGES[@]}"
 install_python_env
 
 if [ "${1:-}" = "--test" ]; then
   shift
+  install_system_packages "${TEST_SYSTEM_PACKAGES[@]}"
   .venv/bin/ruff check autotune tests benchmarks examples
   .venv/bin/mypy
   exec .venv/bin/python -m pytest "$@"

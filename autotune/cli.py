@@ -323,6 +323,28 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
         display.err.print(f"note: the baseline was exported: {verdict['message']}", markup=False, soft_wrap=True)
 
 
+@cli.command(name="report")
+@options.study_options()
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
+              help="The HTML file to write (one self-contained page).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of text.")
+def report_command(study_name: str | None, storage: str | None, output: Path, as_json: bool) -> None:
+    """Write one HTML page that shows why the winner is faster: history, knob importance, marginal
+    effects, the confirmation, latency against throughput, failures; print its summary.
+
+    \b
+    Example:
+      autotune report --study resnext101_32x8d-bs1-latency -o report.html
+    """
+    from autotune import report, report_html
+    from autotune.storage import find_study
+
+    report_html.check_output(output)
+    gathered = report.gather(find_study(STUDIES, study_name, storage), STUDIES)
+    report_html.write(output, report_html.page(gathered, output.parent))
+    _emit("report", report.summary(gathered, output), as_json, display.report_summary)
+
+
 @cli.command(name="run", context_settings={"ignore_unknown_options": True})
 @click.argument("env_file", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

@@ -313,3 +313,31 @@ def _age(seconds: float) -> str:
         if seconds >= scale:
             return f"{seconds / scale:.0f}{unit} ago"
     return "just now"
+
+
+def report_summary(data: Mapping[str, Any]) -> None:
+    """`autotune report`'s page in a few lines."""
+    counts = data["counts"]
+    lines = [f"study {data['study']}: {counts['trials']} trials, {counts['complete']} completed, "
+             f"{counts['pruned']} pruned, {counts['fail']} failed"]
+    best = data["best"]
+    if best is not None:
+        lines.append(f"best: trial {best['trial']} ({best['config']}), " + ", ".join(
+            f"{_metric_value(m, v)} vs baseline {_metric_value(m, best['baseline'].get(m))} "
+            f"({best['speedups'][m]:.2f}x)" for m, v in best["values"].items()))
+        if best["versus_recipes"]:
+            lines.append(best["versus_recipes"])
+    verdict = data["confirmation"]
+    lines.append("not confirmed: run `autotune confirm`" if verdict is None else
+                 ("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"])
+    for metric, found in data["importance"].items():
+        top = ", ".join(f"{k} {v:.0%}" for k, v in list(found["knobs"].items())[:3]) or found["note"]
+        lines.append(f"top knobs for {_unit(metric)} ({found['evaluator']}, {found['trials']} trials): {top}")
+    lines += [f"{len(g['trials'])} {g['state']} ({g['cause']}): {g['reason']}" for g in data["failures"]]
+    lines.append(f"wrote {data['output']}")
+    for line in lines:
+        out.print(line, markup=False, soft_wrap=True, highlight=False)
+
+
+def _metric_value(metric: Metric, value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} {_unit(metric)}"

@@ -99,6 +99,11 @@ def record_end(study: optuna.Study, ended: dict[str, Any]) -> None:
     study.set_user_attr("ended_by", dict(ended))
 
 
+def speedup_key(metric: Metric) -> str:
+    """The trial attribute holding its speedup over the baseline in `metric`."""
+    return "speedup_latency" if metric == "latency_p50_ms" else "speedup_throughput"
+
+
 def best_recipe(study: optuna.Study, speedup: str) -> FrozenTrial | None:
     """The completed recipe trial with the largest `speedup` attribute (speedup_latency or
     speedup_throughput), or None when no recipe completed."""

@@ -504,6 +504,13 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["export", "best.env", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
     (["export", "best.env", "--timeout", "0"], "Invalid value for '--timeout'"),
     (["export", "best.env", "--artifacts", "binary.bin"], "Invalid value for '--artifacts'"),
+    # report
+    (["report", "--study", "nosuch"], "no study 'nosuch' in studies/"),
+    (["report", "-o", "studies"], "cannot write studies: it is a directory; give a file name like report.html"),
+    (["report", "-o", "/nonexistent/dir/r.html"], "cannot write /nonexistent/dir/r.html: the folder /nonexistent/dir "
+                                                  "does not exist; create it or give -o a path in an existing folder"),
+    (["report", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
+    (["report", "--bogus"], "No such option '--bogus'."),
     # run
     (["run"], "Missing argument 'ENV_FILE'"),
     (["run", "good.env"], "Missing argument 'COMMAND...'"),
