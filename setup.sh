@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 SYSTEM_PACKAGES=(libjemalloc2 libtcmalloc-minimal4 libomp5 numactl util-linux)
-TEST_SYSTEM_PACKAGES=(chromium)  # the e2e test of `autotune report` opens the page in a real browser
+TEST_SYSTEM_PACKAGES=(chromium postgresql)  # the report e2e test opens a real browser; the fleet tests start a real server
 TORCH=${AUTOTUNE_TORCH:-"torch==2.14.1 torchvision==0.29.1"}
 PYTHON=${PYTHON:-python3}
 
@@ -27,9 +27,9 @@ install_python_env() {
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   echo "setup: installing autotune into .venv (torch from: $TORCH)"
   # shellcheck disable=SC2086
-  .venv/bin/python -m pip install -q --disable-pip-version-check $TORCH -e ".[test]" 2>&1 \
+  .venv/bin/python -m pip install -q --disable-pip-version-check $TORCH -e ".[test,postgres]" 2>&1 \
     | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import autotune, torch, torchvision, optuna" \
+  .venv/bin/python -c "import autotune, torch, torchvision, optuna, psycopg" \
     || { echo "setup: the Python environment is incomplete; see pip's messages above" >&2; exit 1; }
 }
 

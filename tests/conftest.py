@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import gc
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 from autotune.libs import Libraries
 from autotune.lock import LOCK_ENV
 from autotune.topology import Topology, from_lscpu_file
+from tests.pg import NoServer, Server, server
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -45,3 +48,24 @@ def private_machine_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         del os.environ[LOCK_ENV]
     else:
         os.environ[LOCK_ENV] = before
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    """One PostgreSQL server for the session's @pytest.mark.postgres tests. Missing binaries fail
+    these tests (CI installs them), never skip them."""
+    try:
+        with server() as running:
+            yield running
+    except NoServer as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def pg_url(pg_server: Server) -> Iterator[str]:
+    """A fresh database of its own for one test. Optuna's storages keep pooled connections that
+    only the garbage collector closes: collected here, so that their warning is not an error."""
+    yield pg_server.new_database()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
