@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +17,10 @@ from autotune.child import cpu
 from autotune.child.cpu import ISA_FLAGS, cpuinfo
 from autotune.libs import Libraries
 from autotune.topology import Topology, format_cpus
+
+# For tests only: the name this process gives its host, so that processes on one machine act as
+# the workers of several hosts. Never set it on a real fleet.
+TEST_HOST_ENV = "AUTOTUNE_TEST_HOST_ID"
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,24 @@ def fingerprint(machine: Machine) -> dict[str, Any]:
     return {"cpu_model": cpuinfo()[0], "isa": list(cpu.isa()), "sockets": len(topo.sockets),
             "physical_cores": len(topo.all_cores), "logical_cpus": len(topo.cpus),
             "usable_physical_cores": len(topo.usable_cores), "memory_gib": memory_gib()}
+
+
+def host_class(machine: Machine) -> dict[str, Any]:
+    """What must match for timings of two hosts to share one ranking: the fingerprint, NUMA nodes,
+    torch and oneDNN, the kernel."""
+    versions = torch_versions()
+    return {**fingerprint(machine), "numa_nodes": len(machine.topology.nodes), "torch": versions["torch"],
+            "onednn": versions["onednn"], "kernel": platform.release()}
+
+
+def class_id(host_class: dict[str, Any]) -> str:
+    """A short name for a host class (8 hex digits of its digest)."""
+    return hashlib.sha256(json.dumps(host_class, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def host_name() -> str:
+    """Who this host is in a study's records: its hostname (or the tests' override)."""
+    return os.environ.get(TEST_HOST_ENV) or socket.gethostname()
 
 
 def memory_gib() -> int | None:

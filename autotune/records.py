@@ -7,14 +7,12 @@ this module, so an attribute's name and meaning have one owner.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
 import os
 import shlex
-import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import __version__, storage
 from autotune.errors import INTERRUPTED_BY
 from autotune.launch import LaunchPlan
-from autotune.machine import Machine, fingerprint
+from autotune.machine import Machine, fingerprint, host_name
 from autotune.objectives import Metric
 from autotune.replicates import Measurement
 from autotune.results import RunResult
@@ -38,11 +36,13 @@ KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run 
 ERROR = "error"  # wrong answers, an exception, an exit code: the configuration's own, reused
 KILLED_RERUNS = 1
 LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fail_cause
+HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
 
 
-def baseline(study: optuna.Study) -> FrozenTrial | None:
+def baseline(study: optuna.Study, klass: str | None = None) -> FrozenTrial | None:
+    """The completed baseline trial (of host class `klass`, when given: one per class)."""
     return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                 if t.user_attrs.get("baseline")), None)
+                 if t.user_attrs.get("baseline") and klass in (None, t.user_attrs.get(HOST_CLASS, klass))), None)
 
 
 def finished(study: optuna.Study) -> int:
@@ -131,30 +131,37 @@ def host_fingerprint(machine: Machine) -> dict[str, Any]:
     """Where the study was made, for people: the host's name beside what makes timings comparable."""
     import torch
 
-    return {"hostname": socket.gethostname(), **fingerprint(machine), "torch": torch.__version__,
-            "autotune": __version__}
+    return {"hostname": host_name(), **fingerprint(machine), "torch": torch.__version__, "autotune": __version__}
 
 
 def claim(study: optuna.Study, wanted: Mapping[str, Any], space: dict[str, Any],
           description: Mapping[str, Any]) -> None:
     """A new study gets what it was made for; an existing one must have been made for the same."""
     attrs = study.user_attrs
-    if not attrs:
+    if "model" not in attrs:  # new (fleet.claim_class may have written the host class already)
         for key, value in {**wanted, "space": space, **description}.items():
             study.set_user_attr(key, value)
         return
-    for key, value in wanted.items():
-        if attrs.get(key, value) != value:
-            raise StudyError(f"study {study.study_name!r} was made for {key}={attrs.get(key)}, not "
-                             f"{value}; use another --study name or the same {key}")
+    check_wanted(study, wanted)
     if attrs.get("space", space)["knobs"] != space["knobs"]:
         raise StudyError(f"study {study.study_name!r} was made with another search space (or this machine's "
                          f"libraries or cores changed since); use another --study name or the same --space")
 
 
-def claim_settings(study: optuna.Study, settings: Mapping[str, Any], flags: Mapping[str, str]) -> list[str]:
+def check_wanted(study: optuna.Study, wanted: Mapping[str, Any]) -> None:
+    """An existing study must have been made for the same model, batch, objective and pins."""
+    attrs = study.user_attrs
+    for key, value in wanted.items():
+        if attrs.get(key, value) != value:
+            raise StudyError(f"study {study.study_name!r} was made for {key}={attrs.get(key)}, not "
+                             f"{value}; use another --study name or the same {key}")
+
+
+def claim_settings(study: optuna.Study, settings: Mapping[str, Any], flags: Mapping[str, str],
+                   mixed: Collection[str] = ()) -> list[str]:
     """A study is resumed only under the settings it was measured with; `flags` names the option
-    behind each setting. A study from before settings were recorded adopts today's, and says so."""
+    behind each setting, `mixed` those that may differ (a host class `--allow-mixed` lets in). A
+    study from before settings were recorded adopts today's, and says so."""
     recorded = study.user_attrs.get("settings")
     if recorded is None:
         study.set_user_attr("settings", dict(settings))
@@ -163,7 +170,7 @@ def claim_settings(study: optuna.Study, settings: Mapping[str, Any], flags: Mapp
                 f"(input shape, timing, replicates, tolerance, torch, this machine); it now records today's, "
                 f"and its earlier trials are measured again rather than reused"]
     for key, value in json.loads(json.dumps(dict(settings))).items():
-        if key in recorded and recorded[key] != value:
+        if key in recorded and recorded[key] != value and key not in mixed:
             raise StudyError(f"study {study.study_name!r} was measured with {key}={_shown(recorded[key])}, not "
                              f"{_shown(value)}; use another --study name{_same(key, flags)}")
     return []
@@ -184,9 +191,17 @@ def settings_digest(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def claim_trial(trial: optuna.Trial) -> None:
-    """Who runs this trial; its heartbeat (storage.heartbeat) tells a later autotune it is alive."""
-    trial.set_user_attr("host", socket.gethostname())
+def claim_trial(trial: optuna.Trial, klass: str) -> None:
+    """Who runs this trial (host and its class); its heartbeat (storage.heartbeat) tells another
+    autotune it is alive. A retry of a dead worker's trial starts without the failure it copied."""
+    system = trial.study._storage.get_trial_system_attrs(trial._trial_id)
+    if "failed_trial" in system:  # by optuna's RetryFailedTrialCallback
+        trial.set_user_attr("retry_of", system["failed_trial"])
+        trial.set_user_attr("status", "running")
+        trial.set_user_attr("fail_reason", "")
+        trial.set_user_attr("fail_cause", "")
+    trial.set_user_attr("host", host_name())
+    trial.set_user_attr(HOST_CLASS, klass)
     trial.set_user_attr("pid", os.getpid())
     trial.set_user_attr("heartbeat_s", storage.HEARTBEAT_INTERVAL_S)
 
@@ -198,9 +213,7 @@ def abandon_stale_trials(study: optuna.Study) -> list[int]:
     stale_ids = storage.stale_trial_ids(study)
     stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
              if t._trial_id in stale_ids or _stale_without_heartbeat(t)]
-    for trial in stale:
-        _fail_stale(study, trial)
-    return [t.number for t in stale]
+    return [t.number for t in stale if _fail_stale(study, t)]
 
 
 def _stale_without_heartbeat(trial: FrozenTrial) -> bool:
@@ -209,17 +222,22 @@ def _stale_without_heartbeat(trial: FrozenTrial) -> bool:
             and (datetime.datetime.now() - started).total_seconds() > storage.GRACE_PERIOD_S)
 
 
-def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> None:
-    """What optuna.storages.fail_stale_trials does, with the reason recorded first (a finished
-    trial's attributes cannot change)."""
+def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """What optuna.storages.fail_stale_trials does (fail it, then the storage's callback retries
+    it), with the reason recorded first (a finished trial's attributes cannot change). False when
+    another worker got it first."""
     backend = study._storage
     reason = (f"left running by an autotune process (pid {trial.user_attrs.get('pid')}) that was killed: "
               f"no heartbeat for over {storage.GRACE_PERIOD_S}s")
-    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another autotune got it first
+    try:
         backend.set_trial_user_attr(trial._trial_id, "status", "failed")
         backend.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
         backend.set_trial_user_attr(trial._trial_id, "fail_cause", CUT_SHORT)
         backend.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:  # another autotune got it first
+        return False
+    storage.after_stale(study, trial._trial_id)
+    return True
 
 
 def same_config(study: optuna.Study, number: int, config: str, batch: int, digest: str) -> FrozenTrial | None:
@@ -269,7 +287,7 @@ def fail_cause(trial: FrozenTrial) -> str | None:
 def copy_result(trial: optuna.Trial, duplicate: FrozenTrial) -> None:
     """A duplicate trial carries the earlier one's records and intermediate values."""
     for key, value in duplicate.user_attrs.items():
-        if key not in ("host", "pid", "baseline"):
+        if key not in ("host", "pid", "baseline", HOST_CLASS, "retry_of"):
             trial.set_user_attr(key, value)
     trial.set_user_attr("duplicate_of", duplicate.number)
     for step, value in duplicate.intermediate_values.items():
@@ -353,15 +371,16 @@ def record_constraint(trial: optuna.Trial, over_ms: float) -> None:
     trial.set_user_attr("feasible", over_ms <= 0)
 
 
-def record_metrics(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) -> None:
+def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Mapping[str, float] | None) -> None:
+    """The trial's metrics, and its speedups over `reference`: its own host's baseline (None: the
+    trial is that baseline)."""
     summary = measurement.summary()
     trial.set_user_attr("status", "ok")
     for key, value in summary.items():
         trial.set_user_attr(key, value)
-    base = baseline(study)
-    speedups = (1.0, 1.0) if base is None else (
-        base.user_attrs["latency_p50_ms"] / measurement.latency_p50_ms,
-        measurement.throughput_ips / base.user_attrs["throughput_ips"])
+    speedups = (1.0, 1.0) if reference is None else (
+        reference["latency_p50_ms"] / measurement.latency_p50_ms,
+        measurement.throughput_ips / reference["throughput_ips"])
     trial.set_user_attr("speedup_latency", round(speedups[0], 4))
     trial.set_user_attr("speedup_throughput", round(speedups[1], 4))
     trial.set_user_attr("instances", measurement.runs[-1].summary()["instances"])

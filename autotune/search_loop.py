@@ -1,8 +1,10 @@
 """The search: open a study for a request, then ask Optuna for configurations, measure each once,
 and tell it the result; the first trial is the baseline (PyTorch's defaults).
 
-One search runs per study at a time; trials run one after another (timings need the machine to
-themselves, and several processes writing one SQLite study can run an enqueued trial twice).
+On one machine trials run one after another (timings need the machine to themselves). On a
+database server (PostgreSQL) several machines are workers of one study, each running one trial at
+a time: choosing and claiming the next trial happens in one worker at a time (storage.exclusive),
+so no two workers take the baseline or the same configuration (fleet.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -19,11 +21,11 @@ from typing import Any, Literal, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import budget, models, planning, proposals, recipes, records, space, storage
+from autotune import budget, fleet, models, planning, proposals, recipes, records, space, storage
 from autotune.errors import AutotuneError, RunFailed, interrupt_reason
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
-from autotune.machine import Machine, fingerprint, machine_has_bf16, torch_versions
+from autotune.machine import Machine, class_id, fingerprint, host_class, host_name, machine_has_bf16, torch_versions
 from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
 from autotune.orchestrate import run_plan
 from autotune.pruning import PruneCheck
@@ -72,6 +74,7 @@ class SearchRequest:
     pins: Config = field(default_factory=Config)  # knobs fixed in every trial but the baseline (`--set`)
     time_budget_s: float | None = None  # `--time-budget`: no new trial once it cannot fit
     confirm_processes: int = 0  # fresh processes of the confirmation that follows, for the budget
+    allow_mixed: bool = False  # `--allow-mixed`: hosts of another class than the study's may join it
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class Search:
     finished_before: int = 0
     settings_digest: str = ""
     proposer: proposals.Proposer | None = None
+    klass: str = ""  # this host's class id (machine.class_id)
 
     def should_confirm(self, top: int) -> bool:
         """Confirm when asked and something new ran, or when the study holds no verdict yet."""
@@ -158,23 +162,28 @@ def open_search(request: SearchRequest, machine: Machine,
         check(_bench_request(request, Config()), machine)
     name = study_name(request, model)
     url = storage.storage_url(name, request.storage, request.studies_dir)
-    study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed),
+    liar = storage.is_server(url)  # workers on a server: TPE counts the running trials of the others
+    study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed, liar),
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
-    settings = _settings(request, model, machine)
+    settings, cls = _settings(request, model, machine), host_class(machine)
     _check_pins(study, request.pins)
+    records.check_wanted(study, _wanted(request, model))  # what was asked first, then where it runs
+    mixed = fleet.claim_class(study, cls, request.allow_mixed)
     records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
     known, left_out = recipes.fitting(recipes.recipes(machine.topology, request.objective, machine_has_bf16()),
                                       adapted, request.pins)
-    notes = [*adapted.notes, *([left_out] if left_out else []), *records.claim_settings(study, settings, SETTING_FLAGS),
+    notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
+             *records.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
              *_restore_kept(study, url, request),
              *(f"trial {n} was left running by a killed autotune; marked failed"
                for n in records.abandon_stale_trials(study))]
     done = records.finished(study)
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
-    proposer = proposals.Proposer(adapted, request.batch_sizes or (request.batch_size,), sampler, known, request.seed)
+    proposer = proposals.Proposer(adapted, request.batch_sizes or (request.batch_size,),
+                                  functools.partial(sampler, constant_liar=liar), known, request.seed)
     return Search(request, study, adapted, model, name, url, tuple(notes), done, records.settings_digest(settings),
-                  proposer)
+                  proposer, class_id(cls))
 
 
 def _check_pins(study: optuna.Study, pins: Config) -> None:
@@ -222,12 +231,14 @@ def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine)
             **fingerprint(machine)}
 
 
-def sampler(seed: int | None) -> optuna.samplers.BaseSampler:
-    """The search's sampler; its settings were chosen with benchmarks/sampler_replay.py (README)."""
+def sampler(seed: int | None, constant_liar: bool = False) -> optuna.samplers.BaseSampler:
+    """The search's sampler; its settings were chosen with benchmarks/sampler_replay.py (README).
+    `constant_liar` for workers sharing a study: other workers' running trials count as bad, so
+    that parallel workers spread out instead of proposing the same region."""
     with storage.quiet_optuna():
         # group=True keeps conditional knobs (kmp_* only with Intel OpenMP) in their own groups.
         return optuna.samplers.TPESampler(multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
-                                          seed=seed)
+                                          seed=seed, constant_liar=constant_liar)
 
 
 def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],
@@ -265,26 +276,57 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
         if ended is not None:
             _patiently(search, functools.partial(records.record_end, study, ended))
             return budget.message(ended, records.finished(study))
-        proposed = _patiently(search, lambda: _propose(search))
-        if proposed is None:
+        claimed = _claim(search)
+        if claimed is None:
             _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
                     f"baseline included); widen the space (--space) to search further")
-        trial = _patiently(search, functools.partial(_ask, search, proposed))
-        try:
-            with storage.heartbeat(study, trial):
-                _run_trial(search, machine, trial, proposed, start, on_event, runner)
-        except KeyboardInterrupt as exc:
-            _abandon(search, trial, interrupt_reason(exc))
-            raise
-        except StudyLocked:
-            raise  # nothing can be written now; the next start marks the trial failed
-        except BaseException as exc:  # never leave a trial RUNNING, whatever went wrong
-            _abandon(search, trial, f"autotune failed: {type(exc).__name__}: {exc}")
-            raise
+        with _never_left_running(search, claimed.trial), storage.heartbeat(study, claimed.trial):
+            _run_trial(search, machine, claimed, start, on_event, runner)
         ran += 1
     _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
     return ""
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """The trial this worker runs next: what it measures, as it was fixed in the study."""
+
+    trial: optuna.Trial
+    proposal: Next
+    config: Config
+    batch: int
+
+
+def _claim(search: Search) -> Claimed | None:
+    """Fail dead workers' trials, choose the next trial and fix its configuration in the study, in
+    one worker at a time (None: the space is exhausted)."""
+    study = search.study
+    with storage.exclusive(study):
+        _patiently(search, lambda: records.abandon_stale_trials(study))
+        proposed = _patiently(search, lambda: _propose(search))
+        if proposed is None:
+            return None
+        trial = _patiently(search, functools.partial(_ask, search, proposed))
+        with _never_left_running(search, trial):
+            config, batch = _patiently(search, lambda: _start_trial(search, trial, proposed))
+    return Claimed(trial, proposed, config, batch)
+
+
+@contextlib.contextmanager
+def _never_left_running(search: Search, trial: optuna.Trial) -> Iterator[None]:
+    """Whatever goes wrong in the block, the trial is recorded failed with the reason (unless the
+    database stays locked: then the next start marks it failed)."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        _abandon(search, trial, interrupt_reason(exc))
+        raise
+    except StudyLocked:
+        raise
+    except BaseException as exc:
+        _abandon(search, trial, f"autotune failed: {type(exc).__name__}: {exc}")
+        raise
 
 
 def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
@@ -299,12 +341,13 @@ def _propose(search: Search) -> Next | None:
     stopped between enqueueing and asking), sampled as they are; then a configuration that has not
     run (None: the space is exhausted)."""
     study = search.study
-    if records.baseline(study) is None:
+    if not fleet.baseline_taken(study, search.klass):
         return "baseline"
     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return "enqueued"
     assert search.proposer is not None
-    return search.proposer.next(study, records.measured_configs(study, search.settings_digest))
+    digest = search.settings_digest
+    return search.proposer.next(study, records.measured_configs(study, digest) | fleet.in_flight(study, digest))
 
 
 def _ask(search: Search, proposal: Next) -> optuna.Trial:
@@ -336,18 +379,17 @@ def _abandon(search: Search, trial: optuna.Trial, reason: str) -> None:
         _patiently(search, fail)
 
 
-def _run_trial(search: Search, machine: Machine, trial: optuna.Trial,
-               proposal: Next, start: float,
+def _run_trial(search: Search, machine: Machine, claimed: Claimed, start: float,
                on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> None:
-    study = search.study
+    study, trial, proposal, config, batch = search.study, claimed.trial, claimed.proposal, claimed.config, claimed.batch
     is_baseline = proposal == "baseline"
-    config, batch = _patiently(search, lambda: _start_trial(search, trial, proposal))
     event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials,
                                  recipe=proposal.recipe if isinstance(proposal, proposals.Proposal) else "")
     finished = _patiently(search, lambda: records.finished(study))
     on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
+    reference = None if is_baseline else _host_baseline(search, machine, runner)
     outcome = _measure(search, machine, trial, config, batch, runner)
-    _store(search, trial, outcome)
+    _store(search, trial, outcome, reference)
     if is_baseline and outcome.state != TrialState.COMPLETE:
         raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
                         f"tune; try `autotune bench --model {search.request.model}` to see why")
@@ -356,9 +398,23 @@ def _run_trial(search: Search, machine: Machine, trial: optuna.Trial,
                         outcome=outcome, best=best[0] if best else None, **event))
 
 
+def _host_baseline(search: Search, machine: Machine, runner: PlanRunner) -> dict[str, float]:
+    """This host's own baseline, measured before its first trial unless it ran the study's."""
+    host = host_name()
+    known = _patiently(search, lambda: fleet.host_baseline(search.study, host))
+    if known is not None:
+        return known
+    plan = planning.make_plan(_bench_request(search.request, Config()), machine)
+    measured = measure_replicates(plan, search.request.replicates, runner)
+    if not measured.ok:
+        raise RunFailed(f"this host's baseline (PyTorch defaults) failed: {measured.reason}; autotune needs it to "
+                        f"tune; try `autotune bench --model {search.request.model}` to see why")
+    return _patiently(search, lambda: fleet.record_host_baseline(search.study, host, measured))
+
+
 def _start_trial(search: Search, trial: optuna.Trial,
                  proposal: Next) -> tuple[Config, int]:
-    records.claim_trial(trial)
+    records.claim_trial(trial, search.klass)
     is_baseline = proposal == "baseline"
     if isinstance(proposal, proposals.Proposal):
         config = search.space.sample(trial, only=proposal.config if proposal.recipe else None)
@@ -431,11 +487,11 @@ def _pruning(search: Search, pruner: PruneCheck) -> Callable[[int, RunResult, bo
     return check
 
 
-def _store(search: Search, trial: optuna.Trial, outcome: Outcome) -> None:
+def _store(search: Search, trial: optuna.Trial, outcome: Outcome, reference: dict[str, float] | None) -> None:
     """Record what the trial measured and tell Optuna, waiting while the database is locked; if
     the lock outlasts the wait, the measurement is kept in a file beside the study."""
     try:
-        _patiently(search, lambda: _record_and_tell(search, trial, outcome))
+        _patiently(search, lambda: _record_and_tell(search, trial, outcome, reference))
     except StudyLocked as exc:
         if outcome.measurement is None:
             raise
@@ -455,12 +511,13 @@ def _unsaved(search: Search, trial: optuna.Trial, outcome: Outcome) -> dict[str,
             "samples_ms": measurement.samples(), "runs": [run.summary() for run in measurement.runs]}
 
 
-def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome) -> None:
+def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome,
+                     reference: dict[str, float] | None) -> None:
     measurement = outcome.measurement
     if measurement is not None and not measurement.ok:
         records.record_failed_run(trial, measurement)
     elif measurement is not None:
-        records.record_metrics(search.study, trial, measurement)
+        records.record_metrics(trial, measurement, reference)
         if outcome.state == TrialState.PRUNED:
             records.record_pruned(trial, outcome.reason)
     if outcome.state == TrialState.COMPLETE and search.request.max_latency_ms is not None:

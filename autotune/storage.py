@@ -35,6 +35,8 @@ T = TypeVar("T")
 # GRACE_PERIOD_S was left by a killed autotune (on any host: containers change hostnames).
 HEARTBEAT_INTERVAL_S = 10
 GRACE_PERIOD_S = 60
+RETRIES_OF_A_DEAD_WORKERS_TRIAL = 1  # its configuration is enqueued again once, for any worker to run
+ADVISORY_LOCK_BASE = 0x6175746F << 16  # "auto": the key space of autotune's per-study PostgreSQL locks
 
 
 class StudyError(AutotuneError):
@@ -186,8 +188,34 @@ def quiet_optuna() -> Iterator[None]:
 def _rdb(url: str) -> optuna.storages.RDBStorage:
     """The one storage construction for every study opened here, heartbeat enabled."""
     with quiet_optuna():
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=RETRIES_OF_A_DEAD_WORKERS_TRIAL)
         return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                                          grace_period=GRACE_PERIOD_S)
+                                          grace_period=GRACE_PERIOD_S, heartbeat_stale_trial_callback=retry)
+
+
+def is_server(url: str) -> bool:
+    """A database server (PostgreSQL, MySQL) that several workers share, not a SQLite file."""
+    return not url.startswith("sqlite")
+
+
+@contextmanager
+def exclusive(study: optuna.Study) -> Iterator[None]:
+    """The block runs in one worker of the study at a time: a PostgreSQL advisory lock on the
+    study, which the server releases if the worker dies. Elsewhere (SQLite: one search per study)
+    nothing to do."""
+    engine = getattr(getattr(study._storage, "_backend", study._storage), "engine", None)
+    if engine is None or engine.dialect.name != "postgresql":
+        yield
+        return
+    key = {"key": ADVISORY_LOCK_BASE + study._study_id}
+    with storage_errors(str(engine.url)), engine.connect() as conn:
+        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), key)
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), key)
+            conn.commit()
 
 
 def create(name: str, url: str, directions: list[optuna.study.StudyDirection],
@@ -270,6 +298,14 @@ def _beat(storage: optuna.storages.BaseStorage, trial_id: int, stop: threading.E
             storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
         if stop.wait(HEARTBEAT_INTERVAL_S):
             return
+
+
+def after_stale(study: optuna.Study, trial_id: int) -> None:
+    """What the storage's heartbeat callback does with a dead worker's trial (retry it), as
+    optuna.storages.fail_stale_trials does after failing it."""
+    callback = study._storage.get_heartbeat_stale_trial_callback()  # type: ignore[attr-defined]
+    if callback is not None:
+        callback(study, study._storage.get_trial(trial_id))
 
 
 def stale_trial_ids(study: optuna.Study) -> set[int]:

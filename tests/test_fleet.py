@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import optuna
 import pytest
+from optuna.trial import FrozenTrial, TrialState
 
-from autotune import storage
+from autotune import fleet, records, storage
+from autotune.machine import TEST_HOST_ENV
+from tests.pg import free_port
 
-pytestmark = pytest.mark.postgres
+WORKER = Path(__file__).parent / "fleet_worker.py"
+
+# Optuna's storages in this process keep pooled connections that only the garbage collector closes.
+pytestmark = [pytest.mark.postgres, pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <function BaseConnection.__del__:pytest.PytestUnraisableExceptionWarning")]
 
 
 def test_a_study_on_postgresql_is_created_and_loaded_with_heartbeats(pg_url: str) -> None:
@@ -17,3 +36,133 @@ def test_a_study_on_postgresql_is_created_and_loaded_with_heartbeats(pg_url: str
     loaded = storage.load("s", pg_url)
     assert loaded.user_attrs == {"model": "m"}
     assert loaded._storage.get_heartbeat_interval() == storage.HEARTBEAT_INTERVAL_S
+
+
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def no_worker_left() -> Iterator[None]:
+    """A failed test leaves no worker behind."""
+    yield
+    while STARTED:
+        worker = STARTED.pop()
+        if worker.poll() is None:
+            worker.kill()
+        worker.communicate()
+
+
+def start_workers(url: str, study: str, trials: int, hosts: list[str], *extra: str) -> list[subprocess.Popen[str]]:
+    STARTED.extend(workers := [subprocess.Popen([sys.executable, str(WORKER), url, study, str(trials), *extra],
+                             env={**os.environ, TEST_HOST_ENV: host}, stderr=subprocess.PIPE, text=True)
+            for host in hosts])
+    return workers
+
+
+def finish(workers: list[subprocess.Popen[str]], timeout_s: float = 120) -> list[tuple[int, str]]:
+    return [(w.returncode, err) for w in workers for _, err in [w.communicate(timeout=timeout_s)]]
+
+
+def measured(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials that measured their configuration themselves (not the baseline, not cut short)."""
+    return [t for t in study.get_trials() if t.state.is_finished() and not t.user_attrs.get("baseline")
+            and records.fail_cause(t) != records.CUT_SHORT and not records.is_duplicate(t)]
+
+
+def test_three_workers_share_a_study_measuring_no_configuration_twice_and_losing_no_trial(pg_url: str) -> None:
+    results = finish(start_workers(pg_url, "fleet", 15, ["w0", "w1", "w2"], "--seconds", "0.3"))
+    assert results == [(0, "")] * 3
+    study = storage.load("fleet", pg_url)
+    trials = study.get_trials()
+    assert all(t.state == TrialState.COMPLETE for t in trials) and len(trials) >= 15
+    configs = [t.user_attrs["config"] for t in measured(study)]
+    assert len(configs) == len(set(configs)) == len(trials) - 1
+    assert [t.number for t in trials if t.user_attrs.get("baseline")] == [0]
+    assert {t.user_attrs["host"] for t in trials} == {"w0", "w1", "w2"}
+    for t in trials:  # each trial's speedup is over the baseline its own host measured
+        reference = fleet.host_baseline(study, t.user_attrs["host"])
+        assert reference is not None
+        assert t.user_attrs["speedup_latency"] == pytest.approx(reference["latency_p50_ms"] / t.values[0], rel=1e-3)
+
+
+def running_trial_of(url: str, host: str, timeout_s: float = 60) -> int:
+    deadline, study = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(storage.StudyError):  # the study is not made yet
+            study = study or storage.load("fleet", url)
+            running = [t.number for t in study.get_trials(states=(TrialState.RUNNING,))
+                       if t.user_attrs.get("host") == host and "config" in t.user_attrs]
+            if running:
+                study._storage._backend.engine.dispose()  # type: ignore[attr-defined]
+                return running[0]
+        time.sleep(0.2)
+    raise AssertionError(f"{host} never ran a trial")
+
+
+def test_a_worker_killed_mid_trial_has_its_trial_failed_within_the_grace_period_and_the_others_finish(
+        pg_url: str) -> None:
+    victim, *others = start_workers(pg_url, "fleet", 12, ["w0", "w1", "w2"], "--seconds", "1.5")
+    number = running_trial_of(pg_url, "w0")
+    victim.kill()
+    killed_at = time.monotonic()
+    victim.communicate(timeout=10)
+    assert victim.returncode == -signal.SIGKILL
+    assert finish(others) == [(0, "")] * 2
+    study = storage.load("fleet", pg_url)
+    dead = study.trials[number]
+    assert dead.state == TrialState.FAIL and records.fail_cause(dead) == records.CUT_SHORT
+    assert dead.user_attrs["fail_reason"].startswith("left running by an autotune process")
+    grace = 3  # fleet_worker.py's --heartbeat 1 gives a grace period of 3 s
+    assert (dead.datetime_complete - dead.datetime_start).total_seconds() < time.monotonic() - killed_at + grace + 5
+    retried = [t for t in study.trials if t.user_attrs.get("retry_of") == number]
+    assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE and retried[0].params == dead.params
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+
+
+def test_a_worker_of_another_host_class_is_refused_in_one_line(pg_url: str) -> None:
+    assert finish(start_workers(pg_url, "fleet", 2, ["w0"])) == [(0, "")]
+    [(code, err)] = finish(start_workers(pg_url, "fleet", 4, ["w9"], "--lscpu", "xeon_2s_ht"))
+    assert code == 2
+    assert err.startswith("Error: this host is not of the class study 'fleet' is for (sockets: 2 here, 1 in the "
+                          "study); start a study per host class, e.g. --study fleet-") and err.endswith(
+                          ", or pass --allow-mixed\n") and err.count("\n") == 1
+    assert len(storage.load("fleet", pg_url).trials) == 2
+
+
+def test_allow_mixed_lets_another_class_in_with_its_own_baseline(pg_url: str) -> None:
+    assert finish(start_workers(pg_url, "fleet", 3, ["w0"])) == [(0, "")]
+    assert finish(start_workers(pg_url, "fleet", 6, ["w9"], "--lscpu", "xeon_2s_ht", "--allow-mixed",
+                                "--speed", "2")) == [(0, "")]
+    study = storage.load("fleet", pg_url)
+    baselines = [t for t in study.trials if t.user_attrs.get("baseline")]
+    assert [t.user_attrs["host"] for t in baselines] == ["w0", "w9"]  # one per host class
+    assert baselines[1].values[0] == pytest.approx(baselines[0].values[0] / 2)
+
+
+def test_optuna_dashboard_serves_the_postgresql_study(pg_url: str) -> None:
+    assert finish(start_workers(pg_url, "fleet", 3, ["w0"])) == [(0, "")]
+    port = free_port()
+    dashboard = subprocess.Popen([str(Path(sys.executable).parent / "optuna-dashboard"), pg_url, "--host",
+                                  "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+    try:
+        studies = get_json(f"http://127.0.0.1:{port}/api/studies")
+        [listed] = studies["study_summaries"]
+        assert listed["study_name"] == "fleet"
+        detail = get_json(f"http://127.0.0.1:{port}/api/studies/{listed['study_id']}")
+        assert len(detail["trials"]) == 3
+    finally:
+        dashboard.terminate()
+        dashboard.wait(10)
+
+
+def get_json(url: str, timeout_s: float = 30) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return json.load(response)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)

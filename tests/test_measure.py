@@ -79,7 +79,7 @@ def test_a_trial_stores_a_bounded_summary_of_200k_samples() -> None:
     study = optuna.create_study()
     trial = study.ask()
     start = time.monotonic()
-    records.record_metrics(study, trial, measurement)
+    records.record_metrics(trial, measurement, None)
     assert time.monotonic() - start < 5
     attrs = study.get_trials()[0].user_attrs
     assert len(json.dumps(attrs)) < 4000

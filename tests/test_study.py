@@ -99,7 +99,7 @@ def test_running_trials_are_told_apart_by_heartbeat_not_hostname(tmp_path: Path,
     monkeypatch.setattr(storage, "GRACE_PERIOD_S", 2)
     opened = search_loop.open_search(request(tmp_path, 1, replicates=ReplicatePolicy(1, 0)), here)
     dead = storage.ask(opened.study)
-    records.claim_trial(dead)  # this host and a live pid (ours): neither tells whether it runs
+    records.claim_trial(dead, "")  # this host and a live pid (ours): neither tells whether it runs
     with storage.heartbeat(opened.study, dead):
         pass  # one beat, then its autotune was killed
     seen = []
@@ -115,7 +115,8 @@ def test_running_trials_are_told_apart_by_heartbeat_not_hostname(tmp_path: Path,
     assert trials[dead.number].state == TrialState.FAIL
     assert trials[dead.number].user_attrs["fail_reason"] == (
         f"left running by an autotune process (pid {os.getpid()}) that was killed: no heartbeat for over 2s")
-    assert trials[-1].state == TrialState.COMPLETE and trials[-1].user_attrs["baseline"]
+    assert trials[1].state == TrialState.COMPLETE and trials[1].user_attrs["baseline"]
+    assert trials[2].state == TrialState.WAITING and trials[2].system_attrs["failed_trial"] == dead.number  # retried
 
 
 def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_grace_period(

@@ -1,0 +1,130 @@
+"""One worker of a shared study, as `autotune search --storage URL --study S` runs it, with a fake
+measurement instead of the benchmark child: no torch, a fixed trial duration, and a latency that
+is a fixed function of the configuration times this host's speed. For tests/test_fleet.py and
+benchmarks/fleet_scale.py.
+
+    python tests/fleet_worker.py URL STUDY TRIALS [--seconds S] [--speed F] [--lscpu NAME]
+        [--space PATH] [--allow-mixed] [--timings FILE] [--heartbeat S]
+
+The host is named by AUTOTUNE_TEST_HOST_ID (the tests' host identity). Exit code 2 with one line
+on stderr for a user-facing error, as the CLI does. --timings writes one JSON line per trial: the
+seconds spent claiming it (sampler included), measuring, and recording it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune import machine, proposals, records, search_loop, storage  # noqa: E402
+from autotune.errors import AutotuneError  # noqa: E402
+from autotune.launch import LaunchPlan  # noqa: E402
+from autotune.libs import Libraries  # noqa: E402
+from autotune.replicates import ReplicatePolicy  # noqa: E402
+from autotune.results import InstanceResult, RunResult  # noqa: E402
+from autotune.topology import from_lscpu_file  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures"
+VERSIONS = {"torch": "2.14.1+fake", "onednn": "3.9", "mkldnn_available": "true"}
+TIMINGS: list[dict[str, float]] = []
+
+
+def latency_ms(describe: str, speed: float) -> float:
+    """A fixed landscape: each configuration's latency in 50..150 ms, divided by the host's speed."""
+    digest = int(hashlib.sha256(describe.encode()).hexdigest()[:8], 16)
+    return (100.0 if describe == "defaults" else 50.0 + digest % 10_000 / 100.0) / speed
+
+
+def runner(seconds: float, speed: float) -> search_loop.PlanRunner:
+    def run(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        time.sleep(seconds)
+        base = latency_ms(plan.config.describe() if plan.config.values else "defaults", speed)
+        latencies = [base * (1 + jitter) for jitter in (-0.01, -0.005, 0.0, 0.005, 0.01)]
+        metrics = {"latencies_ms": latencies, "iterations_ms": latencies, "throughput_ips": 1000 / base,
+                   "peak_rss_mb": 100.0, "window_s": seconds, "items": len(latencies), "cpu_s": seconds,
+                   "setup_peak_rss_mb": 100.0}
+        return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), seconds)
+
+    return run
+
+
+def without_torch() -> None:
+    """The fake host reports fixed torch versions instead of importing torch."""
+    machine.torch_versions = lambda: dict(VERSIONS)  # type: ignore[assignment]
+    search_loop.torch_versions = machine.torch_versions  # type: ignore[attr-defined]
+    records.host_fingerprint = lambda m: {"hostname": machine.host_name(), **machine.fingerprint(m)}
+
+
+def timed() -> None:
+    """Seconds spent in claiming (and in the sampler within it) and in recording, per trial."""
+    claim, store, propose = search_loop._claim, search_loop._store, proposals.Proposer.next
+
+    def timed_claim(search: Any) -> Any:
+        TIMINGS.append({"sampler_s": 0.0, "trials": float(len(search.study.get_trials(deepcopy=False)))})
+        start = time.perf_counter()
+        result = claim(search)
+        TIMINGS[-1]["claim_s"] = time.perf_counter() - start
+        return result
+
+    def timed_store(*args: Any) -> None:
+        start = time.perf_counter()
+        store(*args)
+        TIMINGS[-1]["store_s"] = time.perf_counter() - start
+
+    def timed_propose(self: Any, *args: Any) -> Any:
+        start = time.perf_counter()
+        result = propose(self, *args)
+        TIMINGS[-1]["sampler_s"] += time.perf_counter() - start
+        return result
+
+    search_loop._claim = timed_claim  # type: ignore[assignment]
+    search_loop._store = timed_store  # type: ignore[assignment]
+    proposals.Proposer.next = timed_propose  # type: ignore[method-assign]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    for name in ("url", "study"):
+        parser.add_argument(name)
+    parser.add_argument("trials", type=int)
+    parser.add_argument("--seconds", type=float, default=0.2)
+    parser.add_argument("--speed", type=float, default=1.0)
+    parser.add_argument("--lscpu", default="amd_1s_smt")
+    parser.add_argument("--space", default=str(ROOT / "search_spaces" / "quick.yaml"))
+    parser.add_argument("--allow-mixed", action="store_true")
+    parser.add_argument("--timings")
+    parser.add_argument("--heartbeat", type=int, default=1)
+    args = parser.parse_args()
+    storage.HEARTBEAT_INTERVAL_S, storage.GRACE_PERIOD_S = args.heartbeat, 3 * args.heartbeat
+    without_torch()
+    if args.timings:
+        timed()
+    libs = Libraries(paths={name: Path(f"/opt/fake/{name}.so") for name in ("libiomp5", "libomp", "jemalloc",
+                                                                           "tcmalloc")},
+                     numactl=Path("/usr/bin/numactl"), numactl_usable=True, taskset=Path("/usr/bin/taskset"))
+    here = machine.Machine(from_lscpu_file(FIXTURES / "lscpu" / f"{args.lscpu}.txt"), libs)
+    request = search_loop.SearchRequest(model="resnet18", trials=args.trials, space=Path(args.space),
+                                        study=args.study, storage=args.url, allow_mixed=args.allow_mixed,
+                                        replicates=ReplicatePolicy(replicates=1), studies_dir=Path("/nonexistent"))
+    try:
+        opened = search_loop.open_search(request, here)
+        search_loop.run_search(opened, here, lambda event: None, runner=runner(args.seconds, args.speed))
+    except AutotuneError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if args.timings:
+            Path(args.timings).write_text("".join(json.dumps(t) + "\n" for t in TIMINGS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
