@@ -141,6 +141,9 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
               help="Candidates re-measured against the baseline at the end (0: skip).")
 @options.rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
 @options.min_effect_option
+@click.option("--allow-mixed", is_flag=True,
+              help="Let this host join a shared study made on another host class (its trials ranked by speedup "
+                   "over its own baseline); without it such a host is refused.")
 @options.measure_options
 @options.no_wait_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, pins: tuple[str, ...],
@@ -148,7 +151,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
            min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool,
-           **measure: Any) -> None:
+           allow_mixed: bool, **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -173,7 +176,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         cache_dir=cache_dir, seed=seed,
         input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
         command_line=" ".join(["autotune", *sys.argv[1:]]), pins=knobs.Config.from_assignments(pins),
-        time_budget_s=time_budget, confirm_processes=(confirm_top + 1) * confirm_rounds if confirm_top else 0)
+        time_budget_s=time_budget, allow_mixed=allow_mixed, confirm_processes=(confirm_top + 1) * confirm_rounds if confirm_top else 0)
     here = machine.this_machine()
     search_loop.validate(request, here)  # a bad input is said at once, not after waiting for the machine
     with _holding("search", no_wait):
