@@ -49,6 +49,10 @@ def finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
+def running(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
 def best_trials(study: optuna.Study) -> list[FrozenTrial]:
     """The best trial (single objective) or the Pareto front (two objectives), best first."""
     if len(study.directions) > 1:

@@ -277,6 +277,8 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
             _patiently(search, functools.partial(records.record_end, study, ended))
             return budget.message(ended, records.finished(study))
         claimed = _claim(search)
+        if claimed == "taken":
+            break  # the other workers run the trials left
         if claimed is None:
             _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
@@ -298,12 +300,15 @@ class Claimed:
     batch: int
 
 
-def _claim(search: Search) -> Claimed | None:
+def _claim(search: Search) -> Claimed | Literal["taken"] | None:
     """Fail dead workers' trials, choose the next trial and fix its configuration in the study, in
-    one worker at a time (None: the space is exhausted)."""
+    one worker at a time (None: the space is exhausted; "taken": finished and running trials make
+    --trials already and no retry waits)."""
     study = search.study
     with storage.exclusive(study):
         _patiently(search, lambda: records.abandon_stale_trials(study))
+        if _patiently(search, lambda: _all_taken(search)):
+            return "taken"
         proposed = _patiently(search, lambda: _propose(search))
         if proposed is None:
             return None
@@ -311,6 +316,15 @@ def _claim(search: Search) -> Claimed | None:
         with _never_left_running(search, trial):
             config, batch = _patiently(search, lambda: _start_trial(search, trial, proposed))
     return Claimed(trial, proposed, config, batch)
+
+
+def _all_taken(search: Search) -> bool:
+    """Finished trials and those other workers run make --trials, and no retry of a dead worker's
+    trial waits. (On SQLite one search runs per study: a running trial there is a killed one's.)"""
+    study = search.study
+    others = records.running(study) if storage.is_server(search.storage) else 0
+    return (records.finished(study) + others >= search.request.trials
+            and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
 @contextlib.contextmanager

@@ -24,7 +24,8 @@ from autotune.errors import AutotuneError
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 SQLITE = "sqlite:///"
-CREATE_ATTEMPTS = 3  # a brand-new SQLite file opened by two processes at once can race on its schema
+CREATE_ATTEMPTS = 3  # a brand-new database opened by several processes at once can race on its schema
+SCHEMA_RACE = ("UNIQUE constraint", "already exists", "duplicate key")
 LOCK_WAIT_S = 120.0  # how long a write waits for a study database another process holds locked
 LOCK_PAUSE_S = (0.5, 5.0)  # first and longest pause between two attempts (doubling in between)
 LOCKED = ("database is locked", "database table is locked")
@@ -230,11 +231,18 @@ def create(name: str, url: str, directions: list[optuna.study.StudyDirection],
                 with quiet_optuna():
                     return optuna.create_study(study_name=name, storage=_rdb(url), load_if_exists=True,
                                                directions=directions, sampler=sampler, pruner=pruner)
-            except sqlalchemy.exc.IntegrityError:
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
+                if not _schema_race(exc):
+                    raise
                 if attempt == CREATE_ATTEMPTS - 1:
                     raise storage_error(url, "the database is being created by another process") from None
                 time.sleep(0.5)
     raise AssertionError("unreachable")
+
+
+def _schema_race(exc: sqlalchemy.exc.DBAPIError) -> bool:
+    """Another process created the same table, type or study a moment before."""
+    return isinstance(exc, sqlalchemy.exc.IntegrityError) or any(m in _root_reason(exc) for m in SCHEMA_RACE)
 
 
 def find_study(studies_dir: Path, name: str | None, storage: str | None) -> optuna.Study:

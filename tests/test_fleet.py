@@ -85,6 +85,12 @@ def test_three_workers_share_a_study_measuring_no_configuration_twice_and_losing
         assert t.user_attrs["speedup_latency"] == pytest.approx(reference["latency_p50_ms"] / t.values[0], rel=1e-3)
 
 
+def test_workers_started_together_on_an_empty_database_all_join_the_study(pg_url: str) -> None:
+    """They race to create Optuna's schema; the losers wait and load it."""
+    assert finish(start_workers(pg_url, "fleet", 1, [f"w{i}" for i in range(6)])) == [(0, "")] * 6
+    assert [t.user_attrs["baseline"] for t in storage.load("fleet", pg_url).trials] == [True]
+
+
 def running_trial_of(url: str, host: str, timeout_s: float = 60) -> int:
     deadline, study = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
