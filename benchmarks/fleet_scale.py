@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--trials", default="1000,1000,1000,1000", help="total trials per worker count")
     parser.add_argument("--seconds", type=float, default=0.5, help="fixed duration of one fake trial")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` still stops the server
     counts, totals = [int(w) for w in args.workers.split(",")], [int(t) for t in args.trials.split(",")]
     with server() as pg, tempfile.TemporaryDirectory() as folder:
         for workers, trials in zip(counts, totals, strict=True):
