@@ -254,24 +254,45 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
                   markup=False)
 
 
-def comparison(measured: Any, metric: Metric, result: Any) -> None:
-    unit = _unit(metric)
-    table = _table("Comparison", "configuration", f"median {unit}", "runs ok")
+def _contenders(measured: Any, metric: Metric) -> None:
+    table = _table("Comparison", "configuration", f"median {_unit(metric)}", "runs ok")
     for position, contender in enumerate(measured.contenders):
         values = measured.values(position)
         ran = [v for v in values if v is not None]
         table.add_row(contender.label, _num(median(ran) if ran else None), f"{len(ran)}/{len(values)}")
     out.print(table)
+
+
+def _not_compared(measured: Any) -> None:
+    failed = next((r for series in measured.runs for r in series if r.value is None), None)
+    out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
+              markup=False, soft_wrap=True)
+
+
+def comparison(measured: Any, metric: Metric, result: Any) -> None:
+    _contenders(measured, metric)
     first, second = (c.label for c in measured.contenders)
     if result is None:
-        failed = next((r for series in measured.runs for r in series if r.value is None), None)
-        out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
-                  markup=False, soft_wrap=True)
+        _not_compared(measured)
         return
     verdict = "faster" if lower_is_better(metric) else "more throughput"
     out.print(f"{second} vs {first}: {result.describe()}; "
               f"{'significantly ' + verdict if result.significant else 'no significant difference'}",
               markup=False, soft_wrap=True)
+    err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
+
+
+def regression(measured: Any, metric: Metric, check: Any, margin: float) -> None:
+    """`compare --fail-if-slower`: the table and one verdict line (FAIL exits 1)."""
+    _contenders(measured, metric)
+    first, second = (c.label for c in measured.contenders)
+    if check is None:
+        _not_compared(measured)
+        out.print("FAIL: no verdict without every run", markup=False)
+        return
+    verdict = (f"FAIL: {second} is slower than {first} by more than {margin:.0%}" if check.slower_than_margin else
+               f"PASS: no slowdown of {second} beyond {margin:.0%} of {first} shown")
+    out.print(f"{verdict}; {second} vs {first}: {check.describe()}", markup=False, soft_wrap=True)
     err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
 
 

@@ -483,6 +483,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["confirm", "--study", "bad/../name"], "no study 'bad/../name'"),
     # compare
     (["compare", "0"], "Missing argument 'SECOND'"),
+    (["compare", "0", "1", "--fail-if-slower", "lots"], "--fail-if-slower 'lots' is not a margin"),
+    (["compare", "0", "1", "--fail-if-slower", "5%", "--rounds", "5"], "--rounds 5 can never show a slowdown"),
+    (["compare", "defaults", "good.env"], "'defaults' is a configuration; comparing configurations needs --model"),
+    (["compare", "defaults", "bogus=1", "--model", "resnet18"], "unknown knob 'bogus'"),
     (["compare", "0", "1", "--study", "nosuch"], "no study 'nosuch' in studies/"),
     (["compare", "0", "99"], "trial 99 of study 'resnet18-bs1-latency' did not complete"),
     (["compare", "a.env", "b.env"], "cannot read a.env"),
