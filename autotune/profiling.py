@@ -39,6 +39,7 @@ BASELINE = "baseline"
 TRACE_SUFFIX = ".trace.json"
 SUMMARY_FILE = "profile.json"
 PROFILES = "profiles"  # under studies/ for a study; in the current folder for an env file
+RUNTIME_SHOWN = ("malloc_library", "openmp_library", "torch_threads", "affinity")
 OPEN_WITH = "open a trace in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)"
 
 Runner = Callable[[LaunchPlan, float], RunResult]
@@ -106,6 +107,7 @@ class Profiled:
     target: Target
     table: OpTable
     trace: Path
+    runtime: Mapping[str, Any]  # what the profiled instance really ran with (libraries, threads, CPUs)
 
 
 def op_table(payload: Mapping[str, Any]) -> OpTable:
@@ -143,7 +145,8 @@ def profile(target: Target, iterations: int, folder: Path, timeout_s: float, run
     result = runner(profiled_plan(target.plan, iterations, trace), timeout_s)
     if not result.ok:
         raise RunFailed(f"profiling {target.label} ({target.config}) failed: {result.reason}")
-    return Profiled(target, op_table(result.instances[PROFILED_INSTANCE].metrics["profile"]), trace)
+    metrics = result.instances[PROFILED_INSTANCE].metrics
+    return Profiled(target, op_table(metrics["profile"]), trace, metrics.get("runtime", {}))
 
 
 def study_targets(study: optuna.Study, number: int | None, with_baseline: bool) -> list[Target]:
@@ -226,6 +229,7 @@ def _configuration(profiled: Profiled, trace: Path) -> dict[str, Any]:
     target, table = profiled.target, profiled.table
     return {"label": target.label, "trial": target.trial, "config": target.config,
             "instances": len(target.plan.instances), "trace": str(trace),
+            "runtime": {key: profiled.runtime.get(key) for key in RUNTIME_SHOWN},
             "wall_ms_per_iteration": table.wall_ms, "self_ms_per_iteration": table.self_ms,
             "ops": [{"name": op.name, "self_ms": op.self_ms, "share": table.share(op), "total_ms": op.total_ms,
                      "calls": op.calls} for op in table.ops]}
