@@ -299,8 +299,13 @@ def profile(data: Mapping[str, Any], top: int, open_with: str) -> None:
     table.add_row("", *(cell for c in configs for cell in ("all ops", f"{c['self_ms_per_iteration']:.3f}", "100%",
                                                              "")))
     out.print(table)
-    walls = ", ".join(f"{c['label']} {c['wall_ms_per_iteration']:.3f} ms" for c in configs)
+    walls = ", ".join(f"{c['label']} {c['wall_ms_per_iteration']:.3f} ms ({c['outside_ops_ms_per_iteration']:.3f} "
+                      f"outside any op)" for c in configs)
     out.print(f"wall time per profiled call (profiler overhead included): {walls}", markup=False, soft_wrap=True)
+    for c in (c for c in configs if c["mostly_outside_ops"]):
+        out.print(f"note: {c['label']} spent most of its time outside any recorded op: compiled code (an AOTInductor "
+                  f"package) runs its kernels without profiler events; its trace shows where the gaps are",
+                  markup=False, soft_wrap=True)
     for c in (c for c in configs if c["instances"] > 1):
         out.print(f"{c['label']} runs {c['instances']} instances: instance {data['profiled_instance']} was profiled "
                   f"while the others ran their timed loop beside it", markup=False, soft_wrap=True)

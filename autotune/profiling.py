@@ -39,6 +39,7 @@ BASELINE = "baseline"
 TRACE_SUFFIX = ".trace.json"
 SUMMARY_FILE = "profile.json"
 PROFILES = "profiles"  # under studies/ for a study; in the current folder for an env file
+MOSTLY_OUTSIDE = 0.5  # above this share of the wall time outside any op, the table says little: a note says so
 RUNTIME_SHOWN = ("malloc_library", "openmp_library", "torch_threads", "affinity")
 OPEN_WITH = "open a trace in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)"
 
@@ -81,6 +82,12 @@ class OpTable:
     @property
     def self_ms(self) -> float:
         return sum(op.self_ms for op in self.ops)
+
+    @property
+    def outside_ms(self) -> float:
+        """Wall time inside no recorded op: Python, the profiler itself, and compiled code that records
+        no ops (an AOTInductor package runs its kernels without profiler events)."""
+        return max(self.wall_ms - self.self_ms, 0.0)
 
     def share(self, op: Op) -> float:
         return op.self_ms / self.self_ms if self.self_ms else 0.0
@@ -231,6 +238,8 @@ def _configuration(profiled: Profiled, trace: Path) -> dict[str, Any]:
             "instances": len(target.plan.instances), "trace": str(trace),
             "runtime": {key: profiled.runtime.get(key) for key in RUNTIME_SHOWN},
             "wall_ms_per_iteration": table.wall_ms, "self_ms_per_iteration": table.self_ms,
+            "outside_ops_ms_per_iteration": table.outside_ms,
+            "mostly_outside_ops": table.outside_ms > MOSTLY_OUTSIDE * table.wall_ms,
             "ops": [{"name": op.name, "self_ms": op.self_ms, "share": table.share(op), "total_ms": op.total_ms,
                      "calls": op.calls} for op in table.ops]}
 

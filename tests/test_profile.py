@@ -34,7 +34,7 @@ def test_the_childs_totals_become_per_call_milliseconds_merged_by_name_largest_f
     parsed = profiling.op_table(payload)
     assert parsed.iterations == 4 and parsed.wall_ms == 10.0
     assert parsed.ops == (Op("aten::add", 0.5, 0.6, 3.0), Op("aten::conv2d", 0.5, 7.5, 1.0))
-    assert parsed.self_ms == 1.0
+    assert parsed.self_ms == 1.0 and parsed.outside_ms == 9.0
     assert parsed.share(parsed.ops[0]) == 0.5
 
 
@@ -48,7 +48,7 @@ def test_changes_rank_both_directions_by_size_count_a_missing_op_as_zero_and_ski
 
 def test_an_empty_table_has_no_share_instead_of_dividing_by_zero() -> None:
     empty = table()
-    assert empty.self_ms == 0 and empty.share(Op("x", 0.0, 0.0, 0.0)) == 0.0
+    assert empty.self_ms == 0 and empty.share(Op("x", 0.0, 0.0, 0.0)) == 0.0 and empty.outside_ms == 10.0
 
 
 def plan(*behaviours: str, config: Config | None = None) -> LaunchPlan:
@@ -69,7 +69,8 @@ def add(study: optuna.Study, value: float | None, **attrs: object) -> None:
 
 @pytest.fixture
 def studied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """studies/fake.db: 0 the baseline, 1 the best (2 instances), 2 failed, 3 crashes when profiled."""
+    """studies/fake.db: 0 the baseline, 1 the best (2 instances), 2 failed, 3 crashes when profiled,
+    4 records few ops (as an AOTInductor package does)."""
     (tmp_path / "studies").mkdir()
     study = optuna.create_study(study_name="fake", storage=f"sqlite:///{tmp_path}/studies/fake.db")
     add(study, 100.0, baseline=True, config="defaults", plan=plan("profile-eager").to_json())
@@ -78,6 +79,7 @@ def studied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         plan=plan("profile-fused", "profile-fused", config=inductor).to_json())
     add(study, None, fail_reason="instance 0: crashed with SIGSEGV")
     add(study, 90.0, config="omp_threads=1", plan=plan("crash-late").to_json())
+    add(study, 60.0, config="backend=inductor precision=bf16", plan=plan("profile-hidden").to_json())
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -93,6 +95,8 @@ def test_profile_compares_the_best_trial_with_the_baseline_and_saves_both_traces
     assert "baseline: op" in out and "trial 1: op" in out
     assert "aten::mkldnn_convolution" in out and "cpp_fused_relu_0" in out
     assert "trial 1 runs 2 instances: instance 0 was profiled" in out
+    assert "outside any recorded op" not in out
+    assert "baseline 6.050 ms (0.550 outside any op), trial 1 4.400 ms (0.400 outside any op)" in out
     assert "ui.perfetto.dev" in out and str(Path("studies/profiles/fake/trial-1.trace.json")) in out
     saved = json.loads((folder / "profile.json").read_text())
     assert saved["kind"] == "profile" and saved["iterations"] == 3
@@ -126,7 +130,7 @@ def test_a_child_that_fails_is_exit_1_with_its_reason_and_writes_nothing(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--trial", "99"], "Error: study 'fake' has no trial 99; it has trials 0 to 3"),
+        (["--trial", "99"], "Error: study 'fake' has no trial 99; it has trials 0 to 4"),
         (["--trial", "2"], "Error: trial 2 of 'fake' did not complete (fail: instance 0: crashed with SIGSEGV); "
                            "pick a completed trial"),
         (["best.env", "--trial", "1"],
@@ -175,3 +179,13 @@ def test_an_env_file_is_profiled_beside_the_defaults_of_its_model(tmp_path: Path
     assert base.plan.bench == mine.plan.bench
     assert profiling.env_file_targets(path, here, with_baseline=False) == [mine]
     assert profiling.env_file_out(path) == Path("profiles/fast")
+
+
+def test_a_configuration_whose_time_is_mostly_outside_any_op_says_so(capsys: pytest.CaptureFixture[str],
+                                                                     studied: Path) -> None:
+    code, out, err = run_cli(capsys, "profile", "--trial", "4", "--iterations", "2")
+    assert code == 0, err
+    assert "trial 4 4.000 ms (3.900 outside any op)" in out
+    assert ("note: trial 4 spent most of its time outside any recorded op: compiled code (an AOTInductor package) "
+            "runs its kernels without profiler events") in out
+    assert "note: baseline" not in out
