@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -25,8 +25,12 @@ from autotune.lock import machine_lock
 from autotune.objectives import COMPARABLE, metric_of, min_rounds_two_sided, parse_objective
 from autotune.replicates import WARM_SEARCH_DEFAULT
 
+if TYPE_CHECKING:  # the profile command imports it when it runs: it loads optuna
+    from autotune.profiling import Profiled, Target
+
 EXIT_FAILED, EXIT_USAGE = 1, 2
 STUDIES = Path("studies")
+DEFAULT_PROFILED = 20  # forward calls `profile` records per configuration
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -388,6 +392,67 @@ def report_command(study_name: str | None, storage: str | None, output: Path, as
     gathered = report.gather(find_study(STUDIES, study_name, storage), STUDIES)
     report_html.write(output, report_html.page(gathered, output.parent))
     _emit("report", report.summary(gathered, output), as_json, display.report_summary)
+
+
+@cli.command(name="profile")
+@click.argument("env_file", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@options.study_options()
+@click.option("--trial", "trial_number", type=int, help="Profile this trial instead of the best (confirmed winner).")
+@click.option("--baseline/--no-baseline", "with_baseline", default=True, show_default=True,
+              help="Also profile the baseline (PyTorch's defaults) and show what changed.")
+@click.option("--iterations", default=DEFAULT_PROFILED, show_default=True, type=click.IntRange(min=1),
+              help="Forward calls profiled per configuration.")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Folder for the traces and profile.json (default: studies/profiles/STUDY/, or "
+                   "profiles/NAME/ for NAME.env).")
+@options.timeout_option
+@options.no_wait_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def profile_command(env_file: Path | None, study_name: str | None, storage: str | None, trial_number: int | None,
+                    with_baseline: bool, iterations: int, out: Path | None, timeout: float, no_wait: bool,
+                    as_json: bool) -> None:
+    """Profile the best trial (or --trial N, or an env file) and the baseline: hot ops, Chrome traces.
+
+    \b
+    Example:
+      autotune profile --study resnext101_32x8d-bs1-latency
+      autotune profile --trial 12 --iterations 50
+      autotune profile best.env --no-baseline --out traces/
+    """
+    from functools import partial
+
+    from autotune import profiling
+
+    targets, folder = _profile_targets(env_file, study_name, storage, trial_number, with_baseline)
+    profiling.check_out(out or folder)
+    with profiling.staging() as staged:
+        with _holding("profile", no_wait):
+            profiled = [_profile_one(target, iterations, staged, timeout, as_json) for target in targets]
+        body = profiling.summary(profiled, out or folder)
+        profiling.save(profiled, out or folder, display.json_document("profile", body))
+    _emit("profile", body, as_json, partial(display.profile, top=profiling.TOP_OPS, open_with=profiling.OPEN_WITH))
+
+
+def _profile_targets(env_file: Path | None, study_name: str | None, storage: str | None, trial_number: int | None,
+                     with_baseline: bool) -> tuple[list[Target], Path]:
+    """What to profile, and where its files go by default."""
+    from autotune import profiling
+    from autotune.storage import find_study
+
+    if env_file is not None and (trial_number is not None or study_name or storage):
+        raise AutotuneError("give ENV_FILE or a study's trial (--trial, --study, --storage), not both")
+    if env_file is not None:
+        return (profiling.env_file_targets(env_file, machine.this_machine(), with_baseline),
+                profiling.env_file_out(env_file))
+    found = find_study(STUDIES, study_name, storage)
+    return profiling.study_targets(found, trial_number, with_baseline), profiling.study_out(STUDIES, found)
+
+
+def _profile_one(target: Target, iterations: int, staged: Path, timeout: float, quiet: bool) -> Profiled:
+    from autotune import profiling
+
+    with display.status(f"profiling {target.label} ({target.config}): {iterations} forward calls", quiet=quiet):
+        return profiling.profile(target, iterations, staged, timeout)
 
 
 @cli.command(name="run", context_settings={"ignore_unknown_options": True})
