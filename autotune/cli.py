@@ -138,10 +138,11 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @options.min_effect_option
 @options.measure_options
 @options.no_wait_option
+@options.json_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
-           min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool,
+           min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool, as_json: bool,
            **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
@@ -150,9 +151,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
       autotune search --model resnext101 --trials 50
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
     """
-    from autotune import export, search_loop, space
+    from autotune import search_loop, space
     from autotune.confirm import check_rounds
-    from autotune.records import best_measured
     from autotune.replicates import ReplicatePolicy
 
     if confirm_top:
@@ -179,17 +179,23 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
             progress.close()
         if stopped:
             display.err.print(f"note: {stopped}", markup=False)
-        best = best_measured(opened.study)
-        display.best_table(opened.name, request.objective, best[:5], opened.storage)
-        if best and (line := export.versus_recipes(opened.study, best[0])):
-            display.out.print(line, soft_wrap=True, highlight=False, markup=False)
-        if "accounting" in opened.study.user_attrs:
-            display.accounting(opened.study.user_attrs["accounting"])
-        if opened.should_confirm(confirm_top):
-            _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)
+        if not as_json:
+            display.search_summary(_search_body(opened, stopped, False))
+        confirming = opened.should_confirm(confirm_top)
+        if confirming:
+            _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed, as_json)
         elif confirm_top > 0:
             display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes "
                               "it)")
+    if as_json:
+        _emit("search", _search_body(opened, stopped, confirming), True, None)
+
+
+def _search_body(opened: Any, stopped: str, confirmed_now: bool) -> dict[str, Any]:
+    from autotune import summaries
+    from autotune.records import best_measured
+
+    return summaries.search(opened.study, opened.storage, best_measured(opened.study)[:5], stopped, confirmed_now)
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -202,11 +208,14 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None) -> None:
+def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None,
+             as_json: bool) -> dict[str, Any]:
     from autotune import confirm
 
     verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed)
-    display.confirmation(verdict)
+    if not as_json:
+        display.confirmation(verdict)
+    return verdict
 
 
 @cli.command(name="confirm")
@@ -218,8 +227,9 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 @options.timeout_option
 @options.order_seed_option
 @options.no_wait_option
+@options.json_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
-                    timeout: float, seed: int | None, no_wait: bool) -> None:
+                    timeout: float, seed: int | None, no_wait: bool, as_json: bool) -> None:
     """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
 
     \b
@@ -232,7 +242,9 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
     check_rounds(rounds, top)
     found = find_study(STUDIES, study_name, storage)
     with _holding("confirm", no_wait):
-        _confirm(found, top, rounds, min_effect, timeout, seed)
+        verdict = _confirm(found, top, rounds, min_effect, timeout, seed, as_json)
+    if as_json:
+        _emit("confirm", {"study": found.study_name, **verdict}, True, None)
 
 
 @cli.command(name="compare")
@@ -246,8 +258,10 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
 @options.timeout_option
 @options.order_seed_option
 @options.no_wait_option
+@options.json_option
 def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
-                    min_effect: float, objective: str, timeout: float, seed: int | None, no_wait: bool) -> None:
+                    min_effect: float, objective: str, timeout: float, seed: int | None, no_wait: bool,
+                    as_json: bool) -> None:
     """Measure two configurations (trial numbers or env files) the same way; speedup of SECOND over FIRST.
 
     \b
@@ -255,7 +269,7 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
       autotune compare 0 12 --study resnet18-bs1-latency
       autotune compare baseline.env best.env --rounds 20
     """
-    from autotune import confirm
+    from autotune import confirm, summaries
     from autotune.orchestrate import run_plan
     from autotune.storage import find_study
 
@@ -265,7 +279,8 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     with _holding("compare", no_wait):
         measured = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress, seed)
     comparison = confirm.compared(measured, metric, min_effect)
-    display.comparison(measured, metric, comparison)
+    _emit("compare", summaries.comparison(measured, metric, comparison), as_json,
+          lambda _: display.comparison(measured, metric, comparison))
     if comparison is None:
         sys.exit(EXIT_FAILED)
 
@@ -284,8 +299,10 @@ def _plan_from_env_file(path: str) -> LaunchPlan:
               help="Compile the configuration once into this folder; autotune.apply loads it from there.")
 @options.timeout_option
 @options.no_wait_option
+@options.json_option
 def export_command(path: Path, study_name: str | None, storage: str | None,
-                   trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool) -> None:
+                   trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool,
+                   as_json: bool) -> None:
     """Write the best configuration (or --trial N) as a bash env file to `source`.
 
     \b
@@ -294,7 +311,7 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
       autotune export fast.env --study resnet18-bs1-latency --trial 7
       autotune export best.env --artifacts compiled/
     """
-    from autotune import export
+    from autotune import export, summaries
     from autotune.records import plan_of
     from autotune.storage import find_study
 
@@ -313,6 +330,8 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
     verdict = found.user_attrs.get("confirmation")
     if verdict and trial_number is None and not verdict["significant"]:
         display.err.print(f"note: the baseline was exported: {verdict['message']}", markup=False, soft_wrap=True)
+    if as_json:
+        _emit("export", summaries.exported(path, found, trial, text, artifacts), True, None)
 
 
 @cli.command(name="run", context_settings={"ignore_unknown_options": True})

@@ -202,16 +202,26 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def best_table(name: str, objective: str, trials: Any, storage: str) -> None:
+def search_summary(body: Mapping[str, Any]) -> None:
+    """The end of a search (`summaries.search`): best trials, the winner against the experts, the cost."""
+    from autotune.export import recipe_words  # optuna loads only for the commands that need it
+
+    best_table(body["study"], body["objective"], body["best"], body["storage"])
+    if body["versus_recipes"]:
+        out.print(recipe_words(body["versus_recipes"]), soft_wrap=True, highlight=False, markup=False)
+    if body["accounting"]:
+        accounting(body["accounting"])
+
+
+def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], storage: str) -> None:
     title = "Pareto front (latency vs throughput)" if objective == "both" else "Best trials"
     table = _table(f"{title} of study {name}", "trial", "knobs", "p50 ms", "p90 ms", "items/s",
                    "RSS MB", "latency x", "throughput x")
     for t in trials:
-        a = t.user_attrs
-        knobs = a.get("config", "") + (f" (recipe {a['recipe']})" if a.get("recipe") else "")
-        table.add_row(str(t.number), knobs, f"{a['latency_p50_ms']:.2f}",
-                      f"{a['latency_p90_ms']:.2f}", f"{a['throughput_ips']:.2f}", f"{a['peak_rss_mb']:.0f}",
-                      f"{a.get('speedup_latency', 1):.2f}", f"{a.get('speedup_throughput', 1):.2f}")
+        knobs = t["config"] + (f" (recipe {t['recipe']})" if t["recipe"] else "")
+        table.add_row(str(t["number"]), knobs, f"{t['latency_p50_ms']:.2f}",
+                      f"{t['latency_p90_ms']:.2f}", f"{t['throughput_ips']:.2f}", f"{t['peak_rss_mb']:.0f}",
+                      f"{t['speedup_latency'] or 1:.2f}", f"{t['speedup_throughput'] or 1:.2f}")
     out.print(table)
     out.print(f"export the best: autotune export best.env --study {name}", soft_wrap=True)
     if storage.startswith("sqlite:///"):
