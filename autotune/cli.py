@@ -334,6 +334,22 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
         _emit("export", summaries.exported(path, found, trial, text, artifacts), True, None)
 
 
+@cli.command(name="studies")
+@click.option("--storage", help="An Optuna storage URL to list instead of studies/*.db.")
+@options.json_option
+def studies_command(storage: str | None, as_json: bool) -> None:
+    """List the studies: model, objective, trials, best result, confirmation, host.
+
+    \b
+    Example:
+      autotune studies
+      autotune studies --storage sqlite:///elsewhere/resnet18-bs1-latency.db --json
+    """
+    from autotune import catalog
+
+    _emit("studies", {"folder": str(STUDIES), "studies": catalog.studies(STUDIES, storage)}, as_json, display.studies)
+
+
 @cli.command(name="run", context_settings={"ignore_unknown_options": True})
 @click.argument("env_file", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

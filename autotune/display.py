@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.knobs import Knob
-from autotune.objectives import Metric, lower_is_better
+from autotune.objectives import Metric, lower_is_better, unit_of
 from autotune.stats import median
 from autotune.topology import format_cpus
 
@@ -238,6 +238,43 @@ def accounting(numbers: Mapping[str, Any]) -> None:
               soft_wrap=True, highlight=False)
 
 
+def studies(data: Mapping[str, Any]) -> None:
+    """`autotune studies`: one row per study (or per database that could not be read)."""
+    if not data["studies"]:
+        out.print(f"no studies in {data['folder']}/; make one with `autotune search --model resnet18 --trials 20`",
+                  markup=False, soft_wrap=True)
+        return
+    table = _table("Studies", "study", "model", "objective", "batch", "trials", "best", "confirmed", "host")
+    for row in data["studies"]:
+        if row["error"]:
+            table.add_row(row["name"], f"[red]{row['error']}[/red]", "", "", "", "", "", "")
+            continue
+        table.add_row(row["name"], str(row["model"]), str(row["objective"]), str(row["batch_size"]),
+                      f"{row['trials']['complete']}/{row['trials']['total']}", _best(row["best"]),
+                      _verdict(row["confirmation"]), _host(row["host"]))
+    out.print(table)
+
+
+def _best(best: Mapping[str, Any] | None) -> str:
+    if best is None:
+        return "-"
+    speedup = f" ({best['speedup']:.2f}x)" if best["speedup"] is not None else ""
+    return f"trial {best['trial']}: {best['value']:.2f} {best['unit']}{speedup}"
+
+
+def _verdict(verdict: Mapping[str, Any] | None) -> str:
+    if verdict is None:
+        return "not yet"
+    if verdict["word"] == "confirmed":
+        return f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x"
+    return "no: baseline kept"
+
+
+def _host(host: Mapping[str, Any]) -> str:
+    cores = host.get("usable_physical_cores")
+    return f"{host.get('cpu_model', 'unknown')}, {cores} cores" if host else "unknown"
+
+
 def confirm_progress(event: Any) -> None:
     result = event.result
     outcome = (f"p50 {result.latency_p50_ms:.2f} ms, {result.throughput_ips:.2f} items/s" if result.ok
@@ -247,7 +284,7 @@ def confirm_progress(event: Any) -> None:
 
 
 def confirmation(verdict: Mapping[str, Any]) -> None:
-    unit = _unit(verdict["metric"])
+    unit = unit_of(verdict["metric"])
     table = _table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial {verdict['baseline_trial']} "
                    f"(baseline)", "trial", "knobs", f"median {unit}", "speedup", "interval", "p", "significant",
                    "failed runs")
@@ -265,7 +302,7 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
 
 
 def comparison(measured: Any, metric: Metric, result: Any) -> None:
-    unit = _unit(metric)
+    unit = unit_of(metric)
     table = _table("Comparison", "configuration", f"median {unit}", "runs ok")
     for position, contender in enumerate(measured.contenders):
         values = measured.values(position)
@@ -283,10 +320,6 @@ def comparison(measured: Any, metric: Metric, result: Any) -> None:
               f"{'significantly ' + verdict if result.significant else 'no significant difference'}",
               markup=False, soft_wrap=True)
     err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
-
-
-def _unit(metric: Metric) -> str:
-    return "ms" if lower_is_better(metric) else "items/s"
 
 
 def _num(value: float | None, suffix: str = "") -> str:

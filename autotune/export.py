@@ -19,6 +19,7 @@ from autotune.child import deploy, envfile
 from autotune.child.envfile import quote, value_text
 from autotune.errors import AutotuneError
 from autotune.launch import Binding, LaunchPlan, model_knobs
+from autotune.objectives import speedup_attr
 from autotune.userrun import EnvFile
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
@@ -101,8 +102,7 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
 def recipe_comparison(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
     """`trial` against the best expert recipe the study ran, in the search's own measurements:
     both speedups over the baseline and their ratio (None when no recipe completed)."""
-    objective = study.user_attrs.get("objective", "latency")
-    speedup = "speedup_throughput" if objective == "throughput" else "speedup_latency"
+    speedup = speedup_attr(study.user_attrs.get("objective", "latency"))
     recipe = records.best_recipe(study, speedup)
     if recipe is None or speedup not in trial.user_attrs:
         return None

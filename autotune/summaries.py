@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial
 from autotune import export, records
 from autotune.child import envfile
 from autotune.confirm import Rounds
-from autotune.objectives import Metric, lower_is_better
+from autotune.objectives import Metric, unit_of
 from autotune.stats import PairedComparison, median
 
 # What each best trial reports besides its number, configuration and values.
@@ -48,7 +48,7 @@ def comparison(measured: Rounds, metric: Metric, result: PairedComparison | None
     """`compare`: both contenders with their per-round values, the running orders, and the paired
     comparison of the second against the first (None, with the reason, when none could be made)."""
     body: dict[str, Any] = {
-        "metric": metric, "unit": "ms" if lower_is_better(metric) else "items/s", "seed": measured.seed,
+        "metric": metric, "unit": unit_of(metric), "seed": measured.seed,
         "contenders": [_contender(measured, position) for position in range(len(measured.contenders))],
         "orders": [list(order) for order in measured.orders], "comparison": None, "reason": ""}
     if result is None:
