@@ -102,8 +102,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
     with _holding("bench", no_wait):
         planning.check_model(request, here, timeout)
         with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
-                            f"{len(launch.instances)} instance(s)", quiet=as_json):
-            result = run_plan(launch, timeout)
+                            f"{len(launch.instances)} instance(s)", quiet=as_json) as on_phase:
+            result = run_plan(launch, timeout, on_phase=on_phase)
     _emit("bench", {"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
@@ -172,9 +172,9 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         opened = search_loop.open_search(request, here, check=planning.check_model)
         for note in opened.notes:
             display.err.print(f"note: {note}", markup=False)
-        progress = display.SearchProgress(request.objective)
+        progress = display.SearchProgress(request.objective, replicates=replicates, warm=warm_replicates)
         try:
-            stopped = search_loop.run_search(opened, here, progress)
+            stopped = search_loop.run_search(opened, here, progress, _reporting(progress))
         finally:
             progress.close()
         if stopped:
@@ -196,6 +196,17 @@ def _search_body(opened: Any, stopped: str, confirmed_now: bool) -> dict[str, An
     from autotune.records import best_measured
 
     return summaries.search(opened.study, opened.storage, best_measured(opened.study)[:5], stopped, confirmed_now)
+
+
+def _reporting(progress: display.SearchProgress) -> Any:
+    """The search's runner, telling the progress line each run and its processes' phases."""
+    from autotune.orchestrate import run_plan
+
+    def run(plan: LaunchPlan, timeout_s: float) -> Any:
+        progress.run_started()
+        return run_plan(plan, timeout_s, on_phase=progress.phase)
+
+    return run
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:

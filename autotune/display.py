@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from rich.console import Console
@@ -32,12 +32,14 @@ err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() el
 
 
 @contextlib.contextmanager
-def status(message: str, quiet: bool = False) -> Iterator[None]:
+def status(message: str, quiet: bool = False) -> Iterator[Callable[[int, str], None]]:
+    """A live status line on a terminal (nothing on a pipe), and a callback telling it each
+    instance's phase (`orchestrate.PhaseCallback`)."""
     if quiet or not err.is_terminal:
-        yield
+        yield lambda index, phase: None
         return
-    with err.status(message):
-        yield
+    with err.status(message) as live:
+        yield lambda index, phase: live.update(f"{message}: {phase}")
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -124,12 +126,16 @@ def models(names: Iterable[str], aliases: Mapping[str, str]) -> None:
 
 
 class SearchProgress:
-    """One line per finished trial (stderr), a live status line while a trial runs on a terminal."""
+    """One line per finished trial (stderr), a live status line while a trial runs on a terminal:
+    which replicate, and what its processes are doing (`run_started`, `phase`)."""
 
-    def __init__(self, objective: str, quiet: bool = False) -> None:
+    def __init__(self, objective: str, quiet: bool = False, replicates: int = 1, warm: bool = False) -> None:
         self.objective = objective
         self.quiet = quiet
+        self.replicates, self.warm = replicates, warm
         self._status: Any = None
+        self._head = self._tail = ""
+        self._runs = 0
 
     def __call__(self, event: Any) -> None:
         if self.quiet:
@@ -144,9 +150,24 @@ class SearchProgress:
         if not err.is_terminal:
             return
         what = "baseline (PyTorch defaults)" if not event.config.values else event.config.describe()
-        self._status = err.status(f"trial {event.number} ({event.finished + 1}/{event.total}): {what}  "
-                                  f"{_remaining(event)}")
+        self._head, self._tail = f"trial {event.number} ({event.finished + 1}/{event.total}): {what}", _remaining(event)
+        self._runs = 0
+        self._status = err.status(self._text(""))
         self._status.start()
+
+    def run_started(self) -> None:
+        """The trial starts its next run: one replicate, or all of them in one warmed process."""
+        self._runs += 1
+        self.phase(0, "starting")
+
+    def phase(self, index: int, phase: str) -> None:
+        """What instance `index` of the running trial is doing (`orchestrate.PhaseCallback`)."""
+        if self._status is not None and index == 0:  # instances move together: the first speaks for all
+            self._status.update(self._text(phase))
+
+    def _text(self, phase: str) -> str:
+        return "  ".join(part for part in (self._head, _replicate(self._runs, self.replicates, self.warm),
+                                           phase, self._tail) if part)
 
     def _stop(self) -> None:
         if self._status is not None:
@@ -181,6 +202,16 @@ class SearchProgress:
         self._stop()
 
 
+def _replicate(runs: int, planned: int, warm: bool) -> str:
+    """Which replicate the trial's `runs`-th run measures (warm: the first measures all planned)."""
+    if runs == 0:
+        return ""
+    if warm and planned > 1 and runs == 1:
+        return f"replicates 1-{planned} (one warmed process):"
+    number = runs + (planned - 1 if warm and planned > 1 else 0)
+    return f"replicate {number} (extra: noisy):" if number > planned else f"replicate {number}/{planned}:"
+
+
 def _values(objective: str, values: Any) -> str:
     if objective == "latency":
         return f"{values[0]:.2f} ms"
@@ -190,9 +221,11 @@ def _values(objective: str, values: Any) -> str:
 
 
 def _remaining(event: Any) -> str:
+    """Elapsed time of this session, and the time left at this session's pace (a resumed study's
+    earlier trials took none of this session's time)."""
     elapsed = _clock(event.elapsed_s)
-    done = max(event.finished, 1)
-    left = event.elapsed_s / done * max(event.total - event.finished, 0) if event.finished else None
+    done = event.finished - event.finished_before
+    left = event.elapsed_s / done * max(event.total - event.finished, 0) if done > 0 else None
     return f"elapsed {elapsed}" + (f", ~{_clock(left)} left" if left is not None else "")
 
 
