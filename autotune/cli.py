@@ -107,8 +107,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
     with _holding("bench", no_wait):
         planning.check_model(request, here, timeout)
         with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
-                            f"{len(launch.instances)} instance(s)", quiet=as_json):
-            result = run_plan(launch, timeout)
+                            f"{len(launch.instances)} instance(s)", quiet=as_json) as on_phase:
+            result = run_plan(launch, timeout, on_phase=on_phase)
     _emit("bench", {"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
@@ -147,11 +147,12 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @options.min_effect_option
 @options.measure_options
 @options.no_wait_option
+@options.json_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, pins: tuple[str, ...],
            time_budget: float | None, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
-           min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool,
+           min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool, as_json: bool,
            **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
@@ -161,9 +162,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
       autotune search --model resnext101 --trials 50 --set backend=eager --time-budget 20m
     """
-    from autotune import export, search_loop, space
+    from autotune import search_loop, space
     from autotune.confirm import check_rounds
-    from autotune.records import best_measured
     from autotune.replicates import ReplicatePolicy
 
     if confirm_top:
@@ -184,24 +184,41 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         opened = search_loop.open_search(request, here, check=planning.check_model)
         for note in opened.notes:
             display.err.print(f"note: {note}", markup=False)
-        progress = display.SearchProgress(request.objective)
+        progress = display.SearchProgress(request.objective, replicates=replicates, warm=warm_replicates)
         try:
-            stopped = search_loop.run_search(opened, here, progress)
+            stopped = search_loop.run_search(opened, here, progress, _reporting(progress))
         finally:
             progress.close()
         if stopped:
             display.err.print(f"note: {stopped}", markup=False)
-        best = best_measured(opened.study)
-        display.best_table(opened.name, request.objective, best[:5], opened.storage)
-        if best and (line := export.versus_recipes(opened.study, best[0])):
-            display.out.print(line, soft_wrap=True, highlight=False, markup=False)
-        if "accounting" in opened.study.user_attrs:
-            display.accounting(opened.study.user_attrs["accounting"])
-        if opened.should_confirm(confirm_top):
-            _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)
+        if not as_json:
+            display.search_summary(_search_body(opened, stopped, False))
+        confirming = opened.should_confirm(confirm_top)
+        if confirming:
+            _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed, as_json)
         elif confirm_top > 0:
             display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes "
                               "it)")
+    if as_json:
+        _emit("search", _search_body(opened, stopped, confirming), True, None)
+
+
+def _search_body(opened: Any, stopped: str, confirmed_now: bool) -> dict[str, Any]:
+    from autotune import summaries
+    from autotune.records import best_measured
+
+    return summaries.search(opened.study, opened.storage, best_measured(opened.study)[:5], stopped, confirmed_now)
+
+
+def _reporting(progress: display.SearchProgress) -> Any:
+    """The search's runner, telling the progress line each run and its processes' phases."""
+    from autotune.orchestrate import run_plan
+
+    def run(plan: LaunchPlan, timeout_s: float) -> Any:
+        progress.run_started()
+        return run_plan(plan, timeout_s, on_phase=progress.phase)
+
+    return run
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -214,11 +231,14 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None) -> None:
+def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None,
+             as_json: bool) -> dict[str, Any]:
     from autotune import confirm
 
     verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed)
-    display.confirmation(verdict)
+    if not as_json:
+        display.confirmation(verdict)
+    return verdict
 
 
 @cli.command(name="confirm")
@@ -230,8 +250,9 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 @options.timeout_option
 @options.order_seed_option
 @options.no_wait_option
+@options.json_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
-                    timeout: float, seed: int | None, no_wait: bool) -> None:
+                    timeout: float, seed: int | None, no_wait: bool, as_json: bool) -> None:
     """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
 
     \b
@@ -244,7 +265,9 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
     check_rounds(rounds, top)
     found = find_study(STUDIES, study_name, storage)
     with _holding("confirm", no_wait):
-        _confirm(found, top, rounds, min_effect, timeout, seed)
+        verdict = _confirm(found, top, rounds, min_effect, timeout, seed, as_json)
+    if as_json:
+        _emit("confirm", {"study": found.study_name, **verdict}, True, None)
 
 
 def _margin(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -277,9 +300,10 @@ def _margin(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
 @options.timeout_option
 @options.order_seed_option
 @options.no_wait_option
+@options.json_option
 def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
                     min_effect: float, objective: str, margin: float | None, model: str | None, batch_size: int,
-                    timeout: float, seed: int | None, no_wait: bool) -> None:
+                    timeout: float, seed: int | None, no_wait: bool, as_json: bool) -> None:
     """Measure two configurations (trial numbers, env files or knobs) the same way; SECOND over FIRST.
 
     \b
@@ -289,7 +313,7 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
       autotune compare deployed.env deployed.env --fail-if-slower 5%   # after upgrading torch
       autotune compare defaults backend=inductor,precision=bf16 --model resnet18
     """
-    from autotune import confirm
+    from autotune import confirm, summaries
     from autotune.orchestrate import run_plan
     from autotune.storage import find_study
 
@@ -303,19 +327,22 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     with _holding("compare", no_wait):
         measured = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress, seed)
     if margin is not None:
-        _gate(measured, metric, margin)
+        _gate(measured, metric, margin, as_json)
     comparison = confirm.compared(measured, metric, min_effect)
-    display.comparison(measured, metric, comparison)
+    _emit("compare", summaries.comparison(measured, metric, comparison), as_json,
+          lambda _: display.comparison(measured, metric, comparison))
     if comparison is None:
         sys.exit(EXIT_FAILED)
 
 
-def _gate(measured: Any, metric: Any, margin: float) -> NoReturn:
+def _gate(measured: Any, metric: Any, margin: float, as_json: bool) -> NoReturn:
     """The regression gate's verdict line and exit code: 1 only for a significant slowdown past the margin."""
-    from autotune import confirm
+    from autotune import confirm, summaries
 
     check = confirm.regression(measured, metric, margin)
-    display.regression(measured, metric, check, margin)
+    body = summaries.comparison(measured, metric, confirm.compared(measured, metric, 0.0))
+    _emit("compare", body | {"gate": summaries.gate(check, margin)}, as_json,
+          lambda _: display.regression(measured, metric, check, margin))
     sys.exit(EXIT_FAILED if check is None or check.slower_than_margin else 0)
 
 
@@ -341,8 +368,10 @@ def _plan_from_env_file(path: str) -> LaunchPlan:
               help="Compile the configuration once into this folder; autotune.apply loads it from there.")
 @options.timeout_option
 @options.no_wait_option
+@options.json_option
 def export_command(path: Path, study_name: str | None, storage: str | None,
-                   trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool) -> None:
+                   trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool,
+                   as_json: bool) -> None:
     """Write the best configuration (or --trial N) as a bash env file to `source`.
 
     \b
@@ -351,7 +380,7 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
       autotune export fast.env --study resnet18-bs1-latency --trial 7
       autotune export best.env --artifacts compiled/
     """
-    from autotune import export
+    from autotune import export, summaries
     from autotune.records import plan_of
     from autotune.storage import find_study
 
@@ -370,6 +399,24 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
     verdict = found.user_attrs.get("confirmation")
     if verdict and trial_number is None and not verdict["significant"]:
         display.err.print(f"note: the baseline was exported: {verdict['message']}", markup=False, soft_wrap=True)
+    if as_json:
+        _emit("export", summaries.exported(path, found, trial, text, artifacts), True, None)
+
+
+@cli.command(name="studies")
+@click.option("--storage", help="An Optuna storage URL to list instead of studies/*.db.")
+@options.json_option
+def studies_command(storage: str | None, as_json: bool) -> None:
+    """List the studies: model, objective, trials, best result, confirmation, host.
+
+    \b
+    Example:
+      autotune studies
+      autotune studies --storage sqlite:///elsewhere/resnet18-bs1-latency.db --json
+    """
+    from autotune import catalog
+
+    _emit("studies", {"folder": str(STUDIES), "studies": catalog.studies(STUDIES, storage)}, as_json, display.studies)
 
 
 @cli.command(name="report")

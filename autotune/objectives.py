@@ -74,3 +74,12 @@ def values_of(objective: Objective, result: Measured) -> tuple[float, ...]:
 
 def lower_is_better(metric: Metric) -> bool:
     return metric == "latency_p50_ms"
+
+
+def unit_of(metric: Metric) -> str:
+    return "ms" if lower_is_better(metric) else "items/s"
+
+
+def speedup_attr(objective: str) -> str:
+    """The trial attribute holding its speedup over the baseline on the objective's metric."""
+    return "speedup_throughput" if metric_of(objective) == "throughput_ips" else "speedup_latency"

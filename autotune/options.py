@@ -57,6 +57,11 @@ def order_seed_option(func: Any) -> Any:
                                                   "one, recorded with the verdict).")(func)
 
 
+def json_option(func: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON document on stdout instead of tables (progress stays on stderr).")(func)
+
+
 def no_wait_option(func: Any) -> Any:
     return click.option("--no-wait", is_flag=True,
                         help="Fail at once (exit 2) if another autotune is measuring on this machine, "

@@ -98,6 +98,7 @@ class TrialEvent:
     outcome: Outcome | None = None
     best: FrozenTrial | None = None
     recipe: str = ""
+    finished_before: int = 0  # finished when this session started: the ETA counts only this session's
 
 
 @dataclass
@@ -343,7 +344,8 @@ def _run_trial(search: Search, machine: Machine, trial: optuna.Trial,
     is_baseline = proposal == "baseline"
     config, batch = _patiently(search, lambda: _start_trial(search, trial, proposal))
     event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials,
-                                 recipe=proposal.recipe if isinstance(proposal, proposals.Proposal) else "")
+                                 recipe=proposal.recipe if isinstance(proposal, proposals.Proposal) else "",
+                                 finished_before=search.finished_before)
     finished = _patiently(search, lambda: records.finished(study))
     on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
     outcome = _measure(search, machine, trial, config, batch, runner)

@@ -50,6 +50,10 @@ def main() -> None:
         with open(pidfile, "w") as f:
             f.write(str(child.pid))
         time.sleep(3600)
+    if behaviour == "phases":  # what the real child says while it builds (worker docstring, step 1)
+        os.write(ready_fd, b"phase building\nphase compil")
+        time.sleep(0.05)  # a line split across two reads is passed on once, whole
+        os.write(ready_fd, b"ing\n")
     os.write(ready_fd, b"ready\n")
     words = sys.stdin.readline().split()
     if len(words) != 3 or words[0] != "go":

@@ -555,6 +555,9 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["knobs", "--bogus"], "No such option '--bogus'."),
     (["knobs", "extra"], "Got unexpected extra argument (extra)"),
     (["models", "extra"], "Got unexpected extra argument (extra)"),
+    (["studies", "--storage", "studies/x.db"], "--storage 'studies/x.db' is not a storage URL; use e.g. "
+                                               "sqlite:///studies/NAME.db"),
+    (["studies", "extra"], "Got unexpected extra argument (extra)"),
     (["doctor", "--bogus"], "No such option '--bogus'."),
     (["plna"], "No such command 'plna'."),
 ]

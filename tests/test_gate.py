@@ -3,6 +3,7 @@ for the benchmark processes; the protocol is the same interleaved one)."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -70,3 +71,15 @@ def test_bad_gate_flags_are_one_line(capsys: pytest.CaptureFixture[str], args: l
 def test_a_configuration_needs_a_model(capsys: pytest.CaptureFixture[str]) -> None:
     got, _, err = run_cli(capsys, "compare", "defaults", "allocator=jemalloc")
     assert got == 2 and err == ("Error: 'defaults' is a configuration; comparing configurations needs --model\n")
+
+
+def test_the_gate_says_its_numbers_in_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(orchestrate, "run_plan", fake_pair("allocator", 1.25))
+    got, out, _ = run_cli(capsys, "compare", "defaults", "allocator=jemalloc", "--model", "resnet18", "--rounds", "8",
+                          "--fail-if-slower", "5%", "--seed", "1", "--json")
+    data = json.loads(out)
+    assert got == 1 and (data["kind"], data["schema_version"]) == ("compare", 1)
+    gate = data["gate"]
+    assert gate["failed"] is True and gate["exit_code"] == 1 and gate["margin"] == 0.05 and gate["rounds"] == 8
+    assert gate["p_value"] < 0.05 and gate["speedup"] < 0.85 and gate["interval"]["label"] == "95% CI"
+    assert [c["label"] for c in data["contenders"]] == ["defaults", "allocator=jemalloc"]

@@ -148,9 +148,11 @@ def knobs_of(args: argparse.Namespace) -> ModelKnobs:
                       mkldnn=SWITCH[args.mkldnn], weight_cache=SWITCH[args.weight_cache])
 
 
-def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:
+def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
+          on_phase: Callable[[str], None] | None = None) -> Callable[[Any], Any]:
     """Load the model and apply the knobs through `autotune.apply`, the same call a user's program
-    makes; every non-default configuration is checked against eager fp32 on the same input."""
+    makes; every non-default configuration is checked against eager fp32 on the same input.
+    `on_phase` hears when a compiled artifact is built or loaded."""
     start = time.perf_counter()
     model = load_model(args.model, args.import_path)
     setup["build_s"] = time.perf_counter() - start
@@ -160,7 +162,7 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Call
     deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan")
     if knobs.is_default:
         return _timed_first_call(model, example, setup)
-    return deploy.apply_deployment(model, example, deployment, check=True, setup=setup).run
+    return deploy.apply_deployment(model, example, deployment, check=True, setup=setup, on_phase=on_phase).run
 
 
 def _timed_first_call(model: Any, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:

@@ -89,8 +89,9 @@ class ModelKnobs:
 
 
 def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
-            artifacts: Path | None = None) -> Callable[[Any], Any]:
-    """The model converted as the knobs say, as forward(batch) converting inputs and outputs."""
+            artifacts: Path | None = None, on_phase: Callable[[str], None] | None = None) -> Callable[[Any], Any]:
+    """The model converted as the knobs say, as forward(batch) converting inputs and outputs;
+    `on_phase` (the benchmark child's progress) hears whether an artifact is compiled or loaded."""
     import torch
 
     knobs.check()
@@ -109,7 +110,7 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
         with warnings.catch_warnings():
             # TorchScript is chosen on purpose where it measured faster; torch's deprecation notice is noise.
             warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
-            model = compiled(model, inputs(example, knobs), knobs, setup, artifacts, weights)
+            model = compiled(model, inputs(example, knobs), knobs, setup, artifacts, weights, on_phase or _quiet)
 
     def forward(batch: Any) -> Any:
         with autocast(knobs.precision):
@@ -232,20 +233,24 @@ def probe_mkldnn(model: Any, example: Any) -> None:
             handle.remove()
 
 
+def _quiet(phase: str) -> None:
+    pass
+
+
 def compiled(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts: Path | None,
-             weights: str) -> Any:
+             weights: str, on_phase: Callable[[str], None] = _quiet) -> Any:
     """The compiled backends, built once into an artifact that every later process loads: a frozen
     TorchScript file (backend=torchscript, weight_cache) or an AOTInductor package with freezing
     (backend=inductor). Without an artifacts folder the artifact goes to a temporary one, so that
     the model always runs loaded, as the benchmark child ran it."""
     if artifacts is not None:
-        return _load_or_build(model, example, knobs, setup, artifacts, weights)
+        return _load_or_build(model, example, knobs, setup, artifacts, weights, on_phase)
     with tempfile.TemporaryDirectory(prefix="autotune-artifact-") as folder:
-        return _load_or_build(model, example, knobs, setup, Path(folder), weights)
+        return _load_or_build(model, example, knobs, setup, Path(folder), weights, on_phase)
 
 
 def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], folder: Path,
-                   weights: str) -> Any:
+                   weights: str, on_phase: Callable[[str], None]) -> Any:
     meta = artifact_meta(knobs, example, weights)
     path = artifact_path(folder, meta, ".pt2" if knobs.backend == "inductor" else ".pt")
     setup["artifact_file"] = str(path)
@@ -254,11 +259,13 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
         mark_used(path)
     else:
         setup["artifact_stale"] = stale_artifacts(folder, meta)
+        on_phase("compiling")
         start = time.perf_counter()
         fallback = _build(model, example, knobs, setup, path, meta | {"model": _label(model, setup)})
         if fallback is not None:
             return fallback
         setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
+    on_phase("loading the compiled model")
     start = time.perf_counter()
     loaded = _load(path, knobs)
     setup["artifact_load_s"] = time.perf_counter() - start

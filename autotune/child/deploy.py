@@ -185,16 +185,16 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
 
 
 def apply_deployment(model: Any, example_inputs: Any, chosen: Deployment, *, check: bool,
-                     setup: dict[str, Any] | None = None) -> Applied:
+                     setup: dict[str, Any] | None = None, on_phase: Callable[[str], None] | None = None) -> Applied:
     """The conversion itself, shared by `apply` and the benchmark child (which passes its plan's
-    knobs and records what happened in `setup`)."""
+    knobs, records what happened in `setup` and hears of compiling in `on_phase`)."""
     import torch
 
     setup = {} if setup is None else setup
     model = model.eval()
     with torch.no_grad():
         reference = leaves(call(model, example_inputs)) if check else None
-        forward = prepare(model, example_inputs, chosen.knobs, setup, chosen.artifacts)
+        forward = prepare(model, example_inputs, chosen.knobs, setup, chosen.artifacts, on_phase)
         start = time.perf_counter()
         output = forward(example_inputs)
         setup["first_forward_s"] = time.perf_counter() - start

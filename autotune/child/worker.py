@@ -3,7 +3,9 @@
 Kept small and free of the harness: it imports torch only inside `main()`, never imports optuna or
 the CLI, and sends its result as a JSON file (never by printing). Protocol with the runner:
 
-1. build the model, warm up, then write `ready` and a newline to `--ready-fd`;
+1. build the model, warm up, then write `ready` and a newline to `--ready-fd`; before it, lines
+   `phase NAME` (`building`, `compiling`, `loading the compiled model`, `warming up`) say what the
+   child is doing, for live progress; a runner may ignore them, and a child may send none;
 2. read `go START END` from stdin: the common measuring window, in CLOCK_MONOTONIC seconds
    (system-wide on Linux, so the runner's `time.monotonic()` and the child's agree); anything else
    (EOF included) means the run was aborted, and the child exits 1;
@@ -203,6 +205,12 @@ def wait_for_go(ready_fd: int, duration_s: float) -> Window:
     sys.exit(1)  # the runner went away or aborted the run
 
 
+def say_phase(ready_fd: int, phase: str) -> None:
+    """What the child is doing now, for the runner's progress (step 1 of the protocol)."""
+    if ready_fd >= 0:
+        os.write(ready_fd, f"phase {phase}\n".encode())
+
+
 def say_done(ready_fd: int) -> None:
     if ready_fd >= 0:
         os.write(ready_fd, b"done\n")
@@ -258,12 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     batches = iter(loader)
     example = next(batches)
     try:
-        forward = build(args, example, setup)
+        say_phase(args.ready_fd, "building")
+        forward = build(args, example, setup, on_phase=lambda phase: say_phase(args.ready_fd, phase))
         if args.probe:
             write_json(args.result, {"status": "ok", "setup": setup})
             return 0
         release_setup_memory()
         setup_peak_mb, peak_note = peak_rss_mb(), start_peak_rss()
+        say_phase(args.ready_fd, "warming up")
         with torch.no_grad():
             warmup_start = time.perf_counter()
             setup["warmup_iterations"] = warm_up(args, forward, batches)
