@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -22,11 +22,15 @@ from autotune.child.convert import ApplyError
 from autotune.errors import AutotuneError, Interrupted, RunFailed
 from autotune.launch import LaunchPlan
 from autotune.lock import machine_lock
-from autotune.objectives import COMPARABLE, metric_of, parse_objective
+from autotune.objectives import COMPARABLE, metric_of, min_rounds_two_sided, parse_objective
 from autotune.replicates import WARM_SEARCH_DEFAULT
+
+if TYPE_CHECKING:  # the profile command imports it when it runs: it loads optuna
+    from autotune.profiling import Profiled, Target
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 STUDIES = Path("studies")
+DEFAULT_PROFILED = 20  # forward calls `profile` records per configuration
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -246,6 +250,19 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
         _confirm(found, top, rounds, min_effect, timeout, seed)
 
 
+def _margin(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """`5%` or `5` (percent) as 0.05."""
+    if value is None:
+        return None
+    try:
+        percent = float(value.strip().removesuffix("%"))
+    except ValueError:
+        percent = float("nan")
+    if not 0 <= percent < 100:
+        raise AutotuneError(f"--fail-if-slower {value!r} is not a margin; give a percentage from 0 to 100, like 5%")
+    return percent / 100
+
+
 @cli.command(name="compare")
 @click.argument("first")
 @click.argument("second")
@@ -254,31 +271,63 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
 @click.option("--min-effect", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
               help="Gain the test must exceed to call SECOND faster.")
 @click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
+@click.option("--fail-if-slower", "margin", callback=_margin, metavar="PCT",
+              help="A CI gate: exit 1 when SECOND is slower than FIRST by more than PCT (like 5%), two-sided "
+                   "test at the 5% level; exit 0 otherwise.")
+@click.option("--model", help="The model, when FIRST or SECOND is a configuration (`defaults`, `KNOB=V,KNOB=V`).")
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Batch size, when FIRST or SECOND is a configuration.")
 @options.timeout_option
 @options.order_seed_option
 @options.no_wait_option
 def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
-                    min_effect: float, objective: str, timeout: float, seed: int | None, no_wait: bool) -> None:
-    """Measure two configurations (trial numbers or env files) the same way; speedup of SECOND over FIRST.
+                    min_effect: float, objective: str, margin: float | None, model: str | None, batch_size: int,
+                    timeout: float, seed: int | None, no_wait: bool) -> None:
+    """Measure two configurations (trial numbers, env files or knobs) the same way; SECOND over FIRST.
 
     \b
     Example:
       autotune compare 0 12 --study resnet18-bs1-latency
       autotune compare baseline.env best.env --rounds 20
+      autotune compare deployed.env deployed.env --fail-if-slower 5%   # after upgrading torch
+      autotune compare defaults backend=inductor,precision=bf16 --model resnet18
     """
     from autotune import confirm
     from autotune.orchestrate import run_plan
     from autotune.storage import find_study
 
     metric = metric_of(parse_objective(objective, COMPARABLE))
+    if margin is not None and rounds < min_rounds_two_sided():
+        raise AutotuneError(f"--rounds {rounds} can never show a slowdown with --fail-if-slower: the smallest "
+                            f"two-sided signed-rank p is 2/{2**rounds}; use --rounds {min_rounds_two_sided()} or more")
+    plan_config = _config_planner(model, batch_size) if model else None
     pair = confirm.distinct([confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
-                                                    _plan_from_env_file) for spec in (first, second)])
+                                                    _plan_from_env_file, plan_config) for spec in (first, second)])
     with _holding("compare", no_wait):
         measured = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress, seed)
+    if margin is not None:
+        _gate(measured, metric, margin)
     comparison = confirm.compared(measured, metric, min_effect)
     display.comparison(measured, metric, comparison)
     if comparison is None:
         sys.exit(EXIT_FAILED)
+
+
+def _gate(measured: Any, metric: Any, margin: float) -> NoReturn:
+    """The regression gate's verdict line and exit code: 1 only for a significant slowdown past the margin."""
+    from autotune import confirm
+
+    check = confirm.regression(measured, metric, margin)
+    display.regression(measured, metric, check, margin)
+    sys.exit(EXIT_FAILED if check is None or check.slower_than_margin else 0)
+
+
+def _config_planner(model: str, batch_size: int) -> Any:
+    def plan(config: knobs.Config) -> LaunchPlan:
+        return planning.make_plan(planning.BenchRequest(model=model, config=config, batch_size=batch_size),
+                                  machine.this_machine())
+
+    return plan
 
 
 def _plan_from_env_file(path: str) -> LaunchPlan:
@@ -346,6 +395,67 @@ def report_command(study_name: str | None, storage: str | None, output: Path, as
     gathered = report.gather(find_study(STUDIES, study_name, storage), STUDIES)
     report_html.write(output, report_html.page(gathered, output.parent))
     _emit("report", report.summary(gathered, output), as_json, display.report_summary)
+
+
+@cli.command(name="profile")
+@click.argument("env_file", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@options.study_options()
+@click.option("--trial", "trial_number", type=int, help="Profile this trial instead of the best (confirmed winner).")
+@click.option("--baseline/--no-baseline", "with_baseline", default=True, show_default=True,
+              help="Also profile the baseline (PyTorch's defaults) and show what changed.")
+@click.option("--iterations", default=DEFAULT_PROFILED, show_default=True, type=click.IntRange(min=1),
+              help="Forward calls profiled per configuration.")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Folder for the traces and profile.json (default: studies/profiles/STUDY/, or "
+                   "profiles/NAME/ for NAME.env).")
+@options.timeout_option
+@options.no_wait_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def profile_command(env_file: Path | None, study_name: str | None, storage: str | None, trial_number: int | None,
+                    with_baseline: bool, iterations: int, out: Path | None, timeout: float, no_wait: bool,
+                    as_json: bool) -> None:
+    """Profile the best trial (or --trial N, or an env file) and the baseline: hot ops, Chrome traces.
+
+    \b
+    Example:
+      autotune profile --study resnext101_32x8d-bs1-latency
+      autotune profile --trial 12 --iterations 50
+      autotune profile best.env --no-baseline --out traces/
+    """
+    from functools import partial
+
+    from autotune import profiling
+
+    targets, folder = _profile_targets(env_file, study_name, storage, trial_number, with_baseline)
+    profiling.check_out(out or folder)
+    with profiling.staging() as staged:
+        with _holding("profile", no_wait):
+            profiled = [_profile_one(target, iterations, staged, timeout, as_json) for target in targets]
+        body = profiling.summary(profiled, out or folder)
+        profiling.save(profiled, out or folder, display.json_document("profile", body))
+    _emit("profile", body, as_json, partial(display.profile, top=profiling.TOP_OPS, open_with=profiling.OPEN_WITH))
+
+
+def _profile_targets(env_file: Path | None, study_name: str | None, storage: str | None, trial_number: int | None,
+                     with_baseline: bool) -> tuple[list[Target], Path]:
+    """What to profile, and where its files go by default."""
+    from autotune import profiling
+    from autotune.storage import find_study
+
+    if env_file is not None and (trial_number is not None or study_name or storage):
+        raise AutotuneError("give ENV_FILE or a study's trial (--trial, --study, --storage), not both")
+    if env_file is not None:
+        return (profiling.env_file_targets(env_file, machine.this_machine(), with_baseline),
+                profiling.env_file_out(env_file))
+    found = find_study(STUDIES, study_name, storage)
+    return profiling.study_targets(found, trial_number, with_baseline), profiling.study_out(STUDIES, found)
+
+
+def _profile_one(target: Target, iterations: int, staged: Path, timeout: float, quiet: bool) -> Profiled:
+    from autotune import profiling
+
+    with display.status(f"profiling {target.label} ({target.config}): {iterations} forward calls", quiet=quiet):
+        return profiling.profile(target, iterations, staged, timeout)
 
 
 @cli.command(name="run", context_settings={"ignore_unknown_options": True})

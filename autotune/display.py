@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.knobs import Knob
@@ -255,24 +256,45 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
                   markup=False)
 
 
-def comparison(measured: Any, metric: Metric, result: Any) -> None:
-    unit = _unit(metric)
-    table = _table("Comparison", "configuration", f"median {unit}", "runs ok")
+def _contenders(measured: Any, metric: Metric) -> None:
+    table = _table("Comparison", "configuration", f"median {_unit(metric)}", "runs ok")
     for position, contender in enumerate(measured.contenders):
         values = measured.values(position)
         ran = [v for v in values if v is not None]
         table.add_row(contender.label, _num(median(ran) if ran else None), f"{len(ran)}/{len(values)}")
     out.print(table)
+
+
+def _not_compared(measured: Any) -> None:
+    failed = next((r for series in measured.runs for r in series if r.value is None), None)
+    out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
+              markup=False, soft_wrap=True)
+
+
+def comparison(measured: Any, metric: Metric, result: Any) -> None:
+    _contenders(measured, metric)
     first, second = (c.label for c in measured.contenders)
     if result is None:
-        failed = next((r for series in measured.runs for r in series if r.value is None), None)
-        out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
-                  markup=False, soft_wrap=True)
+        _not_compared(measured)
         return
     verdict = "faster" if lower_is_better(metric) else "more throughput"
     out.print(f"{second} vs {first}: {result.describe()}; "
               f"{'significantly ' + verdict if result.significant else 'no significant difference'}",
               markup=False, soft_wrap=True)
+    err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
+
+
+def regression(measured: Any, metric: Metric, check: Any, margin: float) -> None:
+    """`compare --fail-if-slower`: the table and one verdict line (FAIL exits 1)."""
+    _contenders(measured, metric)
+    first, second = (c.label for c in measured.contenders)
+    if check is None:
+        _not_compared(measured)
+        out.print("FAIL: no verdict without every run", markup=False)
+        return
+    verdict = (f"FAIL: {second} is slower than {first} by more than {margin:.0%}" if check.slower_than_margin else
+               f"PASS: no slowdown of {second} beyond {margin:.0%} of {first} shown")
+    out.print(f"{verdict}; {second} vs {first}: {check.describe()}", markup=False, soft_wrap=True)
     err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
 
 
@@ -342,3 +364,52 @@ def report_summary(data: Mapping[str, Any]) -> None:
 
 def _metric_value(metric: Metric, value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} {_unit(metric)}"
+
+
+def profile(data: Mapping[str, Any], top: int, open_with: str) -> None:
+    """`autotune profile`: the hot ops side by side, what changed most, where the traces are."""
+    configs = data["configurations"]
+    for c in configs:
+        out.print(f"{c['label']}: {c['config'] or 'defaults'}, {c['instances']} instance(s)", markup=False,
+                  soft_wrap=True)
+    columns = [name for c in configs for name in (f"{escape(c['label'])}: op", "ms", "share", "calls")]
+    table = _table(f"Top {top} ops by self CPU time, per forward call ({data['iterations']} calls profiled)",
+                   "#", *columns)
+    for rank in range(min(top, max(len(c["ops"]) for c in configs))):
+        table.add_row(str(rank + 1), *(cell for c in configs for cell in _op_cells(c["ops"], rank)))
+    table.add_section()
+    table.add_row("", *(cell for c in configs for cell in ("all ops", f"{c['self_ms_per_iteration']:.3f}", "100%",
+                                                             "")))
+    out.print(table)
+    walls = ", ".join(f"{c['label']} {c['wall_ms_per_iteration']:.3f} ms ({c['outside_ops_ms_per_iteration']:.3f} "
+                      f"outside any op)" for c in configs)
+    out.print(f"wall time per profiled call (profiler overhead included): {walls}", markup=False, soft_wrap=True)
+    for c in (c for c in configs if c["mostly_outside_ops"]):
+        out.print(f"note: {c['label']} spent most of its time outside any recorded op: compiled code (an AOTInductor "
+                  f"package) runs its kernels without profiler events; its trace shows where the gaps are",
+                  markup=False, soft_wrap=True)
+    for c in (c for c in configs if c["instances"] > 1):
+        out.print(f"{c['label']} runs {c['instances']} instances: instance {data['profiled_instance']} was profiled "
+                  f"while the others ran their timed loop beside it", markup=False, soft_wrap=True)
+    if data["changed"]:
+        _changed(data["changed"], configs[0]["label"], configs[-1]["label"])
+    out.print(f"traces: {', '.join(c['trace'] for c in configs)}; summary: {data['summary_file']}", markup=False,
+              soft_wrap=True)
+    out.print(f"{open_with}; op names are as the profiler recorded them (eager: aten:: ops; inductor: its own "
+              f"kernels)", markup=False, soft_wrap=True)
+
+
+def _op_cells(ops: Sequence[Mapping[str, Any]], rank: int) -> tuple[str, ...]:
+    if rank >= len(ops):
+        return ("", "", "", "")
+    op = ops[rank]
+    return (escape(op["name"]), f"{op['self_ms']:.3f}", f"{op['share']:.1%}", f"{op['calls']:g}")
+
+
+def _changed(rows: Sequence[Mapping[str, Any]], before: str, after: str) -> None:
+    table = _table(f"Ops whose self CPU time changed most, ms per forward call ({escape(before)} -> "
+                   f"{escape(after)})", "op", escape(before), escape(after), "change")
+    for row in rows:
+        table.add_row(escape(row["name"]), f"{row['before_ms']:.3f}", f"{row['after_ms']:.3f}",
+                      f"{row['delta_ms']:+.3f}")
+    out.print(table)

@@ -28,6 +28,11 @@ def min_rounds(candidates: int = 1) -> int:
     return rounds
 
 
+def min_rounds_two_sided() -> int:
+    """The fewest paired rounds whose smallest two-sided signed-rank p (2/2**rounds) is below ALPHA."""
+    return min_rounds(2)
+
+
 MIN_ROUNDS = min_rounds(1)  # 5: with fewer, even a lone comparison can never reach p < ALPHA
 
 

@@ -7,7 +7,8 @@ the CLI, and sends its result as a JSON file (never by printing). Protocol with 
 2. read `go START END` from stdin: the common measuring window, in CLOCK_MONOTONIC seconds
    (system-wide on Linux, so the runner's `time.monotonic()` and the child's agree); anything else
    (EOF included) means the run was aborted, and the child exits 1;
-3. wait until START, time samples until END (and at least `--min-iterations` of them);
+3. wait until START, time samples until END (and at least `--min-iterations` of them); with
+   `--profile K`, profile K forward calls from START instead (`autotune.child.hotops`);
 4. write `done` and a newline to `--ready-fd` and close it, the end of the timed loop;
 5. write `--result` and exit 0.
 
@@ -66,6 +67,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--result", required=True)
     p.add_argument("--ready-fd", type=int, default=-1)
     p.add_argument("--parent-pid", type=int, default=-1, help="autotune's pid: exit if it is already gone")
+    p.add_argument("--profile", type=int, default=0, help="profile this many forward calls instead of timing")
+    p.add_argument("--trace", default="", help="with --profile: where the Chrome trace is written")
     return p.parse_args(argv)
 
 
@@ -272,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.result, {"status": "error", "reason": reason, "setup": setup})
         return EXIT_BENCH_ERROR
     window = wait_for_go(args.ready_fd, args.duration)
-    result = timed_loop(args, forward, batches, window)
+    if args.profile > 0:
+        from autotune.child.hotops import profiled_loop
+
+        result = profiled_loop(forward, batches, window.start, args.profile, args.trace)
+    else:
+        result = timed_loop(args, forward, batches, window)
     say_done(args.ready_fd)
     del batches, loader  # stop DataLoader workers so their peak RSS is counted below
     result.update(
