@@ -66,11 +66,12 @@ def doctor(as_json: bool) -> None:
 
 @cli.command()
 @options.model_options
+@options.calibration_option
 @click.option("--lscpu", type=click.Path(path_type=Path, dir_okay=False),
               help="Plan for another machine: a file with its `lscpu --parse=CPU,Core,Socket,Node`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-         example_inputs: str | None, lscpu: Path | None, as_json: bool) -> None:
+         example_inputs: str | None, calibration_batches: int | None, lscpu: Path | None, as_json: bool) -> None:
     """Show what would be launched for a configuration, without running it.
 
     \b
@@ -78,7 +79,7 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
       autotune plan --model resnext101 --set instances=2 --set allocator=jemalloc --json
     """
     request = planning.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape,
-                                               example_inputs=example_inputs)
+                                               example_inputs=example_inputs, calibration_batches=calibration_batches)
     target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
     _emit("plan", planning.make_plan(request, target).to_json(), as_json, display.plan)
 
@@ -90,7 +91,7 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
                   example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float,
-                  tolerance: float | None, no_wait: bool, **measure: Any) -> None:
+                  tolerance: float | None, calibration_batches: int | None, no_wait: bool, **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
 
     \b
@@ -101,7 +102,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 
     request = planning.BenchRequest.from_flags(model, assignments, batch_size, measure=options.settings(**measure),
                                                cache_dir=cache_dir, input_shape=input_shape,
-                                               example_inputs=example_inputs, tolerance=tolerance)
+                                               example_inputs=example_inputs, tolerance=tolerance,
+                                               calibration_batches=calibration_batches)
     here = machine.this_machine()
     launch = planning.make_plan(request, here)
     with _holding("bench", no_wait):
@@ -152,8 +154,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
            time_budget: float | None, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
-           min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool, as_json: bool,
-           **measure: Any) -> None:
+           min_effect: float, timeout: float, tolerance: float | None, calibration_batches: int | None,
+           cache_dir: Path, no_wait: bool, as_json: bool, **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -176,7 +178,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout, in_process=warm_replicates),
         cache_dir=cache_dir, seed=seed,
         input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
-        command_line=" ".join(["autotune", *sys.argv[1:]]), pins=knobs.Config.from_assignments(pins),
+        calibration_batches=calibration_batches, command_line=" ".join(["autotune", *sys.argv[1:]]),
+        pins=knobs.Config.from_assignments(pins),
         time_budget_s=time_budget, confirm_processes=(confirm_top + 1) * confirm_rounds if confirm_top else 0)
     here = machine.this_machine()
     search_loop.validate(request, here)  # a bad input is said at once, not after waiting for the machine

@@ -59,6 +59,7 @@ def doctor(report: Mapping[str, Any]) -> None:
     siblings = report["smt_siblings"]
     table.add_row("smt_siblings", ", ".join(f"{c}:{s}" for c, s in siblings.items()) or "none")
     table.add_row("isa", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["isa"].items()))
+    table.add_row("precisions", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["precisions"].items()))
     out.print(table)
     libs = _table("Libraries", "library", "path", "install if missing")
     for name, info in report["libraries"].items():

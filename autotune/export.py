@@ -171,6 +171,8 @@ def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
         "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape)),
         **({"AUTOTUNE_EXAMPLE_INPUTS": bench.example_inputs} if bench.example_inputs else {}),
         **({deploy.TOLERANCE_VAR: str(bench.tolerance)} if bench.tolerance is not None else {}),
+        **({deploy.CALIBRATION_VAR: str(bench.calibration_batches)}
+           if bench.calibration_batches is not None and config.text("precision") == "int8" else {}),
         **deploy.to_env(model_knobs(config)),
         "AUTOTUNE_DATALOADER_WORKERS": config.text("dataloader_workers"),
         "AUTOTUNE_INSTANCES": str(len(instances)),

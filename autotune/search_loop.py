@@ -23,7 +23,7 @@ from autotune import budget, models, planning, proposals, recipes, records, spac
 from autotune.errors import AutotuneError, RunFailed, interrupt_reason
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
-from autotune.machine import Machine, fingerprint, machine_has_bf16, torch_versions
+from autotune.machine import Machine, fingerprint, machine_has_bf16, machine_has_int8, torch_versions
 from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
 from autotune.orchestrate import run_plan
 from autotune.pruning import PruneCheck
@@ -40,7 +40,7 @@ T = TypeVar("T")
 SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
                  "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
                  "warm_replicates": "--warm-replicates/--fresh-replicates",
-                 "timeout_s": "--timeout", "tolerance": "--tolerance"}
+                 "timeout_s": "--timeout", "tolerance": "--tolerance", "calibration_batches": "--calibration-batches"}
 
 
 # What a trial measures: the baseline, a trial already enqueued in the study, or a proposal.
@@ -66,6 +66,7 @@ class SearchRequest:
     input_shape: str | None = None
     example_inputs: str | None = None
     tolerance: float | None = None  # None: per precision
+    calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES (not recorded)
     max_latency_ms: float | None = None
     batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
     command_line: str = ""
@@ -146,6 +147,7 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
     model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available["bf16"] = machine_has_bf16()
+    available["int8"] = machine_has_int8()
     adapted = space.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
     return model, space.pin(adapted, request.pins, available)
 
@@ -164,8 +166,8 @@ def open_search(request: SearchRequest, machine: Machine,
     settings = _settings(request, model, machine)
     _check_pins(study, request.pins)
     records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
-    known, left_out = recipes.fitting(recipes.recipes(machine.topology, request.objective, machine_has_bf16()),
-                                      adapted, request.pins)
+    found = recipes.recipes(machine.topology, request.objective, machine_has_bf16(), machine_has_int8())
+    known, left_out = recipes.fitting(found, adapted, request.pins)
     notes = [*adapted.notes, *([left_out] if left_out else []), *records.claim_settings(study, settings, SETTING_FLAGS),
              *_restore_kept(study, url, request),
              *(f"trial {n} was left running by a killed autotune; marked failed"
@@ -220,6 +222,7 @@ def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine)
             "replicates": request.replicates.replicates, "timeout_s": request.replicates.timeout_s,
             "warm_replicates": request.replicates.in_process,
             "tolerance": request.tolerance, "torch": versions["torch"], "onednn": versions["onednn"],
+            **({"calibration_batches": request.calibration_batches} if request.calibration_batches else {}),
             **fingerprint(machine)}
 
 
@@ -477,7 +480,7 @@ def _bench_request(request: SearchRequest, config: Config, batch: int | None = N
     return planning.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
                                  measure=request.measure, cache_dir=request.cache_dir,
                                  input_shape=request.input_shape, example_inputs=request.example_inputs,
-                                 tolerance=request.tolerance)
+                                 tolerance=request.tolerance, calibration_batches=request.calibration_batches)
 
 
 def _reuse(search: Search, trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:

@@ -39,6 +39,7 @@ from typing import Any
 
 from autotune.child.convert import installed_torch_version
 from autotune.child.envfile import SWITCH
+from autotune.child.quantize import CALIBRATION_BATCHES
 
 EXIT_BENCH_ERROR = 3  # a failure the worker understood and described in its result file
 
@@ -53,7 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--weight-cache", choices=("on", "off"), default="off")
     p.add_argument("--backend", choices=("eager", "torchscript", "inductor"), default="eager")
     p.add_argument("--memory-format", choices=("contiguous", "channels_last"), default="contiguous")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32")
+    p.add_argument("--calibration-batches", type=int, default=CALIBRATION_BATCHES, help="int8: batches observed")
     p.add_argument("--tolerance", type=float, default=-1.0, help="relative error allowed; <0: per precision")
     p.add_argument("--import-path", default="", help="folder to import a model factory from")
     p.add_argument("--probe", action="store_true", help="build, check one forward, write the result, exit")
