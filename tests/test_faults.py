@@ -358,6 +358,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
         assert old in good, old
         (root / f"{name}.env").write_text(good.replace(old, new))
     (root / "tolerance.env").write_text(good + "export AUTOTUNE_TOLERANCE='nan'\n")
+    (root / "calibration.env").write_text(good + "export AUTOTUNE_CALIBRATION_BATCHES='0'\n")
     (root / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (root / "notenv.txt").write_text("export A=1\n")
     (root / "bad.yaml").write_text("knobs: [unclosed\n")
@@ -495,6 +496,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["compare", "good.env", "lots.env"], "lots.env: AUTOTUNE_BATCH_SIZE='lots' is not a batch size"),
     (["compare", "good.env", "knob.env"], "knob.env: allocator=mimalloc is not allowed"),
     (["compare", "good.env", "tolerance.env"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
+    (["compare", "good.env", "calibration.env"], "calibration.env: AUTOTUNE_CALIBRATION_BATCHES='0' is not a number"),
     (["compare", "0", "1", "--rounds", "2"], "Invalid value for '--rounds'"),
     (["compare", "0", "1", "--objective", "both"], "--objective 'both' is not allowed; use latency or throughput"),
     (["compare", "0", "1", "--min-effect", "-1"], "Invalid value for '--min-effect'"),
@@ -540,6 +542,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["run", "lots.env", "--", "true"], "lots.env: AUTOTUNE_BATCH_SIZE='lots' is not a batch size"),
     (["run", "zero.env", "--", "true"], "zero.env: AUTOTUNE_BATCH_SIZE='0' is not a batch size"),
     (["run", "tolerance.env", "--", "true"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
+    (["run", "calibration.env", "--", "true"], "calibration.env: AUTOTUNE_CALIBRATION_BATCHES='0' is not a number"),
     (["run", "knob.env", "--", "true"], "knob.env: allocator=mimalloc is not allowed"),
     (["run", "instances.env", "--", "true"], "instances.env: AUTOTUNE_INSTANCE_* values are damaged"),
     (["run", "binding.env", "--", "true"], "binding.env: AUTOTUNE_BINDING='magic' is not a binding"),
