@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -22,11 +22,15 @@ from autotune.child.convert import ApplyError
 from autotune.errors import AutotuneError, Interrupted, RunFailed
 from autotune.launch import LaunchPlan
 from autotune.lock import machine_lock
-from autotune.objectives import COMPARABLE, metric_of, parse_objective
+from autotune.objectives import COMPARABLE, metric_of, min_rounds_two_sided, parse_objective
 from autotune.replicates import WARM_SEARCH_DEFAULT
+
+if TYPE_CHECKING:  # the profile command imports it when it runs: it loads optuna
+    from autotune.profiling import Profiled, Target
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 STUDIES = Path("studies")
+DEFAULT_PROFILED = 20  # forward calls `profile` records per configuration
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,11 +66,12 @@ def doctor(as_json: bool) -> None:
 
 @cli.command()
 @options.model_options
+@options.calibration_option
 @click.option("--lscpu", type=click.Path(path_type=Path, dir_okay=False),
               help="Plan for another machine: a file with its `lscpu --parse=CPU,Core,Socket,Node`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-         example_inputs: str | None, lscpu: Path | None, as_json: bool) -> None:
+         example_inputs: str | None, calibration_batches: int | None, lscpu: Path | None, as_json: bool) -> None:
     """Show what would be launched for a configuration, without running it.
 
     \b
@@ -74,7 +79,7 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
       autotune plan --model resnext101 --set instances=2 --set allocator=jemalloc --json
     """
     request = planning.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape,
-                                               example_inputs=example_inputs)
+                                               example_inputs=example_inputs, calibration_batches=calibration_batches)
     target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
     _emit("plan", planning.make_plan(request, target).to_json(), as_json, display.plan)
 
@@ -86,7 +91,7 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
                   example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float,
-                  tolerance: float | None, no_wait: bool, **measure: Any) -> None:
+                  tolerance: float | None, calibration_batches: int | None, no_wait: bool, **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
 
     \b
@@ -97,14 +102,15 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 
     request = planning.BenchRequest.from_flags(model, assignments, batch_size, measure=options.settings(**measure),
                                                cache_dir=cache_dir, input_shape=input_shape,
-                                               example_inputs=example_inputs, tolerance=tolerance)
+                                               example_inputs=example_inputs, tolerance=tolerance,
+                                               calibration_batches=calibration_batches)
     here = machine.this_machine()
     launch = planning.make_plan(request, here)
     with _holding("bench", no_wait):
         planning.check_model(request, here, timeout)
         with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
-                            f"{len(launch.instances)} instance(s)", quiet=as_json):
-            result = run_plan(launch, timeout)
+                            f"{len(launch.instances)} instance(s)", quiet=as_json) as on_phase:
+            result = run_plan(launch, timeout, on_phase=on_phase)
     _emit("bench", {"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
@@ -146,12 +152,13 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
                    "over its own baseline); without it such a host is refused.")
 @options.measure_options
 @options.no_wait_option
+@options.json_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, pins: tuple[str, ...],
            time_budget: float | None, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
-           min_effect: float, timeout: float, tolerance: float | None, cache_dir: Path, no_wait: bool,
-           allow_mixed: bool, **measure: Any) -> None:
+           min_effect: float, timeout: float, tolerance: float | None, calibration_batches: int | None,
+           cache_dir: Path, no_wait: bool, as_json: bool, allow_mixed: bool, **measure: Any) -> None:
     """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
 
     \b
@@ -160,9 +167,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
       autotune search --model resnext101 --trials 50 --set backend=eager --time-budget 20m
     """
-    from autotune import export, search_loop, space
+    from autotune import search_loop, space
     from autotune.confirm import check_rounds
-    from autotune.records import best_measured
     from autotune.replicates import ReplicatePolicy
 
     if confirm_top:
@@ -175,8 +181,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout, in_process=warm_replicates),
         cache_dir=cache_dir, seed=seed,
         input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
-        command_line=" ".join(["autotune", *sys.argv[1:]]), pins=knobs.Config.from_assignments(pins),
-        time_budget_s=time_budget, allow_mixed=allow_mixed,
+        calibration_batches=calibration_batches, command_line=" ".join(["autotune", *sys.argv[1:]]),
+        pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,
         confirm_processes=(confirm_top + 1) * confirm_rounds if confirm_top else 0)
     here = machine.this_machine()
     search_loop.validate(request, here)  # a bad input is said at once, not after waiting for the machine
@@ -184,24 +190,41 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         opened = search_loop.open_search(request, here, check=planning.check_model)
         for note in opened.notes:
             display.err.print(f"note: {note}", markup=False)
-        progress = display.SearchProgress(request.objective)
+        progress = display.SearchProgress(request.objective, replicates=replicates, warm=warm_replicates)
         try:
-            stopped = search_loop.run_search(opened, here, progress)
+            stopped = search_loop.run_search(opened, here, progress, _reporting(progress))
         finally:
             progress.close()
         if stopped:
             display.err.print(f"note: {stopped}", markup=False)
-        best = best_measured(opened.study)
-        display.best_table(opened.name, request.objective, best[:5], opened.storage)
-        if best and (line := export.versus_recipes(opened.study, best[0])):
-            display.out.print(line, soft_wrap=True, highlight=False, markup=False)
-        if "accounting" in opened.study.user_attrs:
-            display.accounting(opened.study.user_attrs["accounting"])
-        if opened.should_confirm(confirm_top):
-            _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed)
+        if not as_json:
+            display.search_summary(_search_body(opened, stopped, False))
+        confirming = opened.should_confirm(confirm_top)
+        if confirming:
+            _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed, as_json)
         elif confirm_top > 0:
             display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes "
                               "it)")
+    if as_json:
+        _emit("search", _search_body(opened, stopped, confirming), True, None)
+
+
+def _search_body(opened: Any, stopped: str, confirmed_now: bool) -> dict[str, Any]:
+    from autotune import summaries
+    from autotune.records import best_measured
+
+    return summaries.search(opened.study, opened.storage, best_measured(opened.study)[:5], stopped, confirmed_now)
+
+
+def _reporting(progress: display.SearchProgress) -> Any:
+    """The search's runner, telling the progress line each run and its processes' phases."""
+    from autotune.orchestrate import run_plan
+
+    def run(plan: LaunchPlan, timeout_s: float) -> Any:
+        progress.run_started()
+        return run_plan(plan, timeout_s, on_phase=progress.phase)
+
+    return run
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
@@ -214,11 +237,14 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None) -> None:
+def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None,
+             as_json: bool) -> dict[str, Any]:
     from autotune import confirm
 
     verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed)
-    display.confirmation(verdict)
+    if not as_json:
+        display.confirmation(verdict)
+    return verdict
 
 
 @cli.command(name="confirm")
@@ -230,8 +256,9 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 @options.timeout_option
 @options.order_seed_option
 @options.no_wait_option
+@options.json_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
-                    timeout: float, seed: int | None, no_wait: bool) -> None:
+                    timeout: float, seed: int | None, no_wait: bool, as_json: bool) -> None:
     """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
 
     \b
@@ -244,7 +271,22 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
     check_rounds(rounds, top)
     found = find_study(STUDIES, study_name, storage)
     with _holding("confirm", no_wait):
-        _confirm(found, top, rounds, min_effect, timeout, seed)
+        verdict = _confirm(found, top, rounds, min_effect, timeout, seed, as_json)
+    if as_json:
+        _emit("confirm", {"study": found.study_name, **verdict}, True, None)
+
+
+def _margin(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """`5%` or `5` (percent) as 0.05."""
+    if value is None:
+        return None
+    try:
+        percent = float(value.strip().removesuffix("%"))
+    except ValueError:
+        percent = float("nan")
+    if not 0 <= percent < 100:
+        raise AutotuneError(f"--fail-if-slower {value!r} is not a margin; give a percentage from 0 to 100, like 5%")
+    return percent / 100
 
 
 @cli.command(name="compare")
@@ -255,31 +297,67 @@ def confirm_command(study_name: str | None, storage: str | None, top: int, round
 @click.option("--min-effect", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
               help="Gain the test must exceed to call SECOND faster.")
 @click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
+@click.option("--fail-if-slower", "margin", callback=_margin, metavar="PCT",
+              help="A CI gate: exit 1 when SECOND is slower than FIRST by more than PCT (like 5%), two-sided "
+                   "test at the 5% level; exit 0 otherwise.")
+@click.option("--model", help="The model, when FIRST or SECOND is a configuration (`defaults`, `KNOB=V,KNOB=V`).")
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Batch size, when FIRST or SECOND is a configuration.")
 @options.timeout_option
 @options.order_seed_option
 @options.no_wait_option
+@options.json_option
 def compare_command(first: str, second: str, study_name: str | None, storage: str | None, rounds: int,
-                    min_effect: float, objective: str, timeout: float, seed: int | None, no_wait: bool) -> None:
-    """Measure two configurations (trial numbers or env files) the same way; speedup of SECOND over FIRST.
+                    min_effect: float, objective: str, margin: float | None, model: str | None, batch_size: int,
+                    timeout: float, seed: int | None, no_wait: bool, as_json: bool) -> None:
+    """Measure two configurations (trial numbers, env files or knobs) the same way; SECOND over FIRST.
 
     \b
     Example:
       autotune compare 0 12 --study resnet18-bs1-latency
       autotune compare baseline.env best.env --rounds 20
+      autotune compare deployed.env deployed.env --fail-if-slower 5%   # after upgrading torch
+      autotune compare defaults backend=inductor,precision=bf16 --model resnet18
     """
-    from autotune import confirm
+    from autotune import confirm, summaries
     from autotune.orchestrate import run_plan
     from autotune.storage import find_study
 
     metric = metric_of(parse_objective(objective, COMPARABLE))
+    if margin is not None and rounds < min_rounds_two_sided():
+        raise AutotuneError(f"--rounds {rounds} can never show a slowdown with --fail-if-slower: the smallest "
+                            f"two-sided signed-rank p is 2/{2**rounds}; use --rounds {min_rounds_two_sided()} or more")
+    plan_config = _config_planner(model, batch_size) if model else None
     pair = confirm.distinct([confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
-                                                    _plan_from_env_file) for spec in (first, second)])
+                                                    _plan_from_env_file, plan_config) for spec in (first, second)])
     with _holding("compare", no_wait):
         measured = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress, seed)
+    if margin is not None:
+        _gate(measured, metric, margin, as_json)
     comparison = confirm.compared(measured, metric, min_effect)
-    display.comparison(measured, metric, comparison)
+    _emit("compare", summaries.comparison(measured, metric, comparison), as_json,
+          lambda _: display.comparison(measured, metric, comparison))
     if comparison is None:
         sys.exit(EXIT_FAILED)
+
+
+def _gate(measured: Any, metric: Any, margin: float, as_json: bool) -> NoReturn:
+    """The regression gate's verdict line and exit code: 1 only for a significant slowdown past the margin."""
+    from autotune import confirm, summaries
+
+    check = confirm.regression(measured, metric, margin)
+    body = summaries.comparison(measured, metric, confirm.compared(measured, metric, 0.0))
+    _emit("compare", body | {"gate": summaries.gate(check, margin)}, as_json,
+          lambda _: display.regression(measured, metric, check, margin))
+    sys.exit(EXIT_FAILED if check is None or check.slower_than_margin else 0)
+
+
+def _config_planner(model: str, batch_size: int) -> Any:
+    def plan(config: knobs.Config) -> LaunchPlan:
+        return planning.make_plan(planning.BenchRequest(model=model, config=config, batch_size=batch_size),
+                                  machine.this_machine())
+
+    return plan
 
 
 def _plan_from_env_file(path: str) -> LaunchPlan:
@@ -296,8 +374,10 @@ def _plan_from_env_file(path: str) -> LaunchPlan:
               help="Compile the configuration once into this folder; autotune.apply loads it from there.")
 @options.timeout_option
 @options.no_wait_option
+@options.json_option
 def export_command(path: Path, study_name: str | None, storage: str | None,
-                   trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool) -> None:
+                   trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool,
+                   as_json: bool) -> None:
     """Write the best configuration (or --trial N) as a bash env file to `source`.
 
     \b
@@ -306,7 +386,7 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
       autotune export fast.env --study resnet18-bs1-latency --trial 7
       autotune export best.env --artifacts compiled/
     """
-    from autotune import export
+    from autotune import export, summaries
     from autotune.records import plan_of
     from autotune.storage import find_study
 
@@ -325,6 +405,24 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
     verdict = found.user_attrs.get("confirmation")
     if verdict and trial_number is None and not verdict["significant"]:
         display.err.print(f"note: the baseline was exported: {verdict['message']}", markup=False, soft_wrap=True)
+    if as_json:
+        _emit("export", summaries.exported(path, found, trial, text, artifacts), True, None)
+
+
+@cli.command(name="studies")
+@click.option("--storage", help="An Optuna storage URL to list instead of studies/*.db.")
+@options.json_option
+def studies_command(storage: str | None, as_json: bool) -> None:
+    """List the studies: model, objective, trials, best result, confirmation, host.
+
+    \b
+    Example:
+      autotune studies
+      autotune studies --storage sqlite:///elsewhere/resnet18-bs1-latency.db --json
+    """
+    from autotune import catalog
+
+    _emit("studies", {"folder": str(STUDIES), "studies": catalog.studies(STUDIES, storage)}, as_json, display.studies)
 
 
 @cli.command(name="report")
@@ -347,6 +445,67 @@ def report_command(study_name: str | None, storage: str | None, output: Path, as
     gathered = report.gather(find_study(STUDIES, study_name, storage), STUDIES)
     report_html.write(output, report_html.page(gathered, output.parent))
     _emit("report", report.summary(gathered, output), as_json, display.report_summary)
+
+
+@cli.command(name="profile")
+@click.argument("env_file", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@options.study_options()
+@click.option("--trial", "trial_number", type=int, help="Profile this trial instead of the best (confirmed winner).")
+@click.option("--baseline/--no-baseline", "with_baseline", default=True, show_default=True,
+              help="Also profile the baseline (PyTorch's defaults) and show what changed.")
+@click.option("--iterations", default=DEFAULT_PROFILED, show_default=True, type=click.IntRange(min=1),
+              help="Forward calls profiled per configuration.")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Folder for the traces and profile.json (default: studies/profiles/STUDY/, or "
+                   "profiles/NAME/ for NAME.env).")
+@options.timeout_option
+@options.no_wait_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def profile_command(env_file: Path | None, study_name: str | None, storage: str | None, trial_number: int | None,
+                    with_baseline: bool, iterations: int, out: Path | None, timeout: float, no_wait: bool,
+                    as_json: bool) -> None:
+    """Profile the best trial (or --trial N, or an env file) and the baseline: hot ops, Chrome traces.
+
+    \b
+    Example:
+      autotune profile --study resnext101_32x8d-bs1-latency
+      autotune profile --trial 12 --iterations 50
+      autotune profile best.env --no-baseline --out traces/
+    """
+    from functools import partial
+
+    from autotune import profiling
+
+    targets, folder = _profile_targets(env_file, study_name, storage, trial_number, with_baseline)
+    profiling.check_out(out or folder)
+    with profiling.staging() as staged:
+        with _holding("profile", no_wait):
+            profiled = [_profile_one(target, iterations, staged, timeout, as_json) for target in targets]
+        body = profiling.summary(profiled, out or folder)
+        profiling.save(profiled, out or folder, display.json_document("profile", body))
+    _emit("profile", body, as_json, partial(display.profile, top=profiling.TOP_OPS, open_with=profiling.OPEN_WITH))
+
+
+def _profile_targets(env_file: Path | None, study_name: str | None, storage: str | None, trial_number: int | None,
+                     with_baseline: bool) -> tuple[list[Target], Path]:
+    """What to profile, and where its files go by default."""
+    from autotune import profiling
+    from autotune.storage import find_study
+
+    if env_file is not None and (trial_number is not None or study_name or storage):
+        raise AutotuneError("give ENV_FILE or a study's trial (--trial, --study, --storage), not both")
+    if env_file is not None:
+        return (profiling.env_file_targets(env_file, machine.this_machine(), with_baseline),
+                profiling.env_file_out(env_file))
+    found = find_study(STUDIES, study_name, storage)
+    return profiling.study_targets(found, trial_number, with_baseline), profiling.study_out(STUDIES, found)
+
+
+def _profile_one(target: Target, iterations: int, staged: Path, timeout: float, quiet: bool) -> Profiled:
+    from autotune import profiling
+
+    with display.status(f"profiling {target.label} ({target.config}): {iterations} forward calls", quiet=quiet):
+        return profiling.profile(target, iterations, staged, timeout)
 
 
 @cli.command(name="run", context_settings={"ignore_unknown_options": True})

@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import records, stats
 from autotune.errors import AutotuneError
+from autotune.knobs import Config
 from autotune.launch import LaunchPlan
 from autotune.objectives import ALPHA, Metric, lower_is_better, metric_of, metric_value, min_rounds
 from autotune.orchestrate import run_plan
@@ -127,11 +128,14 @@ def _round_run(result: RunResult, metric: Metric) -> RoundRun:
 def paired(reference: Sequence[float | None], candidate: Sequence[float | None], metric: Metric,
            min_effect: float) -> PairedComparison | None:
     """Candidate vs reference over the rounds where both ran; > 1 means the candidate is better."""
+    ratios = speedups(reference, candidate, metric)
+    return stats.paired_speedup(ratios, min_effect) if len(ratios) >= 2 else None
+
+
+def speedups(reference: Sequence[float | None], candidate: Sequence[float | None], metric: Metric) -> list[float]:
+    """Per-round speedup of the candidate over the reference, over the rounds where both ran."""
     pairs = [(r, c) for r, c in zip(reference, candidate, strict=True) if r is not None and c is not None]
-    if len(pairs) < 2:
-        return None
-    ratios = [r / c if lower_is_better(metric) else c / r for r, c in pairs]
-    return stats.paired_speedup(ratios, min_effect)
+    return [r / c if lower_is_better(metric) else c / r for r, c in pairs]
 
 
 def compared(measured: Rounds, metric: Metric, min_effect: float) -> PairedComparison | None:
@@ -284,9 +288,25 @@ def _disqualified(runs: Sequence[RoundRun], max_latency_ms: float | None) -> dic
     return {}
 
 
+def is_configuration(spec: str) -> bool:
+    """A `compare` operand written as knobs: `defaults`, or `KNOB=VALUE` pairs joined by commas."""
+    return spec == "defaults" or ("=" in spec and not spec.endswith(".env") and "/" not in spec)
+
+
+def configuration(spec: str) -> Config:
+    """`defaults` or `backend=inductor,precision=bf16` as a Config (the same rules as `--set`)."""
+    return Config() if spec == "defaults" else Config.from_assignments(part for part in spec.split(",") if part)
+
+
 def contender_from(spec: str, study: Callable[[], optuna.Study],
-                   plan_env_file: Callable[[str], LaunchPlan]) -> Contender:
-    """`compare` operands: a trial number of the study, or an env file written by `autotune export`."""
+                   plan_env_file: Callable[[str], LaunchPlan],
+                   plan_config: Callable[[Config], LaunchPlan] | None = None) -> Contender:
+    """`compare` operands: a trial number of the study, knobs (`defaults`, `K=V,K=V`, planned by
+    `plan_config`), or an env file written by `autotune export`."""
+    if is_configuration(spec):
+        if plan_config is None:
+            raise ConfirmError(f"{spec!r} is a configuration; comparing configurations needs --model")
+        return Contender(spec, plan_config(configuration(spec)))
     if spec.isdigit():
         loaded = study()
         trial = next((t for t in loaded.get_trials(deepcopy=False) if t.number == int(spec)), None)
@@ -295,3 +315,12 @@ def contender_from(spec: str, study: Callable[[], optuna.Study],
                                f"trials or env files")
         return Contender(f"trial {spec}", records.plan_of(trial), trial.number)
     return Contender(spec, plan_env_file(spec))
+
+
+def regression(measured: Rounds, metric: Metric, margin: float) -> stats.RegressionCheck | None:
+    """`compare --fail-if-slower`: the second contender against the first, two-sided, only when
+    every run of both succeeded (a failed run is no evidence either way)."""
+    if any(r.value is None for series in measured.runs for r in series):
+        return None
+    ratios = speedups(measured.values(0), measured.values(1), metric)
+    return stats.regression_check(ratios, margin) if len(ratios) >= 2 else None

@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.knobs import Knob
-from autotune.objectives import Metric, lower_is_better
+from autotune.objectives import Metric, lower_is_better, unit_of
 from autotune.stats import median
 from autotune.topology import format_cpus
 
@@ -32,12 +33,14 @@ err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() el
 
 
 @contextlib.contextmanager
-def status(message: str, quiet: bool = False) -> Iterator[None]:
+def status(message: str, quiet: bool = False) -> Iterator[Callable[[int, str], None]]:
+    """A live status line on a terminal (nothing on a pipe), and a callback telling it each
+    instance's phase (`orchestrate.PhaseCallback`)."""
     if quiet or not err.is_terminal:
-        yield
+        yield lambda index, phase: None
         return
-    with err.status(message):
-        yield
+    with err.status(message) as live:
+        yield lambda index, phase: live.update(f"{message}: {phase}")
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -56,6 +59,7 @@ def doctor(report: Mapping[str, Any]) -> None:
     siblings = report["smt_siblings"]
     table.add_row("smt_siblings", ", ".join(f"{c}:{s}" for c, s in siblings.items()) or "none")
     table.add_row("isa", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["isa"].items()))
+    table.add_row("precisions", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["precisions"].items()))
     out.print(table)
     libs = _table("Libraries", "library", "path", "install if missing")
     for name, info in report["libraries"].items():
@@ -124,12 +128,16 @@ def models(names: Iterable[str], aliases: Mapping[str, str]) -> None:
 
 
 class SearchProgress:
-    """One line per finished trial (stderr), a live status line while a trial runs on a terminal."""
+    """One line per finished trial (stderr), a live status line while a trial runs on a terminal:
+    which replicate, and what its processes are doing (`run_started`, `phase`)."""
 
-    def __init__(self, objective: str, quiet: bool = False) -> None:
+    def __init__(self, objective: str, quiet: bool = False, replicates: int = 1, warm: bool = False) -> None:
         self.objective = objective
         self.quiet = quiet
+        self.replicates, self.warm = replicates, warm
         self._status: Any = None
+        self._head = self._tail = ""
+        self._runs = 0
 
     def __call__(self, event: Any) -> None:
         if self.quiet:
@@ -144,9 +152,24 @@ class SearchProgress:
         if not err.is_terminal:
             return
         what = "baseline (PyTorch defaults)" if not event.config.values else event.config.describe()
-        self._status = err.status(f"trial {event.number} ({event.finished + 1}/{event.total}): {what}  "
-                                  f"{_remaining(event)}")
+        self._head, self._tail = f"trial {event.number} ({event.finished + 1}/{event.total}): {what}", _remaining(event)
+        self._runs = 0
+        self._status = err.status(self._text(""))
         self._status.start()
+
+    def run_started(self) -> None:
+        """The trial starts its next run: one replicate, or all of them in one warmed process."""
+        self._runs += 1
+        self.phase(0, "starting")
+
+    def phase(self, index: int, phase: str) -> None:
+        """What instance `index` of the running trial is doing (`orchestrate.PhaseCallback`)."""
+        if self._status is not None and index == 0:  # instances move together: the first speaks for all
+            self._status.update(self._text(phase))
+
+    def _text(self, phase: str) -> str:
+        return "  ".join(part for part in (self._head, _replicate(self._runs, self.replicates, self.warm),
+                                           phase, self._tail) if part)
 
     def _stop(self) -> None:
         if self._status is not None:
@@ -181,6 +204,16 @@ class SearchProgress:
         self._stop()
 
 
+def _replicate(runs: int, planned: int, warm: bool) -> str:
+    """Which replicate the trial's `runs`-th run measures (warm: the first measures all planned)."""
+    if runs == 0:
+        return ""
+    if warm and planned > 1 and runs == 1:
+        return f"replicates 1-{planned} (one warmed process):"
+    number = runs + (planned - 1 if warm and planned > 1 else 0)
+    return f"replicate {number} (extra: noisy):" if number > planned else f"replicate {number}/{planned}:"
+
+
 def _values(objective: str, values: Any) -> str:
     if objective == "latency":
         return f"{values[0]:.2f} ms"
@@ -190,9 +223,11 @@ def _values(objective: str, values: Any) -> str:
 
 
 def _remaining(event: Any) -> str:
+    """Elapsed time of this session, and the time left at this session's pace (a resumed study's
+    earlier trials took none of this session's time)."""
     elapsed = _clock(event.elapsed_s)
-    done = max(event.finished, 1)
-    left = event.elapsed_s / done * max(event.total - event.finished, 0) if event.finished else None
+    done = event.finished - event.finished_before
+    left = event.elapsed_s / done * max(event.total - event.finished, 0) if done > 0 else None
     return f"elapsed {elapsed}" + (f", ~{_clock(left)} left" if left is not None else "")
 
 
@@ -202,16 +237,26 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def best_table(name: str, objective: str, trials: Any, storage: str) -> None:
+def search_summary(body: Mapping[str, Any]) -> None:
+    """The end of a search (`summaries.search`): best trials, the winner against the experts, the cost."""
+    from autotune.export import recipe_words  # optuna loads only for the commands that need it
+
+    best_table(body["study"], body["objective"], body["best"], body["storage"])
+    if body["versus_recipes"]:
+        out.print(recipe_words(body["versus_recipes"]), soft_wrap=True, highlight=False, markup=False)
+    if body["accounting"]:
+        accounting(body["accounting"])
+
+
+def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], storage: str) -> None:
     title = "Pareto front (latency vs throughput)" if objective == "both" else "Best trials"
     table = _table(f"{title} of study {name}", "trial", "knobs", "p50 ms", "p90 ms", "items/s",
                    "RSS MB", "latency x", "throughput x")
     for t in trials:
-        a = t.user_attrs
-        knobs = a.get("config", "") + (f" (recipe {a['recipe']})" if a.get("recipe") else "")
-        table.add_row(str(t.number), knobs, f"{a['latency_p50_ms']:.2f}",
-                      f"{a['latency_p90_ms']:.2f}", f"{a['throughput_ips']:.2f}", f"{a['peak_rss_mb']:.0f}",
-                      f"{a.get('speedup_latency', 1):.2f}", f"{a.get('speedup_throughput', 1):.2f}")
+        knobs = t["config"] + (f" (recipe {t['recipe']})" if t["recipe"] else "")
+        table.add_row(str(t["number"]), knobs, f"{t['latency_p50_ms']:.2f}",
+                      f"{t['latency_p90_ms']:.2f}", f"{t['throughput_ips']:.2f}", f"{t['peak_rss_mb']:.0f}",
+                      f"{t['speedup_latency'] or 1:.2f}", f"{t['speedup_throughput'] or 1:.2f}")
     out.print(table)
     out.print(f"export the best: autotune export best.env --study {name}", soft_wrap=True)
     if storage.startswith("sqlite:///"):
@@ -228,6 +273,43 @@ def accounting(numbers: Mapping[str, Any]) -> None:
               soft_wrap=True, highlight=False)
 
 
+def studies(data: Mapping[str, Any]) -> None:
+    """`autotune studies`: one row per study (or per database that could not be read)."""
+    if not data["studies"]:
+        out.print(f"no studies in {data['folder']}/; make one with `autotune search --model resnet18 --trials 20`",
+                  markup=False, soft_wrap=True)
+        return
+    table = _table("Studies", "study", "model", "objective", "batch", "trials", "best", "confirmed", "host")
+    for row in data["studies"]:
+        if row["error"]:
+            table.add_row(row["name"], f"[red]{row['error']}[/red]", "", "", "", "", "", "")
+            continue
+        table.add_row(row["name"], str(row["model"]), str(row["objective"]), str(row["batch_size"]),
+                      f"{row['trials']['complete']}/{row['trials']['total']}", _best(row["best"]),
+                      _verdict(row["confirmation"]), _host(row["host"]))
+    out.print(table)
+
+
+def _best(best: Mapping[str, Any] | None) -> str:
+    if best is None:
+        return "-"
+    speedup = f" ({best['speedup']:.2f}x)" if best["speedup"] is not None else ""
+    return f"trial {best['trial']}: {best['value']:.2f} {best['unit']}{speedup}"
+
+
+def _verdict(verdict: Mapping[str, Any] | None) -> str:
+    if verdict is None:
+        return "not yet"
+    if verdict["word"] == "confirmed":
+        return f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x"
+    return "no: baseline kept"
+
+
+def _host(host: Mapping[str, Any]) -> str:
+    cores = host.get("usable_physical_cores")
+    return f"{host.get('cpu_model', 'unknown')}, {cores} cores" if host else "unknown"
+
+
 def confirm_progress(event: Any) -> None:
     result = event.result
     outcome = (f"p50 {result.latency_p50_ms:.2f} ms, {result.throughput_ips:.2f} items/s" if result.ok
@@ -237,7 +319,7 @@ def confirm_progress(event: Any) -> None:
 
 
 def confirmation(verdict: Mapping[str, Any]) -> None:
-    unit = _unit(verdict["metric"])
+    unit = unit_of(verdict["metric"])
     table = _table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial {verdict['baseline_trial']} "
                    f"(baseline)", "trial", "knobs", f"median {unit}", "speedup", "interval", "p", "significant",
                    "failed runs")
@@ -254,19 +336,26 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
                   markup=False)
 
 
-def comparison(measured: Any, metric: Metric, result: Any) -> None:
-    unit = _unit(metric)
-    table = _table("Comparison", "configuration", f"median {unit}", "runs ok")
+def _contenders(measured: Any, metric: Metric) -> None:
+    table = _table("Comparison", "configuration", f"median {unit_of(metric)}", "runs ok")
     for position, contender in enumerate(measured.contenders):
         values = measured.values(position)
         ran = [v for v in values if v is not None]
         table.add_row(contender.label, _num(median(ran) if ran else None), f"{len(ran)}/{len(values)}")
     out.print(table)
+
+
+def _not_compared(measured: Any) -> None:
+    failed = next((r for series in measured.runs for r in series if r.value is None), None)
+    out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
+              markup=False, soft_wrap=True)
+
+
+def comparison(measured: Any, metric: Metric, result: Any) -> None:
+    _contenders(measured, metric)
     first, second = (c.label for c in measured.contenders)
     if result is None:
-        failed = next((r for series in measured.runs for r in series if r.value is None), None)
-        out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
-                  markup=False, soft_wrap=True)
+        _not_compared(measured)
         return
     verdict = "faster" if lower_is_better(metric) else "more throughput"
     out.print(f"{second} vs {first}: {result.describe()}; "
@@ -275,8 +364,18 @@ def comparison(measured: Any, metric: Metric, result: Any) -> None:
     err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
 
 
-def _unit(metric: Metric) -> str:
-    return "ms" if lower_is_better(metric) else "items/s"
+def regression(measured: Any, metric: Metric, check: Any, margin: float) -> None:
+    """`compare --fail-if-slower`: the table and one verdict line (FAIL exits 1)."""
+    _contenders(measured, metric)
+    first, second = (c.label for c in measured.contenders)
+    if check is None:
+        _not_compared(measured)
+        out.print("FAIL: no verdict without every run", markup=False)
+        return
+    verdict = (f"FAIL: {second} is slower than {first} by more than {margin:.0%}" if check.slower_than_margin else
+               f"PASS: no slowdown of {second} beyond {margin:.0%} of {first} shown")
+    out.print(f"{verdict}; {second} vs {first}: {check.describe()}", markup=False, soft_wrap=True)
+    err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
 
 
 def _num(value: float | None, suffix: str = "") -> str:
@@ -332,7 +431,7 @@ def report_summary(data: Mapping[str, Any]) -> None:
                  ("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"])
     for metric, found in data["importance"].items():
         top = ", ".join(f"{k} {v:.0%}" for k, v in list(found["knobs"].items())[:3]) or found["note"]
-        lines.append(f"top knobs for {_unit(metric)} ({found['evaluator']}, {found['trials']} trials): {top}")
+        lines.append(f"top knobs for {unit_of(metric)} ({found['evaluator']}, {found['trials']} trials): {top}")
     lines += [f"{len(g['trials'])} {g['state']} ({g['cause']}): {g['reason']}" for g in data["failures"]]
     lines.append(f"wrote {data['output']}")
     for line in lines:
@@ -340,4 +439,53 @@ def report_summary(data: Mapping[str, Any]) -> None:
 
 
 def _metric_value(metric: Metric, value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} {_unit(metric)}"
+    return "-" if value is None else f"{value:.2f} {unit_of(metric)}"
+
+
+def profile(data: Mapping[str, Any], top: int, open_with: str) -> None:
+    """`autotune profile`: the hot ops side by side, what changed most, where the traces are."""
+    configs = data["configurations"]
+    for c in configs:
+        out.print(f"{c['label']}: {c['config'] or 'defaults'}, {c['instances']} instance(s)", markup=False,
+                  soft_wrap=True)
+    columns = [name for c in configs for name in (f"{escape(c['label'])}: op", "ms", "share", "calls")]
+    table = _table(f"Top {top} ops by self CPU time, per forward call ({data['iterations']} calls profiled)",
+                   "#", *columns)
+    for rank in range(min(top, max(len(c["ops"]) for c in configs))):
+        table.add_row(str(rank + 1), *(cell for c in configs for cell in _op_cells(c["ops"], rank)))
+    table.add_section()
+    table.add_row("", *(cell for c in configs for cell in ("all ops", f"{c['self_ms_per_iteration']:.3f}", "100%",
+                                                             "")))
+    out.print(table)
+    walls = ", ".join(f"{c['label']} {c['wall_ms_per_iteration']:.3f} ms ({c['outside_ops_ms_per_iteration']:.3f} "
+                      f"outside any op)" for c in configs)
+    out.print(f"wall time per profiled call (profiler overhead included): {walls}", markup=False, soft_wrap=True)
+    for c in (c for c in configs if c["mostly_outside_ops"]):
+        out.print(f"note: {c['label']} spent most of its time outside any recorded op: compiled code (an AOTInductor "
+                  f"package) runs its kernels without profiler events; its trace shows where the gaps are",
+                  markup=False, soft_wrap=True)
+    for c in (c for c in configs if c["instances"] > 1):
+        out.print(f"{c['label']} runs {c['instances']} instances: instance {data['profiled_instance']} was profiled "
+                  f"while the others ran their timed loop beside it", markup=False, soft_wrap=True)
+    if data["changed"]:
+        _changed(data["changed"], configs[0]["label"], configs[-1]["label"])
+    out.print(f"traces: {', '.join(c['trace'] for c in configs)}; summary: {data['summary_file']}", markup=False,
+              soft_wrap=True)
+    out.print(f"{open_with}; op names are as the profiler recorded them (eager: aten:: ops; inductor: its own "
+              f"kernels)", markup=False, soft_wrap=True)
+
+
+def _op_cells(ops: Sequence[Mapping[str, Any]], rank: int) -> tuple[str, ...]:
+    if rank >= len(ops):
+        return ("", "", "", "")
+    op = ops[rank]
+    return (escape(op["name"]), f"{op['self_ms']:.3f}", f"{op['share']:.1%}", f"{op['calls']:g}")
+
+
+def _changed(rows: Sequence[Mapping[str, Any]], before: str, after: str) -> None:
+    table = _table(f"Ops whose self CPU time changed most, ms per forward call ({escape(before)} -> "
+                   f"{escape(after)})", "op", escape(before), escape(after), "change")
+    for row in rows:
+        table.add_row(escape(row["name"]), f"{row['before_ms']:.3f}", f"{row['after_ms']:.3f}",
+                      f"{row['delta_ms']:+.3f}")
+    out.print(table)

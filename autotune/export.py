@@ -19,6 +19,7 @@ from autotune.child import deploy, envfile
 from autotune.child.envfile import quote, value_text
 from autotune.errors import AutotuneError
 from autotune.launch import Binding, LaunchPlan, model_knobs
+from autotune.objectives import speedup_attr
 from autotune.userrun import EnvFile
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
@@ -98,21 +99,33 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
     return "\n".join(envfile.comment(line) if line.startswith("#") else line for line in lines) + "\n"
 
 
-def versus_recipes(study: optuna.Study, trial: FrozenTrial) -> str:
-    """How `trial` compares with the best expert recipe the study ran, in the search's own
-    measurements ("" when no recipe completed)."""
-    objective = study.user_attrs.get("objective", "latency")
-    speedup = "speedup_throughput" if objective == "throughput" else "speedup_latency"
+def recipe_comparison(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
+    """`trial` against the best expert recipe the study ran, in the search's own measurements:
+    both speedups over the baseline and their ratio (None when no recipe completed)."""
+    speedup = speedup_attr(study.user_attrs.get("objective", "latency"))
     recipe = records.best_recipe(study, speedup)
     if recipe is None or speedup not in trial.user_attrs:
-        return ""
+        return None
     mine, theirs = float(trial.user_attrs[speedup]), float(recipe.user_attrs[speedup])
-    what = "throughput" if speedup == "speedup_throughput" else "latency"
-    if recipe.number == trial.number:
-        return f"this is the best expert recipe the study ran ({recipe.user_attrs['recipe']}, {what} {mine:.2f}x)"
-    return (f"best expert recipe: trial {recipe.number} ({recipe.user_attrs['recipe']}), {what} {theirs:.2f}x; "
-            f"trial {trial.number} is {mine / theirs:.2f}x that (search measurements; confirmation re-measures "
-            f"against the baseline only)")
+    return {"metric": "throughput" if speedup == "speedup_throughput" else "latency", "trial": trial.number,
+            "speedup": mine, "recipe": recipe.user_attrs["recipe"], "recipe_trial": recipe.number,
+            "recipe_speedup": theirs, "ratio": mine / theirs}
+
+
+def versus_recipes(study: optuna.Study, trial: FrozenTrial) -> str:
+    """`recipe_comparison` in words ("" when no recipe completed)."""
+    found = recipe_comparison(study, trial)
+    return recipe_words(found) if found else ""
+
+
+def recipe_words(found: dict[str, Any]) -> str:
+    """A `recipe_comparison` said in one line."""
+    what, mine = found["metric"], found["speedup"]
+    if found["recipe_trial"] == found["trial"]:
+        return f"this is the best expert recipe the study ran ({found['recipe']}, {what} {mine:.2f}x)"
+    return (f"best expert recipe: trial {found['recipe_trial']} ({found['recipe']}), {what} "
+            f"{found['recipe_speedup']:.2f}x; trial {found['trial']} is {found['ratio']:.2f}x that (search "
+            f"measurements; confirmation re-measures against the baseline only)")
 
 
 def _export_line(name: str, value: str) -> str:
@@ -122,9 +135,19 @@ def _export_line(name: str, value: str) -> str:
         raise ExportError(f"cannot export {name}: {exc}; rename what holds it and search again") from None
 
 
-def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:
+def confirmation_status(confirmation: dict[str, Any] | None, number: int) -> str:
+    """In a few words, what the study's confirmation says of trial `number`."""
     if not confirmation:
-        return ["# not confirmed: this is the search's best single estimate; `autotune confirm` re-measures "
+        return "not confirmed"
+    if confirmation["winner_trial"] != number:
+        return f"not chosen: confirmation chose trial {confirmation['winner_trial']}"
+    return "confirmed" if confirmation["significant"] else "baseline kept"
+
+
+def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:
+    status = confirmation_status(confirmation, number)
+    if not confirmation:
+        return [f"# {status}: this is the search's best single estimate; `autotune confirm` re-measures "
                 "it against the baseline in interleaved rounds"]
     if confirmation["winner_trial"] != number:
         return [f"# note: confirmation chose trial {confirmation['winner_trial']}; this file is trial {number}"]
@@ -148,6 +171,8 @@ def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
         "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape)),
         **({"AUTOTUNE_EXAMPLE_INPUTS": bench.example_inputs} if bench.example_inputs else {}),
         **({deploy.TOLERANCE_VAR: str(bench.tolerance)} if bench.tolerance is not None else {}),
+        **({deploy.CALIBRATION_VAR: str(bench.calibration_batches)}
+           if bench.calibration_batches is not None and config.text("precision") == "int8" else {}),
         **deploy.to_env(model_knobs(config)),
         "AUTOTUNE_DATALOADER_WORKERS": config.text("dataloader_workers"),
         "AUTOTUNE_INSTANCES": str(len(instances)),

@@ -73,8 +73,9 @@ def _knob_table() -> dict[str, Knob]:
              "mkldnn), freeze, save and load, cached on disk", default=False, only_when=eager),
         Knob("memory_format", "choice", "model weights and inputs in this layout",
              choices=("contiguous", "channels_last"), default="contiguous", only_when=dense),
-        Knob("precision", "choice", "fp32, or bf16 autocast (offered where the CPU has avx512_bf16 or AMX)",
-             choices=("fp32", "bf16"), default="fp32", only_when=dense),
+        Knob("precision", "choice", "fp32; bf16 autocast (offered where the CPU has avx512_bf16 or AMX); int8 = "
+             "static quantization, calibrated (backend=inductor only; offered where the CPU has VNNI or AMX)",
+             choices=("fp32", "bf16", "int8"), default="fp32", only_when=dense),
         Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance", low=1, high=4096),
         Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
              "(libiomp5 preloaded), llvm (libomp preloaded)", choices=("gnu", "intel", "llvm"),
@@ -97,6 +98,16 @@ def _knob_table() -> dict[str, Knob]:
 
 
 KNOBS: Mapping[str, Knob] = _knob_table()
+# Conditions of one value rather than of the whole knob: int8 is quantized through torch.export and
+# AOTInductor, so it exists only with backend=inductor.
+VALUE_CONDITIONS: Mapping[tuple[str, str], tuple[tuple[str, tuple[str, ...]], ...]] = {
+    ("precision", "int8"): (("backend", ("inductor",)),),
+}
+
+
+def conditions(name: str, value: KnobValue) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """What must hold for `name=value`: the knob's own condition, and its value's."""
+    return KNOBS[name].only_when + VALUE_CONDITIONS.get((name, value_text(value)), ())
 
 
 def knob(name: str) -> Knob:
@@ -152,11 +163,12 @@ class Config:
         return name in self.as_dict()
 
     def check_conditions(self) -> None:
-        for name, _ in self.values:
-            for other, allowed in KNOBS[name].only_when:
+        for name, value in self.values:
+            for other, allowed in conditions(name, value):
                 if self.text(other) not in allowed:
+                    what = name if (other, allowed) in KNOBS[name].only_when else f"{name}={value_text(value)}"
                     raise ConfigError(
-                        f"{name} applies only with {other}={'/'.join(allowed)} "
+                        f"{what} applies only with {other}={'/'.join(allowed)} "
                         f"(here {other}={self.text(other)}); set {other} or drop {name}"
                     )
 

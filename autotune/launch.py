@@ -73,6 +73,7 @@ class BenchSpec:
     tolerance: float | None = None  # relative error allowed against eager fp32; None: per precision
     import_path: str = ""  # where a `pkg.module:factory` model is imported from
     example_inputs: str = ""  # a torch.save file of the model's inputs, items along dim 0
+    calibration_batches: int | None = None  # precision=int8: batches observed; None: quantize.CALIBRATION_BATCHES
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,8 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         "--batch-size", str(bench.batch_size),
         *(arg for name, var in deploy.KNOB_VARS.items() for arg in (f"--{name.replace('_', '-')}", knobs[var])),
         *(("--tolerance", str(bench.tolerance)) if bench.tolerance is not None else ()),
+        *(("--calibration-batches", str(bench.calibration_batches))
+          if bench.calibration_batches is not None and config.text("precision") == "int8" else ()),
         "--dataloader-workers", config.text("dataloader_workers"),
         "--warmup", str(bench.measure.warmup),
         "--warmup-time", str(bench.measure.warmup_s),

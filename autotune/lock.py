@@ -1,6 +1,6 @@
 """One benchmark per machine at a time: two measuring at once spoil each other's timings.
 
-`bench`, `search`, `confirm`, `compare` and `export --artifacts` hold an exclusive `flock` on one
+`bench`, `search`, `confirm`, `compare`, `profile` and `export --artifacts` hold an exclusive `flock` on one
 file for the whole machine while they measure or compile. The kernel releases it when its holder
 dies, however it dies, so a lock left by a killed autotune is simply taken over. The file holds a
 small JSON description of its holder (command, pid, start time) for the one waiting; a holder

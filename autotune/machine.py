@@ -46,6 +46,10 @@ def machine_has_bf16() -> bool:
     return cpu.has_bf16()
 
 
+def machine_has_int8() -> bool:
+    return cpu.has_int8()
+
+
 def torch_versions() -> dict[str, str | None]:
     import torch
 
@@ -111,6 +115,7 @@ def report(machine: Machine) -> dict[str, Any]:
         "usable_physical_cores": len(topo.usable_cores),
         "cpu_quota_cores": topology.cpu_quota(),
         "isa": {flag: flag in flags for flag in ISA_FLAGS},
+        "precisions": {"bf16": cpu.has_bf16(), "int8": cpu.has_int8()},
         **torch_versions(),
         "libraries": {
             name: {"path": str(path) if path else None,

@@ -28,6 +28,11 @@ def min_rounds(candidates: int = 1) -> int:
     return rounds
 
 
+def min_rounds_two_sided() -> int:
+    """The fewest paired rounds whose smallest two-sided signed-rank p (2/2**rounds) is below ALPHA."""
+    return min_rounds(2)
+
+
 MIN_ROUNDS = min_rounds(1)  # 5: with fewer, even a lone comparison can never reach p < ALPHA
 
 
@@ -69,3 +74,12 @@ def values_of(objective: Objective, result: Measured) -> tuple[float, ...]:
 
 def lower_is_better(metric: Metric) -> bool:
     return metric == "latency_p50_ms"
+
+
+def unit_of(metric: Metric) -> str:
+    return "ms" if lower_is_better(metric) else "items/s"
+
+
+def speedup_attr(objective: str) -> str:
+    """The trial attribute holding its speedup over the baseline on the objective's metric."""
+    return "speedup_throughput" if metric_of(objective) == "throughput_ips" else "speedup_latency"

@@ -14,6 +14,7 @@ import click
 
 from autotune import planning
 from autotune.child.convert import TOLERANCE
+from autotune.child.quantize import CALIBRATION_BATCHES
 from autotune.errors import AutotuneError
 from autotune.launch import MeasureSettings
 from autotune.objectives import MIN_EFFECT, MIN_ROUNDS, min_rounds
@@ -57,6 +58,11 @@ def order_seed_option(func: Any) -> Any:
                                                   "one, recorded with the verdict).")(func)
 
 
+def json_option(func: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON document on stdout instead of tables (progress stays on stderr).")(func)
+
+
 def no_wait_option(func: Any) -> Any:
     return click.option("--no-wait", is_flag=True,
                         help="Fail at once (exit 2) if another autotune is measuring on this machine, "
@@ -73,7 +79,10 @@ def measure_options(func: Any) -> Any:
     """The in-process protocol, shared by bench and search."""
     func = click.option("--tolerance", type=float, callback=check_tolerance,
                         help="Relative error allowed against eager fp32 (default: "
-                             f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16).")(func)
+                             f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16); for int8 the share of "
+                             f"inputs whose top-1 answer may change and 1 - the lowest cosine similarity allowed "
+                             f"(default {TOLERANCE['int8']:g}).")(func)
+    func = calibration_option(func)
     func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
                         help="Timed samples at least, per process.")(func)
     func = click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
@@ -83,6 +92,12 @@ def measure_options(func: Any) -> Any:
     func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
                         help="Untimed warmup iterations at least.")(func)
     return cache_dir_option(timeout_option(func))
+
+
+def calibration_option(func: Any) -> Any:
+    return click.option("--calibration-batches", type=click.IntRange(min=1),
+                        help=f"precision=int8: batches of the inputs (random, or --example-inputs) the "
+                             f"quantizer observes (default {CALIBRATION_BATCHES}).")(func)
 
 
 def check_tolerance(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -123,4 +138,5 @@ def model_options(func: Any) -> Any:
                         help="Set a knob (repeatable); `autotune knobs` lists them.")(func)
     func = click.option("--model", required=True, help=MODEL_HELP)(func)
     func = click.option("--input-shape", help=SHAPE_HELP)(func)
-    return click.option("--example-inputs", type=click.Path(dir_okay=False), help=INPUTS_HELP)(func)
+    func = click.option("--example-inputs", type=click.Path(dir_okay=False), help=INPUTS_HELP)(func)
+    return func

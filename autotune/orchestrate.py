@@ -3,7 +3,9 @@
 The protocol with each child is documented in `autotune.child.worker`: after every child said
 `ready`, each is sent the same window (`go START END`, CLOCK_MONOTONIC seconds a short lead from
 now), and each says `done` when its timed loop ends; the noise snapshots span START to the last
-`done`, the children's timed loops, not their result writing and exit.
+`done`, the children's timed loops, not their result writing and exit. What each child is doing
+(its `phase` lines before `ready`, then waiting and measuring) goes to an optional callback, for
+live progress.
 
 Every outcome is a result: a crash, a non-zero exit, a hang past the timeout or a missing result
 file becomes a failed `InstanceResult` with its reason and stderr tail. Each child runs in its own
@@ -22,7 +24,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,13 @@ from autotune.results import InstanceResult, RunResult, combine
 
 STDERR_TAIL_CHARS = 2000
 GO_LEAD_S = 0.1  # from sending `go` to the window's start: every child has read it by then
+# What a child is doing, told as it changes: (instance index, phase), e.g. (0, "compiling").
+PhaseCallback = Callable[[int, str], None]
+WAITING, MEASURING = "waiting for the other instances", "measuring"
+
+
+def _ignore(index: int, phase: str) -> None:
+    pass
 
 
 @dataclass
@@ -45,9 +54,17 @@ class _Child:
     heard: bytes = b""  # what the child wrote to its ready fd so far
     forced_reason: str = ""
     fd_open: bool = True
+    told: int = 0  # complete lines of `heard` already passed on as phases
 
     def said(self, word: bytes) -> bool:
-        return word + b"\n" in self.heard
+        return word in self.heard.split(b"\n")[:-1]
+
+    def new_phases(self) -> list[str]:
+        """The phases of the lines completed since the last call (`ready` means it waits)."""
+        lines = self.heard.split(b"\n")[:-1]
+        fresh, self.told = lines[self.told:], len(lines)
+        return [WAITING if line == b"ready" else line.removeprefix(b"phase ").decode(errors="replace")
+                for line in fresh if line == b"ready" or line.startswith(b"phase ")]
 
     def close_ready_fd(self) -> None:
         if self.fd_open:
@@ -55,8 +72,10 @@ class _Child:
             self.fd_open = False
 
 
-def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] | None = None) -> RunResult:
-    """Run all instances together; a run where any instance fails has failed."""
+def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] | None = None,
+             on_phase: PhaseCallback = _ignore) -> RunResult:
+    """Run all instances together; a run where any instance fails has failed. `on_phase` hears
+    what each instance is doing while it runs."""
     env = dict(os.environ if parent_env is None else parent_env)
     start = time.monotonic()
     deadline = start + timeout_s
@@ -67,8 +86,8 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
         try:
             for instance in plan.instances:
                 children.append(_start(instance, plan.binding, Path(tmp), env))
-            if _barrier(children, deadline, timeout_s):
-                before, after = _measure(children, plan.bench.measure.duration_s, deadline, timeout_s)
+            if _barrier(children, deadline, timeout_s, on_phase):
+                before, after = _measure(children, plan.bench.measure.duration_s, deadline, timeout_s, on_phase)
         except OSError as exc:  # could not start an instance (e.g. a binding tool is missing)
             index = len(children)
             _stop_unfinished(children, f"stopped because instance {index} could not start")
@@ -81,10 +100,12 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
         return combine(results, time.monotonic() - start, disturbance)
 
 
-def _measure(children: list[_Child], duration_s: float, deadline: float,
-             timeout_s: float) -> tuple[noise.Snapshot | None, noise.Snapshot | None]:
+def _measure(children: list[_Child], duration_s: float, deadline: float, timeout_s: float,
+             on_phase: PhaseCallback) -> tuple[noise.Snapshot | None, noise.Snapshot | None]:
     """Send the common window, snapshot the CPUs at its start and when the last timed loop ends."""
     window_start = _go(children, duration_s)
+    for child in children:
+        on_phase(child.plan.index, MEASURING)
     time.sleep(max(window_start - time.monotonic(), 0.0))
     before = noise.snapshot()
     if not _hear(children, b"done", deadline, stop_on_exit=False):
@@ -127,9 +148,9 @@ def _start(instance: InstancePlan, binding: Binding, tmp: Path, parent_env: Mapp
     return _Child(instance, proc, read_fd, result_path, log_path)
 
 
-def _barrier(children: list[_Child], deadline: float, timeout_s: float) -> bool:
+def _barrier(children: list[_Child], deadline: float, timeout_s: float, on_phase: PhaseCallback) -> bool:
     """Wait until every child is warm. False (and the rest stopped) if one fails or time runs out."""
-    if not _hear(children, b"ready", deadline, stop_on_exit=True):
+    if not _hear(children, b"ready", deadline, stop_on_exit=True, on_phase=on_phase):
         _stop_unfinished(children, f"timed out after {timeout_s:g}s before measuring "
                                    "(model setup or warmup too slow, or hung)")
         return False
@@ -140,9 +161,10 @@ def _barrier(children: list[_Child], deadline: float, timeout_s: float) -> bool:
     return True
 
 
-def _hear(children: list[_Child], word: bytes, deadline: float, stop_on_exit: bool) -> bool:
+def _hear(children: list[_Child], word: bytes, deadline: float, stop_on_exit: bool,
+          on_phase: PhaseCallback = _ignore) -> bool:
     """Listen until every child said `word` or exited (with `stop_on_exit`: until one exited
-    without saying it). False when the deadline came first."""
+    without saying it), passing on the phases they report. False when the deadline came first."""
     selector = selectors.DefaultSelector()
     for child in children:
         if child.fd_open:
@@ -157,6 +179,8 @@ def _hear(children: list[_Child], word: bytes, deadline: float, stop_on_exit: bo
                 return False
             for key, _ in selector.select(timeout=0.05):
                 _listen(key.data, selector)
+                for phase in key.data.new_phases():
+                    on_phase(key.data.plan.index, phase)
     finally:
         selector.close()
 

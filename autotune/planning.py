@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune import models
+from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.errors import ConfigError, ModelError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, model_knobs, plan_launch, worker_command
-from autotune.machine import Machine, machine_has_bf16
+from autotune.machine import Machine, machine_has_bf16, machine_has_int8
 from autotune.orchestrate import run_plan
 
 
@@ -32,6 +33,7 @@ class BenchRequest:
     input_shape: str | None = None
     example_inputs: str | None = None
     tolerance: float | None = None  # None: per precision (convert.TOLERANCE)
+    calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES
 
     @classmethod
     def from_flags(cls, model: str, assignments: Iterable[str], batch_size: int,
@@ -46,11 +48,15 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     if request.config.get("precision") == "bf16" and not machine.described and not machine_has_bf16():
         raise ConfigError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
                           "use precision=fp32")
+    if request.config.get("precision") == "int8" and not machine.described and not machine_has_int8():
+        raise ConfigError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
+                          "none; use precision=fp32")
     spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
     bench = BenchSpec(
         model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,
         measure=request.measure, cache_dir=str(request.cache_dir.resolve()), tolerance=request.tolerance,
         import_path=spec.import_path, example_inputs=spec.example_inputs,
+        calibration_batches=request.calibration_batches,
     )
     binder: Binding | None = "numactl" if machine.described else None
     return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
@@ -74,7 +80,11 @@ def exported_request(env: Mapping[str, str], measure: MeasureSettings | None = N
     except ValueError:
         raise ConfigError(f"AUTOTUNE_TOLERANCE={env['AUTOTUNE_TOLERANCE']!r} is not a number; export again") from None
     saved = env.get("AUTOTUNE_EXAMPLE_INPUTS") or None
+    calibration = env.get(CALIBRATION_VAR, "")
+    if calibration and not (calibration.isdigit() and int(calibration) >= 1):
+        raise ConfigError(f"{CALIBRATION_VAR}={calibration!r} is not a number of batches (1 or more); export again")
     return BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=int(batch),
+                        calibration_batches=int(calibration) if calibration else None,
                         config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
                         measure=measure or MeasureSettings(), example_inputs=saved,
                         tolerance=None if tolerance is None else check_tolerance(tolerance, "AUTOTUNE_TOLERANCE="),

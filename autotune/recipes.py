@@ -39,9 +39,11 @@ def _launcher(cores: int) -> dict[str, KnobValue]:
 
 COMPILE = {"backend": "inductor", "memory_format": "channels_last"}
 COMPILE_BF16 = {**COMPILE, "precision": "bf16"}
+# Vendors' CPU inference guides put int8 first for throughput where VNNI or AMX runs it.
+COMPILE_INT8 = {**COMPILE, "precision": "int8"}
 
 
-def recipes(topology: Topology, objective: str, bf16: bool) -> list[Recipe]:
+def recipes(topology: Topology, objective: str, bf16: bool, int8: bool = False) -> list[Recipe]:
     """The known recipes for this machine and objective, in the order a search runs them."""
     cores = len(topology.usable_cores)
     found = [Recipe("seed", Config.from_mapping(_seed(cores))),
@@ -49,6 +51,8 @@ def recipes(topology: Topology, objective: str, bf16: bool) -> list[Recipe]:
              Recipe("compile+channels_last", Config.from_mapping(COMPILE))]
     if bf16:
         found.append(Recipe("compile+bf16+channels_last", Config.from_mapping(COMPILE_BF16)))
+    if int8:
+        found.append(Recipe("compile+int8+channels_last", Config.from_mapping(COMPILE_INT8)))
     if objective != "latency":
         found += [_per_node(r, topology) for r in list(found)]
     return found

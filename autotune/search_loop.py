@@ -25,7 +25,16 @@ from autotune import budget, fleet, models, planning, proposals, recipes, record
 from autotune.errors import AutotuneError, RunFailed, interrupt_reason
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
-from autotune.machine import Machine, class_id, fingerprint, host_class, host_name, machine_has_bf16, torch_versions
+from autotune.machine import (
+    Machine,
+    class_id,
+    fingerprint,
+    host_class,
+    host_name,
+    machine_has_bf16,
+    machine_has_int8,
+    torch_versions,
+)
 from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
 from autotune.orchestrate import run_plan
 from autotune.pruning import PruneCheck
@@ -42,7 +51,7 @@ T = TypeVar("T")
 SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
                  "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
                  "warm_replicates": "--warm-replicates/--fresh-replicates",
-                 "timeout_s": "--timeout", "tolerance": "--tolerance"}
+                 "timeout_s": "--timeout", "tolerance": "--tolerance", "calibration_batches": "--calibration-batches"}
 
 
 # What a trial measures: the baseline, a trial already enqueued in the study, or a proposal.
@@ -68,6 +77,7 @@ class SearchRequest:
     input_shape: str | None = None
     example_inputs: str | None = None
     tolerance: float | None = None  # None: per precision
+    calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES (not recorded)
     max_latency_ms: float | None = None
     batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
     command_line: str = ""
@@ -101,6 +111,7 @@ class TrialEvent:
     outcome: Outcome | None = None
     best: FrozenTrial | None = None
     recipe: str = ""
+    finished_before: int = 0  # finished when this session started: the ETA counts only this session's
 
 
 @dataclass
@@ -149,6 +160,7 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
     model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available["bf16"] = machine_has_bf16()
+    available["int8"] = machine_has_int8()
     adapted = space.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
     return model, space.pin(adapted, request.pins, available)
 
@@ -170,8 +182,8 @@ def open_search(request: SearchRequest, machine: Machine,
     records.check_wanted(study, _wanted(request, model))  # what was asked first, then where it runs
     mixed = fleet.claim_class(study, cls, request.allow_mixed)
     records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
-    known, left_out = recipes.fitting(recipes.recipes(machine.topology, request.objective, machine_has_bf16()),
-                                      adapted, request.pins)
+    found = recipes.recipes(machine.topology, request.objective, machine_has_bf16(), machine_has_int8())
+    known, left_out = recipes.fitting(found, adapted, request.pins)
     notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
              *records.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
              *_restore_kept(study, url, request),
@@ -228,6 +240,7 @@ def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine)
             "replicates": request.replicates.replicates, "timeout_s": request.replicates.timeout_s,
             "warm_replicates": request.replicates.in_process,
             "tolerance": request.tolerance, "torch": versions["torch"], "onednn": versions["onednn"],
+            **({"calibration_batches": request.calibration_batches} if request.calibration_batches else {}),
             **fingerprint(machine)}
 
 
@@ -398,7 +411,8 @@ def _run_trial(search: Search, machine: Machine, claimed: Claimed, start: float,
     study, trial, proposal, config, batch = search.study, claimed.trial, claimed.proposal, claimed.config, claimed.batch
     is_baseline = proposal == "baseline"
     event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials,
-                                 recipe=proposal.recipe if isinstance(proposal, proposals.Proposal) else "")
+                                 recipe=proposal.recipe if isinstance(proposal, proposals.Proposal) else "",
+                                 finished_before=search.finished_before)
     finished = _patiently(search, lambda: records.finished(study))
     on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
     reference = None if is_baseline else _host_baseline(search, machine, runner)
@@ -546,7 +560,7 @@ def _bench_request(request: SearchRequest, config: Config, batch: int | None = N
     return planning.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
                                  measure=request.measure, cache_dir=request.cache_dir,
                                  input_shape=request.input_shape, example_inputs=request.example_inputs,
-                                 tolerance=request.tolerance)
+                                 tolerance=request.tolerance, calibration_batches=request.calibration_batches)
 
 
 def _reuse(search: Search, trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:

@@ -12,8 +12,11 @@ Format (every key is a knob name from `autotune knobs`):
       omp_threads: {low: 1, high: max, log: false, step: 1}
 
 Knobs with a built-in condition (kmp_* need omp_runtime=intel, omp_proc_bind needs gnu/llvm)
-get it without writing `when`. `omp_threads x instances` never exceeds the usable physical cores:
-the range of omp_threads shrinks with the sampled instances.
+get it without writing `when`; so do values with one (precision=int8 needs backend=inductor): where
+the condition fails the value is not offered, and the knob is sampled as its own Optuna parameter
+named after the values left, e.g. `precision (fp32/bf16)` (Optuna keeps one set of choices per
+name). `omp_threads x instances` never exceeds the usable physical cores: the range of omp_threads
+shrinks with the sampled instances.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import yaml
 
 from autotune.child.envfile import value_text
 from autotune.errors import AutotuneError
-from autotune.knobs import KNOBS, Config, Knob, KnobValue, knob
+from autotune.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, conditions, knob
 from autotune.libs import LIBRARIES
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -41,10 +44,11 @@ ENUMERATE_LIMIT = 20_000  # a space with more configurations is not listed (nor 
 # Which library each choice needs, so a machine without it never samples it.
 NEEDS = {("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
          ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
-         ("precision", "bf16"): "bf16"}
+         ("precision", "bf16"): "bf16", ("precision", "int8"): "int8"}
 # What is missing when a need is not met, and what to do about it.
 MISSING = {**{name: f"{name} is not installed ({spec.install})" for name, spec in LIBRARIES.items()},
-           "bf16": "this CPU has neither avx512_bf16 nor AMX"}
+           "bf16": "this CPU has neither avx512_bf16 nor AMX",
+           "int8": "this CPU has neither VNNI (avx512_vnni, avx_vnni) nor AMX"}
 
 
 class SpaceError(AutotuneError):
@@ -76,7 +80,29 @@ class KnobRange:
         return not self.choices
 
     def applies(self, sampled: Mapping[str, KnobValue]) -> bool:
-        return all(value_text(sampled.get(k, KNOBS[k].default)) in allowed for k, allowed in self.when)
+        return _holds(self.when, sampled)
+
+    def offered(self, sampled: Mapping[str, KnobValue]) -> tuple[KnobValue, ...]:
+        """The choices whose own condition holds for what `sampled` holds (precision=int8 needs
+        backend=inductor)."""
+        return tuple(c for c in self.choices if _holds(VALUE_CONDITIONS.get((self.name, value_text(c)), ()), sampled))
+
+    def param(self, sampled: Mapping[str, KnobValue]) -> str:
+        """The Optuna parameter that samples this knob: its name, or, when a value's condition
+        leaves fewer choices, a name of its own for those (`precision (fp32/bf16)`)."""
+        offered = self.offered(sampled)
+        if offered == self.choices:
+            return self.name
+        return f"{self.name} ({'/'.join(value_text(c) for c in offered)})"
+
+
+def _holds(when: tuple[tuple[str, tuple[str, ...]], ...], sampled: Mapping[str, KnobValue]) -> bool:
+    return all(value_text(sampled.get(k, KNOBS[k].default)) in allowed for k, allowed in when)
+
+
+def knob_of_param(param: str) -> str:
+    """The knob an Optuna parameter samples (`precision (fp32/bf16)` samples precision)."""
+    return param.partition(" (")[0]
 
 
 @dataclass(frozen=True)
@@ -101,8 +127,8 @@ class SearchSpace:
             if only is not None and rng.name not in only.as_dict():
                 continue
             if rng.choices:
-                labels = [value_text(c) for c in rng.choices]
-                sampled[rng.name] = knob(rng.name).parse(trial.suggest_categorical(rng.name, labels))
+                labels = [value_text(c) for c in rng.offered(sampled)]
+                sampled[rng.name] = knob(rng.name).parse(trial.suggest_categorical(rng.param(sampled), labels))
             else:
                 low, high = rng.low, self._dynamic_high(rng, sampled)
                 sampled[rng.name] = trial.suggest_int(rng.name, low, high, step=rng.step, log=rng.log)
@@ -112,7 +138,7 @@ class SearchSpace:
         """The knobs to sample, in order; each one's condition is read from what `sampled` holds by then."""
         for name in SAMPLE_ORDER:
             rng = self.get(name)
-            if rng is not None and rng.applies(sampled):
+            if rng is not None and rng.applies(sampled) and (rng.is_range or rng.offered(sampled)):
                 yield rng
 
     def configurations(self, limit: int = ENUMERATE_LIMIT) -> list[Config] | None:
@@ -128,7 +154,8 @@ class SearchSpace:
                 if len(found) > limit:
                     return None
                 continue
-            options: Sequence[KnobValue] = rng.choices or range(rng.low, self._dynamic_high(rng, partial) + 1, rng.step)
+            options: Sequence[KnobValue] = rng.offered(partial) if rng.choices else range(
+                rng.low, self._dynamic_high(rng, partial) + 1, rng.step)
             pending.extend({**partial, rng.name: value} for value in reversed(options))
         return found
 
@@ -138,7 +165,7 @@ class SearchSpace:
         for name, value in config.values:
             rng = self.get(name)
             offered = rng is not None and rng.applies(values) and (
-                value in rng.choices if rng.choices else
+                value in rng.offered(values) if rng.choices else
                 rng.low <= int(value) <= self._dynamic_high(rng, values) and (int(value) - rng.low) % rng.step == 0)
             if not offered:
                 return f"{name}={value_text(value)}"
@@ -147,10 +174,11 @@ class SearchSpace:
     def params(self, config: Config) -> dict[str, KnobValue]:
         """The Optuna parameters that make a trial sample exactly `config` (choices as their labels)."""
         params: dict[str, KnobValue] = {}
+        values = config.as_dict()
         for name, value in config.values:
             rng = self.get(name)
             if rng is not None:
-                params[name] = value_text(value) if rng.choices else value
+                params[rng.param(values) if rng.choices else name] = value_text(value) if rng.choices else value
         return params
 
     def _dynamic_high(self, rng: KnobRange, sampled: Mapping[str, KnobValue]) -> int:
@@ -337,8 +365,8 @@ def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool]) -> Sear
     ranges = {rng.name: rng for rng in space.knobs}
     for name, value in pins.values:
         ranges[name] = _pinned_range(space, name, value)
-    for name, _ in pins.values:
-        for other, allowed in knob(name).only_when:
+    for name, value in pins.values:
+        for other, allowed in conditions(name, value):
             if other not in pins.as_dict() and other in ranges:
                 ranges[other] = _narrowed(space.source, ranges[other], allowed, f"{name}={pins.text(name)}")
     _check_pinned_cores(pins, ranges, space.cores)

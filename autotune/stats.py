@@ -107,3 +107,46 @@ def paired_speedup(ratios: Sequence[float], min_effect: float = MIN_EFFECT) -> P
     else:
         p_value = float(scipy_stats.wilcoxon(logs, alternative="greater", zero_method="zsplit").pvalue)
     return PairedComparison(median(ratios), median_ci(ratios), p_value, len(ratios), min_effect)
+
+
+@dataclass(frozen=True)
+class RegressionCheck:
+    """`compare --fail-if-slower`: is the candidate slower than the reference by more than `margin`?
+
+    Two-sided: the Wilcoxon signed-rank test of H0 "the candidate is exactly `margin` slower" on
+    the per-round log ratios; the gate fails when that is rejected (p < ALPHA) in the slower
+    direction, so an A/A pair fails it at most ALPHA / 2 of the time. `difference_p` is the plain
+    two-sided test of "no difference at all", for the reader."""
+
+    speedup: float  # candidate over reference, median of the rounds; < 1 means slower
+    interval: Interval
+    margin: float
+    p_value: float
+    difference_p: float
+    rounds: int
+    past_margin: bool  # the rounds' median lies on the slower side of the margin
+
+    @property
+    def slower_than_margin(self) -> bool:
+        return self.p_value < ALPHA and self.past_margin
+
+    def describe(self) -> str:
+        return (f"{self.speedup:.3f}x ({self.interval.describe()}, {self.rounds} rounds; two-sided Wilcoxon p="
+                f"{self.p_value:.3g} against a {self.margin:.0%} slowdown, p={self.difference_p:.3g} against "
+                f"no difference)")
+
+
+def regression_check(ratios: Sequence[float], margin: float) -> RegressionCheck:
+    """The gate's verdict from per-round ratios (candidate speed / reference speed)."""
+    if not ratios:
+        raise ValueError("no rounds to compare")
+    at_margin = [math.log(r) + math.log1p(margin) for r in ratios]
+    plain = [math.log(r) for r in ratios]
+    return RegressionCheck(median(ratios), median_ci(ratios), margin, _two_sided(at_margin), _two_sided(plain),
+                           len(ratios), median(at_margin) < 0)
+
+
+def _two_sided(logs: Sequence[float]) -> float:
+    if len(logs) < 2 or all(x == 0 for x in logs):
+        return 1.0
+    return float(scipy_stats.wilcoxon(logs, alternative="two-sided", zero_method="zsplit").pvalue)

@@ -9,7 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-KINDS = ("run", "apply")  # autotune-run-PID-*: a plan's result files; autotune-apply-PID-*: `run`'s report
+# autotune-run-PID-*: a plan's result files; autotune-apply-PID-*: `run`'s report;
+# autotune-profile-PID-*: `profile`'s traces until every configuration has been profiled
+KINDS = ("run", "apply", "profile")
 OWNED = re.compile(rf"^autotune-(?:{'|'.join(KINDS)})-(\d+)-")
 
 

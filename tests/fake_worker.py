@@ -13,6 +13,28 @@ import time
 
 from autotune.child.worker import symbol_owner
 
+# With `--profile K`: per-call self and total CPU microseconds and calls of made-up ops, by
+# behaviour, reported as totals over the K calls the way the real child does.
+FAKE_OPS = {
+    "profile-eager": [("aten::mkldnn_convolution", 4000.0, 4500.0, 2), ("aten::relu_", 1000.0, 1000.0, 2),
+                      ("aten::addmm", 500.0, 600.0, 1)],
+    "profile-fused": [("aten::mkldnn_convolution", 2000.0, 2200.0, 2), ("cpp_fused_relu_0", 1500.0, 1500.0, 1),
+                      ("aten::addmm", 500.0, 600.0, 1)],
+    "profile-hidden": [("aten::empty", 100.0, 100.0, 5)],  # an AOTInductor package: its kernels record no ops
+}
+WALL_OVER_OPS = {"profile-hidden": 40.0}  # wall time per call over the ops' self time
+
+
+def profiled(behaviour: str, calls: int, trace: str) -> dict[str, object]:
+    ops = FAKE_OPS.get(behaviour, FAKE_OPS["profile-eager"])
+    with open(trace, "w") as f:
+        json.dump({"traceEvents": [{"name": name, "ph": "X", "ts": 0, "dur": self_us} for name, self_us, _, _ in ops]},
+                  f)
+    wall_ms = calls * sum(op[1] for op in ops) / 1e3 * WALL_OVER_OPS.get(behaviour, 1.1)
+    return {"iterations": calls, "wall_ms": wall_ms,
+            "ops": [{"name": name, "self_cpu_us": self_us * calls, "cpu_total_us": total_us * calls,
+                     "calls": count * calls} for name, self_us, total_us, count in ops]}
+
 
 def main() -> None:
     behaviour = sys.argv[1]
@@ -28,6 +50,10 @@ def main() -> None:
         with open(pidfile, "w") as f:
             f.write(str(child.pid))
         time.sleep(3600)
+    if behaviour == "phases":  # what the real child says while it builds (worker docstring, step 1)
+        os.write(ready_fd, b"phase building\nphase compil")
+        time.sleep(0.05)  # a line split across two reads is passed on once, whole
+        os.write(ready_fd, b"ing\n")
     os.write(ready_fd, b"ready\n")
     words = sys.stdin.readline().split()
     if len(words) != 3 or words[0] != "go":
@@ -55,6 +81,8 @@ def main() -> None:
                "iterations_ms": [11.0, 12.0, 13.0, 31.0], "cpu_s": 0.5, "items": 4, "window_s": 1.0,
                "window": {"start": start, "end": end}, "late_start_s": late, "throughput_ips": 4.0,
                "peak_rss_mb": 100.0, "setup_peak_rss_mb": 150.0, "runtime": runtime}
+    if "--profile" in args:
+        payload["profile"] = profiled(behaviour, int(args["--profile"]), args["--trace"])
     if behaviour == "bench-error":
         payload = {"status": "error", "reason": "mkldnn: aten::foo has no mkldnn kernel"}
     with open(result, "w") as f:

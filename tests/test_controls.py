@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from autotune import budget, recipes, search_loop, space
+from autotune.errors import ConfigError
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
 from autotune.libs import Libraries
@@ -154,3 +155,11 @@ def test_a_confirmation_process_costs_a_trial_less_its_extra_windows() -> None:
     assert warm.process_s(18.0) == 14.0 and warm.process_s(3.0) == 2.0
     fresh = budget.TimeBudget(600, 10, replicates=3, window_s=2.0, warm=False)
     assert fresh.process_s(18.0) == 6.0
+
+
+def test_pinning_int8_needs_its_backend_pinned_too() -> None:
+    with pytest.raises(ConfigError, match="precision=int8 applies only with backend=inductor"):
+        pins("precision=int8")
+    adapted = space.adapt(space.load(DEFAULT), 2, {})
+    pinned = space.pin(adapted, pins("backend=inductor", "precision=int8"), {})
+    assert {(c.get("backend"), c.get("precision")) for c in pinned.configurations() or []} == {("inductor", "int8")}

@@ -358,6 +358,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
         assert old in good, old
         (root / f"{name}.env").write_text(good.replace(old, new))
     (root / "tolerance.env").write_text(good + "export AUTOTUNE_TOLERANCE='nan'\n")
+    (root / "calibration.env").write_text(good + "export AUTOTUNE_CALIBRATION_BATCHES='0'\n")
     (root / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (root / "notenv.txt").write_text("export A=1\n")
     (root / "bad.yaml").write_text("knobs: [unclosed\n")
@@ -483,6 +484,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["confirm", "--study", "bad/../name"], "no study 'bad/../name'"),
     # compare
     (["compare", "0"], "Missing argument 'SECOND'"),
+    (["compare", "0", "1", "--fail-if-slower", "lots"], "--fail-if-slower 'lots' is not a margin"),
+    (["compare", "0", "1", "--fail-if-slower", "5%", "--rounds", "5"], "--rounds 5 can never show a slowdown"),
+    (["compare", "defaults", "good.env"], "'defaults' is a configuration; comparing configurations needs --model"),
+    (["compare", "defaults", "bogus=1", "--model", "resnet18"], "unknown knob 'bogus'"),
     (["compare", "0", "1", "--study", "nosuch"], "no study 'nosuch' in studies/"),
     (["compare", "0", "99"], "trial 99 of study 'resnet18-bs1-latency' did not complete"),
     (["compare", "a.env", "b.env"], "cannot read a.env"),
@@ -491,6 +496,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["compare", "good.env", "lots.env"], "lots.env: AUTOTUNE_BATCH_SIZE='lots' is not a batch size"),
     (["compare", "good.env", "knob.env"], "knob.env: allocator=mimalloc is not allowed"),
     (["compare", "good.env", "tolerance.env"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
+    (["compare", "good.env", "calibration.env"], "calibration.env: AUTOTUNE_CALIBRATION_BATCHES='0' is not a number"),
     (["compare", "0", "1", "--rounds", "2"], "Invalid value for '--rounds'"),
     (["compare", "0", "1", "--objective", "both"], "--objective 'both' is not allowed; use latency or throughput"),
     (["compare", "0", "1", "--min-effect", "-1"], "Invalid value for '--min-effect'"),
@@ -511,6 +517,21 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
                                                   "does not exist; create it or give -o a path in an existing folder"),
     (["report", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
     (["report", "--bogus"], "No such option '--bogus'."),
+    # profile
+    (["profile", "--study", "nosuch"], "no study 'nosuch' in studies/"),
+    (["profile", "--trial", "99"], "study 'resnet18-bs1-latency' has no trial 99"),
+    (["profile", "--trial", "x"], "Invalid value for '--trial'"),
+    (["profile", "good.env", "--trial", "0"], "give ENV_FILE or a study's trial (--trial, --study, --storage), not"),
+    (["profile", "good.env", "--study", "resnet18-bs1-latency"], "give ENV_FILE or a study's trial"),
+    (["profile", "nosuch.env"], "cannot read nosuch.env"),
+    (["profile", "notenv.txt"], "notenv.txt is not an autotune env file"),
+    (["profile", "knob.env"], "knob.env: allocator=mimalloc is not allowed"),
+    (["profile", "folder.env"], "Invalid value for '[ENV_FILE]': File 'folder.env' is a directory."),
+    (["profile", "--iterations", "0"], "Invalid value for '--iterations': 0 is not in the range x>=1."),
+    (["profile", "--out", "good.env/traces"], "--out 'good.env/traces' is not a writable folder (Not a directory)"),
+    (["profile", "good.env", "--out", "binary.bin"], "--out 'binary.bin' is not a writable folder"),
+    (["profile", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
+    (["profile", "--timeout", "0"], "Invalid value for '--timeout'"),
     # run
     (["run"], "Missing argument 'ENV_FILE'"),
     (["run", "good.env"], "Missing argument 'COMMAND...'"),
@@ -521,6 +542,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["run", "lots.env", "--", "true"], "lots.env: AUTOTUNE_BATCH_SIZE='lots' is not a batch size"),
     (["run", "zero.env", "--", "true"], "zero.env: AUTOTUNE_BATCH_SIZE='0' is not a batch size"),
     (["run", "tolerance.env", "--", "true"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
+    (["run", "calibration.env", "--", "true"], "calibration.env: AUTOTUNE_CALIBRATION_BATCHES='0' is not a number"),
     (["run", "knob.env", "--", "true"], "knob.env: allocator=mimalloc is not allowed"),
     (["run", "instances.env", "--", "true"], "instances.env: AUTOTUNE_INSTANCE_* values are damaged"),
     (["run", "binding.env", "--", "true"], "binding.env: AUTOTUNE_BINDING='magic' is not a binding"),
@@ -536,6 +558,9 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["knobs", "--bogus"], "No such option '--bogus'."),
     (["knobs", "extra"], "Got unexpected extra argument (extra)"),
     (["models", "extra"], "Got unexpected extra argument (extra)"),
+    (["studies", "--storage", "studies/x.db"], "--storage 'studies/x.db' is not a storage URL; use e.g. "
+                                               "sqlite:///studies/NAME.db"),
+    (["studies", "extra"], "Got unexpected extra argument (extra)"),
     (["doctor", "--bogus"], "No such option '--bogus'."),
     (["plna"], "No such command 'plna'."),
 ]

@@ -89,7 +89,7 @@ def test_adapt_drops_missing_libraries_and_caps_ranges() -> None:
 
 def test_bf16_is_dropped_on_a_cpu_without_it() -> None:
     adapted = space.adapt(space.load(space.find("default")), cores=2, available={**ALL_LIBS, "bf16": False})
-    assert adapted.get("precision").choices == ("fp32",)  # type: ignore[union-attr]
+    assert adapted.get("precision").choices == ("fp32", "int8")  # type: ignore[union-attr]  # int8 needs VNNI, not bf16
     assert "precision=bf16 dropped: this CPU has neither avx512_bf16 nor AMX" in adapted.notes
 
 
@@ -125,7 +125,7 @@ def test_sampling_respects_conditions_and_the_core_budget() -> None:
     assert "kmp_blocktime" not in trial.asked and "omp_proc_bind" in trial.asked
     assert config.get("backend") == "inductor"  # so no mkldnn and no weight_cache: eager-only knobs
     assert "mkldnn" not in trial.asked and "weight_cache" not in trial.asked
-    assert config.get("memory_format") == "channels_last" and config.get("precision") == "bf16"
+    assert config.get("memory_format") == "channels_last" and config.get("precision") == "int8"
     assert trial.asked["instances"] == (1, 8)
     assert trial.asked["omp_threads"] == (1, 1)  # 8 instances leave one core each
     assert int(config.get("omp_threads")) * int(config.get("instances")) <= 8  # type: ignore[arg-type]

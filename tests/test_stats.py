@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -172,3 +173,37 @@ def test_in_process_replicates_are_one_stretched_process_cut_into_windows() -> N
 def test_a_part_never_comes_out_empty() -> None:
     run = fake_result([1.0, 1.0, 50.0, 1.0])  # the long iteration crosses two of the three cuts
     assert [len(p.instances[0].metrics["latencies_ms"]) for p in run.parts(3)] == [1, 2, 1]
+
+
+def test_the_regression_gate_fails_a_real_slowdown_and_passes_what_stays_within_the_margin() -> None:
+    rng = random.Random(5)
+    slower = [0.80 * rng.uniform(0.97, 1.03) for _ in range(10)]
+    gate = stats.regression_check(slower, 0.05)
+    assert gate.slower_than_margin and gate.p_value < 0.01 and gate.speedup < 0.83
+    within = [0.975 * rng.uniform(0.99, 1.01) for _ in range(10)]  # 2.5% slower: under a 5% margin
+    assert not stats.regression_check(within, 0.05).slower_than_margin
+    faster = [1.3 * rng.uniform(0.97, 1.03) for _ in range(10)]  # far from the margin, on the good side
+    check = stats.regression_check(faster, 0.05)
+    assert check.p_value < 0.01 and not check.slower_than_margin
+    assert "two-sided Wilcoxon p=" in check.describe() and "against a 5% slowdown" in check.describe()
+
+
+def test_an_a_a_pair_fails_the_gate_at_most_half_of_alpha() -> None:
+    """Same configuration twice, with 10% noise per round: the gate may only fail by chance, on
+    the slower side of a two-sided test at ALPHA, and here not even that with a 5% margin."""
+    rng = random.Random(11)
+    trials = 2000
+    failed = sum(stats.regression_check([math.exp(rng.gauss(0, 0.1)) for _ in range(10)], 0.0).slower_than_margin
+                 for _ in range(trials))
+    assert failed / trials <= 0.025 + 0.01
+    with_margin = sum(stats.regression_check([math.exp(rng.gauss(0, 0.1)) for _ in range(10)], 0.05)
+                      .slower_than_margin for _ in range(trials))
+    assert with_margin < failed
+
+
+def test_a_two_sided_verdict_needs_six_rounds() -> None:
+    from autotune.objectives import min_rounds_two_sided
+
+    assert min_rounds_two_sided() == 6
+    assert not stats.regression_check([0.5] * 5, 0.05).slower_than_margin  # p = 2/32 at best
+    assert stats.regression_check([0.5, 0.51, 0.49, 0.5, 0.52, 0.48], 0.05).slower_than_margin

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.child import deploy
+from autotune.child import deploy, quantize
 from autotune.child.convert import ApplyError, ModelKnobs, call, explain, leaves
 from autotune.child.deploy import Deployment
 from autotune.child.envfile import SWITCH
@@ -20,11 +20,11 @@ from autotune.child.envfile import SWITCH
 class SyntheticImages:
     """Fixed-size uint8 images through the usual preprocessing: resize, center crop, normalize."""
 
-    def __init__(self, item_shape: tuple[int, ...], pool: int = 8) -> None:
+    def __init__(self, item_shape: tuple[int, ...], pool: int = 8, seed: int = 0) -> None:
         import torch
 
         channels, height, width = item_shape
-        generator = torch.Generator().manual_seed(0)
+        generator = torch.Generator().manual_seed(seed)
         raw_h, raw_w = height * 375 // 224, width * 500 // 224
         self.images = [torch.randint(0, 256, (channels, raw_h, raw_w), dtype=torch.uint8,
                                      generator=generator) for _ in range(pool)]
@@ -47,10 +47,10 @@ class SyntheticImages:
 class SyntheticTensors:
     """Non-image inputs: a pool of standard-normal float tensors of the item shape."""
 
-    def __init__(self, item_shape: tuple[int, ...], pool: int = 8) -> None:
+    def __init__(self, item_shape: tuple[int, ...], pool: int = 8, seed: int = 0) -> None:
         import torch
 
-        generator = torch.Generator().manual_seed(0)
+        generator = torch.Generator().manual_seed(seed)
         self.items = [torch.randn(item_shape, generator=generator) for _ in range(pool)]
 
     def __len__(self) -> int:
@@ -106,11 +106,35 @@ def example_count(loaded: Any, path: str = "the example inputs") -> int:
     return counts.pop()
 
 
-def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "") -> Any:
+def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "", pool: int = 8, seed: int = 0) -> Any:
+    """The inputs that feed the model; `pool` distinct random items from `seed` (a user's own
+    inputs are what they are)."""
     if example_inputs:
         return SavedInputs(example_inputs)
     image = len(item_shape) == 3 and item_shape[0] == 3 and item_shape[1] >= 32
-    return SyntheticImages(item_shape) if image else SyntheticTensors(item_shape)
+    return SyntheticImages(item_shape, pool, seed) if image else SyntheticTensors(item_shape, pool, seed)
+
+
+CALIBRATION_SEED, GUARD_SEED = 1, 2  # random inputs that the timed ones (seed 0) and each other never repeat
+
+
+def int8_batches(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
+    """precision=int8's calibration batches and the guard's held-out ones: random inputs of their
+    own, or a user's `--example-inputs` (calibration from the first items, the guard from the next,
+    cycling when the file holds fewer)."""
+    shape = tuple(int(n) for n in args.item_shape.split("x"))
+    size, count = args.batch_size, args.calibration_batches
+    guard_count = -(-quantize.GUARD_ITEMS // size)
+    calibration = dataset_for(shape, args.example_inputs, count * size, CALIBRATION_SEED)
+    guard = dataset_for(shape, args.example_inputs, guard_count * size, GUARD_SEED)
+    offset = count * size if args.example_inputs else 0
+    return batches(calibration, count, size, 0), batches(guard, guard_count, size, offset)
+
+
+def batches(dataset: Any, count: int, size: int, start: int) -> list[Any]:
+    from torch.utils.data import default_collate
+
+    return [default_collate([dataset[start + b * size + i] for i in range(size)]) for b in range(count)]
 
 
 def load_model(spec: str, import_path: str) -> Any:
@@ -148,9 +172,11 @@ def knobs_of(args: argparse.Namespace) -> ModelKnobs:
                       mkldnn=SWITCH[args.mkldnn], weight_cache=SWITCH[args.weight_cache])
 
 
-def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:
+def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
+          on_phase: Callable[[str], None] | None = None) -> Callable[[Any], Any]:
     """Load the model and apply the knobs through `autotune.apply`, the same call a user's program
-    makes; every non-default configuration is checked against eager fp32 on the same input."""
+    makes; every non-default configuration is checked against eager fp32 on the same input.
+    `on_phase` hears when a compiled artifact is built or loaded."""
     start = time.perf_counter()
     model = load_model(args.model, args.import_path)
     setup["build_s"] = time.perf_counter() - start
@@ -160,7 +186,9 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any]) -> Call
     deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan")
     if knobs.is_default:
         return _timed_first_call(model, example, setup)
-    return deploy.apply_deployment(model, example, deployment, check=True, setup=setup).run
+    calibration, guard = int8_batches(args) if knobs.precision == "int8" else ([], [])
+    return deploy.apply_deployment(model, example, deployment, check=True, setup=setup, on_phase=on_phase,
+                                   calibration=calibration, guard_inputs=guard).run
 
 
 def _timed_first_call(model: Any, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:

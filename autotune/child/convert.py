@@ -1,5 +1,6 @@
 """How each model-level knob turns a module into what runs: mkldnn, channels_last, the TorchScript
-weight cache, inductor, bf16 autocast; the guard on the answers; the saved artifacts.
+weight cache, inductor, bf16 autocast, int8 (through `quantize`); the guard on the answers; the saved
+artifacts.
 
 torch is imported inside functions. `autotune.apply` and the benchmark child both call `prepare`,
 so what is measured is what a user's program runs.
@@ -25,14 +26,25 @@ from autotune.child import cpu
 from autotune.child.envfile import value_text
 
 Backend = Literal["eager", "torchscript", "inductor"]
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["fp32", "bf16", "int8"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 BACKENDS: tuple[Backend, ...] = ("eager", "torchscript", "inductor")
-PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16")
+PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8")
 MEMORY_FORMATS: tuple[MemoryFormat, ...] = ("contiguous", "channels_last")
-# Relative error allowed against eager fp32 on the same input, per precision (`--tolerance`).
-TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2}
+# What `--tolerance` allows against eager fp32, per precision: fp32 and bf16, the relative error on
+# the same input; int8, the share of inputs whose top-1 answer may change, and how far below 1 any
+# input's cosine similarity may fall (quantize.agreement_guard).
+TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, "int8": 1e-2}
 ARTIFACT_FORMAT = "autotune-artifact-v1"  # bumped when what a saved file holds changes
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """How precision=int8 gets its graph (`quantize.quantized_export` on the calibration batches,
+    bound by `deploy`), and what names those batches in the artifact's key."""
+
+    export: Callable[[Any, Any], Any]  # (model, example) -> ExportedProgram
+    calibration: str
 
 
 class ApplyError(Exception):
@@ -80,6 +92,12 @@ class ModelKnobs:
         if self.precision == "bf16" and not cpu.has_bf16():
             raise ApplyError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
                              "use precision=fp32 (search again on this machine)")
+        if self.precision == "int8" and self.backend != "inductor":
+            raise ApplyError(f"precision=int8 runs through AOTInductor only: use backend=inductor with it, not "
+                             f"backend={self.backend}")
+        if self.precision == "int8" and not cpu.has_int8():
+            raise ApplyError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
+                             "none; use precision=fp32 (search again on this machine)")
         if self.mkldnn:
             import torch
 
@@ -89,8 +107,11 @@ class ModelKnobs:
 
 
 def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
-            artifacts: Path | None = None) -> Callable[[Any], Any]:
-    """The model converted as the knobs say, as forward(batch) converting inputs and outputs."""
+            artifacts: Path | None = None, on_phase: Callable[[str], None] | None = None,
+            quantized: Quantized | None = None) -> Callable[[Any], Any]:
+    """The model converted as the knobs say, as forward(batch) converting inputs and outputs;
+    `on_phase` (the benchmark child's progress) hears whether an artifact is compiled or loaded.
+    precision=int8 takes its graph from `quantized`."""
     import torch
 
     knobs.check()
@@ -109,7 +130,8 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
         with warnings.catch_warnings():
             # TorchScript is chosen on purpose where it measured faster; torch's deprecation notice is noise.
             warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
-            model = compiled(model, inputs(example, knobs), knobs, setup, artifacts, weights)
+            model = compiled(model, inputs(example, knobs), knobs, setup, artifacts, weights, on_phase or _quiet,
+                             quantized)
 
     def forward(batch: Any) -> Any:
         with autocast(knobs.precision):
@@ -183,7 +205,8 @@ def batch_size(batch: Any) -> int:
 
 def guard(reference: list[Any], output: list[Any], precision: Precision, tolerance: float,
           setup: dict[str, Any]) -> None:
-    """The correctness guard: max abs and relative error against eager fp32 on the same input."""
+    """The correctness guard for fp32 and bf16: max abs and relative error against eager fp32 on the
+    same input (recorded for int8 too, which `quantize.agreement_guard` judges)."""
     import torch
 
     ref = torch.cat([r.float().flatten() for r in reference])
@@ -194,7 +217,7 @@ def guard(reference: list[Any], output: list[Any], precision: Precision, toleran
     rel_err = abs_err / max(float(ref.abs().max()), 1e-12)
     allowed = tolerance if tolerance >= 0 else TOLERANCE[precision]
     setup.update(max_abs_err=abs_err, max_rel_err=rel_err, tolerance=allowed)
-    if not rel_err <= allowed:
+    if precision != "int8" and not rel_err <= allowed:  # recorded for int8, judged by quantize.agreement_guard
         raise WrongAnswers(f"wrong answers: output differs from eager fp32 by max relative error {rel_err:.3g} "
                            f"(max abs {abs_err:.3g}) > tolerance {allowed:g}; raise --tolerance to accept it")
 
@@ -232,21 +255,28 @@ def probe_mkldnn(model: Any, example: Any) -> None:
             handle.remove()
 
 
+def _quiet(phase: str) -> None:
+    pass
+
+
 def compiled(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts: Path | None,
-             weights: str) -> Any:
+             weights: str, on_phase: Callable[[str], None] = _quiet, quantized: Quantized | None = None) -> Any:
     """The compiled backends, built once into an artifact that every later process loads: a frozen
     TorchScript file (backend=torchscript, weight_cache) or an AOTInductor package with freezing
     (backend=inductor). Without an artifacts folder the artifact goes to a temporary one, so that
-    the model always runs loaded, as the benchmark child ran it."""
+    the model always runs loaded, as the benchmark child ran it. An int8 artifact is also keyed by
+    its calibration batches, so a process with the same ones loads it instead of quantizing again."""
     if artifacts is not None:
-        return _load_or_build(model, example, knobs, setup, artifacts, weights)
+        return _load_or_build(model, example, knobs, setup, artifacts, weights, on_phase, quantized)
     with tempfile.TemporaryDirectory(prefix="autotune-artifact-") as folder:
-        return _load_or_build(model, example, knobs, setup, Path(folder), weights)
+        return _load_or_build(model, example, knobs, setup, Path(folder), weights, on_phase, quantized)
 
 
 def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], folder: Path,
-                   weights: str) -> Any:
-    meta = artifact_meta(knobs, example, weights)
+                   weights: str, on_phase: Callable[[str], None], quantized: Quantized | None) -> Any:
+    if knobs.precision == "int8" and quantized is None:
+        raise ApplyError("precision=int8 needs its calibration: apply it through autotune.apply")
+    meta = artifact_meta(knobs, example, weights, quantized.calibration if quantized else "")
     path = artifact_path(folder, meta, ".pt2" if knobs.backend == "inductor" else ".pt")
     setup["artifact_file"] = str(path)
     setup["artifact_hit"] = path.exists()
@@ -254,11 +284,13 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
         mark_used(path)
     else:
         setup["artifact_stale"] = stale_artifacts(folder, meta)
+        on_phase("compiling")
         start = time.perf_counter()
-        fallback = _build(model, example, knobs, setup, path, meta | {"model": _label(model, setup)})
+        fallback = _build(model, example, knobs, setup, path, meta | {"model": _label(model, setup)}, quantized)
         if fallback is not None:
             return fallback
         setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
+    on_phase("loading the compiled model")
     start = time.perf_counter()
     loaded = _load(path, knobs)
     setup["artifact_load_s"] = time.perf_counter() - start
@@ -266,10 +298,16 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
 
 
 def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
-           described: dict[str, Any]) -> Any:
+           described: dict[str, Any], quantized: Quantized | None) -> Any:
     """Save the artifact; returns a torch.compile'd model instead when torch.export cannot capture
-    the model (graph breaks, data-dependent control flow), with the reason recorded."""
+    the model (graph breaks, data-dependent control flow), with the reason recorded. int8 has no
+    such fallback: quantization needs the exported graph, so its failure is the configuration's."""
     import torch
+
+    if quantized is not None:
+        exported = quantized.export(model, example)
+        save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
+        return None
 
     if knobs.saved_as_torchscript:
         with torch.no_grad(), autocast(knobs.precision):
@@ -289,7 +327,10 @@ def _aot_compile(exported: Any, tmp: Path) -> None:
     import torch._inductor
 
     try:
-        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp), inductor_configs={"freezing": True})
+        with warnings.catch_warnings():  # inductor's int8 lowering copies a tensor the way it warns against
+            warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
+                                                     inductor_configs={"freezing": True})
     except Exception as exc:
         raise ApplyError(f"AOTInductor could not compile the model ({explain(exc)}); "
                          f"check that a C++ compiler is installed, or use backend=torchscript") from exc
@@ -353,10 +394,16 @@ def _export(model: Any, example: Any, precision: Precision) -> Any:
             with autocast(precision):
                 return self.inner(*args, **kwargs)
 
-    args, kwargs = ((), example) if isinstance(example, dict) else (
-        (tuple(example) if isinstance(example, (list, tuple)) else (example,)), {})
+    args, kwargs = split(example)
     with torch.no_grad():
         return torch.export.export(Autocast(model), args, kwargs)
+
+
+def split(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A batch as torch.export takes it: positional inputs, keyword inputs."""
+    if isinstance(batch, dict):
+        return (), batch
+    return (tuple(batch) if isinstance(batch, (list, tuple)) else (batch,)), {}
 
 
 def _jit_compiled(model: Any) -> Any:
@@ -392,10 +439,17 @@ def fingerprint(model: Any) -> str:
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if isinstance(tensor, torch.Tensor):
-                values = (tensor.to_dense() if tensor.is_mkldnn else tensor).detach().contiguous()
-                digest.update(f"{name}|{tuple(values.shape)}|{values.dtype}\n".encode())
-                digest.update(values.reshape(-1).view(torch.uint8).numpy().tobytes())
+                hash_tensor(digest, name, tensor)
     return digest.hexdigest()[:20]
+
+
+def hash_tensor(digest: Any, name: str, tensor: Any) -> None:
+    """Add a tensor's name, shape, dtype and bytes to a hashlib digest."""
+    import torch
+
+    values = (tensor.to_dense() if tensor.is_mkldnn else tensor).detach().contiguous()
+    digest.update(f"{name}|{tuple(values.shape)}|{values.dtype}\n".encode())
+    digest.update(values.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 def _forward_source(module: Any) -> str:
@@ -406,11 +460,13 @@ def _forward_source(module: Any) -> str:
         return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def artifact_meta(knobs: ModelKnobs, example: Any, weights: str) -> dict[str, Any]:
+def artifact_meta(knobs: ModelKnobs, example: Any, weights: str, calibration: str = "") -> dict[str, Any]:
     import torch
 
     meta = {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": layout(example),
             "torch": torch.__version__, "isa": list(cpu.isa()), "weights": weights}
+    if calibration:
+        meta["calibration"] = calibration  # int8: what the quantizer observed
     # Inductor bakes the thread count into its kernels (`omp parallel num_threads(N)`, and no
     # parallel loops at all for 1 thread), so each thread count is its own artifact.
     return meta | ({"threads": torch.get_num_threads()} if knobs.backend == "inductor" else {})

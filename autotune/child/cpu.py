@@ -1,4 +1,4 @@
-"""This CPU's model name and instruction-set flags: what decides whether bf16 (or an artifact
+"""This CPU's model name and instruction-set flags: what decides whether bf16, int8 (or an artifact
 compiled elsewhere) can run here. Read by the child and the parent alike."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ import platform
 import re
 from pathlib import Path
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# The x86 int8 kernels oneDNN picks (and torchao's x86 quantizer assumes: full uint8 range) need VNNI or AMX.
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
 @functools.lru_cache(maxsize=1)
@@ -27,6 +29,10 @@ def cpuinfo() -> tuple[str, frozenset[str]]:
 
 def has_bf16() -> bool:
     return any(flag in cpuinfo()[1] for flag in BF16_FLAGS)
+
+
+def has_int8() -> bool:
+    return any(flag in cpuinfo()[1] for flag in INT8_FLAGS)
 
 
 # Flag families a compiler may emit instructions from: an artifact is keyed by all of them.

@@ -18,20 +18,22 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from autotune.child import envfile
+from autotune.child import envfile, quantize
 from autotune.child.convert import (
     BACKENDS,
     MEMORY_FORMATS,
     PRECISIONS,
     ApplyError,
     ModelKnobs,
+    Quantized,
     call,
     guard,
+    inputs,
     leaves,
     prepare,
 )
@@ -42,6 +44,7 @@ KNOB_VARS = {"mkldnn": "AUTOTUNE_MKLDNN", "weight_cache": "AUTOTUNE_WEIGHT_CACHE
              "backend": "AUTOTUNE_BACKEND", "memory_format": "AUTOTUNE_MEMORY_FORMAT",
              "precision": "AUTOTUNE_PRECISION"}
 TOLERANCE_VAR = "AUTOTUNE_TOLERANCE"
+CALIBRATION_VAR = "AUTOTUNE_CALIBRATION_BATCHES"  # what the study calibrated int8 on (its input batches)
 LISTED_VAR = "AUTOTUNE_KNOBS"  # every knob of the configuration, `k=v` pairs, as export writes them
 ARTIFACTS_VAR = "AUTOTUNE_ARTIFACTS"  # a folder of compiled artifacts: loaded when they match, else made
 REPORT_VAR = "AUTOTUNE_APPLY_REPORT"  # set by `autotune run`: where apply says what it applied
@@ -158,7 +161,7 @@ class Applied:
 
 
 def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | None = None, *,
-          check: bool = False) -> Any:
+          check: bool = False, calibration: Sequence[Any] = ()) -> Any:
     """`model` converted as the exported configuration says: from `env_file`, else from the
     environment (`source best.env`, `autotune run`). Without one, `model` is returned unchanged.
 
@@ -168,6 +171,10 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     compare the output against eager fp32 within the tolerance the study recorded (`WrongAnswers`
     when it does not hold). Conversions that change a module in place (mkldnn, channels_last)
     work on a copy: your `model` stays as it was.
+
+    precision=int8 calibrates on `calibration` (batches like `example_inputs`, say a few hundred
+    real inputs; default: `example_inputs` alone), and `check=True` compares top-1 answers and
+    cosine similarity with eager fp32 on those batches.
     """
     chosen = load_env_file(env_file) if env_file is not None else from_env(os.environ)
     if chosen is None or (chosen.knobs.is_default and not check):
@@ -175,7 +182,7 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
         return model
     converts_in_place = chosen.knobs.mkldnn or chosen.knobs.memory_format == "channels_last"
     applied = apply_deployment(copy.deepcopy(model) if converts_in_place else model, example_inputs, chosen,
-                               check=check)
+                               check=check, calibration=list(calibration))
     for stale in applied.setup.get("artifact_stale", []):
         warnings.warn(f"autotune: not loading {stale}; compiled a new one", ArtifactRebuilt, stacklevel=2)
     if "aot_fallback" in applied.setup:
@@ -185,25 +192,42 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
 
 
 def apply_deployment(model: Any, example_inputs: Any, chosen: Deployment, *, check: bool,
-                     setup: dict[str, Any] | None = None) -> Applied:
+                     setup: dict[str, Any] | None = None, on_phase: Callable[[str], None] | None = None,
+                     calibration: Sequence[Any] = (), guard_inputs: Sequence[Any] = ()) -> Applied:
     """The conversion itself, shared by `apply` and the benchmark child (which passes its plan's
-    knobs and records what happened in `setup`)."""
+    knobs, records what happened in `setup` and hears of compiling in `on_phase`). int8 calibrates
+    on `calibration` and is checked on `guard_inputs` (default: the calibration batches) as well as
+    on the example."""
     import torch
 
     setup = {} if setup is None else setup
     model = model.eval()
+    int8 = chosen.knobs.precision == "int8"
+    checked = [example_inputs, *(guard_inputs or calibration)] if int8 else [example_inputs]
     with torch.no_grad():
-        reference = leaves(call(model, example_inputs)) if check else None
-        forward = prepare(model, example_inputs, chosen.knobs, setup, chosen.artifacts)
+        references = [leaves(call(model, batch)) for batch in checked] if check else []
+        forward = prepare(model, example_inputs, chosen.knobs, setup, chosen.artifacts, on_phase,
+                          _quantized(example_inputs, chosen.knobs, calibration, setup) if int8 else None)
         start = time.perf_counter()
         output = forward(example_inputs)
         setup["first_forward_s"] = time.perf_counter() - start
+        outputs = [leaves(output)] + [leaves(forward(batch)) for batch in checked[1:] if check]
     setup["output_dtype"] = str(leaves(output)[0].dtype).replace("torch.", "")
     setup["output_digest"] = digest(output)
-    if reference is not None:
-        guard(reference, leaves(output), chosen.knobs.precision, chosen.tolerance, setup)
+    if references:
+        guard(references[0], outputs[0], chosen.knobs.precision, chosen.tolerance, setup)
+    if references and int8:
+        quantize.agreement_guard(references, outputs, chosen.tolerance, setup)
     _report(chosen)
     return Applied(forward, chosen.knobs, setup)
+
+
+def _quantized(example: Any, knobs: ModelKnobs, calibration: Sequence[Any], setup: dict[str, Any]) -> Quantized:
+    """int8's graph: quantized on the calibration batches (default: the example), in the layout the
+    knobs give every input."""
+    calibrated = [inputs(batch, knobs) for batch in calibration or [example]]
+    return Quantized(lambda model, ex: quantize.quantized_export(model, ex, calibrated, setup),
+                     quantize.digest(calibrated))
 
 
 def digest(output: Any) -> list[float]:

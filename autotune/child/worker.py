@@ -3,11 +3,14 @@
 Kept small and free of the harness: it imports torch only inside `main()`, never imports optuna or
 the CLI, and sends its result as a JSON file (never by printing). Protocol with the runner:
 
-1. build the model, warm up, then write `ready` and a newline to `--ready-fd`;
+1. build the model, warm up, then write `ready` and a newline to `--ready-fd`; before it, lines
+   `phase NAME` (`building`, `compiling`, `loading the compiled model`, `warming up`) say what the
+   child is doing, for live progress; a runner may ignore them, and a child may send none;
 2. read `go START END` from stdin: the common measuring window, in CLOCK_MONOTONIC seconds
    (system-wide on Linux, so the runner's `time.monotonic()` and the child's agree); anything else
    (EOF included) means the run was aborted, and the child exits 1;
-3. wait until START, time samples until END (and at least `--min-iterations` of them);
+3. wait until START, time samples until END (and at least `--min-iterations` of them); with
+   `--profile K`, profile K forward calls from START instead (`autotune.child.hotops`);
 4. write `done` and a newline to `--ready-fd` and close it, the end of the timed loop;
 5. write `--result` and exit 0.
 
@@ -36,6 +39,7 @@ from typing import Any
 
 from autotune.child.convert import installed_torch_version
 from autotune.child.envfile import SWITCH
+from autotune.child.quantize import CALIBRATION_BATCHES
 
 EXIT_BENCH_ERROR = 3  # a failure the worker understood and described in its result file
 
@@ -50,7 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--weight-cache", choices=("on", "off"), default="off")
     p.add_argument("--backend", choices=("eager", "torchscript", "inductor"), default="eager")
     p.add_argument("--memory-format", choices=("contiguous", "channels_last"), default="contiguous")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32")
+    p.add_argument("--calibration-batches", type=int, default=CALIBRATION_BATCHES, help="int8: batches observed")
     p.add_argument("--tolerance", type=float, default=-1.0, help="relative error allowed; <0: per precision")
     p.add_argument("--import-path", default="", help="folder to import a model factory from")
     p.add_argument("--probe", action="store_true", help="build, check one forward, write the result, exit")
@@ -64,6 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--result", required=True)
     p.add_argument("--ready-fd", type=int, default=-1)
     p.add_argument("--parent-pid", type=int, default=-1, help="autotune's pid: exit if it is already gone")
+    p.add_argument("--profile", type=int, default=0, help="profile this many forward calls instead of timing")
+    p.add_argument("--trace", default="", help="with --profile: where the Chrome trace is written")
     return p.parse_args(argv)
 
 
@@ -200,6 +207,12 @@ def wait_for_go(ready_fd: int, duration_s: float) -> Window:
     sys.exit(1)  # the runner went away or aborted the run
 
 
+def say_phase(ready_fd: int, phase: str) -> None:
+    """What the child is doing now, for the runner's progress (step 1 of the protocol)."""
+    if ready_fd >= 0:
+        os.write(ready_fd, f"phase {phase}\n".encode())
+
+
 def say_done(ready_fd: int) -> None:
     if ready_fd >= 0:
         os.write(ready_fd, b"done\n")
@@ -255,12 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     batches = iter(loader)
     example = next(batches)
     try:
-        forward = build(args, example, setup)
+        say_phase(args.ready_fd, "building")
+        forward = build(args, example, setup, on_phase=lambda phase: say_phase(args.ready_fd, phase))
         if args.probe:
             write_json(args.result, {"status": "ok", "setup": setup})
             return 0
         release_setup_memory()
         setup_peak_mb, peak_note = peak_rss_mb(), start_peak_rss()
+        say_phase(args.ready_fd, "warming up")
         with torch.no_grad():
             warmup_start = time.perf_counter()
             setup["warmup_iterations"] = warm_up(args, forward, batches)
@@ -270,7 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.result, {"status": "error", "reason": reason, "setup": setup})
         return EXIT_BENCH_ERROR
     window = wait_for_go(args.ready_fd, args.duration)
-    result = timed_loop(args, forward, batches, window)
+    if args.profile > 0:
+        from autotune.child.hotops import profiled_loop
+
+        result = profiled_loop(forward, batches, window.start, args.profile, args.trace)
+    else:
+        result = timed_loop(args, forward, batches, window)
     say_done(args.ready_fd)
     del batches, loader  # stop DataLoader workers so their peak RSS is counted below
     result.update(

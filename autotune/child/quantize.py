@@ -1,0 +1,142 @@
+"""precision=int8: post-training static quantization through PT2E with torchao's x86 inductor
+quantizer (uint8 activations calibrated per tensor, int8 weights per channel), and the guard that
+fits it: top-1 agreement and cosine similarity with eager fp32, over several batches.
+
+Why not the maximum relative error: int8 moves every output a little (about 2% of the largest
+logit on resnext101), which says nothing about whether the answers changed; whether the top class
+and the direction of the output vector stay is what a classifier or an embedding is used for.
+
+torch and torchao are imported inside functions; importing torchao's quantizer also registers its
+int8 fusion passes with inductor (for the whole process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import traceback
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from autotune.child.convert import TOLERANCE, ApplyError, WrongAnswers, call, explain, hash_tensor, split
+
+CALIBRATION_BATCHES = 4  # default `--calibration-batches`: batches of the example inputs observed
+GUARD_ITEMS = 32  # inputs (rounded up to whole batches) the int8 guard compares with eager fp32
+TORCHAO_INSTALL = "pip install torchao==0.18.0"
+
+
+def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup: dict[str, Any]) -> Any:
+    """The model captured, observed on the calibration batches, quantized, and exported again for
+    AOTInductor. Any failure is an ApplyError naming the operator where it could be told."""
+    import time
+
+    import torch
+
+    quantizer_cls, prepare_pt2e, convert_pt2e, default_config = _torchao()
+    args, kwargs = split(example)
+    start = time.perf_counter()
+    with torch.enable_grad():  # under no_grad, export groups a reused module's calls (resnet's relu) into one
+        try:
+            captured = torch.export.export(model, args, kwargs, strict=True).module()
+        except Exception as exc:
+            raise ApplyError(f"precision=int8: torch.export could not capture the model at {failed_op(exc)} "
+                             f"({explain(exc)}); use precision=fp32 or bf16 for it") from exc
+        quantizer = quantizer_cls()
+        quantizer.set_global(default_config())
+        prepared = _step("annotate", lambda: prepare_pt2e(captured, quantizer))
+    with torch.no_grad():
+        _step("calibrate", lambda: [call(prepared, batch) for batch in calibration])
+        converted = _step("convert", lambda: convert_pt2e(prepared))
+        setup["quantize_s"] = time.perf_counter() - start
+        return _step("export", lambda: torch.export.export(converted, args, kwargs, strict=True))
+
+
+def _torchao() -> tuple[Any, Any, Any, Any]:
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+            X86InductorQuantizer,
+            get_default_x86_inductor_quantization_config,
+        )
+    except ImportError as exc:
+        raise ApplyError(f"precision=int8 needs torchao ({exc}); install it with `{TORCHAO_INSTALL}`") from None
+    return X86InductorQuantizer, prepare_pt2e, convert_pt2e, get_default_x86_inductor_quantization_config
+
+
+def _step(name: str, action: Any) -> Any:
+    try:
+        with warnings.catch_warnings():  # what the quantizer leaves in fp32 (a max pool after fp32 input) is no fault
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torchao\.")
+            return action()
+    except ApplyError:
+        raise
+    except Exception as exc:
+        raise ApplyError(f"precision=int8: the x86 quantizer cannot handle this model: {name} failed at "
+                         f"{failed_op(exc)} ({explain(exc)}); use precision=fp32 or bf16 for it") from exc
+
+
+def failed_op(exc: BaseException) -> str:
+    """The operator a quantization failure is about: named in the message (aten.conv2d,
+    aten::conv2d, quantized ops), the model's line torch.export stopped at, else the quantizer's
+    pattern that raised (`_annotate_conv2d_...`)."""
+    for text in (str(exc), *(str(c) for c in _causes(exc))):
+        found = re.search(r"\b((?:aten|quantized_decomposed|onednn|torchao)(?:\.|::)\w+)", text)
+        if found:
+            return found.group(1).replace("::", ".")
+        line = re.search(r'# File "([^"]+)", line (\d+), in (\w+), code: (.+)', text)
+        if line:
+            return f"`{line.group(4).strip()}` ({line.group(1).rsplit('/', 1)[-1]}:{line.group(2)}, in {line.group(3)})"
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        pattern = re.match(r"_annotate_(\w+?)(?:_fusion_pattern|_binary_unary|_unary|_binary)?$", frame.name)
+        if pattern:
+            return f"aten.{pattern.group(1)} (the quantizer's {frame.name})"
+    return "an operator it does not name"
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    seen = exc.__cause__ or exc.__context__
+    while seen is not None and len(found) < 5:
+        found.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return found
+
+
+def digest(batches: Sequence[Any]) -> str:
+    """What the calibration saw, for the artifact's key: the bytes of every calibration tensor."""
+    import torch
+    from torch.utils import _pytree
+
+    hashed = hashlib.sha256(str(len(batches)).encode())
+    for batch in batches:
+        for tensor in (t for t in _pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)):
+            hash_tensor(hashed, "input", tensor)
+    return hashed.hexdigest()[:20]
+
+
+def rows(outputs: Sequence[Any]) -> Any:
+    """One row per input item: every output tensor of a batch flattened after dim 0, batches stacked."""
+    import torch
+
+    return torch.cat([torch.cat([t.float().reshape(t.shape[0], -1) for t in batch], dim=1) for batch in outputs])
+
+
+def agreement_guard(reference: Sequence[Any], output: Sequence[Any], tolerance: float, setup: dict[str, Any]) -> None:
+    """The int8 guard: each item's top-1 answer and the cosine similarity of its output with eager
+    fp32's; fails when more than `tolerance` of the items change their top-1 answer, or any item's
+    cosine similarity falls below 1 - tolerance. `reference`/`output`: per batch, its output tensors."""
+    import torch
+
+    ref, out = rows(reference), rows(output)
+    if ref.shape != out.shape:
+        raise WrongAnswers(f"output shape changed: {tuple(out.shape)} instead of eager fp32's {tuple(ref.shape)}")
+    agreement = float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean())
+    cosine = float(torch.nn.functional.cosine_similarity(ref, out, dim=1).min())
+    allowed = tolerance if tolerance >= 0 else TOLERANCE["int8"]
+    setup.update(top1_agreement=agreement, min_cosine=cosine, guard_items=int(ref.shape[0]), tolerance=allowed)
+    if not (agreement >= 1 - allowed and cosine >= 1 - allowed):
+        raise WrongAnswers(f"wrong answers: int8 agrees with eager fp32 on the top-1 answer of {agreement:.1%} of "
+                           f"{ref.shape[0]} inputs (min cosine similarity {cosine:.4f}); the tolerance {allowed:g} "
+                           f"asks for {1 - allowed:.1%} and {1 - allowed:.4f}; raise --tolerance to accept it, or "
+                           f"calibrate on more batches (--calibration-batches)")

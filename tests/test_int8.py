@@ -1,0 +1,165 @@
+"""precision=int8: where it is offered, its condition (backend=inductor), its guard, its failures,
+and a real quantized model through `bench` (e2e)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune import machine, planning, search_loop, space
+from autotune.child import cpu
+from autotune.child.convert import ApplyError, ModelKnobs
+from autotune.errors import ConfigError
+from autotune.knobs import Config
+from tests.conftest import FIXTURES
+from tests.test_cli import run_cli
+from tests.test_space import FakeTrial
+
+XEON = FIXTURES / "lscpu" / "xeon_2s_ht.txt"
+NO_VNNI = ("Intel(R) Xeon(R) CPU E5-2690 v4", frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}))
+VNNI = ("Intel(R) Xeon(R) Gold 6248", frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}))
+
+
+def search_space(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, frozenset[str]]) -> space.SearchSpace:
+    monkeypatch.setattr(cpu, "cpuinfo", lambda: flags)
+    request = search_loop.SearchRequest(model="resnet18", trials=2, space=space.find("default"))
+    return search_loop.validate(request, machine.described_machine(XEON))[1]
+
+
+def test_int8_is_not_offered_on_a_cpu_without_vnni_or_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapted = search_space(monkeypatch, NO_VNNI)
+    assert adapted.get("precision").choices == ("fp32", "bf16")  # type: ignore[union-attr]
+    assert "precision=int8 dropped: this CPU has neither VNNI (avx512_vnni, avx_vnni) nor AMX" in adapted.notes
+    assert machine.report(machine.described_machine(XEON))["precisions"] == {"bf16": True, "int8": False}
+    with pytest.raises(ApplyError, match="precision=int8 needs a CPU with VNNI"):
+        ModelKnobs(backend="inductor", precision="int8").check()
+    with pytest.raises(ConfigError, match="precision=int8 needs a CPU with VNNI"):
+        planning.make_plan(planning.BenchRequest("resnet18", Config.from_assignments(
+            ["backend=inductor", "precision=int8"])), machine.this_machine())
+
+
+def test_int8_is_offered_with_vnni_and_only_with_backend_inductor(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapted = search_space(monkeypatch, VNNI)
+    assert adapted.get("precision").choices == ("fp32", "int8")  # type: ignore[union-attr]
+    assert machine.report(machine.described_machine(XEON))["precisions"] == {"bf16": False, "int8": True}
+    small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
+    assert {c.describe() for c in small.configurations() or []} == {
+        "defaults", "backend=eager precision=fp32", "backend=torchscript precision=fp32",
+        "backend=inductor precision=fp32", "backend=inductor precision=int8"} - {"defaults"}
+
+
+def test_precision_is_its_own_optuna_parameter_where_int8_is_not_offered() -> None:
+    """Optuna refuses other choices under one parameter name across trials."""
+    adapted = space.adapt(space.load(space.find("default")), cores=2, available={"bf16": True, "int8": True})
+    eager = FakeTrial()
+    adapted.sample(_Fixed(eager, backend="eager"))
+    assert eager.asked["precision (fp32/bf16)"] == ["fp32", "bf16"] and "precision" not in eager.asked
+    inductor = FakeTrial()
+    assert adapted.sample(_Fixed(inductor, backend="inductor")).get("precision") == "int8"
+    assert inductor.asked["precision"] == ["fp32", "bf16", "int8"]
+    config = Config.from_assignments(["backend=eager", "precision=bf16"])
+    assert adapted.params(config) == {"backend": "eager", "precision (fp32/bf16)": "bf16"}
+
+
+class _Fixed:
+    """A trial that answers `backend` as told, mkldnn off, and the rest as FakeTrial does."""
+
+    def __init__(self, inner: FakeTrial, backend: str) -> None:
+        self.inner, self.told = inner, {"backend": backend, "mkldnn": "off"}
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return self.told[name] if name in self.told else self.inner.suggest_categorical(name, choices)
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        return self.inner.suggest_int(name, low, high, step=step, log=log)
+
+
+def test_int8_needs_backend_inductor() -> None:
+    with pytest.raises(ConfigError, match=r"^precision=int8 applies only with backend=inductor \(here "
+                                          r"backend=eager\); set backend or drop precision$"):
+        Config.from_assignments(["precision=int8"])
+    assert Config.from_assignments(["backend=inductor", "precision=int8"]).describe() == \
+        "backend=inductor precision=int8"
+
+
+def test_a_bad_calibration_flag_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "bench", "--model", "resnet18", "--calibration-batches", "0")
+    assert code == 2
+    assert err == ("Error: Invalid value for '--calibration-batches': 0 is not in the range x>=1. "
+                   "(see `autotune bench --help`)\n")
+
+
+def test_a_quantizer_failure_names_the_operator() -> None:
+    from autotune.child import quantize
+
+    def _annotate_conv2d_binary_unary() -> None:
+        raise ValueError("Input partition has more than one output node")
+
+    try:
+        _annotate_conv2d_binary_unary()
+    except ValueError as exc:
+        assert quantize.failed_op(exc) == "aten.conv2d (the quantizer's _annotate_conv2d_binary_unary)"
+    assert quantize.failed_op(RuntimeError("no kernel for aten::max_pool3d")) == "aten.max_pool3d"
+
+
+@pytest.mark.e2e
+def test_a_model_torch_export_cannot_capture_fails_naming_the_line() -> None:
+    import torch
+
+    from autotune.child import quantize
+    from tests.fixtures.models import tinynets
+
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(ApplyError, match=r"^precision=int8: torch.export could not capture the model at "
+                                         r"`return y if y.sum\(\) > 0 else -y` \(tinynets.py:\d+, in forward\)"):
+        quantize.quantized_export(tinynets.branchy(), x, [x], {})
+
+
+@pytest.mark.e2e
+def test_the_guard_fails_a_broken_quantization(tmp_path: Path) -> None:
+    """Calibrated on inputs 10^4 times too small, the scales clip every real activation: the
+    compiled int8 model runs, and the guard calls its answers wrong; calibrated on the inputs
+    themselves, it passes and records its figures."""
+    import torch
+
+    from autotune.child import deploy
+    from autotune.child.convert import WrongAnswers
+    from tests.fixtures.models import tinynets
+
+    images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
+    setup: dict[str, Any] = {}
+    deploy.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, setup=setup, calibration=images)
+    assert setup["top1_agreement"] >= 0.99 and setup["min_cosine"] >= 0.99 and setup["guard_items"] == 40
+    broken = [x * 1e-4 for x in images]
+    with pytest.raises(WrongAnswers, match=r"^wrong answers: int8 agrees with eager fp32 on the top-1 answer of "):
+        deploy.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, calibration=broken,
+                                guard_inputs=images)
+
+
+@pytest.mark.e2e
+def test_int8_through_bench_quantizes_once_then_loads(tmp_path: Path) -> None:
+    autotune = str(Path(sys.executable).with_name("autotune"))
+    folder = FIXTURES / "models"
+    command = [autotune, "bench", "--model", "tinynets:cnn", "--input-shape", "3x32x32", "--batch-size", "4",
+               "--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1", "--min-iterations", "3",
+               "--cache-dir", str(tmp_path / "cache"), "--json", "--calibration-batches", "2",
+               "--set", "backend=inductor", "--set", "precision=int8"]
+    setups = []
+    for _ in range(2):
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=folder)
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        assert data["result"]["ok"] and data["result"]["throughput_ips"] > 0
+        assert "--calibration-batches" in data["plan"]["instances"][0]["command"]
+        setups.append(data["result"]["instances"][0]["setup"])
+    first, second = setups
+    assert not first["artifact_hit"] and first["quantize_s"] > 0
+    assert first["top1_agreement"] >= 0.99 and first["guard_items"] == 36  # the example + 8 batches of 4
+    assert second["artifact_hit"] and "quantize_s" not in second
+    assert second["artifact_file"] == first["artifact_file"]
