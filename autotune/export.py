@@ -194,19 +194,25 @@ def write(path: Path, text: str) -> None:
     """Atomically: the file is complete or not there at all."""
     if path.is_dir():
         raise ExportError(f"cannot write {path}: it is a directory; give a file name like best.env")
-    folder = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+        write_atomically(path, text)
     except OSError as exc:
         raise ExportError(f"cannot write {path}: {exc.strerror}; choose a writable location") from None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` into `path`, complete or not at all: a temporary file beside it, renamed over it
+    (removed again when anything fails). Raises OSError."""
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except OSError as exc:
+    except OSError:
         Path(tmp).unlink(missing_ok=True)
-        raise ExportError(f"cannot write {path}: {exc.strerror}; choose a writable location") from None
+        raise
 
 
 def read(path: Path) -> EnvFile:

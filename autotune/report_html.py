@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import math
 import os
-import tempfile
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from autotune.errors import AutotuneError
+from autotune.export import write_atomically
 from autotune.objectives import Metric, lower_is_better
 from autotune.report import (
     IMPORTANCE_EVALUATOR,
@@ -299,16 +299,7 @@ def check_output(path: Path) -> None:
 def write(path: Path, text: str) -> None:
     """Atomically: the file is complete or not there at all."""
     check_output(path)
-    folder = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        write_atomically(path, text)
     except OSError as exc:
-        raise ReportWriteError(f"cannot write {path}: {exc.strerror}; give -o a writable location") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise ReportWriteError(f"cannot write {path}: {exc.strerror}; give -o a writable location") from None
