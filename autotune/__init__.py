@@ -6,7 +6,8 @@ configuration says (see `autotune.child.deploy`); importing this package loads n
 
 __version__ = "0.1.0"
 
-from autotune.child.convert import ApplyError, ModelKnobs, WrongAnswers
+from autotune.child.convert import ModelKnobs
 from autotune.child.deploy import Applied, Deployment, apply, load_env_file
+from autotune.child.errors import ApplyError, WrongAnswers
 
 __all__ = ["Applied", "ApplyError", "Deployment", "ModelKnobs", "WrongAnswers", "apply", "load_env_file"]

@@ -2,7 +2,8 @@
 
 A cache folder (`--cache-dir`, default studies/cache) holds compiled artifacts in `artifacts/`
 (an AOTInductor package or a TorchScript file, each with a `.json` description, see
-`child.convert`) and inductor's kernel cache in `inductor/<torch version>/`. An export folder
+`child.convert`), inductor's kernel cache in `inductor/<torch version>/`, and the eager outputs
+that let a process load an artifact without building the model in `references/<torch version>/`. An export folder
 (`autotune export --artifacts DIR`) holds artifacts directly. Exported env files in the current
 folder that point at an artifacts folder (AUTOTUNE_ARTIFACTS) keep the artifacts they would load.
 """
@@ -19,12 +20,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.child import cpu, deploy
-from autotune.child.convert import ARTIFACT_FORMAT, ApplyError, ModelKnobs, installed_torch_version
+from autotune.child import cpu, deploy, references
+from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
+from autotune.child.convert import ModelKnobs
 from autotune.child.envfile import value_text
+from autotune.child.errors import ApplyError
 from autotune.errors import AutotuneError
 
 ARTIFACT_SUFFIXES = (".pt2", ".pt")
+REFERENCES = "eager outputs"  # child.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
 
 
@@ -70,7 +74,7 @@ class Export:
 def scan(cache_dir: Path, here: Here, exports: Sequence[Export] = ()) -> list[Entry]:
     """Every entry of the cache folder, artifacts first, each marked with the env files keeping it."""
     found = [*artifacts(cache_dir / "artifacts", here), *artifacts(cache_dir, here),
-             *kernels(cache_dir / "inductor", here)]
+             *kernels(cache_dir / "inductor", here), *per_torch(cache_dir / references.FOLDER, here, REFERENCES)]
     return [_kept(entry, exports) for entry in found]
 
 
@@ -145,15 +149,23 @@ def kernels(folder: Path, here: Here) -> list[Entry]:
     directly in the folder (not attributable to a torch version)."""
     if not folder.is_dir():
         return []
-    versioned = [p for p in sorted(folder.iterdir()) if p.is_dir() and _looks_like_version(p.name)]
-    entries = [Entry("inductor kernels", p, "any", f"torch {p.name}", _tree_size(p), _tree_mtime(p),
-                     "" if p.name == here.torch else f"built by torch {p.name}, this is {here.torch}")
-               for p in versioned]
+    entries = per_torch(folder, here, "inductor kernels")
+    versioned = [entry.path for entry in entries]
     loose = [p for p in folder.iterdir() if p not in versioned]
     if loose:
         entries.append(Entry("inductor kernels", folder, "any", "torch unknown", sum(_tree_size(p) for p in loose),
                              max(_tree_mtime(p) for p in loose), "made before kernels were kept per torch version"))
     return entries
+
+
+def per_torch(folder: Path, here: Here, kind: str) -> list[Entry]:
+    """One entry per torch version folder: what that torch made, usable by that torch only."""
+    if not folder.is_dir():
+        return []
+    versioned = [p for p in sorted(folder.iterdir()) if p.is_dir() and _looks_like_version(p.name)]
+    return [Entry(kind, p, "any", f"torch {p.name}", _tree_size(p), _tree_mtime(p),
+                  "" if p.name == here.torch else f"built by torch {p.name}, this is {here.torch}")
+            for p in versioned]
 
 
 def _looks_like_version(name: str) -> bool:

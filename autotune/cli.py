@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from autotune import display, knobs, machine, models, options, planning, tempdirs
-from autotune.child.convert import ApplyError
+from autotune.child.errors import ApplyError
 from autotune.errors import AutotuneError, Interrupted, RunFailed
 from autotune.launch import LaunchPlan
 from autotune.lock import machine_lock

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from autotune import tempdirs
 from autotune.child import deploy
-from autotune.child.convert import ApplyError, ModelKnobs
+from autotune.child.convert import ModelKnobs
+from autotune.child.errors import ApplyError
 from autotune.errors import AutotuneError
 from autotune.launch import Binding, best_binder, bind_prefix
 from autotune.libs import Libraries

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import autotune
-from autotune.child import build, convert, cpu, deploy, envfile, worker
+from autotune.child import artifacts, build, convert, cpu, deploy, envfile, worker
 from autotune.child.convert import ModelKnobs
 from tests.fixtures.models import tinynets
 
@@ -146,7 +146,7 @@ def test_an_inductor_artifact_is_keyed_by_the_thread_count_it_was_compiled_for(t
             torch.set_num_threads(threads)
             for backend in ("inductor", "torchscript"):
                 meta = convert.artifact_meta(ModelKnobs(backend=backend), IMAGES, "w")
-                paths[backend, threads] = convert.artifact_path(tmp_path, meta, ".x")
+                paths[backend, threads] = artifacts.artifact_path(tmp_path, meta, ".x")
     finally:
         torch.set_num_threads(before)
     assert paths["inductor", 1] != paths["inductor", 2]

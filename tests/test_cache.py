@@ -15,8 +15,9 @@ import optuna
 import pytest
 
 from autotune import cache, export
-from autotune.child import deploy
-from autotune.child.convert import ARTIFACT_FORMAT, ModelKnobs, installed_torch_version
+from autotune.child import deploy, references
+from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
+from autotune.child.convert import ModelKnobs
 from autotune.errors import AutotuneError
 from autotune.options import parse_duration
 from tests.test_export import AUTOTUNE, searched  # noqa: F401 (a fixture)
@@ -26,7 +27,7 @@ DAY = 86400.0
 
 
 def artifact(folder: Path, name: str, knobs: ModelKnobs, age_s: float = 0.0, **meta: Any) -> Path:
-    """An artifact file and its description, as child.convert.save_artifact leaves them."""
+    """An artifact file and its description, as child.artifacts.save_artifact leaves them."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     path.write_bytes(b"x" * 1000)
@@ -77,6 +78,24 @@ def test_scan_lists_artifacts_kernels_and_leftovers(tmp_path: Path) -> None:
     assert entries[leftover.name].unusable == "left by a compile that was stopped"
     assert entries[HERE.torch].unusable == "" and entries[HERE.torch].size == 10
     assert entries["2.13.0"].unusable == "built by torch 2.13.0, this is 2.14.1+cu130"
+
+
+def test_the_kept_eager_outputs_are_entries_per_torch_version(tmp_path: Path) -> None:
+    """`child.references` keeps them per torch version: another torch's are unusable, and pruned."""
+    for version in (HERE.torch, "2.13.0", "2.12.0"):
+        folder = tmp_path / references.FOLDER / version
+        folder.mkdir(parents=True)
+        (folder / "k.pt").write_bytes(b"r" * 7)
+    os.utime(tmp_path / references.FOLDER / "2.12.0" / "k.pt", (time.time() - 40 * DAY,) * 2)
+    entries = {e.path.name: e for e in cache.scan(tmp_path, HERE)}
+    assert {e.kind for e in entries.values()} == {cache.REFERENCES}
+    assert entries[HERE.torch].unusable == "" and entries[HERE.torch].size == 7
+    assert entries["2.13.0"].unusable == "built by torch 2.13.0, this is 2.14.1+cu130"
+    assert entries["2.12.0"].last_used < time.time() - 39 * DAY
+    chosen = cache.to_prune(entries.values(), None, time.time(), False)
+    assert sorted(e.path.name for e in chosen) == ["2.12.0", "2.13.0"]
+    assert all(cache.remove(e) == "" for e in chosen)
+    assert [p.name for p in (tmp_path / references.FOLDER).iterdir()] == [HERE.torch]
 
 
 def test_prune_takes_the_unusable_and_the_unused_but_never_what_an_env_file_keeps(tmp_path: Path) -> None:

@@ -149,6 +149,23 @@ def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: P
         again(torch.randn(1, 3, 32, 32))
 
 
+def test_an_inductor_artifact_takes_keyword_inputs_in_any_order(tmp_path: Path) -> None:
+    """The AOTInductor package is loaded through torch's loader directly (child.artifacts.Package),
+    which puts keyword inputs in the order they were exported in."""
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, image: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"scaled": image * scale, "sum": image.sum(dim=(1, 2, 3)) - scale.sum()}
+
+    image, scale = torch.randn(BATCH, 3, 8, 8), torch.rand(BATCH, 1, 1, 1) + 1
+    deployment = deploy.Deployment(ModelKnobs(backend="inductor"), artifacts=tmp_path)
+    deploy.apply_deployment(TwoInputs(), {"image": image, "scale": scale}, deployment, check=True)
+    loaded = deploy.apply_deployment(TwoInputs(), {"scale": scale, "image": image}, deployment, check=True)
+    assert loaded.setup["artifact_hit"] is True
+    output = loaded(scale=scale, image=image)
+    assert set(output) == {"scaled", "sum"} and torch.allclose(output["scaled"], image * scale)
+
+
 class Branchy(torch.nn.Module):
     """Data-dependent control flow: torch.export cannot capture it, torch.compile can."""
 

@@ -13,7 +13,8 @@ import pytest
 
 from autotune import machine, planning, search_loop, space
 from autotune.child import cpu
-from autotune.child.convert import ApplyError, ModelKnobs
+from autotune.child.convert import ModelKnobs
+from autotune.child.errors import ApplyError
 from autotune.errors import ConfigError
 from autotune.knobs import Config
 from tests.conftest import FIXTURES
@@ -128,7 +129,7 @@ def test_the_guard_fails_a_broken_quantization(tmp_path: Path) -> None:
     import torch
 
     from autotune.child import deploy
-    from autotune.child.convert import WrongAnswers
+    from autotune.child.errors import WrongAnswers
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]

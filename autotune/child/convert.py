@@ -9,10 +9,6 @@ so what is measured is what a user's program runs.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import inspect
-import json
-import os
 import re
 import tempfile
 import time
@@ -23,7 +19,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.child import cpu
+from autotune.child.artifacts import (
+    ARTIFACT_FORMAT,
+    artifact_path,
+    fingerprint,
+    load,
+    mark_used,
+    save_artifact,
+    stale_artifacts,
+)
 from autotune.child.envfile import value_text
+from autotune.child.errors import ApplyError, WrongAnswers
 
 Backend = Literal["eager", "torchscript", "inductor"]
 Precision = Literal["fp32", "bf16", "int8"]
@@ -35,7 +41,6 @@ MEMORY_FORMATS: tuple[MemoryFormat, ...] = ("contiguous", "channels_last")
 # the same input; int8, the share of inputs whose top-1 answer may change, and how far below 1 any
 # input's cosine similarity may fall (quantize.agreement_guard).
 TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, "int8": 1e-2}
-ARTIFACT_FORMAT = "autotune-artifact-v1"  # bumped when what a saved file holds changes
 
 
 @dataclass(frozen=True)
@@ -45,14 +50,6 @@ class Quantized:
 
     export: Callable[[Any, Any], Any]  # (model, example) -> ExportedProgram
     calibration: str
-
-
-class ApplyError(Exception):
-    """A configuration that cannot run here or answers wrongly; the message says why and what to do."""
-
-
-class WrongAnswers(ApplyError):
-    """The converted model's output differs from eager fp32 beyond the tolerance."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +103,10 @@ class ModelKnobs:
                                  "use mkldnn=off")
 
 
+def _quiet(phase: str) -> None:
+    pass
+
+
 def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
             artifacts: Path | None = None, on_phase: Callable[[str], None] | None = None,
             quantized: Quantized | None = None) -> Callable[[Any], Any]:
@@ -132,11 +133,31 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
             warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated", category=FutureWarning)
             model = compiled(model, inputs(example, knobs), knobs, setup, artifacts, weights, on_phase or _quiet,
                              quantized)
+    return _forward(model, knobs)
+
+
+def load_saved(example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts: Path, weights: str,
+               calibration: str = "", on_phase: Callable[[str], None] = _quiet) -> Callable[[Any], Any] | None:
+    """What `prepare` returns for a compiled configuration whose artifact is saved, without the
+    model: `weights` is the model's fingerprint, `calibration` int8's batches' digest. None when
+    no artifact for them is saved in `artifacts`."""
+    knobs.check()
+    example = inputs(example, knobs)
+    path = _saved_path(artifacts, artifact_meta(knobs, example, weights, calibration), knobs)
+    if not path.exists():
+        return None
+    setup["artifact_file"], setup["artifact_hit"] = str(path), True
+    mark_used(path)
+    return _forward(_loaded(path, example, knobs, setup, on_phase), knobs)
+
+
+def _forward(model: Any, knobs: ModelKnobs) -> Callable[[Any], Any]:
+    """forward(batch): the inputs in the knobs' layout, bf16 under autocast, mkldnn outputs dense."""
 
     def forward(batch: Any) -> Any:
         with autocast(knobs.precision):
             output = call(model, inputs(batch, knobs))
-        return dense(output) if mkldnn else output
+        return dense(output) if knobs.mkldnn else output
 
     return forward
 
@@ -255,10 +276,6 @@ def probe_mkldnn(model: Any, example: Any) -> None:
             handle.remove()
 
 
-def _quiet(phase: str) -> None:
-    pass
-
-
 def compiled(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts: Path | None,
              weights: str, on_phase: Callable[[str], None] = _quiet, quantized: Quantized | None = None) -> Any:
     """The compiled backends, built once into an artifact that every later process loads: a frozen
@@ -277,7 +294,7 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
     if knobs.precision == "int8" and quantized is None:
         raise ApplyError("precision=int8 needs its calibration: apply it through autotune.apply")
     meta = artifact_meta(knobs, example, weights, quantized.calibration if quantized else "")
-    path = artifact_path(folder, meta, ".pt2" if knobs.backend == "inductor" else ".pt")
+    path = _saved_path(folder, meta, knobs)
     setup["artifact_file"] = str(path)
     setup["artifact_hit"] = path.exists()
     if path.exists():
@@ -290,9 +307,18 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
         if fallback is not None:
             return fallback
         setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
+    return _loaded(path, example, knobs, setup, on_phase)
+
+
+def _saved_path(folder: Path, meta: dict[str, Any], knobs: ModelKnobs) -> Path:
+    return artifact_path(folder, meta, ".pt2" if knobs.backend == "inductor" else ".pt")
+
+
+def _loaded(path: Path, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
+            on_phase: Callable[[str], None]) -> Any:
     on_phase("loading the compiled model")
     start = time.perf_counter()
-    loaded = _load(path, knobs)
+    loaded = load(path, knobs.backend)
     setup["artifact_load_s"] = time.perf_counter() - start
     return ShapeChecked(loaded, example)
 
@@ -334,17 +360,6 @@ def _aot_compile(exported: Any, tmp: Path) -> None:
     except Exception as exc:
         raise ApplyError(f"AOTInductor could not compile the model ({explain(exc)}); "
                          f"check that a C++ compiler is installed, or use backend=torchscript") from exc
-
-
-def _load(path: Path, knobs: ModelKnobs) -> Any:
-    import torch
-
-    if knobs.backend == "inductor":
-        import torch._inductor
-
-        return torch._inductor.aoti_load_package(str(path))
-    loaded = torch.jit.load(str(path))
-    return torch.jit.optimize_for_inference(loaded) if knobs.backend == "torchscript" else loaded
 
 
 class ShapeChecked:
@@ -427,39 +442,6 @@ def _trace(model: Any, example: Any) -> Any:
     return torch.jit.trace(model, args, check_trace=False)
 
 
-def fingerprint(model: Any) -> str:
-    """What a saved artifact bakes in: the model's structure (its printed form and the source of
-    each module type's forward) and the bytes of every weight and buffer, so that a model with
-    other code or other weights never loads another's artifact."""
-    import torch
-
-    digest = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}\n{model}\n".encode())
-    for source in sorted({_forward_source(m) for m in model.modules()}):
-        digest.update(source.encode())
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if isinstance(tensor, torch.Tensor):
-                hash_tensor(digest, name, tensor)
-    return digest.hexdigest()[:20]
-
-
-def hash_tensor(digest: Any, name: str, tensor: Any) -> None:
-    """Add a tensor's name, shape, dtype and bytes to a hashlib digest."""
-    import torch
-
-    values = (tensor.to_dense() if tensor.is_mkldnn else tensor).detach().contiguous()
-    digest.update(f"{name}|{tuple(values.shape)}|{values.dtype}\n".encode())
-    digest.update(values.reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def _forward_source(module: Any) -> str:
-    kind = type(module)
-    try:
-        return inspect.getsource(kind.forward)
-    except (OSError, TypeError, AttributeError):  # built in, compiled, or scripted: its name stands in
-        return f"{kind.__module__}.{kind.__qualname__}"
-
-
 def artifact_meta(knobs: ModelKnobs, example: Any, weights: str, calibration: str = "") -> dict[str, Any]:
     import torch
 
@@ -477,72 +459,3 @@ def _label(model: Any, setup: dict[str, Any]) -> str:
     return str(setup.get("model") or f"{type(model).__module__}.{type(model).__qualname__}")
 
 
-def mark_used(path: Path) -> None:
-    """A loaded artifact's description gets the time of use, so `autotune cache` can tell which
-    artifacts nobody has used for a while (atime is not kept on most mounts)."""
-    with contextlib.suppress(OSError):
-        os.utime(f"{path}.json")
-
-
-def installed_torch_version() -> str:
-    """`torch.__version__` without importing torch (seconds): read from torch/version.py, which the
-    build writes; what `artifact_meta` records."""
-    import importlib.metadata
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        with contextlib.suppress(OSError):
-            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", Path(folder, "version.py").read_text(), re.M)
-            if found:
-                return found.group(1)
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def artifact_path(folder: Path, meta: dict[str, Any], suffix: str) -> Path:
-    """Where the artifact for exactly this model, knobs, inputs, torch and CPU lives."""
-    key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
-    kind = "inductor" if meta["knobs"]["backend"] == "inductor" else "torchscript"
-    return folder / f"{kind}-{key}{suffix}"
-
-
-def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
-    """Artifacts of this very model, knobs and inputs made for another torch, CPU or format: never
-    loaded, named so that their rebuild is not silent (another input shape is another artifact)."""
-    same = ("weights", "knobs", "inputs")
-    found = []
-    for described in sorted(folder.glob("*.json")):
-        try:
-            other = json.loads(described.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(other, dict) or any(other.get(key) != meta[key] for key in same):
-            continue
-        differs = [f"{key} {other.get(key)} (here {meta[key]})" for key in ("torch", "isa", "format")
-                   if other.get(key) != meta[key]]
-        if differs:
-            found.append(f"{described.name[:-5]}: it was built for {', '.join(differs)}")
-    return found
-
-
-def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, Any]) -> None:
-    """Atomically: the file and its description appear complete or not at all, whatever fails."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # aoti wants its .pt2 suffix
-    described = Path(f"{tmp}.json")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save(tmp)
-        described.write_text(json.dumps(meta, indent=1))
-        os.replace(described, f"{path}.json")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ApplyError(f"cannot save the compiled model into {path.parent}: {exc.strerror or exc}; point "
-                         f"AUTOTUNE_ARTIFACTS at a writable folder, or unset it to compile in each process") \
-            from None
-    finally:
-        for leftover in (tmp, described):
-            with contextlib.suppress(OSError):
-                leftover.unlink(missing_ok=True)

@@ -28,16 +28,17 @@ from autotune.child.convert import (
     BACKENDS,
     MEMORY_FORMATS,
     PRECISIONS,
-    ApplyError,
     ModelKnobs,
     Quantized,
     call,
     guard,
     inputs,
     leaves,
+    load_saved,
     prepare,
 )
 from autotune.child.envfile import SWITCH, value_text
+from autotune.child.errors import ApplyError
 
 # The environment `autotune export` writes for the knobs that change the model itself.
 KNOB_VARS = {"mkldnn": "AUTOTUNE_MKLDNN", "weight_cache": "AUTOTUNE_WEIGHT_CACHE",
@@ -193,30 +194,77 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
 
 def apply_deployment(model: Any, example_inputs: Any, chosen: Deployment, *, check: bool,
                      setup: dict[str, Any] | None = None, on_phase: Callable[[str], None] | None = None,
-                     calibration: Sequence[Any] = (), guard_inputs: Sequence[Any] = ()) -> Applied:
+                     calibration: Sequence[Any] = (), guard_inputs: Sequence[Any] = (),
+                     references: list[list[Any]] | None = None) -> Applied:
     """The conversion itself, shared by `apply` and the benchmark child (which passes its plan's
     knobs, records what happened in `setup` and hears of compiling in `on_phase`). int8 calibrates
     on `calibration` and is checked on `guard_inputs` (default: the calibration batches) as well as
-    on the example."""
+    on the example. `references`: eager fp32's outputs on `checked_batches`, when the caller has
+    them already (`eager_outputs`)."""
     import torch
 
     setup = {} if setup is None else setup
     model = model.eval()
     int8 = chosen.knobs.precision == "int8"
-    checked = [example_inputs, *(guard_inputs or calibration)] if int8 else [example_inputs]
+    checked = checked_batches(example_inputs, chosen.knobs, calibration, guard_inputs)
     with torch.no_grad():
-        references = [leaves(call(model, batch)) for batch in checked] if check else []
+        if check and references is None:
+            references = eager_outputs(model, checked)
         forward = prepare(model, example_inputs, chosen.knobs, setup, chosen.artifacts, on_phase,
                           _quantized(example_inputs, chosen.knobs, calibration, setup) if int8 else None)
+    return _checked(forward, example_inputs, checked, references if check else None, chosen, setup)
+
+
+def apply_saved(example_inputs: Any, chosen: Deployment, weights: str, references: list[list[Any]], *,
+                setup: dict[str, Any], on_phase: Callable[[str], None] | None = None,
+                calibration: Sequence[Any] = (), guard_inputs: Sequence[Any] = ()) -> Applied | None:
+    """`apply_deployment` with check=True for a model known only by its fingerprint (`weights`)
+    and eager fp32's outputs on `checked_batches` (`references`), whose compiled artifact is
+    saved in `chosen.artifacts`; None when it is not."""
+    if chosen.artifacts is None or not chosen.knobs.compiled:
+        return None
+    int8 = chosen.knobs.precision == "int8"
+    digest = _quantized(example_inputs, chosen.knobs, calibration, setup).calibration if int8 else ""
+    forward = load_saved(example_inputs, chosen.knobs, setup, chosen.artifacts, weights, digest,
+                         on_phase or (lambda phase: None))
+    if forward is None:
+        return None
+    checked = checked_batches(example_inputs, chosen.knobs, calibration, guard_inputs)
+    return _checked(forward, example_inputs, checked, references, chosen, setup)
+
+
+def checked_batches(example_inputs: Any, knobs: ModelKnobs, calibration: Sequence[Any] = (),
+                    guard_inputs: Sequence[Any] = ()) -> list[Any]:
+    """The batches the guard compares with eager fp32: the example, and for int8 the guard's own
+    batches (default: the calibration batches)."""
+    if knobs.precision != "int8":
+        return [example_inputs]
+    return [example_inputs, *(guard_inputs or calibration)]
+
+
+def eager_outputs(model: Any, batches: Sequence[Any]) -> list[list[Any]]:
+    """The model's output tensors on each batch, as it is (eager fp32): the guard's reference."""
+    import torch
+
+    with torch.no_grad():
+        return [leaves(call(model.eval(), batch)) for batch in batches]
+
+
+def _checked(forward: Callable[[Any], Any], example_inputs: Any, checked: list[Any],
+             references: list[list[Any]] | None, chosen: Deployment, setup: dict[str, Any]) -> Applied:
+    """The first call timed, the output described, and with `references` the guard applied."""
+    import torch
+
+    with torch.no_grad():
         start = time.perf_counter()
         output = forward(example_inputs)
         setup["first_forward_s"] = time.perf_counter() - start
-        outputs = [leaves(output)] + [leaves(forward(batch)) for batch in checked[1:] if check]
+        outputs = [leaves(output)] + [leaves(forward(batch)) for batch in checked[1:] if references]
     setup["output_dtype"] = str(leaves(output)[0].dtype).replace("torch.", "")
     setup["output_digest"] = digest(output)
     if references:
         guard(references[0], outputs[0], chosen.knobs.precision, chosen.tolerance, setup)
-    if references and int8:
+    if references and chosen.knobs.precision == "int8":
         quantize.agreement_guard(references, outputs, chosen.tolerance, setup)
     _report(chosen)
     return Applied(forward, chosen.knobs, setup)

@@ -19,7 +19,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.child.convert import TOLERANCE, ApplyError, WrongAnswers, call, explain, hash_tensor, split
+from autotune.child.artifacts import hash_tensor
+from autotune.child.convert import TOLERANCE, call, explain, split
+from autotune.child.errors import ApplyError, WrongAnswers
 
 CALIBRATION_BATCHES = 4  # default `--calibration-batches`: batches of the example inputs observed
 GUARD_ITEMS = 32  # inputs (rounded up to whole batches) the int8 guard compares with eager fp32

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child.convert import installed_torch_version
+from autotune.child.artifacts import installed_torch_version
 from autotune.child.envfile import SWITCH
 from autotune.child.quantize import CALIBRATION_BATCHES
 
@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from autotune.child.build import build, dataset_for
-    from autotune.child.convert import ApplyError, explain
+    from autotune.child.convert import explain
+    from autotune.child.errors import ApplyError
 
     shape = tuple(int(n) for n in args.item_shape.split("x"))
     dataset: Any = dataset_for(shape, args.example_inputs)  # map-style by protocol; the stubs want a subclass

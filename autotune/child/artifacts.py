@@ -1,0 +1,159 @@
+"""Compiled artifacts on disk: where the one for a model, its knobs, inputs, torch and CPU lives,
+saving it atomically with its description, and loading it back: an AOTInductor package through
+torch's own loader, without importing torch._inductor (which imports torch._dynamo: ~2 s of every
+process that only loads), or a TorchScript file.
+
+torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.child.errors import ApplyError
+
+ARTIFACT_FORMAT = "autotune-artifact-v1"  # bumped when what a saved file holds changes
+
+
+def fingerprint(model: Any) -> str:
+    """What a saved artifact bakes in: the model's structure (its printed form and the source of
+    each module type's forward) and the bytes of every weight and buffer, so that a model with
+    other code or other weights never loads another's artifact."""
+    import torch
+
+    digest = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}\n{model}\n".encode())
+    for source in sorted({_forward_source(m) for m in model.modules()}):
+        digest.update(source.encode())
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if isinstance(tensor, torch.Tensor):
+                hash_tensor(digest, name, tensor)
+    return digest.hexdigest()[:20]
+
+
+def hash_tensor(digest: Any, name: str, tensor: Any) -> None:
+    """Add a tensor's name, shape, dtype and bytes to a hashlib digest."""
+    import torch
+
+    values = (tensor.to_dense() if tensor.is_mkldnn else tensor).detach().contiguous()
+    digest.update(f"{name}|{tuple(values.shape)}|{values.dtype}\n".encode())
+    digest.update(values.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def _forward_source(module: Any) -> str:
+    kind = type(module)
+    try:
+        return inspect.getsource(kind.forward)
+    except (OSError, TypeError, AttributeError):  # built in, compiled, or scripted: its name stands in
+        return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def mark_used(path: Path) -> None:
+    """A loaded artifact's description gets the time of use, so `autotune cache` can tell which
+    artifacts nobody has used for a while (atime is not kept on most mounts)."""
+    with contextlib.suppress(OSError):
+        os.utime(f"{path}.json")
+
+
+def installed_torch_version() -> str:
+    """`torch.__version__` without importing torch (seconds): read from torch/version.py, which the
+    build writes; what `artifact_meta` records."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        with contextlib.suppress(OSError):
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", Path(folder, "version.py").read_text(), re.M)
+            if found:
+                return found.group(1)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def artifact_path(folder: Path, meta: dict[str, Any], suffix: str) -> Path:
+    """Where the artifact for exactly this model, knobs, inputs, torch and CPU lives."""
+    key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+    kind = "inductor" if meta["knobs"]["backend"] == "inductor" else "torchscript"
+    return folder / f"{kind}-{key}{suffix}"
+
+
+def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
+    """Artifacts of this very model, knobs and inputs made for another torch, CPU or format: never
+    loaded, named so that their rebuild is not silent (another input shape is another artifact)."""
+    same = ("weights", "knobs", "inputs")
+    found = []
+    for described in sorted(folder.glob("*.json")):
+        try:
+            other = json.loads(described.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(other, dict) or any(other.get(key) != meta[key] for key in same):
+            continue
+        differs = [f"{key} {other.get(key)} (here {meta[key]})" for key in ("torch", "isa", "format")
+                   if other.get(key) != meta[key]]
+        if differs:
+            found.append(f"{described.name[:-5]}: it was built for {', '.join(differs)}")
+    return found
+
+
+def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, Any]) -> None:
+    """Atomically: the file and its description appear complete or not at all, whatever fails."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # aoti wants its .pt2 suffix
+    described = Path(f"{tmp}.json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save(tmp)
+        described.write_text(json.dumps(meta, indent=1))
+        os.replace(described, f"{path}.json")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ApplyError(f"cannot save the compiled model into {path.parent}: {exc.strerror or exc}; point "
+                         f"AUTOTUNE_ARTIFACTS at a writable folder, or unset it to compile in each process") \
+            from None
+    finally:
+        for leftover in (tmp, described):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
+
+
+def load(path: Path, backend: str) -> Any:
+    """An artifact saved by `save_artifact`, ready to call: an AOTInductor package (backend=inductor)
+    or a TorchScript file (optimized for inference when it is backend=torchscript)."""
+    import torch
+
+    if backend == "inductor":
+        return Package(str(path))
+    loaded = torch.jit.load(str(path))
+    return torch.jit.optimize_for_inference(loaded) if backend == "torchscript" else loaded
+
+
+class Package:
+    """An AOTInductor package, called like the exported module: inputs flattened as its call spec
+    says, outputs put back into the structure the model returned."""
+
+    def __init__(self, path: str) -> None:
+        import torch
+        from torch.utils import _pytree
+
+        self.runner = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        in_spec, out_spec = self.runner.get_call_spec()
+        self.in_spec, self.out_spec = _pytree.treespec_loads(in_spec), _pytree.treespec_loads(out_spec)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.utils import _pytree
+
+        ordered = {name: kwargs[name] for name in self.in_spec.child(1).context} if kwargs else {}
+        flat = [x for x in _pytree.tree_leaves((args, ordered)) if isinstance(x, torch.Tensor)]
+        return _pytree.tree_unflatten(self.runner.boxed_run(flat), self.out_spec)
