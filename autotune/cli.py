@@ -241,7 +241,8 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
              as_json: bool) -> dict[str, Any]:
     from autotune import confirm
 
-    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed)
+    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed,
+                              ran_on=machine.host_identity(machine.this_machine()))
     if not as_json:
         display.confirmation(verdict)
     return verdict
