@@ -7,7 +7,6 @@ import contextlib
 import io
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,23 +17,12 @@ import pytest
 from autotune import launch, machine, storage
 from autotune.cli import main
 from autotune.display import JSON_SCHEMA_VERSION
-from autotune.knobs import Config
-from autotune.launch import BenchSpec
+from tests.fake_cli import fake_child
 from tests.test_cli import run_cli
 from tests.test_study import SPACE
 
-FAKE = str(Path(__file__).parent / "fake_worker.py")
 QUICK = ("--duration", "0.1", "--warmup-time", "0", "--replicates", "1", "--fresh-replicates")
 STUDY = "resnet18-bs1-latency"
-
-
-def fake_child(behaviour: str) -> Any:
-    """`launch.worker_command` starting the fake child (its flags come in pairs, which it ignores)."""
-
-    def command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
-        return (sys.executable, FAKE, behaviour, "--model", bench.model)
-
-    return command
 
 
 @pytest.fixture(scope="module")
