@@ -17,6 +17,7 @@ beside it.
 
     python benchmarks/host_normalised.py                     # about 5 minutes on 2 cores
     python benchmarks/host_normalised.py --rounds 4 --duration 0.5
+    python benchmarks/host_normalised.py --from-log run.err  # the tables again from a run's round lines
 """
 
 from __future__ import annotations
@@ -153,6 +154,18 @@ def report(measured: Rounds, names: list[str]) -> None:
         print(f"| {label} | {rate(raw)} | {rate(norm)} |")
 
 
+def from_log(path: Path) -> Rounds:
+    """The rounds a run printed on stderr (`round N HOST: NAME MS, ...`); a cut-short run's too."""
+    measured: Rounds = {host: [] for host in HOSTS}
+    for line in path.read_text().splitlines():
+        if line.startswith("round "):
+            head, _, body = line.partition(": ")
+            pairs = (item.rsplit(" ", 1) for item in body.split(", "))
+            measured[head.split()[2]].append({name: float(ms) for name, ms in pairs})
+    rounds = min(len(measured[host]) for host in HOSTS)
+    return {host: measured[host][:rounds] for host in HOSTS}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet18")
@@ -160,7 +173,13 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=1.0, help="timed seconds per process")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cache-dir", type=Path, default=Path("/tmp/autotune-host-normalised"))
+    p.add_argument("--from-log", type=Path, help="report the rounds of an earlier run's stderr, measure nothing")
     args = p.parse_args()
+    if args.from_log:
+        measured = from_log(args.from_log)
+        print(f"{args.from_log}: {len(measured['quiet'])} rounds per host")
+        report(measured, [n for n in measured["quiet"][0] if n != "baseline"])
+        return
     here = machine.this_machine()
     settings = MeasureSettings(warmup=3, warmup_s=0.3, duration_s=args.duration, min_iterations=10)
     plans = {(" ".join(c) or "baseline"): planning.make_plan(planning.BenchRequest(
