@@ -11,7 +11,7 @@ before the lock is let go, so no two workers take the baseline or the same confi
 A study is for one host class (`machine.host_class`): a worker of another class is refused, unless
 `--allow-mixed`. Every host measures PyTorch's defaults before its first trial (the host that runs
 the study's baseline trial uses that one), and every trial's speedup is over its own host's
-baseline, so that host-to-host spread does not read as a knob's effect.
+baseline (recorded for reading across hosts; the objective stays the raw metric, README "A fleet").
 """
 
 from __future__ import annotations
@@ -192,8 +192,9 @@ def claim_class(study: optuna.Study, host_class: Mapping[str, Any], allow_mixed:
         return []
     key = differ[0]
     if allow_mixed:
-        return [f"this host's class differs from study {study.study_name}'s ({key}); --allow-mixed ranks them "
-                f"together, each trial's speedup over its own host's baseline"]
+        return [f"this host's class differs from study {study.study_name}'s ({key}); --allow-mixed ranks both "
+                f"classes' raw values together (a slower host's trials rank lower); each trial's speedup over its "
+                f"own host's baseline is recorded beside"]
     raise StudyError(f"this host is not of the class study {study.study_name!r} is for ({key}: {host_class[key]} "
                      f"here, {recorded.get(key)} in the study); start a study per host class, e.g. --study "
                      f"{study.study_name}-{class_id(dict(host_class))}, or pass --allow-mixed")
