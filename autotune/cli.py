@@ -148,8 +148,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 @options.rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
 @options.min_effect_option
 @click.option("--allow-mixed", is_flag=True,
-              help="Let this host join a shared study made on another host class (its trials ranked by speedup "
-                   "over its own baseline); without it such a host is refused.")
+              help="Let this host join a shared study made on another host class (raw values ranked together, "
+                   "each trial's speedup over its own host's baseline recorded); without it such a host is refused.")
 @options.measure_options
 @options.no_wait_option
 @options.json_option
@@ -241,7 +241,8 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
              as_json: bool) -> dict[str, Any]:
     from autotune import confirm
 
-    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed)
+    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed,
+                              ran_on=machine.host_identity(machine.this_machine()))
     if not as_json:
         display.confirmation(verdict)
     return verdict

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -182,8 +182,9 @@ def candidates(study: optuna.Study, top: int) -> tuple[FrozenTrial, list[FrozenT
 
 def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeout_s: float,
             on_run: Callable[[RunEvent], None], runner: PlanRunner = run_plan,
-            seed: int | None = None) -> dict[str, Any]:
-    """Re-measure, decide, and store the verdict on the study (user attribute `confirmation`)."""
+            seed: int | None = None, ran_on: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Re-measure, decide, and store the verdict on the study (user attribute `confirmation`);
+    `ran_on` is the host that measured it (`machine.host_identity`), recorded in the verdict."""
     check_rounds(rounds, top)
     base, chosen = candidates(study, top)
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))
@@ -193,6 +194,7 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
         if contenders else None
     limit = study.user_attrs.get("max_latency_ms")
     verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None)
+    verdict.update(ran_on or {})
     study.set_user_attr("confirmation", verdict)
     return verdict
 

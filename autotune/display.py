@@ -331,6 +331,9 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
     out.print(table)
     out.print(("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"],
               markup=False, soft_wrap=True)
+    if "host" in verdict:
+        out.print(f"measured on host {verdict['host']} (host class {verdict['host_class']})", markup=False,
+                  soft_wrap=True)
     if "order_seed" in verdict:
         err.print(f"rounds ran in a random balanced order, seed {verdict['order_seed']} (--seed repeats it)",
                   markup=False)

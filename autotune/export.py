@@ -77,6 +77,7 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         f"# speedup over PyTorch defaults: latency {attrs.get('speedup_latency', 1):.2f}x, "
         f"throughput {attrs.get('speedup_throughput', 1):.2f}x",
         f"# host: {_host(sattrs.get('host', {}))}",
+        f"# for host class {host_class_of(trial)}: {_measured_on(trial, sattrs.get('confirmation'))}",
         *_confirmation_lines(sattrs.get("confirmation"), trial.number),
         *([f"# {line}"] if (line := versus_recipes(study, trial)) else []),
         "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
@@ -181,6 +182,19 @@ def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
         "AUTOTUNE_INSTANCE_NUMA_NODES": ";".join("" if i.numa_node is None else str(i.numa_node)
                                                  for i in instances),
     }
+
+
+def host_class_of(trial: FrozenTrial) -> str:
+    """The class id of the host that measured the trial (machine.class_id), the class its env
+    file is for; "unknown" in a study recorded before host classes."""
+    return str(trial.user_attrs.get(records.HOST_CLASS, "unknown"))
+
+
+def _measured_on(trial: FrozenTrial, confirmation: dict[str, Any] | None) -> str:
+    said = f"trial {trial.number} was measured on host {trial.user_attrs.get('host', 'unknown')}"
+    if confirmation and confirmation["winner_trial"] == trial.number and "host" in confirmation:
+        said += f", confirmed on host {confirmation['host']} (class {confirmation['host_class']})"
+    return said + "; on hosts of another class, search there"
 
 
 def _host(host: dict[str, Any]) -> str:

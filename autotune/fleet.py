@@ -1,28 +1,183 @@
-"""A study shared by many workers (machines on one PostgreSQL study): the host class a study is
-for, each host's own baseline, and what other workers are measuring right now.
+"""A study shared by many workers (machines on one PostgreSQL study): claiming the next trial one
+worker at a time, the host class a study is for, each host's own baseline, and what other workers
+are measuring right now.
+
+Choosing and claiming the next trial happens in one worker at a time (storage.exclusive; a no-op on
+SQLite, where one search runs per study): dead workers' trials are failed, this host class's
+baseline comes first, then trials enqueued through Optuna, then a proposal that treats the other
+workers' running configurations as measured; the trial's configuration is fixed in the study
+before the lock is let go, so no two workers take the baseline or the same configuration.
 
 A study is for one host class (`machine.host_class`): a worker of another class is refused, unless
 `--allow-mixed`. Every host measures PyTorch's defaults before its first trial (the host that runs
 the study's baseline trial uses that one), and every trial's speedup is over its own host's
-baseline, so that host-to-host spread does not read as a knob's effect.
+baseline (recorded for reading across hosts; the objective stays the raw metric, README "A fleet").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 import optuna
 from optuna.trial import TrialState
 
+from autotune import proposals, records, storage
+from autotune.errors import AutotuneError, interrupt_reason
+from autotune.knobs import Config
 from autotune.machine import class_id
 from autotune.replicates import Measurement
-from autotune.storage import StudyError
+from autotune.space import SearchSpace
+from autotune.storage import StudyError, StudyLocked
 
-CLASS_ATTR = "host_class"  # on the study: the class it is for; on a trial: its host's class id
+CLASS_ATTR = records.HOST_CLASS  # on the study: the class it is for; on a trial: its host's class id
 HOST_BASELINE = "host_baseline:"  # + host name, on the study: that host's own baseline
 REFERENCE_KEYS = ("latency_p50_ms", "throughput_ips")
 Identity = tuple[str, int]
+T = TypeVar("T")
+# What a trial measures: the baseline, a trial already enqueued in the study, or a proposal.
+Next = proposals.Proposal | Literal["baseline", "enqueued"]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """What claiming a trial needs of a search: the study and where it lives, `--trials`, how a
+    configuration is proposed and sampled, the batch sizes, and this host's class id."""
+
+    study: optuna.Study
+    storage: str
+    trials: int
+    space: SearchSpace
+    proposer: proposals.Proposer
+    batch_sizes: tuple[int, ...]  # the first is the baseline's; more than one are searched
+    digest: str  # records.settings_digest of the measurement settings
+    klass: str  # machine.class_id of this host
+
+    def patiently(self, action: Callable[[], T]) -> T:
+        """Every read and write of the study waits while another process locks it."""
+        return storage.patiently(self.storage, action)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """The trial this worker runs next: what it measures, as it was fixed in the study."""
+
+    trial: optuna.Trial
+    proposal: Next
+    config: Config
+    batch: int
+
+
+def claim(worker: Worker) -> Claimed | Literal["taken"] | None:
+    """Fail dead workers' trials, choose the next trial and fix its configuration in the study, in
+    one worker at a time (None: the space is exhausted; "taken": finished and running trials make
+    --trials already and no retry waits)."""
+    study = worker.study
+    with storage.exclusive(study):
+        worker.patiently(lambda: records.abandon_stale_trials(study))
+        if worker.patiently(lambda: _all_taken(worker)):
+            return "taken"
+        proposed = worker.patiently(lambda: _propose(worker))
+        if proposed is None:
+            return None
+        trial = worker.patiently(functools.partial(ask, worker, proposed))
+        with never_left_running(worker, trial):
+            config, batch = worker.patiently(lambda: _start_trial(worker, trial, proposed))
+    return Claimed(trial, proposed, config, batch)
+
+
+def _all_taken(worker: Worker) -> bool:
+    """Finished trials and those other workers run make --trials, and no retry of a dead worker's
+    trial waits. (On SQLite one search runs per study: a running trial there is a killed one's.)"""
+    study = worker.study
+    others = records.running(study) if storage.is_server(worker.storage) else 0
+    return (records.finished(study) + others >= worker.trials
+            and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+@contextlib.contextmanager
+def never_left_running(worker: Worker, trial: optuna.Trial) -> Iterator[None]:
+    """Whatever goes wrong in the block, the trial is recorded failed with the reason (unless the
+    database stays locked: then the next start marks it failed)."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        _abandon(worker, trial, interrupt_reason(exc))
+        raise
+    except StudyLocked:
+        raise
+    except BaseException as exc:
+        _abandon(worker, trial, f"autotune failed: {type(exc).__name__}: {exc}")
+        raise
+
+
+def _abandon(worker: Worker, trial: optuna.Trial, reason: str) -> None:
+    """A trial cut short is recorded as failed with the reason, never left RUNNING (unless the
+    database stays locked: then the next start marks it failed)."""
+    study = worker.study
+
+    def fail() -> None:
+        if not study._storage.get_trial(trial._trial_id).state.is_finished():
+            records.record_failure(trial, reason, records.CUT_SHORT)
+            study.tell(trial, state=TrialState.FAIL)
+
+    with contextlib.suppress(StudyLocked):
+        worker.patiently(fail)
+
+
+def _propose(worker: Worker) -> Next | None:
+    """The baseline first; then trials enqueued through Optuna (by a user, or by an autotune
+    stopped between enqueueing and asking), sampled as they are; then a configuration that has not
+    run (None: the space is exhausted)."""
+    study = worker.study
+    if not baseline_taken(study, worker.klass):
+        return "baseline"
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return "enqueued"
+    return worker.proposer.next(study, records.measured_configs(study, worker.digest) | in_flight(study, worker.digest))
+
+
+def ask(worker: Worker, proposal: Next) -> optuna.Trial:
+    """A new trial; a proposal's parameters are fixed in it by enqueueing them just before."""
+    study = worker.study
+    waiting = [t.system_attrs.get("fixed_params")
+               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    if isinstance(proposal, proposals.Proposal) and proposal.params not in waiting:  # a retry after a lock finds it
+        study.enqueue_trial(proposal.params)
+    return storage.ask(study)
+
+
+def _start_trial(worker: Worker, trial: optuna.Trial, proposal: Next) -> tuple[Config, int]:
+    records.claim_trial(trial, worker.klass)
+    is_baseline = proposal == "baseline"
+    if isinstance(proposal, proposals.Proposal):
+        config = worker.space.sample(trial, only=proposal.config if proposal.recipe else None)
+        if config != proposal.config:  # the enqueued parameters were not taken: never measure a surprise
+            raise AutotuneError(f"trial {trial.number} sampled {config.describe()} instead of the proposed "
+                                f"{proposal.config.describe()}")
+        trial.set_user_attr("proposed_by", proposal.origin)
+        if proposal.recipe:
+            trial.set_user_attr("recipe", proposal.recipe)
+    elif proposal == "enqueued":
+        config = worker.space.sample(trial)
+        trial.set_user_attr("proposed_by", "enqueued")
+    else:
+        config = Config()
+    batch = _batch_size(worker, trial, is_baseline)
+    trial.set_user_attr("baseline", is_baseline)
+    trial.set_user_attr("config", config.describe())
+    trial.set_user_attr("batch_size", batch)
+    trial.set_user_attr("settings_digest", worker.digest)
+    return config, batch
+
+
+def _batch_size(worker: Worker, trial: optuna.Trial, is_baseline: bool) -> int:
+    if len(worker.batch_sizes) <= 1 or is_baseline:
+        return worker.batch_sizes[0]
+    return int(trial.suggest_categorical("batch_size", list(worker.batch_sizes)))
 
 
 def claim_class(study: optuna.Study, host_class: Mapping[str, Any], allow_mixed: bool) -> list[str]:
@@ -37,8 +192,9 @@ def claim_class(study: optuna.Study, host_class: Mapping[str, Any], allow_mixed:
         return []
     key = differ[0]
     if allow_mixed:
-        return [f"this host's class differs from study {study.study_name}'s ({key}); --allow-mixed ranks them "
-                f"together, each trial's speedup over its own host's baseline"]
+        return [f"this host's class differs from study {study.study_name}'s ({key}); --allow-mixed ranks both "
+                f"classes' raw values together (a slower host's trials rank lower); each trial's speedup over its "
+                f"own host's baseline is recorded beside"]
     raise StudyError(f"this host is not of the class study {study.study_name!r} is for ({key}: {host_class[key]} "
                      f"here, {recorded.get(key)} in the study); start a study per host class, e.g. --study "
                      f"{study.study_name}-{class_id(dict(host_class))}, or pass --allow-mixed")

@@ -89,6 +89,11 @@ def host_name() -> str:
     return os.environ.get(TEST_HOST_ENV) or socket.gethostname()
 
 
+def host_identity(machine: Machine) -> dict[str, str]:
+    """Which host did something, for a study's records: its name and its class id."""
+    return {"host": host_name(), "host_class": class_id(host_class(machine))}
+
+
 def memory_gib() -> int | None:
     """Total memory, rounded to GiB (the kernel's own reservations vary by a few MiB per boot)."""
     try:

@@ -1,10 +1,8 @@
 """The search: open a study for a request, then ask Optuna for configurations, measure each once,
 and tell it the result; the first trial is the baseline (PyTorch's defaults).
 
-On one machine trials run one after another (timings need the machine to themselves). On a
-database server (PostgreSQL) several machines are workers of one study, each running one trial at
-a time: choosing and claiming the next trial happens in one worker at a time (storage.exclusive),
-so no two workers take the baseline or the same configuration (fleet.py).
+On one machine trials run one after another (timings need the machine to themselves); on a
+database server several machines are workers of one study, each claiming its next trial (fleet.py).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -22,7 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import budget, fleet, models, planning, proposals, recipes, records, space, storage
-from autotune.errors import AutotuneError, RunFailed, interrupt_reason
+from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import MeasureSettings
 from autotune.machine import (
@@ -52,10 +50,6 @@ SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s
                  "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
                  "warm_replicates": "--warm-replicates/--fresh-replicates",
                  "timeout_s": "--timeout", "tolerance": "--tolerance", "calibration_batches": "--calibration-batches"}
-
-
-# What a trial measures: the baseline, a trial already enqueued in the study, or a proposal.
-Next = proposals.Proposal | Literal["baseline", "enqueued"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +123,13 @@ class Search:
     settings_digest: str = ""
     proposer: proposals.Proposer | None = None
     klass: str = ""  # this host's class id (machine.class_id)
+
+    def worker(self) -> fleet.Worker:
+        """What claiming this search's next trial needs (fleet.claim)."""
+        assert self.proposer is not None
+        sizes = self.request.batch_sizes if len(self.request.batch_sizes) > 1 else (self.request.batch_size,)
+        return fleet.Worker(self.study, self.storage, self.request.trials, self.space, self.proposer, sizes,
+                            self.settings_digest, self.klass)
 
     def should_confirm(self, top: int) -> bool:
         """Confirm when asked and something new ran, or when the study holds no verdict yet."""
@@ -289,71 +290,18 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
         if ended is not None:
             _patiently(search, functools.partial(records.record_end, study, ended))
             return budget.message(ended, records.finished(study))
-        claimed = _claim(search)
+        claimed = fleet.claim(search.worker())
         if claimed == "taken":
             break  # the other workers run the trials left
         if claimed is None:
             _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
                     f"baseline included); widen the space (--space) to search further")
-        with _never_left_running(search, claimed.trial), storage.heartbeat(study, claimed.trial):
+        with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):
             _run_trial(search, machine, claimed, start, on_event, runner)
         ran += 1
     _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
     return ""
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """The trial this worker runs next: what it measures, as it was fixed in the study."""
-
-    trial: optuna.Trial
-    proposal: Next
-    config: Config
-    batch: int
-
-
-def _claim(search: Search) -> Claimed | Literal["taken"] | None:
-    """Fail dead workers' trials, choose the next trial and fix its configuration in the study, in
-    one worker at a time (None: the space is exhausted; "taken": finished and running trials make
-    --trials already and no retry waits)."""
-    study = search.study
-    with storage.exclusive(study):
-        _patiently(search, lambda: records.abandon_stale_trials(study))
-        if _patiently(search, lambda: _all_taken(search)):
-            return "taken"
-        proposed = _patiently(search, lambda: _propose(search))
-        if proposed is None:
-            return None
-        trial = _patiently(search, functools.partial(_ask, search, proposed))
-        with _never_left_running(search, trial):
-            config, batch = _patiently(search, lambda: _start_trial(search, trial, proposed))
-    return Claimed(trial, proposed, config, batch)
-
-
-def _all_taken(search: Search) -> bool:
-    """Finished trials and those other workers run make --trials, and no retry of a dead worker's
-    trial waits. (On SQLite one search runs per study: a running trial there is a killed one's.)"""
-    study = search.study
-    others = records.running(study) if storage.is_server(search.storage) else 0
-    return (records.finished(study) + others >= search.request.trials
-            and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-
-
-@contextlib.contextmanager
-def _never_left_running(search: Search, trial: optuna.Trial) -> Iterator[None]:
-    """Whatever goes wrong in the block, the trial is recorded failed with the reason (unless the
-    database stays locked: then the next start marks it failed)."""
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        _abandon(search, trial, interrupt_reason(exc))
-        raise
-    except StudyLocked:
-        raise
-    except BaseException as exc:
-        _abandon(search, trial, f"autotune failed: {type(exc).__name__}: {exc}")
-        raise
 
 
 def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
@@ -363,50 +311,12 @@ def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
                              request.measure.duration_s, request.replicates.in_process)
 
 
-def _propose(search: Search) -> Next | None:
-    """The baseline first; then trials enqueued through Optuna (by a user, or by an autotune
-    stopped between enqueueing and asking), sampled as they are; then a configuration that has not
-    run (None: the space is exhausted)."""
-    study = search.study
-    if not fleet.baseline_taken(study, search.klass):
-        return "baseline"
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        return "enqueued"
-    assert search.proposer is not None
-    digest = search.settings_digest
-    return search.proposer.next(study, records.measured_configs(study, digest) | fleet.in_flight(study, digest))
-
-
-def _ask(search: Search, proposal: Next) -> optuna.Trial:
-    """A new trial; a proposal's parameters are fixed in it by enqueueing them just before."""
-    study = search.study
-    waiting = [t.system_attrs.get("fixed_params")
-               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-    if isinstance(proposal, proposals.Proposal) and proposal.params not in waiting:  # a retry after a lock finds it
-        study.enqueue_trial(proposal.params)
-    return storage.ask(study)
-
-
 def _patiently(search: Search, action: Callable[[], T]) -> T:
     """Every read and write of the study during a search waits while another process locks it."""
     return storage.patiently(search.storage, action)
 
 
-def _abandon(search: Search, trial: optuna.Trial, reason: str) -> None:
-    """A trial cut short is recorded as failed with the reason, never left RUNNING (unless the
-    database stays locked: then the next start marks it failed)."""
-    study = search.study
-
-    def fail() -> None:
-        if not study._storage.get_trial(trial._trial_id).state.is_finished():
-            records.record_failure(trial, reason, records.CUT_SHORT)
-            study.tell(trial, state=TrialState.FAIL)
-
-    with contextlib.suppress(StudyLocked):
-        _patiently(search, fail)
-
-
-def _run_trial(search: Search, machine: Machine, claimed: Claimed, start: float,
+def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: float,
                on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> None:
     study, trial, proposal, config, batch = search.study, claimed.trial, claimed.proposal, claimed.config, claimed.batch
     is_baseline = proposal == "baseline"
@@ -438,39 +348,6 @@ def _host_baseline(search: Search, machine: Machine, runner: PlanRunner) -> dict
         raise RunFailed(f"this host's baseline (PyTorch defaults) failed: {measured.reason}; autotune needs it to "
                         f"tune; try `autotune bench --model {search.request.model}` to see why")
     return _patiently(search, lambda: fleet.record_host_baseline(search.study, host, measured))
-
-
-def _start_trial(search: Search, trial: optuna.Trial,
-                 proposal: Next) -> tuple[Config, int]:
-    records.claim_trial(trial, search.klass)
-    is_baseline = proposal == "baseline"
-    if isinstance(proposal, proposals.Proposal):
-        config = search.space.sample(trial, only=proposal.config if proposal.recipe else None)
-        if config != proposal.config:  # the enqueued parameters were not taken: never measure a surprise
-            raise AutotuneError(f"trial {trial.number} sampled {config.describe()} instead of the proposed "
-                                f"{proposal.config.describe()}")
-        trial.set_user_attr("proposed_by", proposal.origin)
-        if proposal.recipe:
-            trial.set_user_attr("recipe", proposal.recipe)
-    elif proposal == "enqueued":
-        config = search.space.sample(trial)
-        trial.set_user_attr("proposed_by", "enqueued")
-    else:
-        config = Config()
-    batch = _batch_size(search.request, trial, is_baseline)
-    trial.set_user_attr("baseline", is_baseline)
-    trial.set_user_attr("config", config.describe())
-    trial.set_user_attr("batch_size", batch)
-    trial.set_user_attr("settings_digest", search.settings_digest)
-    return config, batch
-
-
-def _batch_size(request: SearchRequest, trial: optuna.Trial, is_baseline: bool) -> int:
-    if len(request.batch_sizes) <= 1:
-        return request.batch_size
-    if is_baseline:
-        return request.batch_sizes[0]
-    return int(trial.suggest_categorical("batch_size", list(request.batch_sizes)))
 
 
 def _constrain(trial: optuna.Trial, limit_ms: float) -> None:

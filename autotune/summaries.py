@@ -94,6 +94,6 @@ def exported(path: Path, study: optuna.Study, chosen: FrozenTrial, text: str,
     confirmation = study.user_attrs.get("confirmation")
     return {"path": str(path), "study": study.study_name, "trial": chosen.number,
             "config": chosen.user_attrs.get("config", ""), "env": parsed.env, "unset": list(parsed.unset),
-            "artifacts": str(artifacts) if artifacts else None,
+            "artifacts": str(artifacts) if artifacts else None, "host_class": export.host_class_of(chosen),
             "confirmation": {"status": export.confirmation_status(confirmation, chosen.number),
                              "message": confirmation["message"] if confirmation else None}}

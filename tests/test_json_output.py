@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import sys
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,26 +14,15 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import launch, storage
+from autotune import launch, machine, storage
 from autotune.cli import main
 from autotune.display import JSON_SCHEMA_VERSION
-from autotune.knobs import Config
-from autotune.launch import BenchSpec
+from tests.fake_cli import fake_child
 from tests.test_cli import run_cli
 from tests.test_study import SPACE
 
-FAKE = str(Path(__file__).parent / "fake_worker.py")
 QUICK = ("--duration", "0.1", "--warmup-time", "0", "--replicates", "1", "--fresh-replicates")
 STUDY = "resnet18-bs1-latency"
-
-
-def fake_child(behaviour: str) -> Any:
-    """`launch.worker_command` starting the fake child (its flags come in pairs, which it ignores)."""
-
-    def command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
-        return (sys.executable, FAKE, behaviour, "--model", bench.model)
-
-    return command
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +75,39 @@ def test_confirm_json_is_the_stored_verdict(in_study: optuna.Study, capsys: pyte
     assert {k: v for k, v in doc.items() if k not in ("kind", "schema_version", "study")} == stored
     assert doc["study"] == STUDY and doc["order_seed"] == 3
     assert "round 5/5" in err  # progress stays on stderr
+
+
+def test_confirm_records_the_host_that_ran_it(in_study: optuna.Study, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(machine.TEST_HOST_ENV, "confirmer-7")
+    klass = machine.class_id(machine.host_class(machine.this_machine()))
+    code, out, _ = run_cli(capsys, "confirm", "--top", "1", "--rounds", "5", "--json")
+    doc = json.loads(out)
+    stored = study_in(Path.cwd()).user_attrs["confirmation"]
+    assert code == 0 and (doc["host"], doc["host_class"]) == ("confirmer-7", klass)
+    assert (stored["host"], stored["host_class"]) == ("confirmer-7", klass)
+    code, out, _ = run_cli(capsys, "confirm", "--top", "1", "--rounds", "5")
+    assert code == 0 and f"measured on host confirmer-7 (host class {klass})" in out
+
+
+def test_export_says_the_host_class_safely_for_any_host_name(in_study: optuna.Study, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    hostile = "evil\nexport PWNED=1\n$(touch pwned)`touch pwned`"
+    monkeypatch.setenv(machine.TEST_HOST_ENV, hostile)
+    assert run_cli(capsys, "confirm", "--top", "1", "--rounds", "5")[0] == 0
+    code, out, _ = run_cli(capsys, "export", "best.env", "--json")
+    doc = json.loads(out)
+    winner = in_study.trials[doc["trial"]]
+    assert code == 0 and doc["host_class"] == winner.user_attrs["host_class"]
+    text = Path("best.env").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("# for host class "))
+    assert line.startswith(f"# for host class {winner.user_attrs['host_class']}: trial {winner.number} was "
+                           f"measured on host {winner.user_attrs['host']}, confirmed on host evil\\nexport")
+    assert all(x.startswith(("#", "export ", "unset ")) for x in text.splitlines() if x)
+    shell = subprocess.run(["bash", "-c", 'source best.env && echo "${PWNED-unset}"'], capture_output=True,
+                           text=True, cwd=Path.cwd())
+    assert shell.returncode == 0 and shell.stdout == "unset\n" and not Path("pwned").exists()
 
 
 def test_compare_json_has_both_series_and_the_paired_comparison(in_study: optuna.Study,

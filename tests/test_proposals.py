@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import proposals, recipes, records, search_loop, space
+from autotune import fleet, proposals, recipes, records, search_loop, space
 from autotune.knobs import Config
 from autotune.launch import LaunchPlan
 from autotune.libs import Libraries
@@ -182,7 +182,7 @@ def test_a_retried_ask_does_not_enqueue_its_proposal_twice(tmp_path: Path, here:
     proposal = opened.proposer.next(opened.study, set())
     assert proposal is not None
     opened.study.enqueue_trial(proposal.params)  # as if the database locked right after enqueueing
-    trial = search_loop._ask(opened, proposal)
+    trial = fleet.ask(opened.worker(), proposal)
     assert trial.params == {} and opened.study._storage.get_trial(trial._trial_id).system_attrs[
         "fixed_params"] == proposal.params
     assert opened.study.get_trials(states=(optuna.trial.TrialState.WAITING,)) == []

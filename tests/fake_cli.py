@@ -1,0 +1,37 @@
+"""The real CLI with the fake benchmark child (tests/fake_worker.py) in place of the real one, for
+tests that run `autotune` as a process of its own; everything else (flags, this machine, its host
+class, the study, exit codes) is the real thing.
+
+    python tests/fake_cli.py BEHAVIOUR AUTOTUNE_ARGS...      e.g. ok search --model resnet18 ...
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune import launch  # noqa: E402
+from autotune.knobs import Config  # noqa: E402
+from autotune.launch import BenchSpec  # noqa: E402
+
+FAKE = str(Path(__file__).parent / "fake_worker.py")
+
+
+def fake_child(behaviour: str) -> Any:
+    """`launch.worker_command` starting the fake child (its flags come in pairs, which it ignores)."""
+
+    def command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
+        return (sys.executable, FAKE, behaviour, "--model", bench.model)
+
+    return command
+
+
+if __name__ == "__main__":
+    from autotune.cli import main
+
+    launch.worker_command = fake_child(sys.argv[1])
+    main(sys.argv[2:])
