@@ -78,11 +78,28 @@ def test_importing_the_child_loads_no_harness_and_no_torch() -> None:
     assert [m for m in loaded if m.startswith("autotune.") and not m.startswith("autotune.child")] == []
 
 
-def test_nothing_imports_the_cli() -> None:
-    importers = [f"{path.relative_to(PACKAGE)}:{line}" for path in PACKAGE.rglob("*.py")
-                 if path.name not in ("cli.py", "__main__.py")
-                 for module, line, _ in imported_modules(path) if module == "autotune.cli"]
-    assert importers == []
+CLI_MODULES = {f"autotune.{path.stem}" for path in PACKAGE.glob("cli*.py")}  # cli.py and its cli_*.py
+
+
+def cli_importers(paths: list[Path]) -> list[str]:
+    """Where a module other than the CLI's own (and `python -m autotune`) imports one of the CLI modules."""
+    return [f"{path.name}:{line}" for path in paths
+            if path.name != "__main__.py" and not path.name.startswith("cli")
+            for module, line, _ in imported_modules(path, package="autotune")
+            if module in CLI_MODULES or module.rpartition(".")[0] in CLI_MODULES]
+
+
+def test_nothing_imports_the_cli_modules_but_the_cli() -> None:
+    assert {"autotune.cli", "autotune.cli_common"} <= CLI_MODULES
+    assert cli_importers(sorted(PACKAGE.rglob("*.py"))) == []
+
+
+@pytest.mark.parametrize("line", ["from autotune import cli", "from autotune.cli import main", "import autotune.cli",
+                                  "from autotune.cli_common import emit", "from . import cli_search"])
+def test_the_cli_check_catches_a_planted_import(tmp_path: Path, line: str) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text(f"{line}\n")
+    assert cli_importers([planted]), f"{line!r} slipped through"
 
 
 def test_imports_only_point_down_the_readme_layout_table() -> None:
