@@ -26,6 +26,7 @@ from autotune.machine import Machine, fingerprint, host_name
 from autotune.objectives import Metric
 from autotune.replicates import Measurement
 from autotune.results import RunResult
+from autotune.space import recorded_differs
 from autotune.storage import StudyError
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -139,15 +140,21 @@ def host_fingerprint(machine: Machine) -> dict[str, Any]:
 
 
 def claim(study: optuna.Study, wanted: Mapping[str, Any], space: dict[str, Any],
-          description: Mapping[str, Any]) -> None:
-    """A new study gets what it was made for; an existing one must have been made for the same."""
+          description: Mapping[str, Any], other_class: bool = False) -> None:
+    """A new study gets what it was made for; an existing one must have been made for the same.
+    A host of `other_class` (admitted by --allow-mixed) may search up to its own cores."""
     attrs = study.user_attrs
     if "model" not in attrs:  # new (fleet.claim_class may have written the host class already)
         for key, value in {**wanted, "space": space, **description}.items():
             study.set_user_attr(key, value)
         return
     check_wanted(study, wanted)
-    if attrs.get("space", space)["knobs"] != space["knobs"]:
+    differs = recorded_differs(attrs.get("space", space), space, cores_may_differ=other_class)
+    if differs and other_class:
+        raise StudyError(f"study {study.study_name!r} cannot take this host's trials: {differs} (--allow-mixed "
+                         f"lets only the thread and instance counts follow a host's cores); install what this host "
+                         f"lacks, or start a study per host class with another --study name")
+    if differs:
         raise StudyError(f"study {study.study_name!r} was made with another search space (or this machine's "
                          f"libraries or cores changed since); use another --study name or the same --space")
 

@@ -182,7 +182,8 @@ def open_search(request: SearchRequest, machine: Machine,
     _check_pins(study, request.pins)
     records.check_wanted(study, _wanted(request, model))  # what was asked first, then where it runs
     mixed = fleet.claim_class(study, cls, request.allow_mixed)
-    records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings))
+    records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings),
+                  other_class=bool(mixed))
     found = recipes.recipes(machine.topology, request.objective, machine_has_bf16(), machine_has_int8())
     known, left_out = recipes.fitting(found, adapted, request.pins)
     notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),

@@ -195,6 +195,36 @@ class SearchSpace:
             for k in self.knobs}}
 
 
+CORE_BOUND = ("omp_threads", "instances")  # knobs whose highest value `adapt` caps at a machine's cores
+
+
+def recorded_differs(recorded: Mapping[str, Any], mine: Mapping[str, Any], cores_may_differ: bool = False) -> str:
+    """How this host's space (`to_json`) differs from the one a study recorded: "" when it may
+    resume the study. A host of another class (`--allow-mixed`) may cap the core-bound knobs at
+    its own cores; its choices must still be the study's (Optuna keeps one set per parameter)."""
+    theirs, ours = dict(recorded["knobs"]), dict(mine["knobs"])
+    if cores_may_differ:
+        for knobs in (theirs, ours):
+            for name in CORE_BOUND:
+                if name in knobs:
+                    knobs[name] = {k: v for k, v in knobs[name].items() if k != "high"}
+    if theirs == ours:
+        return ""
+    for name in sorted(set(theirs) | set(ours)):
+        if theirs.get(name) != ours.get(name):
+            return (f"{name} is {_shown_knob(theirs.get(name))} in the study and {_shown_knob(ours.get(name))} "
+                    f"on this host")
+    return "the knobs differ"
+
+
+def _shown_knob(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "not searched"
+    if "choices" in entry:
+        return "/".join(entry["choices"])
+    return f"{entry.get('low')}..{entry.get('high', 'its cores')}"
+
+
 def find(spec: str) -> Path:
     """`--space` by path, or by name in ./search_spaces or the project's search_spaces/."""
     path = Path(spec)

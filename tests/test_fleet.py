@@ -170,9 +170,6 @@ def test_the_cli_refuses_another_host_class_in_one_line(pg_url: str, tmp_path: P
     assert (len(after.trials), after.user_attrs) == (2, before.user_attrs)  # nothing written
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: the study records the search space as adapted to the first "
-                   "host's cores and libraries, so a host of another class is refused ('made with another search "
-                   "space') even with --allow-mixed")
 def test_the_cli_admits_another_host_class_with_allow_mixed(pg_url: str, tmp_path: Path) -> None:
     assert finish(start_workers(pg_url, "fleet", 2, ["w0"], "--lscpu", "xeon_2s_ht")) == [(0, "")]
     before = storage.load("fleet", pg_url)

@@ -93,6 +93,17 @@ def test_bf16_is_dropped_on_a_cpu_without_it() -> None:
     assert "precision=bf16 dropped: this CPU has neither avx512_bf16 nor AMX" in adapted.notes
 
 
+def test_a_host_of_another_class_may_cap_only_the_core_bound_knobs_at_its_cores() -> None:
+    loaded = space.load(space.find("default"))
+    small, big = (space.adapt(loaded, cores, ALL_LIBS).to_json() for cores in (2, 48))
+    assert space.recorded_differs(big, small) == "instances is 1..48 in the study and 1..2 on this host"
+    assert space.recorded_differs(big, small, cores_may_differ=True) == ""
+    assert space.recorded_differs(small, small) == ""
+    no_tcmalloc = space.adapt(loaded, 48, {**ALL_LIBS, "tcmalloc": False}).to_json()
+    assert space.recorded_differs(big, no_tcmalloc, cores_may_differ=True) == (
+        "allocator is default/jemalloc/tcmalloc in the study and default/jemalloc on this host")
+
+
 def test_adapt_refuses_what_no_install_can_provide(tmp_path: Path) -> None:
     path = write(tmp_path, "knobs:\n  instances: {low: 4, high: max}\n")
     with pytest.raises(SpaceError, match=r"knobs.instances.low: 4 is above the 2 usable physical cores"):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import records, search_loop, storage
+from autotune import records, search_loop, space, storage
 from autotune.errors import RunFailed
 from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.libs import Libraries
@@ -138,6 +139,24 @@ def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine
     with pytest.raises(storage.StudyError, match="study 'mine' was made for model=resnet18, not resnet50"):
         search_loop.open_search(search_loop.SearchRequest(model="resnet50", trials=1, space=SPACE, study="mine",
                                               studies_dir=tmp_path / "studies"), here)
+
+
+def test_allow_mixed_lets_a_smaller_host_in_but_not_one_lacking_a_choice(tmp_path: Path, here: Machine,
+                                                                          fake_libs: Libraries) -> None:
+    default = space.find("default")  # with the core-bound knobs
+    search(tmp_path, here, trials=2, study="mixed", space=default)
+    smaller = Machine(lscpu("cloud_vm_gaps"), fake_libs)  # 4 cores, the study's host 8
+    opened = search_loop.open_search(request(tmp_path, 3, study="mixed", allow_mixed=True, space=default), smaller)
+    assert opened.space.get("omp_threads").high == 4  # type: ignore[union-attr]
+    lacking = Machine(lscpu("cloud_vm_gaps"), replace(fake_libs, paths={**fake_libs.paths, "jemalloc": None}))
+    before = storage.load("mixed", storage.storage_url("mixed", None, tmp_path / "studies")).user_attrs
+    with pytest.raises(storage.StudyError) as refused:
+        search_loop.open_search(request(tmp_path, 3, study="mixed", allow_mixed=True, space=default), lacking)
+    assert str(refused.value) == (
+        "study 'mixed' cannot take this host's trials: allocator is default/jemalloc/tcmalloc in the study and "
+        "default/tcmalloc on this host (--allow-mixed lets only the thread and instance counts follow a host's "
+        "cores); install what this host lacks, or start a study per host class with another --study name")
+    assert storage.load("mixed", storage.storage_url("mixed", None, tmp_path / "studies")).user_attrs == before
 
 
 @pytest.mark.parametrize(
