@@ -20,7 +20,8 @@ from typing import Any
 
 from autotune.child.errors import ApplyError
 
-ARTIFACT_FORMAT = "autotune-artifact-v1"  # bumped when what a saved file holds changes
+# Bumped when what a saved file holds changes; v2: one inductor artifact serves every thread count.
+ARTIFACT_FORMAT = "autotune-artifact-v2"
 
 
 def fingerprint(model: Any) -> str:
