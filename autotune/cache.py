@@ -68,6 +68,7 @@ class Export:
     name: str
     folder: Path
     knobs: dict[str, Any]
+    threads: int | None
 
 
 def scan(cache_dir: Path, here: Here, exports: Sequence[Export] = ()) -> list[Entry]:
@@ -122,10 +123,11 @@ def unusable(meta: dict[str, Any], here: Here) -> str:
 
 
 def _config(meta: dict[str, Any]) -> str:
-    """The knobs that differ from PyTorch's defaults and the input layout."""
+    """The knobs that differ from PyTorch's defaults, the thread count and the input layout."""
     knobs = meta.get("knobs") if isinstance(meta.get("knobs"), dict) else {}
     default = asdict(ModelKnobs())
     parts = [f"{k}={value_text(v)}" for k, v in (knobs or {}).items() if default.get(k) != v]
+    parts += [f"threads={meta['threads']}"] if "threads" in meta else []
     parts += [f"inputs {' '.join(map(str, meta.get('inputs') or []))}"]
     return " ".join(parts)
 
@@ -179,10 +181,11 @@ def _kept(entry: Entry, exports: Sequence[Export]) -> Entry:
 
 
 def _points_to(export: Export, path: Path, meta: dict[str, Any]) -> bool:
-    """The env file would load this artifact: same folder and model knobs (any thread count: one
-    inductor artifact serves them all); inputs and weights are not in an env file, so every such
-    artifact is kept."""
-    return _resolved(export.folder) == _resolved(path.parent) and meta.get("knobs") == export.knobs
+    """The env file would load this artifact: same folder and model knobs (and thread count for
+    inductor); inputs and weights are not in an env file, so every such artifact is kept."""
+    if _resolved(export.folder) != _resolved(path.parent) or meta.get("knobs") != export.knobs:
+        return False
+    return "threads" not in meta or export.threads is None or meta["threads"] == export.threads
 
 
 def _resolved(path: Path) -> Path:
@@ -206,7 +209,9 @@ def exports_in(folder: Path) -> tuple[list[Export], list[str]]:
                 notes.append(f"{path.name} keeps nothing: {exc}")
             continue
         if env.get(deploy.ARTIFACTS_VAR):
-            found.append(Export(path.name, Path(env[deploy.ARTIFACTS_VAR]), asdict(knobs)))
+            threads = env.get("OMP_NUM_THREADS", "")
+            found.append(Export(path.name, Path(env[deploy.ARTIFACTS_VAR]), asdict(knobs),
+                                int(threads) if threads.isdigit() else None))
     return found, notes
 
 

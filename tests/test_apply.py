@@ -136,20 +136,21 @@ def test_a_saved_artifact_is_loaded_by_the_next_process_instead_of_traced(tmp_pa
     assert json.loads(described.read_text())["model"] == "torch.nn.modules.container.Sequential"
 
 
-def test_an_inductor_artifact_is_one_for_every_thread_count(tmp_path: Path) -> None:
-    """Its kernels read the thread count when they run (convert.inductor_configs; the e2e test
-    reads the compiled source), so a threads=2 process loads what a threads=1 process compiled."""
+def test_an_inductor_artifact_is_keyed_by_the_thread_count_it_was_compiled_for(tmp_path: Path) -> None:
+    """Inductor writes the thread count into its kernels (1 thread: no parallel loops at all), so a
+    threads=2 process must never load what a threads=1 process compiled; TorchScript is not keyed."""
     before = torch.get_num_threads()
-    paths = set()
+    paths = {}
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            meta = convert.artifact_meta(ModelKnobs(backend="inductor"), IMAGES, "w")
-            paths.add(artifacts.artifact_path(tmp_path, meta, ".x"))
+            for backend in ("inductor", "torchscript"):
+                meta = convert.artifact_meta(ModelKnobs(backend=backend), IMAGES, "w")
+                paths[backend, threads] = artifacts.artifact_path(tmp_path, meta, ".x")
     finally:
         torch.set_num_threads(before)
-    assert len(paths) == 1
-    assert convert.inductor_configs()["cpp.dynamic_threads"] is True
+    assert paths["inductor", 1] != paths["inductor", 2]
+    assert paths["torchscript", 1] == paths["torchscript", 2]
 
 
 def test_an_artifact_of_other_weights_is_never_loaded(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def test_the_torch_version_read_without_importing_torch_is_torchs_own() -> None:
 
 def test_scan_lists_artifacts_kernels_and_leftovers(tmp_path: Path) -> None:
     folder = tmp_path / "artifacts"
-    fresh = artifact(folder, "inductor-a.pt2", INDUCTOR)
+    fresh = artifact(folder, "inductor-a.pt2", INDUCTOR, threads=2)
     old_torch = artifact(folder, "torchscript-b.pt", ModelKnobs(backend="torchscript"), torch="2.13.0")
     (folder / "inductor-c.pt2.json").write_text("{}")  # its artifact is gone
     leftover = folder / ".inductor-d.123.tmp.pt2"
@@ -70,7 +70,7 @@ def test_scan_lists_artifacts_kernels_and_leftovers(tmp_path: Path) -> None:
     (tmp_path / "inductor" / "2.13.0").mkdir()
     entries = {e.path.name: e for e in cache.scan(tmp_path, HERE)}
     assert set(entries) == {fresh.name, old_torch.name, "inductor-c.pt2.json", leftover.name, HERE.torch, "2.13.0"}
-    assert entries[fresh.name].config == "backend=inductor precision=bf16 inputs 1x3x64x64:float32:contiguous"
+    assert entries[fresh.name].config == "backend=inductor precision=bf16 threads=2 inputs 1x3x64x64:float32:contiguous"
     assert entries[fresh.name].unusable == "" and entries[fresh.name].model == "resnet18"
     assert entries[fresh.name].size == 1000 + len(Path(f"{fresh}.json").read_bytes())
     assert entries[old_torch.name].unusable == "built for torch 2.13.0, this is 2.14.1+cu130"
@@ -102,18 +102,17 @@ def test_prune_takes_the_unusable_and_the_unused_but_never_what_an_env_file_keep
     folder = tmp_path / "artifacts"
     artifact(folder, "inductor-new.pt2", INDUCTOR)
     artifact(folder, "inductor-old.pt2", INDUCTOR, age_s=40 * DAY)
-    artifact(folder, "inductor-kept.pt2", ModelKnobs(backend="inductor"), age_s=40 * DAY)
+    artifact(folder, "inductor-kept.pt2", ModelKnobs(backend="inductor"), age_s=40 * DAY, threads=2)
     artifact(folder, "torchscript-stale.pt", ModelKnobs(backend="torchscript"), torch="2.13.0")
-    keeper = cache.Export("best.env", folder, asdict(ModelKnobs(backend="inductor")))
+    keeper = cache.Export("best.env", folder, asdict(ModelKnobs(backend="inductor")), 2)
     entries = cache.scan(tmp_path, HERE, [keeper])
     names = lambda chosen: sorted(e.path.name for e in chosen)  # noqa: E731
     assert names(cache.to_prune(entries, None, time.time(), False)) == ["torchscript-stale.pt"]
     assert names(cache.to_prune(entries, 30 * DAY, time.time(), False)) == ["inductor-old.pt2", "torchscript-stale.pt"]
     assert names(cache.to_prune(entries, 30 * DAY, time.time(), True)) == [
         "inductor-kept.pt2", "inductor-old.pt2", "torchscript-stale.pt"]
-    other_knobs = cache.Export("one.env", folder, asdict(ModelKnobs(backend="inductor", precision="bf16")))
-    assert [e.path.name for e in cache.scan(tmp_path, HERE, [other_knobs]) if e.kept_by] == ["inductor-new.pt2",
-                                                                                          "inductor-old.pt2"]
+    other_threads = cache.Export("one.env", folder, asdict(ModelKnobs(backend="inductor")), 1)
+    assert not any(e.kept_by for e in cache.scan(tmp_path, HERE, [other_threads]))
 
 
 def test_remove_deletes_the_artifact_and_its_description(tmp_path: Path) -> None:
@@ -145,8 +144,9 @@ def test_cli_prune_keeps_what_an_exported_env_file_points_to(tmp_path: Path,
     export.write(tmp_path / "best.env", export.render(searched, trial, compiled))
     env = export.read(tmp_path / "best.env").env
     knobs = deploy.knobs_from_env(env)
+    threads = int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else 1
     here = {"torch": installed_torch_version(), "isa": list(cache.Here.now().isa)}
-    kept = artifact(compiled, "inductor-kept.pt2", knobs, age_s=40 * DAY, **here)
+    kept = artifact(compiled, "inductor-kept.pt2", knobs, age_s=40 * DAY, threads=threads, **here)
     other = ModelKnobs(backend="torchscript", precision="bf16" if knobs.precision == "fp32" else "fp32")
     gone = artifact(compiled, "torchscript-gone.pt", other, age_s=40 * DAY, **here)
     (tmp_path / "notes.env").write_text("FOO=1\n")  # another tool's .env file: ignored, not an error

@@ -5,11 +5,9 @@ applied the knobs, and examples/serve.py serves under an env file."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -149,31 +147,6 @@ def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: P
     with pytest.raises(autotune.ApplyError, match=r"the compiled model takes inputs 2x3x32x32:float32:.*, not "
                                                   r"1x3x32x32:float32"):
         again(torch.randn(1, 3, 32, 32))
-
-
-def test_one_inductor_artifact_serves_every_thread_count(tmp_path: Path) -> None:
-    """Compiled in a 1-thread process, its kernels still run parallel loops with as many threads as
-    the process has (no `num_threads(N)` written in), so a 2-thread process loads the same artifact."""
-
-    class Pointwise(torch.nn.Module):  # big enough that inductor writes parallel loops
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.tanh(x) * 2 + x.sum(dim=1, keepdim=True)
-
-    example = torch.randn(BATCH, 64, 128, 128)
-    deployment = deploy.Deployment(ModelKnobs(backend="inductor"), artifacts=tmp_path)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        deploy.apply_deployment(Pointwise(), example, deployment, check=True)
-        torch.set_num_threads(2)
-        loaded = deploy.apply_deployment(Pointwise(), example, deployment, check=True)
-    finally:
-        torch.set_num_threads(before)
-    assert loaded.setup["artifact_hit"] is True
-    [package] = tmp_path.glob("inductor-*.pt2")
-    with zipfile.ZipFile(package) as files:
-        source = "".join(files.read(n).decode() for n in files.namelist() if n.endswith(".cpp"))
-    assert "#pragma omp parallel" in source and not re.search(r"num_threads\(\d+\)", source)
 
 
 def test_an_inductor_artifact_takes_keyword_inputs_in_any_order(tmp_path: Path) -> None:

@@ -20,8 +20,7 @@ from typing import Any
 
 from autotune.child.errors import ApplyError
 
-# Bumped when what a saved file holds changes; v2: one inductor artifact serves every thread count.
-ARTIFACT_FORMAT = "autotune-artifact-v2"
+ARTIFACT_FORMAT = "autotune-artifact-v1"  # bumped when what a saved file holds changes
 
 
 def fingerprint(model: Any) -> str:

@@ -9,7 +9,6 @@ so what is measured is what a user's program runs.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import tempfile
 import time
@@ -350,22 +349,6 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
     return None
 
 
-def inductor_configs() -> dict[str, Any]:
-    """AOTInductor's settings for every artifact: freezing (weights folded in as constants), and
-    kernels that take their thread count when they run (`cpp.dynamic_threads`), so that one artifact
-    serves every `omp_threads` of a configuration instead of a compile per thread count. Choices
-    inductor makes from a thread count while compiling (how many loop levels run in parallel) are
-    made for all of this machine's CPUs (`cpp.threads`), so the same artifact comes out whichever
-    trial compiles it. Measured against an artifact per thread count: benchmarks/dynamic_threads.py."""
-    return {"freezing": True, "cpp.dynamic_threads": True, "cpp.threads": machine_cpus()}
-
-
-def machine_cpus() -> int:
-    """The CPUs an artifact's compile-time choices are made for: the machine's, not this
-    process's binding (which differs between instances)."""
-    return os.cpu_count() or 1
-
-
 def _aot_compile(exported: Any, tmp: Path) -> None:
     import torch._inductor
 
@@ -373,7 +356,7 @@ def _aot_compile(exported: Any, tmp: Path) -> None:
         with warnings.catch_warnings():  # inductor's int8 lowering copies a tensor the way it warns against
             warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
             torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
-                                                     inductor_configs=inductor_configs())
+                                                     inductor_configs={"freezing": True})
     except Exception as exc:
         raise ApplyError(f"AOTInductor could not compile the model ({explain(exc)}); "
                          f"check that a C++ compiler is installed, or use backend=torchscript") from exc
@@ -466,8 +449,9 @@ def artifact_meta(knobs: ModelKnobs, example: Any, weights: str, calibration: st
             "torch": torch.__version__, "isa": list(cpu.isa()), "weights": weights}
     if calibration:
         meta["calibration"] = calibration  # int8: what the quantizer observed
-    # One artifact serves every thread count (inductor_configs), made for this many CPUs.
-    return meta | ({"cpus": machine_cpus()} if knobs.backend == "inductor" else {})
+    # Inductor bakes the thread count into its kernels (`omp parallel num_threads(N)`, and no
+    # parallel loops at all for 1 thread), so each thread count is its own artifact.
+    return meta | ({"threads": torch.get_num_threads()} if knobs.backend == "inductor" else {})
 
 
 def _label(model: Any, setup: dict[str, Any]) -> str:
