@@ -41,9 +41,10 @@ from tests.pg import Server, server  # noqa: E402
 
 WORKER = ROOT / "tests" / "fleet_worker.py"
 SPACE = ROOT / "search_spaces" / "default.yaml"
-# A worker's main thread holds the study lock's connection and its storage's at once, and its
-# heartbeat thread one more; the watcher and creating the database need a few beside.
-CONNECTIONS_PER_WORKER = 3
+# A worker's main thread holds the study lock's connection and its storage's at once, its heartbeat
+# thread one more, and its pool keeps idle ones: 64 workers held 136 (2.1 each, at most 4 in one) at
+# 10f4145. The watcher and creating the database need a few beside.
+CONNECTIONS_PER_WORKER = 4
 SPARE_CONNECTIONS = 10
 POLL_S = 0.5
 WATCH_TIMEOUT_S = 5  # connect and statement timeout of the watcher: it never waits longer on the server
@@ -212,8 +213,9 @@ def summarise(workers: int, trials: int, seconds: float, wall: float,
     for t in done:
         by_size.setdefault(int(t["trials"]) // BUCKET * BUCKET, []).append(t)
 
-    def by_study_size(key: str) -> dict[str, float]:
-        return {f"{k}-{k + BUCKET - 1}": round(statistics.median(t.get(key, 0.0) for t in v) * 1000, 1)
+    def by_study_size(key: str, scale: float = 1000.0) -> dict[str, float]:
+        """The median per bucket of study sizes (in ms for seconds)."""
+        return {f"{k}-{k + BUCKET - 1}": round(statistics.median(t.get(key, 0.0) for t in v) * scale, 1)
                 for k, v in sorted(by_size.items())}
 
     return {"workers": workers, "trials": len(done), "target": trials, "seconds_per_trial": seconds,
@@ -226,6 +228,9 @@ def summarise(workers: int, trials: int, seconds: float, wall: float,
             "lock_wait_p50_ms": round(percentile([t.get("wait_s", 0.0) for t in done], 0.5) * 1000, 1),
             "sampler_ms_by_study_size": by_study_size("sampler_s"),
             "lock_held_ms_by_study_size": by_study_size("held_s"),
+            "lock_held_cpu_ms_by_study_size": by_study_size("held_cpu_s"),
+            "queries_in_lock_by_study_size": by_study_size("read_queries", 1),
+            "trials_read_in_lock_by_study_size": by_study_size("read_trials", 1),
             "lock_wait_ms_by_study_size": by_study_size("wait_s"),
             "trials_per_min_by_study_size": _rate_by_size(done)}
 

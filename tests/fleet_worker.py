@@ -28,6 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import optuna  # noqa: E402
+
 from autotune import fleet, machine, models, proposals, records, search_loop, storage  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
 from autotune.launch import LaunchPlan  # noqa: E402
@@ -39,6 +41,7 @@ from autotune.topology import from_lscpu_file  # noqa: E402
 FIXTURES = ROOT / "tests" / "fixtures"
 VERSIONS = {"torch": "2.14.1+fake", "onednn": "3.9", "mkldnn_available": "true"}
 TIMINGS: list[dict[str, float]] = []
+READ = {"queries": 0, "trials": 0}  # trial reads from the server (Optuna's cache asks for new and unfinished ones)
 
 
 def latency_ms(describe: str, speed: float) -> float:
@@ -70,9 +73,11 @@ def without_torch() -> None:
 
 
 def timed(path: Path) -> None:
-    """Seconds spent in claiming (waiting for the study's lock, holding it, the sampler within) and
-    in recording, per trial: one line appended to `path` when the trial is recorded."""
+    """Seconds spent in claiming (waiting for the study's lock, holding it: in all, on this
+    thread's CPU, and the sampler within; and the trial reads from the server meanwhile) and in
+    recording, per trial: one line appended to `path` when the trial is recorded."""
     claim, store, propose, exclusive = fleet.claim, search_loop._store, proposals.Proposer.next, storage.exclusive
+    get_trials = optuna.storages.RDBStorage._get_trials
     path.write_text("")
 
     def timed_claim(worker: Any) -> Any:
@@ -86,12 +91,20 @@ def timed(path: Path) -> None:
     def timed_exclusive(study: Any) -> Iterator[None]:
         start = time.perf_counter()
         with exclusive(study):
-            got = time.perf_counter()
+            got, cpu, read = time.perf_counter(), time.thread_time(), dict(READ)
             TIMINGS[-1]["wait_s"] = got - start
             try:
                 yield
             finally:
-                TIMINGS[-1]["held_s"] = time.perf_counter() - got
+                TIMINGS[-1].update(held_s=time.perf_counter() - got, held_cpu_s=time.thread_time() - cpu,
+                                   read_queries=READ["queries"] - read["queries"],
+                                   read_trials=READ["trials"] - read["trials"])
+
+    def counted_get_trials(self: Any, *args: Any, **kwargs: Any) -> Any:
+        trials = get_trials(self, *args, **kwargs)
+        READ["queries"] += 1
+        READ["trials"] += len(trials)
+        return trials
 
     def timed_store(*args: Any) -> None:
         start = time.perf_counter()
@@ -109,6 +122,7 @@ def timed(path: Path) -> None:
 
     fleet.claim = timed_claim  # type: ignore[assignment]
     storage.exclusive = timed_exclusive  # type: ignore[assignment]
+    optuna.storages.RDBStorage._get_trials = counted_get_trials  # type: ignore[method-assign]
     search_loop._store = timed_store  # type: ignore[assignment]
     proposals.Proposer.next = timed_propose  # type: ignore[method-assign]
 
