@@ -7,22 +7,28 @@ benchmarks/fleet_scale.py.
         [--space PATH] [--allow-mixed] [--timings FILE] [--heartbeat S]
 
 The host is named by AUTOTUNE_TEST_HOST_ID (the tests' host identity). Exit code 2 with one line
-on stderr for a user-facing error, as the CLI does. --timings writes one JSON line per trial: the
-seconds spent claiming it (sampler included), measuring, and recording it.
+on stderr for a user-facing error, as the CLI does. --timings appends one JSON line per trial as
+soon as it is recorded (a worker stopped midway keeps what it did): the study's size when it was
+claimed, the seconds spent claiming it (waiting for the study's lock, then holding it; the sampler
+within), and recording it, and when it was recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import optuna  # noqa: E402
 
 from autotune import fleet, machine, models, proposals, records, search_loop, storage  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
@@ -35,6 +41,7 @@ from autotune.topology import from_lscpu_file  # noqa: E402
 FIXTURES = ROOT / "tests" / "fixtures"
 VERSIONS = {"torch": "2.14.1+fake", "onednn": "3.9", "mkldnn_available": "true"}
 TIMINGS: list[dict[str, float]] = []
+READ = {"queries": 0, "trials": 0}  # trial reads from the server (Optuna's cache asks for new and unfinished ones)
 
 
 def latency_ms(describe: str, speed: float) -> float:
@@ -65,9 +72,13 @@ def without_torch() -> None:
     models.classification_models = lambda: ("resnet18",)  # type: ignore[assignment]  # not torchvision's
 
 
-def timed() -> None:
-    """Seconds spent in claiming (and in the sampler within it) and in recording, per trial."""
-    claim, store, propose = fleet.claim, search_loop._store, proposals.Proposer.next
+def timed(path: Path) -> None:
+    """Seconds spent in claiming (waiting for the study's lock, holding it: in all, on this
+    thread's CPU, and the sampler within; and the trial reads from the server meanwhile) and in
+    recording, per trial: one line appended to `path` when the trial is recorded."""
+    claim, store, propose, exclusive = fleet.claim, search_loop._store, proposals.Proposer.next, storage.exclusive
+    get_trials = optuna.storages.RDBStorage._get_trials
+    path.write_text("")
 
     def timed_claim(worker: Any) -> Any:
         TIMINGS.append({"sampler_s": 0.0, "trials": float(len(worker.study.get_trials(deepcopy=False)))})
@@ -76,10 +87,32 @@ def timed() -> None:
         TIMINGS[-1]["claim_s"] = time.perf_counter() - start
         return result
 
+    @contextlib.contextmanager
+    def timed_exclusive(study: Any) -> Iterator[None]:
+        start = time.perf_counter()
+        with exclusive(study):
+            got, cpu, read = time.perf_counter(), time.thread_time(), dict(READ)
+            TIMINGS[-1]["wait_s"] = got - start
+            try:
+                yield
+            finally:
+                TIMINGS[-1].update(held_s=time.perf_counter() - got, held_cpu_s=time.thread_time() - cpu,
+                                   read_queries=READ["queries"] - read["queries"],
+                                   read_trials=READ["trials"] - read["trials"])
+
+    def counted_get_trials(self: Any, *args: Any, **kwargs: Any) -> Any:
+        trials = get_trials(self, *args, **kwargs)
+        READ["queries"] += 1
+        READ["trials"] += len(trials)
+        return trials
+
     def timed_store(*args: Any) -> None:
         start = time.perf_counter()
         store(*args)
         TIMINGS[-1]["store_s"] = time.perf_counter() - start
+        TIMINGS[-1]["at"] = time.time()
+        with path.open("a") as out:
+            out.write(json.dumps(TIMINGS[-1]) + "\n")
 
     def timed_propose(self: Any, *args: Any) -> Any:
         start = time.perf_counter()
@@ -88,6 +121,8 @@ def timed() -> None:
         return result
 
     fleet.claim = timed_claim  # type: ignore[assignment]
+    storage.exclusive = timed_exclusive  # type: ignore[assignment]
+    optuna.storages.RDBStorage._get_trials = counted_get_trials  # type: ignore[method-assign]
     search_loop._store = timed_store  # type: ignore[assignment]
     proposals.Proposer.next = timed_propose  # type: ignore[method-assign]
 
@@ -108,7 +143,7 @@ def main() -> int:
     storage.HEARTBEAT_INTERVAL_S, storage.GRACE_PERIOD_S = args.heartbeat, 3 * args.heartbeat
     without_torch()
     if args.timings:
-        timed()
+        timed(Path(args.timings))
     libs = Libraries(paths={name: Path(f"/opt/fake/{name}.so") for name in ("libiomp5", "libomp", "jemalloc",
                                                                            "tcmalloc")},
                      numactl=Path("/usr/bin/numactl"), numactl_usable=True, taskset=Path("/usr/bin/taskset"))
@@ -122,9 +157,6 @@ def main() -> int:
     except AutotuneError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if args.timings:
-            Path(args.timings).write_text("".join(json.dumps(t) + "\n" for t in TIMINGS))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -19,11 +20,12 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import fleet, machine, records, storage
-from tests.pg import free_port
+from tests.pg import free_port, server
 
 WORKER = Path(__file__).parent / "fleet_worker.py"
 FAKE_CLI = Path(__file__).parent / "fake_cli.py"
 QUICK_SPACE = Path(__file__).parent.parent / "search_spaces" / "quick.yaml"
+SCALE_BENCHMARK = Path(__file__).parent.parent / "benchmarks" / "fleet_scale.py"
 
 # Optuna's storages in this process keep pooled connections that only the garbage collector closes.
 pytestmark = [pytest.mark.postgres, pytest.mark.filterwarnings(
@@ -213,3 +215,21 @@ def get_json(url: str, timeout_s: float = 30) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
+
+
+def test_the_scale_benchmark_counts_a_worker_the_full_server_refuses_as_failed_instead_of_hanging(
+        tmp_path: Path) -> None:
+    """A server with room for the connection watcher and one worker: the others are refused
+    ("too many clients") and counted failed in the table; the watcher, connected first, is never
+    locked out; the run ends without its deadline."""
+    spec = importlib.util.spec_from_file_location("fleet_scale", SCALE_BENCHMARK)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with server(max_connections=4) as full:
+        result = bench.run(full, 3, 4, 0.1, tmp_path, stop_after=120)
+    assert result["stopped_after_s"] is None and result["unanswered_polls"] == 0
+    assert result["failed_workers"] >= 1 and result["exit_codes"] != [0]
+    assert all("too many clients" in line for line in result["failures"]), result["failures"]
+    assert 1 <= result["peak_connections"] <= 4 - 1 and result["max_connections"] == 4
+    assert f"{result['failed_workers']} failed" in bench.row(result) and "of 4 |" in bench.row(result)
