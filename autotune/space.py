@@ -456,7 +456,7 @@ def _check_pinned_cores(pins: Config, ranges: Mapping[str, KnobRange], cores: in
 
 
 def _cap(source: str, rng: KnobRange, cores: int) -> KnobRange:
-    if rng.name not in ("omp_threads", "instances"):
+    if rng.name not in CORE_BOUND:
         return replace(rng, high=int(rng.high) if rng.high != "max" else KNOBS[rng.name].high)
     if rng.low > cores:
         raise SpaceError(f"{source}: knobs.{rng.name}.low: {rng.low} is above the {cores} usable "
