@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.child import cpu, deploy, references
-from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
+from autotune.child.artifacts import ARTIFACT_FORMAT, GRAPH_KIND, installed_torch_version
 from autotune.child.convert import ModelKnobs
 from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
@@ -95,11 +95,19 @@ def _is_description(path: Path) -> bool:
 def _artifact(path: Path, here: Here) -> Entry:
     described = Path(f"{path}.json")
     meta = _read_meta(described)
-    kind = "inductor artifact" if path.suffix == ".pt2" else "torchscript artifact"
+    kind = _kind(path)
     if meta is None:
         return Entry(kind, path, "?", "?", _size(path), _mtime(path), "it has no readable description (.json)")
     return Entry(kind, path, str(meta.get("model", "?")), _config(meta), _size(path) + _size(described),
                  _mtime(described), unusable(meta, here))
+
+
+def _kind(path: Path) -> str:
+    """What an artifact file is; int8's quantized graph, from which each thread count's artifact is
+    compiled, is no artifact an env file loads (so none keeps it)."""
+    if path.name.startswith(f"{GRAPH_KIND}-"):
+        return "int8 quantized graph"
+    return "inductor artifact" if path.suffix == ".pt2" else "torchscript artifact"
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:

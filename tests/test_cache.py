@@ -115,6 +115,20 @@ def test_prune_takes_the_unusable_and_the_unused_but_never_what_an_env_file_keep
     assert not any(e.kept_by for e in cache.scan(tmp_path, HERE, [other_threads]))
 
 
+def test_an_int8_graph_is_listed_as_such_and_no_env_file_keeps_it(tmp_path: Path) -> None:
+    """The quantized graph each thread count's int8 artifact is compiled from: an entry of its own
+    kind, pruned by age even where an env file keeps the artifact made from it (it loads that)."""
+    folder = tmp_path / "artifacts"
+    int8 = ModelKnobs(backend="inductor", precision="int8")
+    graph = artifact(folder, "int8graph-a.pt2", int8, age_s=40 * DAY, calibration="c")
+    compiled = artifact(folder, "inductor-b.pt2", int8, age_s=40 * DAY, calibration="c", threads=1)
+    keeper = cache.Export("best.env", folder, asdict(int8), 1)
+    entries = {e.path.name: e for e in cache.scan(tmp_path, HERE, [keeper])}
+    assert entries[graph.name].kind == "int8 quantized graph" and entries[graph.name].kept_by == ()
+    assert entries[compiled.name].kind == "inductor artifact" and entries[compiled.name].kept_by == ("best.env",)
+    assert [e.path.name for e in cache.to_prune(entries.values(), 30 * DAY, time.time(), False)] == [graph.name]
+
+
 def test_remove_deletes_the_artifact_and_its_description(tmp_path: Path) -> None:
     path = artifact(tmp_path / "artifacts", "inductor-a.pt2", INDUCTOR)
     (entry,) = cache.scan(tmp_path, HERE)

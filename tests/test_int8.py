@@ -164,3 +164,41 @@ def test_int8_through_bench_quantizes_once_then_loads(tmp_path: Path) -> None:
     assert first["top1_agreement"] >= 0.99 and first["guard_items"] == 36  # the example + 8 batches of 4
     assert second["artifact_hit"] and "quantize_s" not in second
     assert second["artifact_file"] == first["artifact_file"]
+
+
+@pytest.mark.e2e
+def test_another_thread_count_compiles_from_the_saved_quantized_graph(tmp_path: Path) -> None:
+    """int8's quantized graph does not depend on the thread count: the first compile saves it, and
+    each other thread count's artifact is compiled from it without quantizing again, with the
+    model or knowing only its fingerprint and eager outputs (as the benchmark child knows a
+    torchvision model); the guard still judges every one of them."""
+    import torch
+
+    from autotune.child import deploy
+    from autotune.child.artifacts import fingerprint
+    from tests.fixtures.models import tinynets
+
+    images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
+    model = tinynets.cnn().eval()
+    known = deploy.eager_outputs(model, deploy.checked_batches(images[0], chosen.knobs, images))
+    threads = torch.get_num_threads()
+    setups: list[dict[str, Any]] = [{}, {}, {}]
+    try:
+        torch.set_num_threads(1)
+        assert deploy.apply_saved(images[0], chosen, fingerprint(model), known, setup={}, calibration=images) is None
+        deploy.apply_deployment(model, images[0], chosen, check=True, setup=setups[0], calibration=images)
+        torch.set_num_threads(2)
+        deploy.apply_deployment(model, images[0], chosen, check=True, setup=setups[1], calibration=images)
+        torch.set_num_threads(3)
+        applied = deploy.apply_saved(images[0], chosen, fingerprint(model), known, setup=setups[2],
+                                     calibration=images)
+    finally:
+        torch.set_num_threads(threads)
+    first, *later = setups
+    assert first["quantize_s"] > 0 and "quantized_graph_load_s" not in first
+    for setup in later:
+        assert "quantize_s" not in setup and setup["quantized_graph_load_s"] > 0
+        assert not setup["artifact_hit"] and setup["compile_s"] > 0 and setup["top1_agreement"] >= 0.99
+    assert len({s["artifact_file"] for s in setups}) == 3 and len(list(tmp_path.glob("int8graph-*.pt2"))) == 1
+    assert applied is not None and applied(images[1]).shape == (8, 10)

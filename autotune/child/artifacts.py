@@ -81,10 +81,13 @@ def installed_torch_version() -> str:
         return "unknown"
 
 
-def artifact_path(folder: Path, meta: dict[str, Any], suffix: str) -> Path:
+GRAPH_KIND = "int8graph"  # the file name's prefix of int8's quantized graph (`convert.graph_path`)
+
+
+def artifact_path(folder: Path, meta: dict[str, Any], suffix: str, kind: str = "") -> Path:
     """Where the artifact for exactly this model, knobs, inputs, torch and CPU lives."""
     key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
-    kind = "inductor" if meta["knobs"]["backend"] == "inductor" else "torchscript"
+    kind = kind or ("inductor" if meta["knobs"]["backend"] == "inductor" else "torchscript")
     return folder / f"{kind}-{key}{suffix}"
 
 

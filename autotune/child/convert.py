@@ -21,6 +21,7 @@ from typing import Any, Literal
 from autotune.child import cpu
 from autotune.child.artifacts import (
     ARTIFACT_FORMAT,
+    GRAPH_KIND,
     artifact_path,
     fingerprint,
     load,
@@ -50,6 +51,7 @@ class Quantized:
 
     export: Callable[[Any, Any], Any]  # (model, example) -> ExportedProgram
     calibration: str
+    load: Callable[[Path], Any]  # a quantized graph `torch.export.save`d -> ExportedProgram
 
 
 @dataclass(frozen=True)
@@ -137,17 +139,23 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
 
 
 def load_saved(example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts: Path, weights: str,
-               calibration: str = "", on_phase: Callable[[str], None] = _quiet) -> Callable[[Any], Any] | None:
+               quantized: Quantized | None = None,
+               on_phase: Callable[[str], None] = _quiet) -> Callable[[Any], Any] | None:
     """What `prepare` returns for a compiled configuration whose artifact is saved, without the
-    model: `weights` is the model's fingerprint, `calibration` int8's batches' digest. None when
-    no artifact for them is saved in `artifacts`."""
+    model: `weights` is the model's fingerprint, `quantized` int8's calibration. For int8, an
+    artifact of another thread count left its quantized graph, which is compiled for this one
+    without the model. None when neither is saved in `artifacts`."""
     knobs.check()
     example = inputs(example, knobs)
-    path = _saved_path(artifacts, artifact_meta(knobs, example, weights, calibration), knobs)
-    if not path.exists():
+    meta = artifact_meta(knobs, example, weights, quantized.calibration if quantized else "")
+    path = _saved_path(artifacts, meta, knobs)
+    if path.exists():
+        setup["artifact_file"], setup["artifact_hit"] = str(path), True
+        mark_used(path)
+    elif quantized is None or not graph_path(artifacts, meta).exists():
         return None
-    setup["artifact_file"], setup["artifact_hit"] = str(path), True
-    mark_used(path)
+    else:
+        _compile_into(path, None, example, knobs, setup, artifacts, meta, on_phase, quantized)
     return _forward(_loaded(path, example, knobs, setup, on_phase), knobs)
 
 
@@ -295,19 +303,29 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
         raise ApplyError("precision=int8 needs its calibration: apply it through autotune.apply")
     meta = artifact_meta(knobs, example, weights, quantized.calibration if quantized else "")
     path = _saved_path(folder, meta, knobs)
-    setup["artifact_file"] = str(path)
     setup["artifact_hit"] = path.exists()
     if path.exists():
+        setup["artifact_file"] = str(path)
         mark_used(path)
     else:
-        setup["artifact_stale"] = stale_artifacts(folder, meta)
-        on_phase("compiling")
-        start = time.perf_counter()
-        fallback = _build(model, example, knobs, setup, path, meta | {"model": _label(model, setup)}, quantized)
+        fallback = _compile_into(path, model, example, knobs, setup, folder, meta, on_phase, quantized)
         if fallback is not None:
             return fallback
-        setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
     return _loaded(path, example, knobs, setup, on_phase)
+
+
+def _compile_into(path: Path, model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], folder: Path,
+                  meta: dict[str, Any], on_phase: Callable[[str], None], quantized: Quantized | None) -> Any:
+    """Build the artifact at `path` (`_build`), timed; `model` may be None for int8 when its
+    quantized graph is saved. Returns `_build`'s fallback, if any."""
+    setup["artifact_file"], setup["artifact_hit"] = str(path), False
+    setup["artifact_stale"] = stale_artifacts(folder, meta)
+    on_phase("compiling")
+    start = time.perf_counter()
+    fallback = _build(model, example, knobs, setup, path, meta | {"model": _label(model, setup)}, quantized)
+    if fallback is None:
+        setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
+    return fallback
 
 
 def _saved_path(folder: Path, meta: dict[str, Any], knobs: ModelKnobs) -> Path:
@@ -331,7 +349,7 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
     import torch
 
     if quantized is not None:
-        exported = quantized.export(model, example)
+        exported = _int8_graph(model, example, quantized, path.parent, described, setup)
         save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
         return None
 
@@ -347,6 +365,35 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
         return _jit_compiled(model)
     save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
     return None
+
+
+def _int8_graph(model: Any, example: Any, quantized: Quantized, folder: Path, described: dict[str, Any],
+                setup: dict[str, Any]) -> Any:
+    """int8's quantized graph, which does not depend on the thread count: quantized from `model`
+    and saved beside the artifacts the first time, loaded by every later compile (another thread
+    count's) instead of quantizing again."""
+    import torch
+
+    saved = graph_path(folder, described)
+    if saved.exists():
+        start = time.perf_counter()
+        graph = quantized.load(saved)
+        setup["quantized_graph_load_s"] = time.perf_counter() - start
+        mark_used(saved)
+        return graph
+    if model is None:
+        raise ApplyError(f"the quantized graph {saved.name} went away while compiling; run again to quantize")
+    graph = quantized.export(model, example)
+    meta = {k: v for k, v in described.items() if k != "threads"}
+    save_artifact(saved, lambda tmp: torch.export.save(graph, str(tmp)), meta)
+    return graph
+
+
+def graph_path(folder: Path, meta: dict[str, Any]) -> Path:
+    """Where int8's quantized graph for this model, knobs, inputs, calibration, torch and CPU lives:
+    the artifact's key without the thread count."""
+    return artifact_path(folder, {k: v for k, v in meta.items() if k not in ("threads", "model")}, ".pt2",
+                         kind=GRAPH_KIND)
 
 
 def _aot_compile(exported: Any, tmp: Path) -> None:

@@ -219,13 +219,13 @@ def apply_saved(example_inputs: Any, chosen: Deployment, weights: str, reference
                 setup: dict[str, Any], on_phase: Callable[[str], None] | None = None,
                 calibration: Sequence[Any] = (), guard_inputs: Sequence[Any] = ()) -> Applied | None:
     """`apply_deployment` with check=True for a model known only by its fingerprint (`weights`)
-    and eager fp32's outputs on `checked_batches` (`references`), whose compiled artifact is
-    saved in `chosen.artifacts`; None when it is not."""
+    and eager fp32's outputs on `checked_batches` (`references`), whose compiled artifact (for
+    int8: or quantized graph) is saved in `chosen.artifacts`; None when it is not."""
     if chosen.artifacts is None or not chosen.knobs.compiled:
         return None
     int8 = chosen.knobs.precision == "int8"
-    digest = _quantized(example_inputs, chosen.knobs, calibration, setup).calibration if int8 else ""
-    forward = load_saved(example_inputs, chosen.knobs, setup, chosen.artifacts, weights, digest,
+    quantized = _quantized(example_inputs, chosen.knobs, calibration, setup) if int8 else None
+    forward = load_saved(example_inputs, chosen.knobs, setup, chosen.artifacts, weights, quantized,
                          on_phase or (lambda phase: None))
     if forward is None:
         return None
@@ -275,7 +275,7 @@ def _quantized(example: Any, knobs: ModelKnobs, calibration: Sequence[Any], setu
     knobs give every input."""
     calibrated = [inputs(batch, knobs) for batch in calibration or [example]]
     return Quantized(lambda model, ex: quantize.quantized_export(model, ex, calibrated, setup),
-                     quantize.digest(calibrated))
+                     quantize.digest(calibrated), quantize.load_graph)
 
 
 def digest(output: Any) -> list[float]:

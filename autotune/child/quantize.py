@@ -17,6 +17,7 @@ import re
 import traceback
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from autotune.child.artifacts import hash_tensor
@@ -52,6 +53,19 @@ def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup
         converted = _step("convert", lambda: convert_pt2e(prepared))
         setup["quantize_s"] = time.perf_counter() - start
         return _step("export", lambda: torch.export.export(converted, args, kwargs, strict=True))
+
+
+def load_graph(path: Path) -> Any:
+    """A quantized graph that `quantized_export` made and `torch.export.save` wrote. torchao's
+    quantizer is imported first: that registers the int8 fusion passes inductor compiles it with."""
+    import torch
+
+    _torchao()
+    try:
+        return torch.export.load(str(path))
+    except Exception as exc:
+        raise ApplyError(f"cannot load the quantized graph {path} ({explain(exc)}); delete it (and its .json) "
+                         f"to quantize again") from exc
 
 
 def _torchao() -> tuple[Any, Any, Any, Any]:
