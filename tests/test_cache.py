@@ -129,6 +129,23 @@ def test_an_int8_graph_is_listed_as_such_and_no_env_file_keeps_it(tmp_path: Path
     assert [e.path.name for e in cache.to_prune(entries.values(), 30 * DAY, time.time(), False)] == [graph.name]
 
 
+def test_a_guard_record_is_kept_in_the_description_and_a_damaged_one_is_no_record(tmp_path: Path) -> None:
+    from autotune.child.artifacts import guard_record, remember_guard
+
+    path = artifact(tmp_path / "artifacts", "inductor-a.pt2", ModelKnobs(backend="inductor", precision="int8"))
+    assert guard_record(path, "k") is None
+    remember_guard(path, "k", {"min_cosine": 0.99})
+    remember_guard(path, "j", {"min_cosine": 0.98})
+    assert guard_record(path, "k") == {"min_cosine": 0.99} and guard_record(path, "j") == {"min_cosine": 0.98}
+    assert json.loads(Path(f"{path}.json").read_text())["model"] == "resnet18"  # the description is kept
+    (entry,) = cache.scan(tmp_path, HERE)
+    assert entry.unusable == "" and entry.kind == "inductor artifact"
+    Path(f"{path}.json").write_text("[1, 2")
+    remember_guard(path, "k", {"min_cosine": 0.99})  # costs the next process a guard, nothing more
+    assert guard_record(path, "k") is None and Path(f"{path}.json").read_text() == "[1, 2"
+    assert [p.name for p in (tmp_path / "artifacts").iterdir() if p.name.startswith(".")] == []
+
+
 def test_remove_deletes_the_artifact_and_its_description(tmp_path: Path) -> None:
     path = artifact(tmp_path / "artifacts", "inductor-a.pt2", INDUCTOR)
     (entry,) = cache.scan(tmp_path, HERE)

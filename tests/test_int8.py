@@ -164,6 +164,8 @@ def test_int8_through_bench_quantizes_once_then_loads(tmp_path: Path) -> None:
     assert first["top1_agreement"] >= 0.99 and first["guard_items"] == 36  # the example + 8 batches of 4
     assert second["artifact_hit"] and "quantize_s" not in second
     assert second["artifact_file"] == first["artifact_file"]
+    assert "guard_reused" not in first and second["guard_reused"]
+    assert second["min_cosine"] == first["min_cosine"] and second["guard_items"] == 36
 
 
 @pytest.mark.e2e
@@ -202,3 +204,41 @@ def test_another_thread_count_compiles_from_the_saved_quantized_graph(tmp_path: 
         assert not setup["artifact_hit"] and setup["compile_s"] > 0 and setup["top1_agreement"] >= 0.99
     assert len({s["artifact_file"] for s in setups}) == 3 and len(list(tmp_path.glob("int8graph-*.pt2"))) == 1
     assert applied is not None and applied(images[1]).shape == (8, 10)
+
+
+@pytest.mark.e2e
+def test_the_int8_guard_is_reused_only_for_the_same_answer_and_judged_again(tmp_path: Path) -> None:
+    """The guard's figures are kept in the artifact's description: a later process loading the
+    same artifact for the same inputs reuses them when its answer on the example is the guarded
+    one, judging them against its own tolerance; a record whose answer differs is measured again."""
+    import torch
+
+    from autotune.child import deploy
+    from autotune.child.errors import WrongAnswers
+    from tests.fixtures.models import tinynets
+
+    images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
+
+    def applied() -> dict[str, Any]:
+        setup: dict[str, Any] = {}
+        deploy.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, setup=setup, calibration=images)
+        return setup
+
+    first, second = applied(), applied()
+    assert "guard_reused" not in first and second["guard_reused"] and second["artifact_hit"]
+    assert {k: second[k] for k in ("top1_agreement", "min_cosine", "guard_items")} == \
+        {k: first[k] for k in ("top1_agreement", "min_cosine", "guard_items")}
+    described = Path(f"{first['artifact_file']}.json")
+    meta = json.loads(described.read_text())
+    (key,) = meta["guarded"]
+    record = meta["guarded"][key]
+    described.write_text(json.dumps(meta | {"guarded": {key: record | {"top1_agreement": 0.5}}}))
+    with pytest.raises(WrongAnswers, match="top-1 answer of 50.0% of 32 inputs"):
+        applied()
+    moved = [record["output_digest"][0] + 1.0, record["output_digest"][1]]
+    described.write_text(json.dumps(meta | {"guarded": {key: record | {"top1_agreement": 0.5,
+                                                                        "output_digest": moved}}}))
+    third = applied()
+    assert "guard_reused" not in third and third["top1_agreement"] == first["top1_agreement"]
+    assert json.loads(described.read_text())["guarded"][key]["output_digest"] == record["output_digest"]

@@ -160,3 +160,30 @@ class Package:
         ordered = {name: kwargs[name] for name in self.in_spec.child(1).context} if kwargs else {}
         flat = [x for x in _pytree.tree_leaves((args, ordered)) if isinstance(x, torch.Tensor)]
         return _pytree.tree_unflatten(self.runner.boxed_run(flat), self.out_spec)
+
+
+def guard_record(path: Path, key: str) -> dict[str, Any] | None:
+    """What the int8 guard measured on this artifact for the inputs `key` names, as an earlier
+    process recorded it in the artifact's description (`remember_guard`); None when none did."""
+    try:
+        found = json.loads(Path(f"{path}.json").read_text()).get("guarded", {}).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def remember_guard(path: Path, key: str, record: dict[str, Any]) -> None:
+    """Add the guard's figures to the artifact's description, atomically; a description that
+    cannot be written costs the next process only the time of guarding again."""
+    described = Path(f"{path}.json")
+    tmp = described.with_name(f".{described.name}.{os.getpid()}.tmp")
+    try:
+        meta = json.loads(described.read_text())
+        meta["guarded"] = {**meta.get("guarded", {}), key: record}
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, described)
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

@@ -147,12 +147,30 @@ def agreement_guard(reference: Sequence[Any], output: Sequence[Any], tolerance: 
     ref, out = rows(reference), rows(output)
     if ref.shape != out.shape:
         raise WrongAnswers(f"output shape changed: {tuple(out.shape)} instead of eager fp32's {tuple(ref.shape)}")
-    agreement = float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean())
-    cosine = float(torch.nn.functional.cosine_similarity(ref, out, dim=1).min())
+    figures = {"top1_agreement": float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean()),
+               "min_cosine": float(torch.nn.functional.cosine_similarity(ref, out, dim=1).min()),
+               "guard_items": int(ref.shape[0])}
+    judge(figures, tolerance, setup)
+
+
+def judge(figures: dict[str, Any], tolerance: float, setup: dict[str, Any]) -> None:
+    """`agreement_guard`'s verdict on its figures (measured now, or by an earlier process on the
+    same artifact and inputs), recorded in `setup` with the tolerance applied."""
     allowed = tolerance if tolerance >= 0 else TOLERANCE["int8"]
-    setup.update(top1_agreement=agreement, min_cosine=cosine, guard_items=int(ref.shape[0]), tolerance=allowed)
+    agreement, cosine, items = figures["top1_agreement"], figures["min_cosine"], figures["guard_items"]
+    setup.update(top1_agreement=agreement, min_cosine=cosine, guard_items=items, tolerance=allowed)
     if not (agreement >= 1 - allowed and cosine >= 1 - allowed):
         raise WrongAnswers(f"wrong answers: int8 agrees with eager fp32 on the top-1 answer of {agreement:.1%} of "
-                           f"{ref.shape[0]} inputs (min cosine similarity {cosine:.4f}); the tolerance {allowed:g} "
+                           f"{items} inputs (min cosine similarity {cosine:.4f}); the tolerance {allowed:g} "
                            f"asks for {1 - allowed:.1%} and {1 - allowed:.4f}; raise --tolerance to accept it, or "
                            f"calibrate on more batches (--calibration-batches)")
+
+
+def guard_key(batches: Sequence[Any], reference: Sequence[Any]) -> str:
+    """What a guard's figures hold for: the bytes of the checked batches and of eager's outputs."""
+    import torch
+
+    hashed = hashlib.sha256(digest(batches).encode())
+    for tensor in (t for outputs in reference for t in outputs if isinstance(t, torch.Tensor)):
+        hash_tensor(hashed, "reference", tensor)
+    return hashed.hexdigest()[:20]
