@@ -242,3 +242,22 @@ def test_the_int8_guard_is_reused_only_for_the_same_answer_and_judged_again(tmp_
     third = applied()
     assert "guard_reused" not in third and third["top1_agreement"] == first["top1_agreement"]
     assert json.loads(described.read_text())["guarded"][key]["output_digest"] == record["output_digest"]
+
+
+def test_aotinductor_compiles_under_no_grad_whatever_the_callers_grad_mode(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With grad enabled, freezing keeps the weights as they are and int8's weight packing never
+    happens: an int8 resnext101 compiled from its saved graph outside no_grad ran 5.7x slower in a
+    search. Every compile goes through one function, which switches grad off itself."""
+    import torch
+    import torch._inductor
+
+    from autotune.child import convert
+
+    seen: list[bool] = []
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
+                        lambda exported, package_path, inductor_configs: seen.append(torch.is_grad_enabled()))
+    with torch.enable_grad():
+        convert._aot_compile(object(), tmp_path / "a.pt2")
+        assert torch.is_grad_enabled()
+    assert seen == [False]

@@ -397,10 +397,13 @@ def graph_path(folder: Path, meta: dict[str, Any]) -> Path:
 
 
 def _aot_compile(exported: Any, tmp: Path) -> None:
+    """Compile under no_grad whatever the caller's grad mode: with grad enabled, AOTInductor's
+    freezing leaves the weights as they are, and int8's weight packing does not happen (resnext101
+    int8 at 2 threads: 287 ms instead of 47)."""
     import torch._inductor
 
     try:
-        with warnings.catch_warnings():  # inductor's int8 lowering copies a tensor the way it warns against
+        with warnings.catch_warnings(), torch.no_grad():  # inductor's int8 lowering copies a tensor as it warns against
             warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
             torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
                                                      inductor_configs={"freezing": True})
