@@ -91,6 +91,33 @@ def test_without_a_usable_entry_and_artifact_the_model_is_built(tmp_path: Path, 
     assert len(tinycnn) == 2
 
 
+def test_a_new_compile_of_a_known_model_reuses_its_kept_outputs(tmp_path: Path, tinycnn: list[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another configuration (here: the artifact gone) builds the model to compile it, but eager
+    fp32's outputs on the same inputs are kept already: not computed again (for int8, 33 batches),
+    and still what the guard judges with."""
+    first: dict[str, Any] = {}
+    build.build(child_args(tmp_path), IMAGES, first)
+    for artifact in (tmp_path / "artifacts").glob("torchscript-*.pt"):
+        artifact.unlink()
+    computed: list[int] = []
+    real = build.deploy.eager_outputs
+    monkeypatch.setattr(build.deploy, "eager_outputs",
+                        lambda model, batches: computed.append(1) or real(model, batches))
+    again: dict[str, Any] = {}
+    build.build(child_args(tmp_path), IMAGES, again)
+    assert again["eager_model"] == "built" and len(tinycnn) == 2 and computed == []
+    assert again["max_rel_err"] == first["max_rel_err"]
+    (entry,) = (tmp_path / references.FOLDER).glob("*/*.pt")
+    kept = references.lookup(entry)
+    assert kept is not None
+    references.remember(entry, references.Known(kept.weights, [[t * 2 for t in kept.outputs[0]]]))
+    for artifact in (tmp_path / "artifacts").glob("torchscript-*.pt"):
+        artifact.unlink()
+    with pytest.raises(autotune.WrongAnswers, match="wrong answers: output differs from eager fp32"):
+        build.build(child_args(tmp_path), IMAGES, {})
+
+
 def test_only_torchvision_names_qualify() -> None:
     assert references.applies("resnext101_32x8d")
     assert not any(map(references.applies, ["pkg.mod:make", "model.pt", "model.pt2"]))

@@ -217,10 +217,10 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
     if saved:
         return saved.run
     model = _load_timed(args, setup)
-    outputs = deploy.eager_outputs(model, checked)
+    outputs = known.outputs if known else deploy.eager_outputs(model, checked)  # 33 eager batches for int8
     applied = deploy.apply_deployment(model, example, deployment, check=True, setup=setup, on_phase=on_phase,
                                       calibration=calibration, guard_inputs=guard, references=outputs)
-    if entry and "artifact_file" in setup and "aot_fallback" not in setup:
+    if entry and known is None and "artifact_file" in setup and "aot_fallback" not in setup:
         references.remember(entry, references.Known(artifacts_weights(setup["artifact_file"]), outputs))
     return applied.run
 
