@@ -395,10 +395,10 @@ def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Map
     trial.set_user_attr("speedup_latency", round(speedups[0], 4))
     trial.set_user_attr("speedup_throughput", round(speedups[1], 4))
     trial.set_user_attr("instances", measurement.runs[-1].summary()["instances"])
-    trial.set_user_attr("first_call_s", _first_call(measurement))
+    trial.set_user_attr("first_call_s", first_call(measurement))
 
 
-def _first_call(measurement: Measurement) -> dict[str, float]:
+def first_call(measurement: Measurement) -> dict[str, float]:
     """Set-up costs never mixed into latency: build, convert, trace, first forward (worst instance)."""
     costs: dict[str, float] = {}
     for run in measurement.runs:

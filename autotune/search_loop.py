@@ -285,9 +285,10 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
             start: float, clock: Callable[[], float]) -> str:
     study = search.study
     began, ran, prior = clock(), 0, _patiently(search, lambda: records.wall_per_trial(study))
+    compiled_s = 0.0
     while _patiently(search, lambda: records.finished(study)) < search.request.trials:
         limit = _time_budget(search.request)
-        ended = limit.check(clock() - began, ran, prior) if limit else None
+        ended = limit.check(clock() - began, ran, prior, compiled_s) if limit else None
         if ended is not None:
             _patiently(search, functools.partial(records.record_end, study, ended))
             return budget.message(ended, records.finished(study))
@@ -299,8 +300,9 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
                     f"baseline included); widen the space (--space) to search further")
         with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):
-            _run_trial(search, machine, claimed, start, on_event, runner)
+            outcome = _run_trial(search, machine, claimed, start, on_event, runner)
         ran += 1
+        compiled_s += budget.compile_seconds(records.first_call(outcome.measurement)) if outcome.measurement else 0.0
     _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
     return ""
 
@@ -318,7 +320,7 @@ def _patiently(search: Search, action: Callable[[], T]) -> T:
 
 
 def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: float,
-               on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> None:
+               on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> Outcome:
     study, trial, proposal, config, batch = search.study, claimed.trial, claimed.proposal, claimed.config, claimed.batch
     is_baseline = proposal == "baseline"
     event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials,
@@ -335,6 +337,7 @@ def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: 
     finished, best = _patiently(search, lambda: (records.finished(study), records.best_trials(study)))
     on_event(TrialEvent("done", finished=finished, elapsed_s=time.monotonic() - start,
                         outcome=outcome, best=best[0] if best else None, **event))
+    return outcome
 
 
 def _host_baseline(search: Search, machine: Machine, runner: PlanRunner) -> dict[str, float]:

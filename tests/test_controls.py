@@ -150,6 +150,26 @@ def test_the_trials_end_a_search_before_the_budget_and_a_resume_estimates_from_t
     assert len(again.study.get_trials()) == 3 and "about 100 s each" in stopped
 
 
+def test_compiling_counts_for_the_next_trial_but_not_for_the_confirmation(tmp_path: Path, here: Machine) -> None:
+    """10 s per trial of which 6 s compiling: the next trial is still 10 s, but a confirmation
+    process loads what was compiled, 4 s less the 2 extra 1 s windows: 2 s. With 40 of them (80 s)
+    and 165 s, trials start while elapsed + 10 + 80 <= 165: 8 trials (1 if compiling counted)."""
+    def compiling_runner(plan: Any, timeout_s: float) -> Any:
+        result = ok_runner(plan, timeout_s)
+        result.instances[0].metrics["setup"] = {"compile_s": 5.0, "trace_s": 1.0, "quantize_s": 3.0}
+        return result
+
+    clock = FakeClock(10.0)
+    opened = search_loop.open_search(request(tmp_path, 50, space=DEFAULT, time_budget_s=165.0, confirm_processes=40,
+                                             measure=MeasureSettings(duration_s=1.0),
+                                             replicates=ReplicatePolicy(in_process=True)), here)
+    search_loop.run_search(opened, here, clock.on_event, runner=compiling_runner, clock=clock)
+    assert len(opened.study.get_trials()) == 8
+    ended = opened.study.user_attrs["ended_by"]
+    assert ended["trial_estimate_s"] == 10.0 and ended["confirmation_reserve_s"] == 80.0
+    assert budget.compile_seconds({"compile_s": 5.0, "quantize_s": 3.0, "build_s": 2.0}) == 5.0
+
+
 def test_a_confirmation_process_costs_a_trial_less_its_extra_windows() -> None:
     warm = budget.TimeBudget(600, 10, replicates=3, window_s=2.0, warm=True)
     assert warm.process_s(18.0) == 14.0 and warm.process_s(3.0) == 2.0
