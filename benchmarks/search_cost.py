@@ -59,7 +59,8 @@ def report(args: argparse.Namespace, study: optuna.Study, wall: float, code: int
     recipes = [t for t in trials if t.user_attrs.get("recipe") and t.user_attrs.get(key)]
     best_recipe = max(recipes, key=lambda t: t.user_attrs[key], default=None)
     print(f"\n{args.model}, {args.objective}, batch {args.batch_size}: `autotune search --trials {args.trials} "
-          f"--confirm-rounds {args.confirm_rounds} --seed {args.seed}` in an empty folder (exit {code})\n")
+          f"--confirm-rounds {args.confirm_rounds} --seed {args.seed}{''.join(' ' + e for e in args.extra)}` in an "
+          f"empty folder (exit {code})\n")
     print("| measure | value |")
     print("|---|---|")
     print(f"| wall, search + confirmation | {wall / 60:.1f} min |")

@@ -273,8 +273,8 @@ def _int8_guard(forward: Callable[[Any], Any], first: list[Any], checked: list[A
                 tolerance: float, setup: dict[str, Any]) -> None:
     """int8's guard over every checked batch. Its figures are a property of the artifact and the
     inputs, so they are kept in the artifact's description; a later process reuses them (the
-    tolerance judged again) only when its own answer on the example batch is, to the last digits,
-    the one the guarded process got: the same artifact computing the same thing."""
+    tolerance judged again) only when its own answer on the example batch is the one the guarded
+    process got (`_reusable`): the same artifact computing the same thing."""
     import torch
 
     artifact = Path(setup["artifact_file"]) if setup.get("artifact_file") else None
