@@ -303,9 +303,8 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
         raise ApplyError("precision=int8 needs its calibration: apply it through autotune.apply")
     meta = artifact_meta(knobs, example, weights, quantized.calibration if quantized else "")
     path = _saved_path(folder, meta, knobs)
-    setup["artifact_hit"] = path.exists()
     if path.exists():
-        setup["artifact_file"] = str(path)
+        setup["artifact_file"], setup["artifact_hit"] = str(path), True
         mark_used(path)
     else:
         fallback = _compile_into(path, model, example, knobs, setup, folder, meta, on_phase, quantized)
