@@ -4,49 +4,87 @@ after the trials whatever the budget says: the budget decides how many trials th
 
 What a trial costs is what this session's trials cost so far, wall clock per trial (compiles,
 process starts and the sampler included); before the first one it is what the study's earlier
-sessions cost per trial (its accounting), and with neither the first trial simply runs. A
-confirmation process is a fresh process measuring one window that loads what the trials
-compiled, so it costs a trial without its compiling (`compiled_s`: every compile, trace and
-quantization so far, spread over the trials) less the extra windows a warm trial measures in the
-same process (or a trial's share per replicate when each replicate is its own process). Counted
-with the compiles, the reserve for a resnext101 confirmation after the experts' recipes (three
-compiles of 25-70 s in six trials) came to 40 x 31 s, more than a 15-minute budget.
+sessions cost per trial (its accounting), and with neither the first trial simply runs.
+
+The confirmation runs the baseline and up to `top` candidates, one fresh process each per round,
+and a process loads what the trials compiled. So one trial's `Spent.process_s` is its wall less
+its compiling and less the extra windows a warm trial measured in the same process, each window
+as long as it really was (a batch of 8 of resnext101 at PyTorch's defaults takes 1.5 s, so its 10
+samples stretch a 2 s window to 16 s), or its share per replicate when each replicate is its own
+process. The baseline's processes cost what its trial says; a candidate's, the median over the
+other trials; and there are as many candidates as trials besides the baseline, up to `top`, once
+the next trial has run. (One estimate for every process, from nominal windows and the mean trial,
+had a batch-8 resnext101 search with `--time-budget 20m` reserve 2184 s after its baseline.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from autotune.stats import median
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What one trial of this session took, and what one fresh confirmation process of its
+    configuration would take now that its artifacts exist."""
+
+    wall_s: float
+    process_s: float | None  # None: it ran no process (a repeated configuration answered from its record)
+    baseline: bool = False
+
+
+def spent(wall_s: float, compiled_s: float, timed_s: float, windows: int, warm: bool, baseline: bool = False) -> Spent:
+    """A trial's costs from its wall clock, its compiling, and its `windows` timed windows of
+    `timed_s` seconds in all (`warm`: windows of one process; else one process each)."""
+    window_s = timed_s / windows if windows else 0.0
+    loading_s = max(0.0, wall_s - compiled_s)
+    process_s = loading_s - (windows - 1) * window_s if warm else loading_s / max(windows, 1)
+    return Spent(wall_s, max(window_s, process_s), baseline)
 
 
 @dataclass(frozen=True)
 class TimeBudget:
     seconds: float
-    confirm_processes: int  # (top + 1) x rounds of the confirmation that follows; 0 without one
+    rounds: int  # of the confirmation that follows; 0 without one
+    top: int  # candidates it confirms at most
     replicates: int  # windows per trial
-    window_s: float  # seconds of one timed window
+    window_s: float  # seconds of one timed window, nominal: only for a resume's estimate from the past
     warm: bool  # a trial's replicates are windows of one process
 
     def process_s(self, trial_s: float) -> float:
-        """A fresh confirmation process, from what a trial costs."""
+        """A fresh confirmation process, from what a trial costs, when no trial of this session
+        says more (nominal windows)."""
         if self.warm:
             return max(self.window_s, trial_s - (self.replicates - 1) * self.window_s)
         return max(self.window_s, trial_s / self.replicates)
 
-    def check(self, elapsed_s: float, ran: int, prior_trial_s: float | None,
-              compiled_s: float = 0.0) -> dict[str, Any] | None:
-        """None while another trial fits; else what ended the search, as the study records it.
-        `compiled_s`: the seconds this session's `ran` trials spent compiling (`compile_seconds`)."""
-        trial_s = elapsed_s / ran if ran else prior_trial_s
+    def reserve(self, trials: Sequence[Spent], finished: int, trial_s: float) -> tuple[int, float]:
+        """The confirmation's fresh processes and their seconds, once the next trial has run;
+        `finished`: the study's finished trials, the baseline among them."""
+        if not self.rounds or not self.top:
+            return 0, 0.0
+        baselines = [t.process_s for t in trials if t.baseline and t.process_s is not None]
+        others = [t.process_s for t in trials if not t.baseline and t.process_s is not None]
+        baseline_s = baselines[0] if baselines else median(others or [self.process_s(trial_s)])
+        candidate_s = median(others) if others else baseline_s
+        candidates = min(self.top, finished)  # the trials besides the baseline, the next one counted
+        return self.rounds * (1 + candidates), self.rounds * (baseline_s + candidates * candidate_s)
+
+    def check(self, elapsed_s: float, trials: Sequence[Spent], finished: int,
+              prior_trial_s: float | None) -> dict[str, Any] | None:
+        """None while another trial fits; else what ended the search, as the study records it."""
+        trial_s = elapsed_s / len(trials) if trials else prior_trial_s
         if trial_s is None:
             return None
-        loading_s = max(0.0, elapsed_s - compiled_s) / ran if ran else trial_s
-        reserve = self.confirm_processes * self.process_s(loading_s)
+        processes, reserve = self.reserve(trials, finished, trial_s)
         if elapsed_s + trial_s + reserve <= self.seconds:
             return None
         return {"by": "time budget", "budget_s": round(self.seconds, 1), "elapsed_s": round(elapsed_s, 1),
                 "trial_estimate_s": round(trial_s, 1), "confirmation_reserve_s": round(reserve, 1),
-                "confirmation_processes": self.confirm_processes}
+                "confirmation_processes": processes}
 
 
 def message(ended: dict[str, Any], finished: int) -> str:

@@ -86,7 +86,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
         calibration_batches=calibration_batches, command_line=" ".join(["autotune", *sys.argv[1:]]),
         pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,
-        confirm_processes=(confirm_top + 1) * confirm_rounds if confirm_top else 0)
+        confirm_rounds=confirm_rounds if confirm_top else 0, confirm_top=confirm_top)
     here = machine.this_machine()
     search_loop.validate(request, here)  # a bad input is said at once, not after waiting for the machine
     with holding("search", no_wait):

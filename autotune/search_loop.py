@@ -77,7 +77,8 @@ class SearchRequest:
     command_line: str = ""
     pins: Config = field(default_factory=Config)  # knobs fixed in every trial but the baseline (`--set`)
     time_budget_s: float | None = None  # `--time-budget`: no new trial once it cannot fit
-    confirm_processes: int = 0  # fresh processes of the confirmation that follows, for the budget
+    confirm_rounds: int = 0  # of the confirmation that follows, for the budget; 0 without one
+    confirm_top: int = 0  # candidates that confirmation takes at most
     allow_mixed: bool = False  # `--allow-mixed`: hosts of another class than the study's may join it
 
 
@@ -284,11 +285,11 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
 def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None], runner: PlanRunner,
             start: float, clock: Callable[[], float]) -> str:
     study = search.study
-    began, ran, prior = clock(), 0, _patiently(search, lambda: records.wall_per_trial(study))
-    compiled_s = 0.0
-    while _patiently(search, lambda: records.finished(study)) < search.request.trials:
+    began, prior = clock(), _patiently(search, lambda: records.wall_per_trial(study))
+    spent: list[budget.Spent] = []
+    while (finished := _patiently(search, lambda: records.finished(study))) < search.request.trials:
         limit = _time_budget(search.request)
-        ended = limit.check(clock() - began, ran, prior, compiled_s) if limit else None
+        ended = limit.check(clock() - began, spent, finished, prior) if limit else None
         if ended is not None:
             _patiently(search, functools.partial(records.record_end, study, ended))
             return budget.message(ended, records.finished(study))
@@ -299,10 +300,10 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
             _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
                     f"baseline included); widen the space (--space) to search further")
+        trial_began = clock()
         with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):
             outcome = _run_trial(search, machine, claimed, start, on_event, runner)
-        ran += 1
-        compiled_s += budget.compile_seconds(records.first_call(outcome.measurement)) if outcome.measurement else 0.0
+        spent.append(_spent(search.request, clock() - trial_began, outcome, claimed.proposal == "baseline"))
     _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
     return ""
 
@@ -310,8 +311,18 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
 def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
     if request.time_budget_s is None:
         return None
-    return budget.TimeBudget(request.time_budget_s, request.confirm_processes, request.replicates.replicates,
-                             request.measure.duration_s, request.replicates.in_process)
+    return budget.TimeBudget(request.time_budget_s, request.confirm_rounds, request.confirm_top,
+                             request.replicates.replicates, request.measure.duration_s, request.replicates.in_process)
+
+
+def _spent(request: SearchRequest, wall_s: float, outcome: Outcome, baseline: bool) -> budget.Spent:
+    """What the trial took, for the time budget: its compiling and timed windows as measured."""
+    measured = outcome.measurement
+    if measured is None or not measured.runs:  # a duplicate, or a plan that could not be made
+        return budget.Spent(wall_s, None, baseline)
+    summary = measured.summary() if measured.ok else {"timed_s": 0.0}
+    return budget.spent(wall_s, budget.compile_seconds(records.first_call(measured)), float(summary["timed_s"]),
+                        len(measured.runs), request.replicates.in_process, baseline)
 
 
 def _patiently(search: Search, action: Callable[[], T]) -> T:

@@ -18,7 +18,7 @@ from autotune.space import SpaceError
 from autotune.storage import StudyError
 from tests.conftest import lscpu
 from tests.test_proposals import DEFAULT, ok_runner
-from tests.test_study import SPACE, request
+from tests.test_study import SPACE, fake_result, request
 
 
 @pytest.fixture
@@ -104,37 +104,71 @@ def test_recipes_carry_the_pins_and_those_that_set_a_pinned_knob_otherwise_are_l
 
 
 class FakeClock:
-    """Each finished trial costs `per_trial` seconds."""
+    """Each finished trial costs `per_trial` seconds (`baseline_s` for the baseline, if given)."""
 
-    def __init__(self, per_trial: float) -> None:
-        self.now, self.per_trial = 0.0, per_trial
+    def __init__(self, per_trial: float, baseline_s: float | None = None) -> None:
+        self.now, self.per_trial, self.baseline_s = 0.0, per_trial, baseline_s
 
     def __call__(self) -> float:
         return self.now
 
     def on_event(self, event: search_loop.TrialEvent) -> None:
         if event.kind == "done":
-            self.now += self.per_trial
+            baseline = not event.config.values
+            self.now += self.baseline_s if baseline and self.baseline_s is not None else self.per_trial
 
 
-@pytest.mark.parametrize(("confirm_processes", "expected"), [(0, 6), (40, 1), (4, 3)])
-def test_the_time_budget_starts_no_trial_that_would_not_fit(tmp_path: Path, here: Machine, confirm_processes: int,
-                                                            expected: int) -> None:
-    """10 s per trial, 65 s: 6 trials fit alone (the 7th would end at 70 s); a confirmation process
-    costs a warm trial less its 2 extra 1 s windows (8 s), so 4 of them leave room for 3 trials."""
+def windows_runner(baseline_s: float = 3.0, other_s: float = 3.0, setup: dict[str, float] | None = None) -> Any:
+    """A run of 3 samples whose iterations last `baseline_s` (the baseline) or `other_s` seconds in
+    all: a warm trial's 3 windows are a third of that each."""
+    def run(plan: Any, timeout_s: float) -> Any:
+        total_ms = 1000 * (other_s if plan.config.values else baseline_s)
+        result = fake_result([total_ms / 3 - 1 - len(plan.config.values) * 1e-3] * 3)
+        result.instances[0].metrics["setup"] = dict(setup or {})
+        return result
+    return run
+
+
+def budgeted(tmp_path: Path, here: Machine, seconds: float, rounds: int, top: int) -> search_loop.Search:
+    return search_loop.open_search(request(tmp_path, 50, space=DEFAULT, time_budget_s=seconds, confirm_rounds=rounds,
+                                           confirm_top=top, measure=MeasureSettings(duration_s=1.0),
+                                           replicates=ReplicatePolicy(in_process=True)), here)
+
+
+@pytest.mark.parametrize(("rounds", "top", "expected", "reserve", "processes"),
+                         [(0, 0, 6, 0.0, 0), (10, 3, 1, 160.0, 20), (1, 3, 3, 32.0, 4)])
+def test_the_time_budget_starts_no_trial_that_would_not_fit(tmp_path: Path, here: Machine, rounds: int, top: int,
+                                                            expected: int, reserve: float, processes: int) -> None:
+    """10 s per trial, 65 s: 6 trials fit alone (the 7th would end at 70 s). A confirmation process
+    costs a warm trial less its 2 extra 1 s windows (8 s), one per round for the baseline and for
+    each candidate, as many as there are trials besides the baseline once the next has run: with
+    1 round of 3 candidates, 3 trials (then 30 + 10 + 4 x 8 > 65); with 10 rounds, the baseline only."""
     clock = FakeClock(10.0)
-    opened = search_loop.open_search(request(tmp_path, 50, space=DEFAULT, time_budget_s=65.0,
-                                             confirm_processes=confirm_processes,
-                                             measure=MeasureSettings(duration_s=1.0),
-                                             replicates=ReplicatePolicy(in_process=True)), here)
-    stopped = search_loop.run_search(opened, here, clock.on_event, runner=ok_runner, clock=clock)
+    opened = budgeted(tmp_path, here, 65.0, rounds, top)
+    stopped = search_loop.run_search(opened, here, clock.on_event, runner=windows_runner(), clock=clock)
     assert len(opened.study.get_trials()) == expected
     ended = opened.study.user_attrs["ended_by"]
     assert ended["by"] == "time budget" and ended["trial_estimate_s"] == 10.0
-    assert ended["confirmation_reserve_s"] == 8.0 * confirm_processes
+    assert ended["confirmation_reserve_s"] == pytest.approx(reserve, abs=0.1)
+    assert ended["confirmation_processes"] == processes
     assert stopped.startswith("the time budget (65 s) has no room for another trial (about 10 s each)")
     assert stopped.endswith(f"the study holds {expected} finished trials; raise --time-budget (or rerun) to search "
                             "further")
+
+
+def test_a_slow_baseline_costs_its_own_processes_and_its_windows_as_measured(tmp_path: Path, here: Machine) -> None:
+    """A batch-8 baseline: 59 s for 3 windows of 15 s, so each of its confirmation processes costs
+    59 - 30 = 29 s, and the others' 20 - 2 x 1 = 18 s. 1200 s: after the baseline 59 + 59 +
+    10 x (29 + 29) fits; with m more trials the reserve is 10 x (29 + 3 x 18) = 830 s, and the 16th
+    trial is the last that fits (359 s + about 22 s + 830 s > 1200). Counted from nominal 1 s
+    windows and the mean trial, the reserve after the baseline was 40 x 57 s, and nothing else ran."""
+    clock = FakeClock(20.0, baseline_s=59.0)
+    opened = budgeted(tmp_path, here, 1200.0, rounds=10, top=3)
+    search_loop.run_search(opened, here, clock.on_event, runner=windows_runner(45.0, 3.0), clock=clock)
+    assert len(opened.study.get_trials()) == 16
+    ended = opened.study.user_attrs["ended_by"]
+    assert ended["confirmation_reserve_s"] == pytest.approx(830.0, abs=0.5)
+    assert ended["confirmation_processes"] == 40
 
 
 def test_the_trials_end_a_search_before_the_budget_and_a_resume_estimates_from_the_past(
@@ -154,27 +188,29 @@ def test_compiling_counts_for_the_next_trial_but_not_for_the_confirmation(tmp_pa
     """10 s per trial of which 6 s compiling: the next trial is still 10 s, but a confirmation
     process loads what was compiled, 4 s less the 2 extra 1 s windows: 2 s. With 40 of them (80 s)
     and 165 s, trials start while elapsed + 10 + 80 <= 165: 8 trials (1 if compiling counted)."""
-    def compiling_runner(plan: Any, timeout_s: float) -> Any:
-        result = ok_runner(plan, timeout_s)
-        result.instances[0].metrics["setup"] = {"compile_s": 5.0, "trace_s": 1.0, "quantize_s": 3.0}
-        return result
-
     clock = FakeClock(10.0)
-    opened = search_loop.open_search(request(tmp_path, 50, space=DEFAULT, time_budget_s=165.0, confirm_processes=40,
-                                             measure=MeasureSettings(duration_s=1.0),
-                                             replicates=ReplicatePolicy(in_process=True)), here)
-    search_loop.run_search(opened, here, clock.on_event, runner=compiling_runner, clock=clock)
+    opened = budgeted(tmp_path, here, 165.0, rounds=10, top=3)
+    runner = windows_runner(setup={"compile_s": 5.0, "trace_s": 1.0, "quantize_s": 3.0})
+    search_loop.run_search(opened, here, clock.on_event, runner=runner, clock=clock)
     assert len(opened.study.get_trials()) == 8
     ended = opened.study.user_attrs["ended_by"]
-    assert ended["trial_estimate_s"] == 10.0 and ended["confirmation_reserve_s"] == 80.0
+    assert ended["trial_estimate_s"] == 10.0 and ended["confirmation_reserve_s"] == pytest.approx(80.0, abs=0.1)
     assert budget.compile_seconds({"compile_s": 5.0, "quantize_s": 3.0, "build_s": 2.0}) == 5.0
 
 
 def test_a_confirmation_process_costs_a_trial_less_its_extra_windows() -> None:
-    warm = budget.TimeBudget(600, 10, replicates=3, window_s=2.0, warm=True)
-    assert warm.process_s(18.0) == 14.0 and warm.process_s(3.0) == 2.0
-    fresh = budget.TimeBudget(600, 10, replicates=3, window_s=2.0, warm=False)
-    assert fresh.process_s(18.0) == 6.0
+    assert budget.spent(18.0, 0.0, 6.0, 3, warm=True).process_s == 14.0
+    assert budget.spent(3.0, 0.0, 3.0, 3, warm=True).process_s == 1.0  # never less than one window
+    assert budget.spent(48.0, 30.0, 6.0, 3, warm=True).process_s == 14.0  # compiling left out
+    assert budget.spent(18.0, 0.0, 6.0, 3, warm=False).process_s == 6.0  # each replicate its own process
+    limit = budget.TimeBudget(600, rounds=10, top=3, replicates=3, window_s=2.0, warm=True)
+    assert limit.process_s(18.0) == 14.0  # a resume, from the nominal windows
+    # A repeated configuration ran no process: it says nothing of what one costs.
+    trials = [budget.Spent(20.0, 12.0, baseline=True), budget.Spent(0.1, None), budget.Spent(10.0, 5.0),
+              budget.Spent(10.0, 7.0)]
+    assert limit.reserve(trials, finished=4, trial_s=10.0) == (40, 10 * (12.0 + 3 * 6.0))
+    assert limit.reserve(trials, finished=1, trial_s=10.0) == (20, 10 * (12.0 + 6.0))
+    assert budget.TimeBudget(600, 0, 0, 3, 2.0, True).reserve(trials, 4, 10.0) == (0, 0.0)
 
 
 def test_pinning_int8_needs_its_backend_pinned_too() -> None:
