@@ -44,7 +44,7 @@ W_MAX = max(WARMUPS)
 def cut(latencies: list[float], iterations: list[float], start_s: float, end_s: float) -> list[float]:
     """The latencies of the iterations that began in [start_s, end_s) of the timed loop."""
     picked, clock = [], 0.0
-    for latency, iteration in zip(latencies, iterations):
+    for latency, iteration in zip(latencies, iterations, strict=True):
         if start_s <= clock < end_s:
             picked.append(latency)
         clock += iteration / 1000
