@@ -12,9 +12,12 @@ its compiling and less the extra windows a warm trial measured in the same proce
 as long as it really was (a batch of 8 of resnext101 at PyTorch's defaults takes 1.5 s, so its 10
 samples stretch a 2 s window to 16 s), or its share per replicate when each replicate is its own
 process. The baseline's processes cost what its trial says; a candidate's, the median over the
-other trials; and there are as many candidates as trials besides the baseline, up to `top`, once
-the next trial has run. (One estimate for every process, from nominal windows and the mean trial,
-had a batch-8 resnext101 search with `--time-budget 20m` reserve 2184 s after its baseline.)
+other trials that compiled nothing (a trial that compiled also built the model and ran the eager
+check once, which the confirmation's processes do not: on resnext101 those trials left 12-19 s
+against 6-10 s), else over all the others; and there are as many candidates as trials besides
+the baseline, up to `top`, once the next trial has run. (One estimate for every process, from
+nominal windows and the mean trial, had a batch-8 resnext101 search with `--time-budget 20m`
+reserve 2184 s after its baseline.)
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Spent:
     wall_s: float
     process_s: float | None  # None: it ran no process (a repeated configuration answered from its record)
     baseline: bool = False
+    built: bool = False  # it compiled or traced: its process also paid the model's build and eager check
 
 
 def spent(wall_s: float, compiled_s: float, timed_s: float, windows: int, warm: bool, baseline: bool = False) -> Spent:
@@ -42,7 +46,7 @@ def spent(wall_s: float, compiled_s: float, timed_s: float, windows: int, warm: 
     window_s = timed_s / windows if windows else 0.0
     loading_s = max(0.0, wall_s - compiled_s)
     process_s = loading_s - (windows - 1) * window_s if warm else loading_s / max(windows, 1)
-    return Spent(wall_s, max(window_s, process_s), baseline)
+    return Spent(wall_s, max(window_s, process_s), baseline, built=compiled_s > 0)
 
 
 @dataclass(frozen=True)
@@ -67,9 +71,11 @@ class TimeBudget:
         if not self.rounds or not self.top:
             return 0, 0.0
         baselines = [t.process_s for t in trials if t.baseline and t.process_s is not None]
-        others = [t.process_s for t in trials if not t.baseline and t.process_s is not None]
-        baseline_s = baselines[0] if baselines else median(others or [self.process_s(trial_s)])
-        candidate_s = median(others) if others else baseline_s
+        others = [t for t in trials if not t.baseline and t.process_s is not None]
+        loaded = [t.process_s for t in others if not t.built and t.process_s is not None]
+        every = loaded or [t.process_s for t in others if t.process_s is not None]
+        baseline_s = baselines[0] if baselines else median(every or [self.process_s(trial_s)])
+        candidate_s = median(every) if every else baseline_s
         candidates = min(self.top, finished)  # the trials besides the baseline, the next one counted
         return self.rounds * (1 + candidates), self.rounds * (baseline_s + candidates * candidate_s)
 

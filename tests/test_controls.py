@@ -211,6 +211,11 @@ def test_a_confirmation_process_costs_a_trial_less_its_extra_windows() -> None:
     assert limit.reserve(trials, finished=4, trial_s=10.0) == (40, 10 * (12.0 + 3 * 6.0))
     assert limit.reserve(trials, finished=1, trial_s=10.0) == (20, 10 * (12.0 + 6.0))
     assert budget.TimeBudget(600, 0, 0, 3, 2.0, True).reserve(trials, 4, 10.0) == (0, 0.0)
+    # A trial that compiled says less of a loading process than one that did not, while one has run.
+    compiled = budget.spent(60.0, 30.0, 6.0, 3, warm=True)
+    assert compiled.built and compiled.process_s == 26.0
+    assert limit.reserve([trials[0], compiled], 2, 10.0) == (30, 10 * (12.0 + 2 * 26.0))
+    assert limit.reserve([*trials, compiled], 5, 10.0) == (40, 10 * (12.0 + 3 * 6.0))
 
 
 def test_pinning_int8_needs_its_backend_pinned_too() -> None:
