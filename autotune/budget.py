@@ -31,10 +31,9 @@ from autotune.stats import median
 
 @dataclass(frozen=True)
 class Spent:
-    """What one trial of this session took, and what one fresh confirmation process of its
-    configuration would take now that its artifacts exist."""
+    """What one fresh confirmation process of a trial's configuration would take now that its
+    artifacts exist."""
 
-    wall_s: float
     process_s: float | None  # None: it ran no process (a repeated configuration answered from its record)
     baseline: bool = False
     built: bool = False  # it compiled or traced: its process also paid the model's build and eager check
@@ -46,7 +45,7 @@ def spent(wall_s: float, compiled_s: float, timed_s: float, windows: int, warm: 
     window_s = timed_s / windows if windows else 0.0
     loading_s = max(0.0, wall_s - compiled_s)
     process_s = loading_s - (windows - 1) * window_s if warm else loading_s / max(windows, 1)
-    return Spent(wall_s, max(window_s, process_s), baseline, built=compiled_s > 0)
+    return Spent(max(window_s, process_s), baseline, built=compiled_s > 0)
 
 
 @dataclass(frozen=True)
@@ -61,19 +60,18 @@ class TimeBudget:
     def process_s(self, trial_s: float) -> float:
         """A fresh confirmation process, from what a trial costs, when no trial of this session
         says more (nominal windows)."""
-        if self.warm:
-            return max(self.window_s, trial_s - (self.replicates - 1) * self.window_s)
-        return max(self.window_s, trial_s / self.replicates)
+        nominal = spent(trial_s, 0.0, self.replicates * self.window_s, self.replicates, self.warm)
+        return nominal.process_s or 0.0
 
     def reserve(self, trials: Sequence[Spent], finished: int, trial_s: float) -> tuple[int, float]:
         """The confirmation's fresh processes and their seconds, once the next trial has run;
         `finished`: the study's finished trials, the baseline among them."""
         if not self.rounds or not self.top:
             return 0, 0.0
-        baselines = [t.process_s for t in trials if t.baseline and t.process_s is not None]
-        others = [t for t in trials if not t.baseline and t.process_s is not None]
-        loaded = [t.process_s for t in others if not t.built and t.process_s is not None]
-        every = loaded or [t.process_s for t in others if t.process_s is not None]
+        ran = [(t, t.process_s) for t in trials if t.process_s is not None]
+        baselines = [cost for t, cost in ran if t.baseline]
+        others = [(t, cost) for t, cost in ran if not t.baseline]
+        every = [cost for t, cost in others if not t.built] or [cost for _, cost in others]
         baseline_s = baselines[0] if baselines else median(every or [self.process_s(trial_s)])
         candidate_s = median(every) if every else baseline_s
         candidates = min(self.top, finished)  # the trials besides the baseline, the next one counted

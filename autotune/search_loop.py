@@ -319,7 +319,7 @@ def _spent(request: SearchRequest, wall_s: float, outcome: Outcome, baseline: bo
     """What the trial took, for the time budget: its compiling and timed windows as measured."""
     measured = outcome.measurement
     if measured is None or not measured.runs:  # a duplicate, or a plan that could not be made
-        return budget.Spent(wall_s, None, baseline)
+        return budget.Spent(None, baseline)
     summary = measured.summary() if measured.ok else {"timed_s": 0.0}
     return budget.spent(wall_s, budget.compile_seconds(records.first_call(measured)), float(summary["timed_s"]),
                         len(measured.runs), request.replicates.in_process, baseline)

@@ -206,8 +206,7 @@ def test_a_confirmation_process_costs_a_trial_less_its_extra_windows() -> None:
     limit = budget.TimeBudget(600, rounds=10, top=3, replicates=3, window_s=2.0, warm=True)
     assert limit.process_s(18.0) == 14.0  # a resume, from the nominal windows
     # A repeated configuration ran no process: it says nothing of what one costs.
-    trials = [budget.Spent(20.0, 12.0, baseline=True), budget.Spent(0.1, None), budget.Spent(10.0, 5.0),
-              budget.Spent(10.0, 7.0)]
+    trials = [budget.Spent(12.0, baseline=True), budget.Spent(None), budget.Spent(5.0), budget.Spent(7.0)]
     assert limit.reserve(trials, finished=4, trial_s=10.0) == (40, 10 * (12.0 + 3 * 6.0))
     assert limit.reserve(trials, finished=1, trial_s=10.0) == (20, 10 * (12.0 + 6.0))
     assert budget.TimeBudget(600, 0, 0, 3, 2.0, True).reserve(trials, 4, 10.0) == (0, 0.0)
