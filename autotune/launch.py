@@ -125,13 +125,18 @@ class LaunchPlan:
         }
 
 
-def stretched(plan: LaunchPlan, parts: int) -> LaunchPlan:
+def stretched(plan: LaunchPlan, parts: int, give_up_above_ms: float | None = None) -> LaunchPlan:
     """The same plan with a window `parts` times as long (and as many samples at least), to be cut
-    into `parts` consecutive windows of one warmed process (`RunResult.parts`)."""
-    measure = replace(plan.bench.measure, duration_s=plan.bench.measure.duration_s * parts,
-                      min_iterations=plan.bench.measure.min_iterations * parts)
+    into `parts` consecutive windows of one warmed process (`RunResult.parts`). With
+    `give_up_above_ms`, each instance stops after its first part's worth (its time and samples)
+    when its median latency is above it (`autotune.pruning.GiveUp`)."""
+    first = plan.bench.measure
+    measure = replace(first, duration_s=first.duration_s * parts, min_iterations=first.min_iterations * parts)
     flags = {"--duration": str(measure.duration_s), "--min-iterations": str(measure.min_iterations)}
-    instances = tuple(replace(i, command=_with_flags(i.command, flags)) for i in plan.instances)
+    give_up = () if give_up_above_ms is None else (
+        "--give-up-above-ms", repr(give_up_above_ms), "--give-up-after", str(first.duration_s),
+        "--give-up-iterations", str(first.min_iterations))
+    instances = tuple(replace(i, command=(*_with_flags(i.command, flags), *give_up)) for i in plan.instances)
     return replace(plan, bench=replace(plan.bench, measure=measure), instances=instances)
 
 

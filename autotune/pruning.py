@@ -10,20 +10,32 @@ A trial merely a hair behind stays for confirmation to judge.
 Each replicate reports, as the trial's intermediate value, the median of the replicates so far:
 the same number a completed trial stores as its value, so a pruned trial's value (Optuna keeps the
 last intermediate value) compares like with like in the study and its plots.
+
+Giving up: when a trial's replicates are windows of one warmed process (the search's default), the
+rule above can save nothing (the process runs its windows back to back). Instead the process
+itself stops after its first window when that window's median latency is more than `GIVE_UP` times
+worse than the best trial's value (`GiveUp`, `launch.stretched`): the trial is pruned with what
+that one window measured. The margin is wide on purpose: a first window can be slower than the
+windows after it (resnext101 at batch 1 on a 2-CPU AVX2 host: up to 1.50x its trial's value over a
+50-trial search, README "What a search costs"), so a configuration given up on is at least
+GIVE_UP / 1.5 = 1.33x worse than the best, never one the confirmation would have to judge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import optuna
 
 from autotune import records, stats
-from autotune.objectives import Metric, Objective, lower_is_better, metric_of, metric_value
+from autotune.launch import LaunchPlan
+from autotune.objectives import Metric, Objective, lower_is_better, metric_of, metric_value, unit_of
 from autotune.results import RunResult
 
 MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
 MIN_REPLICATES = 2  # one disturbed process alone never prunes
+GIVE_UP = 2.0  # a first window this many times worse than the best trial stops its process (GiveUp)
 
 
 def separated(mine: Sequence[float], best: Sequence[float], metric: Metric, margin: float = MARGIN) -> bool:
@@ -71,3 +83,38 @@ class PruneCheck:
 
 def _span(values: Sequence[float]) -> str:
     return f"{min(values):.2f}-{max(values):.2f}"
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The latency above which each instance of a trial's one warmed process stops after its first
+    window: the best trial's value times GIVE_UP, as one instance's median latency per batch."""
+
+    above_ms: float
+    best: int  # the best trial's number
+    best_value: float  # its value, in the metric's unit
+    metric: Metric
+
+    def reason(self, run: RunResult) -> str:
+        unit, mine = unit_of(self.metric), metric_value(run, self.metric)
+        return (f"gave up after its first window: {mine:.2f} {unit}, more than {GIVE_UP:g}x worse than trial "
+                f"{self.best}'s {self.best_value:.2f} {unit}")
+
+
+def give_up(study: optuna.Study, objective: Objective, plan: LaunchPlan) -> GiveUp | None:
+    """Where this trial's process gives up, from the best trial so far; None without one, and in a
+    two-objective study (Optuna prunes single-objective studies only). For throughput the limit is
+    what each of the plan's instances may take per batch for their sum to stay within GIVE_UP of
+    the best: a forward call is part of an iteration, so the limit never stops a trial that the
+    rule would keep."""
+    if len(study.directions) != 1:
+        return None
+    metric = metric_of(objective)
+    best = next(iter(records.best_trials(study)), None)
+    if best is None or best.value is None or best.value <= 0:
+        return None
+    value = float(best.value)
+    if lower_is_better(metric):
+        return GiveUp(GIVE_UP * value, best.number, value, metric)
+    per_instance_ms = 1e3 * len(plan.instances) * plan.bench.batch_size / value
+    return GiveUp(GIVE_UP * per_instance_ms, best.number, value, metric)

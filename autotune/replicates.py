@@ -145,17 +145,23 @@ def _utilization(runs: Sequence[RunResult]) -> float:
 
 
 def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRunner,
-            after_each: Callable[[int, RunResult, bool], bool] = lambda i, r, more: False) -> Measurement:
+            after_each: Callable[[int, RunResult, bool], bool] = lambda i, r, more: False,
+            give_up_above_ms: float | None = None) -> Measurement:
     """Run `plan` `policy.replicates` times, plus up to `max_extra` while the spread stays above
     REMEASURE. `after_each(index, run, more_planned)` may stop early (pruning) by returning True;
-    it is told whether more replicates are planned, since stopping after the last saves nothing."""
+    it is told whether more replicates are planned, since stopping after the last saves nothing.
+    Replicates in one process stop after the first when its median latency is above
+    `give_up_above_ms` (`pruning.GiveUp`)."""
     runs: list[RunResult] = []
     limit = policy.replicates
     if policy.in_process and limit > 1:
-        run = runner(stretched(plan, limit), policy.timeout_s)
+        run = runner(stretched(plan, limit, give_up_above_ms), policy.timeout_s)
         runs.extend(run.parts(limit))
         if not run.ok:
             return Measurement(tuple(runs))
+        if run.gave_up:
+            after_each(0, run, False)  # its value, reported
+            return Measurement((run,), stopped_early=True)
         for index, part in enumerate(runs):
             after_each(index, part, False)  # reported; stopping now would save nothing
     while True:

@@ -58,11 +58,17 @@ class RunResult:
         """What building and converting the models held at their peak, summed."""
         return sum(float(i.metrics["setup_peak_rss_mb"]) for i in self.instances)
 
+    @property
+    def gave_up(self) -> bool:
+        """An instance stopped after its first check, its median latency above the limit it was
+        given (`launch.stretched`): what it measured is one part, not `count` of them."""
+        return any("gave_up_above_ms" in i.metrics for i in self.instances)
+
     def parts(self, count: int) -> tuple[RunResult, ...]:
         """The window cut into `count` consecutive windows of equal time, each a run of its own:
         replicates inside one warmed process. Each instance is cut by its own clock (the sum of
         its iteration times); process-wide figures (peak RSS, setup) stay with every part."""
-        if not self.ok or count <= 1:
+        if not self.ok or count <= 1 or self.gave_up:
             return (self,)
         cut = [_parts(i.metrics, count) for i in self.instances]
         return tuple(RunResult(True, "", tuple(replace(i, metrics=pieces[n])

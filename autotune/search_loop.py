@@ -19,10 +19,10 @@ from typing import Any, Literal, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import budget, fleet, models, planning, proposals, recipes, records, space, storage
+from autotune import budget, fleet, models, planning, proposals, pruning, recipes, records, space, storage
 from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
-from autotune.launch import MeasureSettings
+from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.machine import (
     Machine,
     class_id,
@@ -35,7 +35,6 @@ from autotune.machine import (
 )
 from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
 from autotune.orchestrate import run_plan
-from autotune.pruning import PruneCheck
 from autotune.replicates import Measurement, PlanRunner, ReplicatePolicy, measure_replicates
 from autotune.results import RunResult
 from autotune.storage import StudyError, StudyLocked
@@ -386,16 +385,31 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
         _patiently(search, lambda: records.record_failure(trial, reason, records.ERROR))
         return Outcome(TrialState.FAIL, reason=reason)
     _patiently(search, lambda: records.record_plan(trial, plan))
-    pruner = PruneCheck(search.study, trial, request.objective)
-    measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner))
+    pruner = pruning.PruneCheck(search.study, trial, request.objective)
+    limit = _give_up(search, plan)
+    measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner),
+                                     give_up_above_ms=limit.above_ms if limit else None)
     if not measurement.ok:
         return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)
     if measurement.stopped_early:
-        return Outcome(TrialState.PRUNED, reason=pruner.reason, measurement=measurement)
+        gave_up = limit is not None and measurement.runs[-1].gave_up
+        reason = limit.reason(measurement.runs[-1]) if gave_up and limit else pruner.reason
+        return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement)
     return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
 
 
-def _pruning(search: Search, pruner: PruneCheck) -> Callable[[int, RunResult, bool], bool]:
+def _give_up(search: Search, plan: LaunchPlan) -> pruning.GiveUp | None:
+    """Where a trial measured in one warmed process gives up (`pruning.GiveUp`); a locked
+    database past the wait, like the pruner's, measures the trial in full."""
+    if not search.request.replicates.in_process:
+        return None
+    try:
+        return _patiently(search, lambda: pruning.give_up(search.study, search.request.objective, plan))
+    except StudyLocked:
+        return None
+
+
+def _pruning(search: Search, pruner: pruning.PruneCheck) -> Callable[[int, RunResult, bool], bool]:
     """The pruner waits for a locked database too; past the wait the trial is measured in full."""
 
     def check(index: int, run: RunResult, more_planned: bool) -> bool:

@@ -10,7 +10,10 @@ the CLI, and sends its result as a JSON file (never by printing). Protocol with 
    (system-wide on Linux, so the runner's `time.monotonic()` and the child's agree); anything else
    (EOF included) means the run was aborted, and the child exits 1;
 3. wait until START, time samples until END (and at least `--min-iterations` of them); with
-   `--profile K`, profile K forward calls from START instead (`autotune.child.hotops`);
+   `--profile K`, profile K forward calls from START instead (`autotune.child.hotops`); with
+   `--give-up-above-ms MS`, stop at the first check (after `--give-up-after` seconds and
+   `--give-up-iterations` samples) when the samples' median is above MS, and say so in the result
+   (`gave_up_above_ms`): a search's hopeless configuration (`autotune.pruning.GiveUp`);
 4. write `done` and a newline to `--ready-fd` and close it, the end of the timed loop;
 5. write `--result` and exit 0.
 
@@ -27,10 +30,12 @@ import ctypes
 import ctypes.util
 import gc
 import json
+import math
 import os
 import re
 import resource
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -64,6 +69,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup-time", type=float, default=1.0)
     p.add_argument("--duration", type=float, default=2.0)
     p.add_argument("--min-iterations", type=int, default=10)
+    p.add_argument("--give-up-above-ms", type=float, default=0.0, help="stop early when the median latency so far "
+                   "is above this at the check (0: never)")
+    p.add_argument("--give-up-after", type=float, default=0.0, help="seconds into the window of that check")
+    p.add_argument("--give-up-iterations", type=int, default=1, help="samples the check needs at least")
     p.add_argument("--cache-dir", default="studies/cache")
     p.add_argument("--artifacts", default="", help="where compiled artifacts are kept (default: CACHE_DIR/artifacts)")
     p.add_argument("--result", required=True)
@@ -176,6 +185,8 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
         cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
         time.sleep(max(window.start - time.monotonic(), 0.0))
         start = time.monotonic()
+        check = start + args.give_up_after if args.give_up_above_ms > 0 else math.inf
+        gave_up = False
         while time.monotonic() < window.end or len(latencies_ms) < args.min_iterations:
             t_fetch = time.perf_counter()
             batch = next(batches)
@@ -185,11 +196,17 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
             latencies_ms.append((t1 - t0) * 1e3)
             iterations_ms.append((t1 - t_fetch) * 1e3)
             items += batch_size(batch)
+            if time.monotonic() >= check and len(latencies_ms) >= args.give_up_iterations:
+                check = math.inf
+                gave_up = statistics.median(latencies_ms) > args.give_up_above_ms
+                if gave_up:
+                    break
         elapsed = time.monotonic() - start
         cpu_s = cpu_seconds() - cpu_before
-    return {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
-            "window": {"start": window.start, "end": window.end}, "late_start_s": start - window.start,
-            "window_s": elapsed, "throughput_ips": items / elapsed, "cpu_s": cpu_s}
+    result = {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
+              "window": {"start": window.start, "end": window.end}, "late_start_s": start - window.start,
+              "window_s": elapsed, "throughput_ips": items / elapsed, "cpu_s": cpu_s}
+    return result | ({"gave_up_above_ms": args.give_up_above_ms} if gave_up else {})
 
 
 def wait_for_go(ready_fd: int, duration_s: float) -> Window:

@@ -1,0 +1,178 @@
+"""Giving up on a hopeless configuration: a trial measured in one warmed process stops after its
+first window when that window is more than pruning.GIVE_UP times worse than the best trial."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import planning, pruning, replicates, search_loop
+from autotune.child import worker
+from autotune.knobs import Config
+from autotune.launch import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings, worker_command
+from autotune.libs import Libraries
+from autotune.machine import Machine, this_machine
+from autotune.orchestrate import run_plan
+from autotune.replicates import ReplicatePolicy
+from autotune.results import RunResult
+from tests.conftest import lscpu
+from tests.fixtures.models import tinynets
+from tests.test_study import fake_result, request
+
+WARM = ReplicatePolicy(replicates=3, max_extra=0, in_process=True)
+
+
+@pytest.fixture
+def here(fake_libs: Libraries) -> Machine:
+    return Machine(lscpu("amd_1s_smt"), fake_libs)
+
+
+def plan_of(instances: int = 1, batch: int = 1) -> LaunchPlan:
+    bench = BenchSpec("fake", (1,), batch_size=batch, measure=MeasureSettings(duration_s=2.0, min_iterations=10))
+    return LaunchPlan(Config(), bench, "none", tuple(
+        InstancePlan(i, (i,), None, {}, worker_command("python", bench, Config())) for i in range(instances)))
+
+
+def flag(command: tuple[str, ...], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def gave_up(latency_ms: float, limit_ms: float) -> RunResult:
+    result = fake_result([latency_ms] * 10)
+    result.instances[0].metrics["gave_up_above_ms"] = limit_ms  # type: ignore[index]
+    return result
+
+
+def test_the_warmed_process_carries_the_limit_for_its_first_window_only() -> None:
+    seen: list[LaunchPlan] = []
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        seen.append(plan)
+        return fake_result([20.0] * 30)
+
+    measured = replicates.measure_replicates(plan_of(), WARM, runner, give_up_above_ms=123.5)
+    assert len(measured.runs) == 3 and not measured.stopped_early  # never crossed: three windows as before
+    command = seen[0].instances[0].command
+    assert flag(command, "--give-up-above-ms") == "123.5"
+    assert flag(command, "--give-up-after") == "2.0" and flag(command, "--give-up-iterations") == "10"
+    assert flag(command, "--duration") == "6.0" and flag(command, "--min-iterations") == "30"
+    replicates.measure_replicates(plan_of(), WARM, runner)
+    assert "--give-up-above-ms" not in seen[1].instances[0].command  # no limit, no flag
+
+
+def test_a_process_that_gave_up_is_one_window_and_a_stopped_trial() -> None:
+    told: list[tuple[int, bool]] = []
+
+    def after_each(index: int, run: RunResult, more: bool) -> bool:
+        told.append((index, more))
+        return False
+
+    measured = replicates.measure_replicates(plan_of(), WARM, lambda plan, t: gave_up(500.0, 250.0), after_each,
+                                             give_up_above_ms=250.0)
+    assert measured.ok and measured.stopped_early and len(measured.runs) == 1
+    assert measured.runs[0].gave_up and measured.latency_p50_ms == 500.0
+    assert measured.runs[0].parts(3) == measured.runs  # one window: not cut into three
+    assert told == [(0, False)]  # its value reported, as a pruned trial's
+
+
+def study_with_best(direction: str, value: float, number_of_trials: int = 1) -> optuna.Study:
+    study = optuna.create_study(direction=direction)
+    for n in range(number_of_trials):
+        study.add_trial(optuna.trial.create_trial(value=value * (1 + n), state=TrialState.COMPLETE))
+    return study
+
+
+def test_the_limit_is_the_best_trials_value_times_the_margin() -> None:
+    limit = pruning.give_up(study_with_best("minimize", 40.0, 3), "latency", plan_of())
+    assert limit is not None and limit.above_ms == pytest.approx(pruning.GIVE_UP * 40.0) and limit.best == 0
+    # throughput: 2 instances of batch 8 summing to 1/GIVE_UP of 100 items/s take 320 ms each per batch
+    limit = pruning.give_up(study_with_best("maximize", 100.0), "throughput", plan_of(instances=2, batch=8))
+    assert limit is not None
+    assert limit.above_ms == pytest.approx(pruning.GIVE_UP * 1e3 * 2 * 8 / 100.0)
+    assert pruning.give_up(optuna.create_study(), "latency", plan_of()) is None  # nothing to compare with yet
+    two = optuna.create_study(directions=["minimize", "maximize"])
+    assert pruning.give_up(two, "both", plan_of()) is None
+
+
+def honest_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+    """What the real child does with the limit: 100 ms at defaults, 80 with jemalloc, 300 with
+    mkldnn; a process whose first window's median is above its limit stops there."""
+    config = plan.config
+    latency = 300.0 if config.get("mkldnn") else 100.0 - 20 * (config.get("allocator") == "jemalloc")
+    command = plan.instances[0].command
+    if "--give-up-above-ms" in command and latency > float(flag(command, "--give-up-above-ms")):
+        return gave_up(latency, float(flag(command, "--give-up-above-ms")))
+    return fake_result([latency] * 30)
+
+
+def test_a_search_gives_up_on_what_is_far_worse_than_its_best(tmp_path: Path, here: Machine) -> None:
+    opened = search_loop.open_search(request(tmp_path, 8, replicates=WARM), here)
+    search_loop.run_search(opened, here, lambda event: None, runner=honest_runner)
+    trials = opened.study.get_trials()
+    assert {t.state for t in trials} == {TrialState.COMPLETE, TrialState.PRUNED}
+    for t in trials:
+        slow = "mkldnn=on" in t.user_attrs["config"]
+        assert (t.state == TrialState.PRUNED) == slow
+        if slow and "duplicate_of" not in t.user_attrs:
+            best = min(b.value for b in trials if b.state == TrialState.COMPLETE and b.number < t.number)
+            assert t.user_attrs["prune_reason"] == (f"gave up after its first window: 300.00 ms, more than "
+                                                   f"{pruning.GIVE_UP:g}x worse than trial "
+                                                   f"{next(b.number for b in trials if b.value == best)}'s "
+                                                   f"{best:.2f} ms")
+            assert t.user_attrs["replicates"] == 1 and t.intermediate_values == {0: 300.0}
+
+
+def test_fresh_replicates_keep_their_own_pruning_and_get_no_limit(tmp_path: Path, here: Machine) -> None:
+    commands: list[tuple[str, ...]] = []
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        commands.append(plan.instances[0].command)
+        return honest_runner(plan, timeout_s)
+
+    opened = search_loop.open_search(request(tmp_path, 6, replicates=ReplicatePolicy(in_process=False)), here)
+    search_loop.run_search(opened, here, lambda event: None, runner=runner)
+    assert commands and not any("--give-up-above-ms" in c for c in commands)
+
+
+def run_child(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, limit_ms: float) -> dict[str, object]:
+    monkeypatch.setattr(worker, "die_with_parent", lambda pid: None)  # the test process is no benchmark child
+    monkeypatch.syspath_prepend(str(Path(tinynets.__file__).parent))
+    result = tmp_path / "result.json"
+    code = worker.main(["--model", "tinynets:cnn", "--item-shape", "3x32x32", "--cache-dir", str(tmp_path),
+                        "--warmup", "1", "--warmup-time", "0", "--duration", "1.5", "--min-iterations", "30",
+                        "--give-up-above-ms", str(limit_ms), "--give-up-after", "0.3", "--give-up-iterations", "10",
+                        "--result", str(result)])
+    assert code == 0
+    data: dict[str, object] = json.loads(result.read_text())
+    return data
+
+
+def test_the_child_stops_at_its_check_only_when_the_median_is_above_the_limit(monkeypatch: pytest.MonkeyPatch,
+                                                                              tmp_path: Path) -> None:
+    stopped = run_child(monkeypatch, tmp_path, 1e-6)
+    latencies = stopped["latencies_ms"]
+    assert isinstance(latencies, list) and len(latencies) >= 10
+    assert stopped["gave_up_above_ms"] == 1e-6 and 0.3 <= float(stopped["window_s"]) < 1.5  # type: ignore[arg-type]
+    kept = run_child(monkeypatch, tmp_path, 1e6)
+    assert "gave_up_above_ms" not in kept and float(kept["window_s"]) > 1.4  # type: ignore[arg-type]
+    assert statistics.median(kept["latencies_ms"]) < 1e6  # type: ignore[arg-type]
+
+
+@pytest.mark.e2e
+def test_a_real_warmed_process_gives_up_and_the_parent_keeps_one_window(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flags the parent adds are the ones the real child reads, through the real runner."""
+    monkeypatch.chdir(Path(tinynets.__file__).parent)  # where tinynets:cnn imports from
+    measure = MeasureSettings(duration_s=0.5, warmup=1, warmup_s=0.0, min_iterations=5)
+    bench = planning.BenchRequest(model="tinynets:cnn", config=Config(), input_shape="3x32x32", cache_dir=tmp_path,
+                                  measure=measure)
+    plan = planning.make_plan(bench, this_machine())
+    measured = replicates.measure_replicates(plan, WARM, run_plan, give_up_above_ms=1e-6)
+    assert measured.ok, measured.reason
+    assert measured.stopped_early and len(measured.runs) == 1 and measured.runs[0].gave_up
+    assert float(measured.runs[0].instances[0].metrics["window_s"]) < 3 * 0.5
