@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.child import cpu
 from autotune.libs import Libraries
 from autotune.lock import LOCK_ENV
 from autotune.topology import Topology, from_lscpu_file
@@ -15,9 +16,25 @@ from tests.pg import NoServer, Server, server
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+# Tests that run bf16 or int8 in an autotune process need a CPU where autotune allows them (its
+# refusal elsewhere is tested with a made-up CPU: test_apply.py, test_int8.py, test_space.py).
+# The machines this suite runs on differ: an AMD EPYC with avx512_bf16 and VNNI, another with AVX2 only.
+NEEDS_BF16 = pytest.mark.skipif(not cpu.has_bf16(), reason=f"{cpu.cpuinfo()[0]} has neither avx512_bf16 nor AMX, "
+                                                           f"where autotune refuses precision=bf16")
+NEEDS_INT8 = pytest.mark.skipif(not cpu.has_int8(), reason=f"{cpu.cpuinfo()[0]} has no VNNI or AMX, where "
+                                                           f"autotune refuses precision=int8")
+
 
 def lscpu(name: str) -> Topology:
     return from_lscpu_file(FIXTURES / "lscpu" / f"{name}.txt")
+
+
+@pytest.fixture
+def bf16_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 allowed in this process whatever the CPU: autotune refuses it where the CPU lacks
+    avx512_bf16 and AMX because it is slow there, but torch computes it on any x86 CPU, so the
+    answers and plumbing a test checks in-process hold everywhere."""
+    monkeypatch.setattr(cpu, "has_bf16", lambda: True)
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ def test_without_configuration_the_model_comes_back_unchanged(monkeypatch: pytes
 
 
 @pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: k.describe())
+@pytest.mark.usefixtures("bf16_anywhere")
 def test_each_knob_from_the_environment_gives_eager_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                            knobs: ModelKnobs) -> None:
     for var, value in env_of(knobs, AUTOTUNE_ARTIFACTS=str(tmp_path)).items():
@@ -68,6 +69,7 @@ def test_an_env_file_path_is_read_without_the_environment(tmp_path: Path) -> Non
     assert isinstance(applied.setup["trace_s"], float)
 
 
+@pytest.mark.usefixtures("bf16_anywhere")
 def test_token_ids_and_keyword_inputs_pass_through_unconverted(tmp_path: Path) -> None:
     model = tinynets.encoder()
     for knobs in (ModelKnobs(backend="torchscript"), ModelKnobs(precision="bf16")):
@@ -79,6 +81,7 @@ def test_token_ids_and_keyword_inputs_pass_through_unconverted(tmp_path: Path) -
     assert applied(tokens=TOKENS).shape == (2, 8)
 
 
+@pytest.mark.usefixtures("bf16_anywhere")
 def test_check_fails_wrong_answers_beyond_the_tolerance() -> None:
     deployment = deploy.Deployment(ModelKnobs(precision="bf16"), tolerance=0.0)
     with pytest.raises(autotune.WrongAnswers, match=r"wrong answers: .* > tolerance 0"):
@@ -185,6 +188,7 @@ def test_a_stale_artifact_is_detected_and_rebuilt(monkeypatch: pytest.MonkeyPatc
     assert made.exists()
 
 
+@pytest.mark.usefixtures("bf16_anywhere")
 def test_apply_reports_back_to_autotune_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     report = tmp_path / "applied.jsonl"
     monkeypatch.setenv(deploy.REPORT_VAR, str(report))
@@ -195,6 +199,7 @@ def test_apply_reports_back_to_autotune_run(monkeypatch: pytest.MonkeyPatch, tmp
     assert record["knobs"]["precision"] == "bf16"
 
 
+@pytest.mark.usefixtures("bf16_anywhere")
 def test_the_benchmark_child_builds_through_apply(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[deploy.Deployment] = []
     real = deploy.apply_deployment

@@ -17,6 +17,7 @@ import torch
 import autotune
 from autotune.child import deploy, envfile
 from autotune.child.convert import ModelKnobs
+from tests.conftest import NEEDS_BF16
 from tests.fixtures.models import tinynets
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +56,7 @@ def child_setup(cwd: Path, model: str, inputs: str, *knobs: str) -> dict[str, An
     ("backend=torchscript", ModelKnobs(backend="torchscript")),
     ("backend=inductor", ModelKnobs(backend="inductor")),
     ("memory_format=channels_last", ModelKnobs(memory_format="channels_last")),
-    ("precision=bf16", ModelKnobs(precision="bf16")),
+    pytest.param("precision=bf16", ModelKnobs(precision="bf16"), marks=NEEDS_BF16),
     ("mkldnn=on", ModelKnobs(mkldnn=True)),
     ("weight_cache=on", ModelKnobs(weight_cache=True)),
 ])
@@ -113,6 +114,7 @@ def _env_file(path: Path, knobs: ModelKnobs) -> Path:
     return path
 
 
+@NEEDS_BF16
 def test_run_warns_when_the_program_never_applies_the_knobs(tmp_path: Path) -> None:
     env = _env_file(tmp_path / "best.env", ModelKnobs(backend="torchscript", precision="bf16"))
     ignored = autotune_cli(tmp_path, "run", str(env), "--", sys.executable, "-c", "print('served')")
@@ -135,6 +137,7 @@ def test_serve_example_runs_under_an_env_file(tmp_path: Path) -> None:
     assert "warning" not in proc.stderr
 
 
+@pytest.mark.usefixtures("bf16_anywhere")
 def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: Path) -> None:
     deployment = deploy.Deployment(ModelKnobs(backend="inductor", precision="bf16"), artifacts=tmp_path)
     example = torch.randn(BATCH, 3, 32, 32)

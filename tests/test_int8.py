@@ -17,7 +17,7 @@ from autotune.child.convert import ModelKnobs
 from autotune.child.errors import ApplyError
 from autotune.errors import ConfigError
 from autotune.knobs import Config
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, NEEDS_INT8
 from tests.test_cli import run_cli
 from tests.test_space import FakeTrial
 
@@ -122,6 +122,7 @@ def test_a_model_torch_export_cannot_capture_fails_naming_the_line() -> None:
 
 
 @pytest.mark.e2e
+@NEEDS_INT8
 def test_the_guard_fails_a_broken_quantization(tmp_path: Path) -> None:
     """Calibrated on inputs 10^4 times too small, the scales clip every real activation: the
     compiled int8 model runs, and the guard calls its answers wrong; calibrated on the inputs
@@ -144,6 +145,7 @@ def test_the_guard_fails_a_broken_quantization(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
+@NEEDS_INT8
 def test_int8_through_bench_quantizes_once_then_loads(tmp_path: Path) -> None:
     autotune = str(Path(sys.executable).with_name("autotune"))
     folder = FIXTURES / "models"
@@ -169,6 +171,7 @@ def test_int8_through_bench_quantizes_once_then_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
+@NEEDS_INT8
 def test_another_thread_count_compiles_from_the_saved_quantized_graph(tmp_path: Path) -> None:
     """int8's quantized graph does not depend on the thread count: the first compile saves it, and
     each other thread count's artifact is compiled from it without quantizing again, with the
@@ -207,6 +210,7 @@ def test_another_thread_count_compiles_from_the_saved_quantized_graph(tmp_path: 
 
 
 @pytest.mark.e2e
+@NEEDS_INT8
 def test_the_int8_guard_is_reused_only_for_the_same_answer_and_judged_again(tmp_path: Path) -> None:
     """The guard's figures are kept in the artifact's description: a later process loading the
     same artifact for the same inputs reuses them when its answer on the example is the guarded

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import NEEDS_BF16
+
 pytestmark = pytest.mark.e2e
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
@@ -48,7 +50,7 @@ def bench(cwd: Path, *args: str) -> tuple[int, Any, str]:
         ("backend=torchscript", {"backend": "torchscript"}, "float32"),
         ("backend=inductor", {"backend": "inductor"}, "float32"),
         ("memory_format=channels_last", {"memory_format": "channels_last"}, "float32"),
-        ("precision=bf16", {"precision": "bf16"}, "bfloat16"),
+        pytest.param("precision=bf16", {"precision": "bf16"}, "bfloat16", marks=NEEDS_BF16),
     ],
 )
 def test_each_knob_is_applied_and_checked(here: Path, knob: str, runtime: dict[str, str], output_dtype: str) -> None:
@@ -64,6 +66,7 @@ def test_each_knob_is_applied_and_checked(here: Path, knob: str, runtime: dict[s
         assert setup["first_forward_s"] > 0  # the compile, recorded apart from latency
 
 
+@NEEDS_BF16
 def test_the_guard_fails_a_configuration_with_wrong_answers(here: Path) -> None:
     code, data, _ = bench(here, "--model", "tinynets:cnn", "--input-shape", "3x32x32", "--set", "precision=bf16",
                           "--tolerance", "0")

@@ -111,7 +111,9 @@ def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measur
     assert proposer.next(study, everything) is None
 
 
-def test_recipes_run_right_after_the_baseline_and_are_named(tmp_path: Path, here: Machine) -> None:
+def test_recipes_run_right_after_the_baseline_and_are_named(tmp_path: Path, here: Machine,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search_loop, "machine_has_bf16", lambda: True)  # its recipe is among them, on any CPU
     opened, _ = run(tmp_path, here, 6, space=DEFAULT, runner=ok_runner)
     trials = opened.study.get_trials()
     assert opened.proposer is not None
