@@ -30,7 +30,7 @@ import optuna
 
 from autotune import records, stats
 from autotune.launch import LaunchPlan
-from autotune.objectives import Metric, Objective, lower_is_better, metric_of, metric_value, unit_of
+from autotune.objectives import Metric, Objective, lower_is_better, metric_of, metric_value
 from autotune.results import RunResult
 
 MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
@@ -96,9 +96,15 @@ class GiveUp:
     metric: Metric
 
     def reason(self, run: RunResult) -> str:
-        unit, mine = unit_of(self.metric), metric_value(run, self.metric)
-        return (f"gave up after its first window: {mine:.2f} {unit}, more than {GIVE_UP:g}x worse than trial "
-                f"{self.best}'s {self.best_value:.2f} {unit}")
+        """Which instance gave up, at what median latency (with several, one is enough: the run's
+        windows cannot be cut into replicates any more)."""
+        stopped = next(i for i in run.instances if "gave_up_above_ms" in i.metrics)
+        seen = f"instance {stopped.index}'s median latency {stopped.percentile(50):.2f} ms"
+        if lower_is_better(self.metric):
+            return (f"gave up after its first window: {seen} is more than {GIVE_UP:g}x trial {self.best}'s "
+                    f"{self.best_value:.2f} ms")
+        return (f"gave up after its first window: {seen} is above {self.above_ms:.2f} ms, too slow for the "
+                f"instances together to reach 1/{GIVE_UP:g} of trial {self.best}'s {self.best_value:.2f} items/s")
 
 
 def give_up(study: optuna.Study, objective: Objective, plan: LaunchPlan) -> GiveUp | None:

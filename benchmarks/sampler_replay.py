@@ -237,8 +237,9 @@ def replay(args: argparse.Namespace) -> None:
 
 def fidelity(args: argparse.Namespace, table: Table) -> None:
     """Does a 4x shorter first replicate, pruned from when clearly worse, save time without losing
-    winners? Both variants run the default sampler (experts first, then TPE) over the same seeds and
-    pay each replicate's recorded wall time; the short one pays a quarter of its window."""
+    winners? And a warmed process that gives up after its first window? Every variant runs the
+    default sampler (experts first, then TPE) over the same seeds and pays each replicate's recorded
+    wall time; the short one pays a quarter of its window, one that gave up a single window."""
     print(f"\nMulti-fidelity, {args.seeds} seeds: wall seconds until the incumbent is within {WITHIN:.0%} of "
           "the optimum (recorded replicate costs), and how often a configuration within 3% was pruned\n")
     print("| first replicate | seconds to within 3%: median | IQR | never | near-optimal pruned | seconds per trial |")
@@ -246,7 +247,9 @@ def fidelity(args: argparse.Namespace, table: Table) -> None:
     labels = {"full": f"fresh processes, full (pruned from the 2nd replicate, {pruning.MARGIN:.0%})",
               "short": f"fresh processes, the 1st short ({SHORT:.0%} of the window, pruned when {SHORT_MARGIN:.0%} "
                        "worse)",
-              "warm": "one warmed process, 3 windows (no pruning)"}
+              "warm": "one warmed process, 3 windows (no pruning)",
+              "give-up": f"one warmed process, stopped after its 1st window when more than {pruning.GIVE_UP:g}x "
+                         "worse than the best trial (the default)"}
     for mode, label in labels.items():
         runs = [costed_replay(table, seed, args.trials, mode) for seed in range(args.seeds)]
         costs = sorted(r[0] for r in runs)
@@ -291,13 +294,17 @@ def costed_replay(table: Table, seed: int, trials: int, mode: str) -> tuple[floa
 def _replicates(reps: list[dict[str, Any]], best: list[float], mode: str) -> tuple[float, list[float], bool]:
     """(seconds, values, pruned) of one trial under autotune's replicate rule in a mode; the
     recorded replicates are reused in turn (a fourth draws the first). Warm: one process pays its
-    start once and then two more windows; fresh replicates' values stand in for its windows."""
+    start once and then two more windows; fresh replicates' values stand in for its windows. Give-up:
+    warm, or the first replicate's process alone when its value is more than pruning.GIVE_UP times
+    the best trial's (a fresh value stands in for a first window, which can be slower still)."""
     def full(i: int) -> tuple[float, float]:
         r = reps[i % len(reps)]
         return r["wall_s"], r["p50_ms"]
 
     cost, values = 0.0, []
-    if mode == "warm":
+    if mode == "give-up" and best and reps[0]["p50_ms"] > pruning.GIVE_UP * median(best):
+        return reps[0]["wall_s"], [reps[0]["p50_ms"]], True
+    if mode in ("warm", "give-up"):
         values = [full(i)[1] for i in range(3)]
         return reps[0]["wall_s"] + 2 * reps[0]["window_s"], values, False
     if mode == "short":

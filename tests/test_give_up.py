@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -80,6 +81,22 @@ def test_a_process_that_gave_up_is_one_window_and_a_stopped_trial() -> None:
     assert told == [(0, False)]  # its value reported, as a pruned trial's
 
 
+def test_one_instance_that_gave_up_is_enough_and_the_reason_names_it() -> None:
+    """Instances check alone: one above its limit stops, and the run's windows cannot be cut any
+    more, so the run gave up; the reason says which instance crossed the limit, since the run's own
+    value (the instances' median) may be below it."""
+    kept, stopped = fake_result([300.0] * 30).instances[0], gave_up(700.0, 680.0).instances[0]
+    run = RunResult(True, "", (kept, replace(stopped, index=1)), 1.0)
+    assert run.gave_up and run.parts(3) == (run,)
+    limit = pruning.GiveUp(680.0, 4, 340.0, "latency_p50_ms")
+    assert limit.reason(run) == ("gave up after its first window: instance 1's median latency 700.00 ms is more "
+                                 "than 2x trial 4's 340.00 ms")
+    by_items = pruning.GiveUp(320.0, 2, 100.0, "throughput_ips")
+    assert by_items.reason(gave_up(400.0, 320.0)) == (
+        "gave up after its first window: instance 0's median latency 400.00 ms is above 320.00 ms, too slow for "
+        "the instances together to reach 1/2 of trial 2's 100.00 items/s")
+
+
 def study_with_best(direction: str, value: float, number_of_trials: int = 1) -> optuna.Study:
     study = optuna.create_study(direction=direction)
     for n in range(number_of_trials):
@@ -120,8 +137,8 @@ def test_a_search_gives_up_on_what_is_far_worse_than_its_best(tmp_path: Path, he
         assert (t.state == TrialState.PRUNED) == slow
         if slow and "duplicate_of" not in t.user_attrs:
             best = min(b.value for b in trials if b.state == TrialState.COMPLETE and b.number < t.number)
-            assert t.user_attrs["prune_reason"] == (f"gave up after its first window: 300.00 ms, more than "
-                                                   f"{pruning.GIVE_UP:g}x worse than trial "
+            assert t.user_attrs["prune_reason"] == (f"gave up after its first window: instance 0's median latency "
+                                                   f"300.00 ms is more than {pruning.GIVE_UP:g}x trial "
                                                    f"{next(b.number for b in trials if b.value == best)}'s "
                                                    f"{best:.2f} ms")
             assert t.user_attrs["replicates"] == 1 and t.intermediate_values == {0: 300.0}
