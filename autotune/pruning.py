@@ -111,8 +111,8 @@ def give_up(study: optuna.Study, objective: Objective, plan: LaunchPlan) -> Give
     """Where this trial's process gives up, from the best trial so far; None without one, and in a
     two-objective study (Optuna prunes single-objective studies only). For throughput the limit is
     what each of the plan's instances may take per batch for their sum to stay within GIVE_UP of
-    the best: a forward call is part of an iteration, so the limit never stops a trial that the
-    rule would keep."""
+    the best: a forward call is part of an iteration, so with instances equally fast (one
+    configuration on equal CPUs) the limit never stops a trial that the rule would keep."""
     if len(study.directions) != 1:
         return None
     metric = metric_of(objective)
