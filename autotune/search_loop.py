@@ -392,8 +392,8 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     if not measurement.ok:
         return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)
     if measurement.stopped_early:
-        gave_up = limit is not None and measurement.runs[-1].gave_up
-        reason = limit.reason(measurement.runs[-1]) if gave_up and limit else pruner.reason
+        last = measurement.runs[-1]
+        reason = limit.reason(last) if limit is not None and last.gave_up else pruner.reason
         return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement)
     return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
 
