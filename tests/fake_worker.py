@@ -42,6 +42,10 @@ def main() -> None:
     result, ready_fd = args["--result"], int(args["--ready-fd"])
     if behaviour == "crash-early":
         os.kill(os.getpid(), signal.SIGSEGV)
+    if behaviour == "helper-left":  # succeeds, but leaves a helper running, as a child that skips teardown may
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        with open(os.environ["GRANDCHILD_PIDFILE"], "w") as f:
+            f.write(str(helper.pid))
     if behaviour == "hang-early":
         time.sleep(3600)
     if behaviour == "grandchild-hang":

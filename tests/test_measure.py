@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -102,3 +104,11 @@ def test_the_peak_rss_restarts_after_building() -> None:
 def test_where_the_peak_cannot_be_reset_the_result_says_so(tmp_path: Path) -> None:
     note = worker.start_peak_rss(str(tmp_path / "missing" / "clear_refs"))
     assert note == "peak RSS includes building the model: cannot reset it (No such file or directory)"
+
+
+def test_the_child_exits_without_teardown_after_flushing_what_it_printed() -> None:
+    program = ("import atexit; from autotune.child import worker; atexit.register(print, 'torn down'); "
+               "print('result written', end=''); worker.exit_now(3)")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3
+    assert done.stdout == "result written"

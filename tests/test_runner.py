@@ -132,11 +132,21 @@ def test_the_whole_process_group_is_killed(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
     result = run_plan(plan_of("grandchild-hang", env={"GRANDCHILD_PIDFILE": str(pidfile)}), timeout_s=3)
     assert not result.ok
-    grandchild = int(pidfile.read_text())
+    _gone(int(pidfile.read_text()))
+
+
+def test_a_helper_left_by_a_child_that_succeeded_is_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "helper.pid"
+    result = run_plan(plan_of("helper-left", env={"GRANDCHILD_PIDFILE": str(pidfile)}), timeout_s=30)
+    assert result.ok, result.reason
+    _gone(int(pidfile.read_text()))
+
+
+def _gone(pid: int) -> None:
     deadline = time.monotonic() + 5
-    while psutil.pid_exists(grandchild) and time.monotonic() < deadline:
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_percentile_interpolates() -> None:

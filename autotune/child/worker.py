@@ -15,7 +15,7 @@ the CLI, and sends its result as a JSON file (never by printing). Protocol with 
    `--give-up-iterations` samples) when the samples' median is above MS, and say so in the result
    (`gave_up_above_ms`): a search's hopeless configuration (`autotune.pruning.GiveUp`);
 4. write `done` and a newline to `--ready-fd` and close it, the end of the timed loop;
-5. write `--result` and exit 0.
+5. write `--result` and exit 0, at once: without Python's teardown (`exit_now`).
 
 Without `--ready-fd` the child measures at once, for `--duration` seconds.
 Peak RSS is reset after building (Linux `clear_refs`), so `peak_rss_mb` is what warmup and the
@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from autotune.child.artifacts import installed_torch_version
 from autotune.child.envfile import SWITCH
@@ -324,5 +324,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the process without Python's teardown, once the result file is written and closed.
+    Tearing down an interpreter that holds torch and a model (modules, tensors, thread pools) took
+    0.7-1.5 s after resnext101 (`benchmarks/child_exit.py`), time the runner waits for in every
+    process of a search and of its confirmation; it measures nothing. What teardown would stop
+    (compile workers, DataLoader workers) is in this process's group, which the runner kills on
+    the way out."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
