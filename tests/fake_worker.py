@@ -36,23 +36,22 @@ def profiled(behaviour: str, calls: int, trace: str) -> dict[str, object]:
                      "calls": count * calls} for name, self_us, total_us, count in ops]}
 
 
+def start_helper() -> None:
+    """A process of this one's group that never ends by itself; its pid goes to GRANDCHILD_PIDFILE."""
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    with open(os.environ["GRANDCHILD_PIDFILE"], "w") as f:
+        f.write(str(helper.pid))
+
+
 def main() -> None:
     behaviour = sys.argv[1]
     args = dict(zip(sys.argv[2::2], sys.argv[3::2], strict=False))
     result, ready_fd = args["--result"], int(args["--ready-fd"])
     if behaviour == "crash-early":
         os.kill(os.getpid(), signal.SIGSEGV)
-    if behaviour == "helper-left":  # succeeds, but leaves a helper running, as a child that skips teardown may
-        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-        with open(os.environ["GRANDCHILD_PIDFILE"], "w") as f:
-            f.write(str(helper.pid))
-    if behaviour == "hang-early":
-        time.sleep(3600)
-    if behaviour == "grandchild-hang":
-        pidfile = os.environ["GRANDCHILD_PIDFILE"]
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-        with open(pidfile, "w") as f:
-            f.write(str(child.pid))
+    if behaviour in ("helper-left", "grandchild-hang"):  # the first succeeds, as a child that skips teardown may
+        start_helper()
+    if behaviour in ("hang-early", "grandchild-hang"):
         time.sleep(3600)
     if behaviour == "phases":  # what the real child says while it builds (worker docstring, step 1)
         os.write(ready_fd, b"phase building\nphase compil")
