@@ -125,16 +125,18 @@ class LaunchPlan:
         }
 
 
-def stretched(plan: LaunchPlan, parts: int, give_up_above_ms: float | None = None) -> LaunchPlan:
+def stretched(plan: LaunchPlan, parts: int, give_up_above_ms: Sequence[float] = ()) -> LaunchPlan:
     """The same plan with a window `parts` times as long (and as many samples at least), to be cut
     into `parts` consecutive windows of one warmed process (`RunResult.parts`). With
-    `give_up_above_ms`, each instance stops after its first part's worth (its time and samples)
-    when its median latency is above it (`autotune.pruning.GiveUp`)."""
+    `give_up_above_ms`, each instance stops after its k-th part's worth (its time and samples)
+    when its median latency is above the k-th limit (`autotune.pruning.GiveUp`); only the windows
+    before the last are checked, since a stop after the last would save nothing."""
     first = plan.bench.measure
     measure = replace(first, duration_s=first.duration_s * parts, min_iterations=first.min_iterations * parts)
     flags = {"--duration": str(measure.duration_s), "--min-iterations": str(measure.min_iterations)}
-    give_up = () if give_up_above_ms is None else (
-        "--give-up-above-ms", repr(give_up_above_ms), "--give-up-after", str(first.duration_s),
+    limits = tuple(give_up_above_ms)[:parts - 1]
+    give_up = () if not limits else (
+        "--give-up-above-ms", ",".join(repr(v) for v in limits), "--give-up-after", str(first.duration_s),
         "--give-up-iterations", str(first.min_iterations))
     instances = tuple(replace(i, command=(*_with_flags(i.command, flags), *give_up)) for i in plan.instances)
     return replace(plan, bench=replace(plan.bench, measure=measure), instances=instances)

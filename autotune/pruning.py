@@ -13,12 +13,16 @@ last intermediate value) compares like with like in the study and its plots.
 
 Giving up: when a trial's replicates are windows of one warmed process (the search's default), the
 rule above can save nothing (the process runs its windows back to back). Instead the process
-itself stops after its first window when that window's median latency is more than `GIVE_UP` times
-worse than the best trial's value (`GiveUp`, `launch.stretched`): the trial is pruned with what
-that one window measured. The margin is wide on purpose: a first window can be slower than the
-windows after it (resnext101 at batch 1 on a 2-CPU AVX2 host: up to 1.50x its trial's value over a
-50-trial search, README "What a search costs"), so a configuration given up on is at least
-GIVE_UP / 1.5 = 1.33x worse than the best, never one the confirmation would have to judge.
+itself checks after each window but its last: after the k-th, when the median latency so far is
+more than `GIVE_UP[k-1]` times worse than the best trial's value, it stops (`GiveUp`,
+`launch.stretched`), and the trial is pruned with what it measured. The first margin is wide on
+purpose: a first window can be slower than the windows after it (resnext101 at batch 1 on a 2-CPU
+AVX2 host: up to 1.50x its trial's value over a 50-trial search, README "What a search costs"), so
+a configuration given up on there is at least 2 / 1.5 = 1.33x worse than the best. Two windows
+agree better with their trial's value (their median at most 1.07x of it over the 46 three-window
+trials of two later searches), so after the second the margin is 1.5x: a configuration stopped
+there is about 1.4x worse than the best or more, never one the confirmation would have to judge
+(its finalists were within 1.14x of the best in both searches).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from autotune.results import RunResult
 
 MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
 MIN_REPLICATES = 2  # one disturbed process alone never prunes
-GIVE_UP = 2.0  # a first window this many times worse than the best trial stops its process (GiveUp)
+GIVE_UP = (2.0, 1.5)  # after its k-th window, a warmed trial this many times worse than the best stops (GiveUp)
 
 
 def separated(mine: Sequence[float], best: Sequence[float], metric: Metric, margin: float = MARGIN) -> bool:
@@ -87,31 +91,34 @@ def _span(values: Sequence[float]) -> str:
 
 @dataclass(frozen=True)
 class GiveUp:
-    """The latency above which each instance of a trial's one warmed process stops after its first
-    window: the best trial's value times GIVE_UP, as one instance's median latency per batch."""
+    """The latencies above which each instance of a trial's one warmed process stops, one for each
+    window but the last: the best trial's value times GIVE_UP, as one instance's median latency
+    per batch."""
 
-    above_ms: float
+    above_ms: tuple[float, ...]
     best: int  # the best trial's number
     best_value: float  # its value, in the metric's unit
     metric: Metric
 
     def reason(self, run: RunResult) -> str:
-        """Which instance gave up, at what median latency (with several, one is enough: the run's
-        windows cannot be cut into replicates any more)."""
+        """Which instance gave up, after which window, at what median latency (with several, one is
+        enough: the run's windows cannot be cut into replicates any more)."""
         stopped = next(i for i in run.instances if "gave_up_above_ms" in i.metrics)
+        window = int(stopped.metrics.get("gave_up_windows", 1))
+        after = f"gave up after its {_ordinal(window)} window"
         seen = f"instance {stopped.index}'s median latency {stopped.percentile(50):.2f} ms"
+        margin = GIVE_UP[window - 1]
         if lower_is_better(self.metric):
-            return (f"gave up after its first window: {seen} is more than {GIVE_UP:g}x trial {self.best}'s "
-                    f"{self.best_value:.2f} ms")
-        return (f"gave up after its first window: {seen} is above {self.above_ms:.2f} ms, too slow for the "
-                f"instances together to reach 1/{GIVE_UP:g} of trial {self.best}'s {self.best_value:.2f} items/s")
+            return f"{after}: {seen} is more than {margin:g}x trial {self.best}'s {self.best_value:.2f} ms"
+        return (f"{after}: {seen} is above {self.above_ms[window - 1]:.2f} ms, too slow for the instances "
+                f"together to reach 1/{margin:g} of trial {self.best}'s {self.best_value:.2f} items/s")
 
 
 def give_up(study: optuna.Study, objective: Objective, plan: LaunchPlan) -> GiveUp | None:
     """Where this trial's process gives up, from the best trial so far; None without one, and in a
-    two-objective study (Optuna prunes single-objective studies only). For throughput the limit is
-    what each of the plan's instances may take per batch for their sum to stay within GIVE_UP of
-    the best: a forward call is part of an iteration, so with instances equally fast (one
+    two-objective study (Optuna prunes single-objective studies only). For throughput each limit is
+    what each of the plan's instances may take per batch for their sum to stay within that margin
+    of the best: a forward call is part of an iteration, so with instances equally fast (one
     configuration on equal CPUs) the limit never stops a trial that the rule would keep."""
     if len(study.directions) != 1:
         return None
@@ -120,7 +127,9 @@ def give_up(study: optuna.Study, objective: Objective, plan: LaunchPlan) -> Give
     if best is None or best.value is None or best.value <= 0:
         return None
     value = float(best.value)
-    if lower_is_better(metric):
-        return GiveUp(GIVE_UP * value, best.number, value, metric)
-    per_instance_ms = 1e3 * len(plan.instances) * plan.bench.batch_size / value
-    return GiveUp(GIVE_UP * per_instance_ms, best.number, value, metric)
+    per_batch_ms = value if lower_is_better(metric) else 1e3 * len(plan.instances) * plan.bench.batch_size / value
+    return GiveUp(tuple(margin * per_batch_ms for margin in GIVE_UP), best.number, value, metric)
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")

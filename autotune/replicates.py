@@ -146,12 +146,12 @@ def _utilization(runs: Sequence[RunResult]) -> float:
 
 def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRunner,
             after_each: Callable[[int, RunResult, bool], bool] = lambda i, r, more: False,
-            give_up_above_ms: float | None = None) -> Measurement:
+            give_up_above_ms: Sequence[float] = ()) -> Measurement:
     """Run `plan` `policy.replicates` times, plus up to `max_extra` while the spread stays above
     REMEASURE. `after_each(index, run, more_planned)` may stop early (pruning) by returning True;
     it is told whether more replicates are planned, since stopping after the last saves nothing.
-    Replicates in one process stop after the first when its median latency is above
-    `give_up_above_ms` (`pruning.GiveUp`)."""
+    Replicates in one process stop after the k-th window when its median latency is above the k-th
+    of `give_up_above_ms` (`pruning.GiveUp`): one run, whatever it measured."""
     runs: list[RunResult] = []
     limit = policy.replicates
     if policy.in_process and limit > 1:

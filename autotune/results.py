@@ -60,8 +60,8 @@ class RunResult:
 
     @property
     def gave_up(self) -> bool:
-        """An instance stopped after its first check, its median latency above the limit it was
-        given (`launch.stretched`): what it measured is one part, not `count` of them."""
+        """An instance stopped at one of its checks, its median latency above the limit it was
+        given (`launch.stretched`): what it measured is one run, not `count` parts of equal time."""
         return any("gave_up_above_ms" in i.metrics for i in self.instances)
 
     def parts(self, count: int) -> tuple[RunResult, ...]:

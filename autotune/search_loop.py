@@ -388,7 +388,7 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     pruner = pruning.PruneCheck(search.study, trial, request.objective)
     limit = _give_up(search, plan)
     measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner),
-                                     give_up_above_ms=limit.above_ms if limit else None)
+                                     give_up_above_ms=limit.above_ms if limit else ())
     if not measurement.ok:
         return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)
     if measurement.stopped_early:

@@ -237,9 +237,10 @@ def replay(args: argparse.Namespace) -> None:
 
 def fidelity(args: argparse.Namespace, table: Table) -> None:
     """Does a 4x shorter first replicate, pruned from when clearly worse, save time without losing
-    winners? And a warmed process that gives up after its first window? Every variant runs the
-    default sampler (experts first, then TPE) over the same seeds and pays each replicate's recorded
-    wall time; the short one pays a quarter of its window, one that gave up a single window."""
+    winners? And a warmed process that gives up after its first window, or its second? Every
+    variant runs the default sampler (experts first, then TPE) over the same seeds and pays each
+    replicate's recorded wall time; the short one pays a quarter of its window, one that gave up
+    the windows it measured."""
     print(f"\nMulti-fidelity, {args.seeds} seeds: wall seconds until the incumbent is within {WITHIN:.0%} of "
           "the optimum (recorded replicate costs), and how often a configuration within 3% was pruned\n")
     print("| first replicate | seconds to within 3%: median | IQR | never | near-optimal pruned | seconds per trial |")
@@ -248,8 +249,11 @@ def fidelity(args: argparse.Namespace, table: Table) -> None:
               "short": f"fresh processes, the 1st short ({SHORT:.0%} of the window, pruned when {SHORT_MARGIN:.0%} "
                        "worse)",
               "warm": "one warmed process, 3 windows (no pruning)",
-              "give-up": f"one warmed process, stopped after its 1st window when more than {pruning.GIVE_UP:g}x "
-                         "worse than the best trial (the default)"}
+              "give-up-first": f"one warmed process, stopped after its 1st window when more than "
+                               f"{pruning.GIVE_UP[0]:g}x worse than the best trial",
+              "give-up": f"one warmed process, stopped after its 1st window when more than {pruning.GIVE_UP[0]:g}x "
+                         f"worse than the best trial, after its 2nd when more than {pruning.GIVE_UP[1]:g}x "
+                         "(the default)"}
     for mode, label in labels.items():
         runs = [costed_replay(table, seed, args.trials, mode) for seed in range(args.seeds)]
         costs = sorted(r[0] for r in runs)
@@ -295,17 +299,21 @@ def _replicates(reps: list[dict[str, Any]], best: list[float], mode: str) -> tup
     """(seconds, values, pruned) of one trial under autotune's replicate rule in a mode; the
     recorded replicates are reused in turn (a fourth draws the first). Warm: one process pays its
     start once and then two more windows; fresh replicates' values stand in for its windows. Give-up:
-    warm, or the first replicate's process alone when its value is more than pruning.GIVE_UP times
-    the best trial's (a fresh value stands in for a first window, which can be slower still)."""
+    warm, stopped after the k-th window (paying the first process and k - 1 more windows) when the
+    median of the values so far is more than pruning.GIVE_UP[k-1] times the best trial's (fresh
+    values stand in for windows, which agree better within a process; "give-up-first" checks after
+    the first window only)."""
     def full(i: int) -> tuple[float, float]:
         r = reps[i % len(reps)]
         return r["wall_s"], r["p50_ms"]
 
     cost, values = 0.0, []
-    if mode == "give-up" and best and reps[0]["p50_ms"] > pruning.GIVE_UP * median(best):
-        return reps[0]["wall_s"], [reps[0]["p50_ms"]], True
-    if mode in ("warm", "give-up"):
+    if mode in ("warm", "give-up", "give-up-first"):
         values = [full(i)[1] for i in range(3)]
+        margins = {"warm": (), "give-up-first": pruning.GIVE_UP[:1], "give-up": pruning.GIVE_UP}[mode]
+        for seen, margin in enumerate(margins[:2], start=1):
+            if best and median(values[:seen]) > margin * median(best):
+                return reps[0]["wall_s"] + (seen - 1) * reps[0]["window_s"], values[:seen], True
         return reps[0]["wall_s"] + 2 * reps[0]["window_s"], values, False
     if mode == "short":
         first = reps[0]

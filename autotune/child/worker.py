@@ -11,9 +11,10 @@ the CLI, and sends its result as a JSON file (never by printing). Protocol with 
    (EOF included) means the run was aborted, and the child exits 1;
 3. wait until START, time samples until END (and at least `--min-iterations` of them); with
    `--profile K`, profile K forward calls from START instead (`autotune.child.hotops`); with
-   `--give-up-above-ms MS`, stop at the first check (after `--give-up-after` seconds and
-   `--give-up-iterations` samples) when the samples' median is above MS, and say so in the result
-   (`gave_up_above_ms`): a search's hopeless configuration (`autotune.pruning.GiveUp`);
+   `--give-up-above-ms MS1,MS2,...`, stop at the k-th check (after k times `--give-up-after`
+   seconds and `--give-up-iterations` samples) when the samples' median is above MSk, and say so
+   in the result (`gave_up_above_ms`, `gave_up_windows`): a search's hopeless configuration
+   (`autotune.pruning.GiveUp`);
 4. write `done` and a newline to `--ready-fd` and close it, the end of the timed loop;
 5. write `--result` and exit 0, at once: without Python's teardown (`exit_now`).
 
@@ -30,7 +31,6 @@ import ctypes
 import ctypes.util
 import gc
 import json
-import math
 import os
 import re
 import resource
@@ -69,10 +69,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup-time", type=float, default=1.0)
     p.add_argument("--duration", type=float, default=2.0)
     p.add_argument("--min-iterations", type=int, default=10)
-    p.add_argument("--give-up-above-ms", type=float, default=0.0, help="stop early when the median latency so far "
-                   "is above this at the check (0: never)")
-    p.add_argument("--give-up-after", type=float, default=0.0, help="seconds into the window of that check")
-    p.add_argument("--give-up-iterations", type=int, default=1, help="samples the check needs at least")
+    p.add_argument("--give-up-above-ms", type=limits, default=(), help="MS[,MS...]: stop early when the median "
+                   "latency so far is above the k-th MS at the k-th check (none: never)")
+    p.add_argument("--give-up-after", type=float, default=0.0, help="seconds between checks (a window's)")
+    p.add_argument("--give-up-iterations", type=int, default=1, help="samples each check needs at least, per window")
     p.add_argument("--cache-dir", default="studies/cache")
     p.add_argument("--artifacts", default="", help="where compiled artifacts are kept (default: CACHE_DIR/artifacts)")
     p.add_argument("--result", required=True)
@@ -185,8 +185,7 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
         cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
         time.sleep(max(window.start - time.monotonic(), 0.0))
         start = time.monotonic()
-        check = start + args.give_up_after if args.give_up_above_ms > 0 else math.inf
-        gave_up = False
+        checks = GiveUpChecks(start, args.give_up_after, args.give_up_iterations, args.give_up_above_ms)
         while time.monotonic() < window.end or len(latencies_ms) < args.min_iterations:
             t_fetch = time.perf_counter()
             batch = next(batches)
@@ -196,17 +195,50 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
             latencies_ms.append((t1 - t0) * 1e3)
             iterations_ms.append((t1 - t_fetch) * 1e3)
             items += batch_size(batch)
-            if time.monotonic() >= check and len(latencies_ms) >= args.give_up_iterations:
-                check = math.inf
-                gave_up = statistics.median(latencies_ms) > args.give_up_above_ms
-                if gave_up:
-                    break
+            if checks.stop(latencies_ms):
+                break
         elapsed = time.monotonic() - start
         cpu_s = cpu_seconds() - cpu_before
     result = {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
               "window": {"start": window.start, "end": window.end}, "late_start_s": start - window.start,
               "window_s": elapsed, "throughput_ips": items / elapsed, "cpu_s": cpu_s}
-    return result | ({"gave_up_above_ms": args.give_up_above_ms} if gave_up else {})
+    return result | checks.verdict()
+
+
+def limits(text: str) -> tuple[float, ...]:
+    """`--give-up-above-ms`: positive milliseconds, comma-separated."""
+    values = tuple(float(v) for v in text.split(",") if v.strip())
+    if any(not v > 0 for v in values):  # NaN too
+        raise argparse.ArgumentTypeError(f"not positive milliseconds: {text!r}")
+    return values
+
+
+class GiveUpChecks:
+    """Step 3's early stop: the k-th check comes once k windows' time (`every_s` each) and samples
+    (`every_n` each) are in, and stops the loop when the median of all samples so far is above the
+    k-th limit. A window whose check passes just goes on into the next one."""
+
+    def __init__(self, start: float, every_s: float, every_n: int, above_ms: tuple[float, ...]) -> None:
+        self.start, self.every_s, self.every_n, self.above_ms = start, every_s, every_n, above_ms
+        self.passed = 0  # checks passed so far
+        self.gave_up = False
+
+    def stop(self, latencies_ms: list[float]) -> bool:
+        """After each sample: is this a check, and does it stop the loop?"""
+        if self.passed >= len(self.above_ms):
+            return False
+        due = self.passed + 1
+        if time.monotonic() < self.start + due * self.every_s or len(latencies_ms) < due * self.every_n:
+            return False
+        self.gave_up = statistics.median(latencies_ms) > self.above_ms[self.passed]
+        self.passed += not self.gave_up
+        return self.gave_up
+
+    def verdict(self) -> dict[str, Any]:
+        """For the result: the limit crossed and after how many windows, when one was."""
+        if not self.gave_up:
+            return {}
+        return {"gave_up_above_ms": self.above_ms[self.passed], "gave_up_windows": self.passed + 1}
 
 
 def wait_for_go(ready_fd: int, duration_s: float) -> Window:
