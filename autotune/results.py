@@ -64,6 +64,11 @@ class RunResult:
         given (`launch.stretched`): what it measured is one run, not `count` parts of equal time."""
         return any("gave_up_above_ms" in i.metrics for i in self.instances)
 
+    def windows(self, planned: int) -> int:
+        """How many of its `planned` consecutive windows this run's process measured: fewer when it
+        gave up (`gave_up_windows`); an instance that went on measured them all."""
+        return max((int(i.metrics.get("gave_up_windows", planned)) for i in self.instances), default=planned)
+
     def parts(self, count: int) -> tuple[RunResult, ...]:
         """The window cut into `count` consecutive windows of equal time, each a run of its own:
         replicates inside one warmed process. Each instance is cut by its own clock (the sum of

@@ -320,8 +320,10 @@ def _spent(request: SearchRequest, wall_s: float, outcome: Outcome, baseline: bo
     if measured is None or not measured.runs:  # a duplicate, or a plan that could not be made
         return budget.Spent(None, baseline)
     summary = measured.summary() if measured.ok else {"timed_s": 0.0}
+    planned = request.replicates.replicates
+    windows = sum(run.windows(planned) if run.gave_up else 1 for run in measured.runs)
     return budget.spent(wall_s, budget.compile_seconds(records.first_call(measured)), float(summary["timed_s"]),
-                        len(measured.runs), request.replicates.in_process, baseline)
+                        windows, request.replicates.in_process, baseline)
 
 
 def _patiently(search: Search, action: Callable[[], T]) -> T:

@@ -171,6 +171,25 @@ def test_a_slow_baseline_costs_its_own_processes_and_its_windows_as_measured(tmp
     assert ended["confirmation_processes"] == 40
 
 
+def test_a_trial_that_gave_up_after_its_second_window_costs_a_process_of_one(tmp_path: Path, here: Machine) -> None:
+    """10 s per trial; the baseline's process costs 10 - 2 x 1 s = 8 s, and a trial that gave up
+    after 2 of its 3 windows (2 s timed) 10 - 1 = 9 s, not its whole 10 s. 200 s: after the
+    baseline 10 + 10 + 10 x (8 + 8) fits; after one more the reserve is 10 x (8 + 2 x 9) = 260 s."""
+    def runner(plan: Any, timeout_s: float) -> Any:
+        if not plan.config.values:
+            return windows_runner()(plan, timeout_s)
+        result = fake_result([500.0] * 4)
+        result.instances[0].metrics.update(window_s=2.0, gave_up_above_ms=300.0, gave_up_windows=2, setup={})
+        return result
+
+    clock = FakeClock(10.0)
+    opened = budgeted(tmp_path, here, 200.0, rounds=10, top=3)
+    search_loop.run_search(opened, here, clock.on_event, runner=runner, clock=clock)
+    trials = opened.study.get_trials()
+    assert len(trials) == 2 and trials[1].user_attrs["prune_reason"].startswith("gave up after its second window")
+    assert opened.study.user_attrs["ended_by"]["confirmation_reserve_s"] == pytest.approx(260.0, abs=0.1)
+
+
 def test_the_trials_end_a_search_before_the_budget_and_a_resume_estimates_from_the_past(
         tmp_path: Path, here: Machine) -> None:
     clock = FakeClock(10.0)

@@ -94,6 +94,7 @@ def test_one_instance_that_gave_up_is_enough_and_the_reason_names_it() -> None:
     kept, stopped = fake_result([300.0] * 30).instances[0], gave_up(700.0, 680.0).instances[0]
     run = RunResult(True, "", (kept, replace(stopped, index=1)), 1.0)
     assert run.gave_up and run.parts(3) == (run,)
+    assert run.windows(3) == 3 and gave_up(700.0, 680.0, windows=2).windows(3) == 2  # the longest instance's
     limit = pruning.GiveUp((680.0, 510.0), 4, 340.0, "latency_p50_ms")
     assert limit.reason(run) == ("gave up after its first window: instance 1's median latency 700.00 ms is more "
                                  "than 2x trial 4's 340.00 ms")
