@@ -201,7 +201,7 @@ def test_the_child_stops_at_a_check_only_when_the_median_is_above_its_limit(monk
     latencies = stopped["latencies_ms"]
     assert isinstance(latencies, list) and len(latencies) >= 10
     assert stopped["gave_up_above_ms"] == 1e-6 and stopped["gave_up_windows"] == 1
-    assert 0.3 <= float(stopped["window_s"]) < 0.6  # type: ignore[arg-type]
+    assert 0.3 <= float(stopped["window_s"]) < 1.5  # type: ignore[arg-type]
     later = run_child(monkeypatch, tmp_path, "1e6,1e-6")  # the first check passes, the second stops
     assert later["gave_up_above_ms"] == 1e-6 and later["gave_up_windows"] == 2
     assert len(later["latencies_ms"]) >= 20 and 0.6 <= float(later["window_s"]) < 1.5  # type: ignore[arg-type]
