@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import budget, fleet, models, planning, proposals, pruning, recipes, records, space, storage
+from autotune import budget, confirm, fleet, models, planning, proposals, pruning, recipes, records, space, storage
 from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import LaunchPlan, MeasureSettings
@@ -288,7 +288,10 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
     spent: list[budget.Spent] = []
     while (finished := _patiently(search, lambda: records.finished(study))) < search.request.trials:
         limit = _time_budget(search.request)
-        ended = limit.check(clock() - began, spent, finished, prior) if limit else None
+        ended = None
+        if limit:
+            chosen = _patiently(search, lambda: _candidates(search))
+            ended = limit.check(clock() - began, spent, finished, prior, chosen)
         if ended is not None:
             _patiently(search, functools.partial(records.record_end, study, ended))
             return budget.message(ended, records.finished(study))
@@ -302,7 +305,8 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
         trial_began = clock()
         with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):
             outcome = _run_trial(search, machine, claimed, start, on_event, runner)
-        spent.append(_spent(search.request, clock() - trial_began, outcome, claimed.proposal == "baseline"))
+        spent.append(_spent(search.request, clock() - trial_began, outcome, claimed.proposal == "baseline",
+                            claimed.trial.number))
     _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
     return ""
 
@@ -314,16 +318,25 @@ def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
                              request.replicates.replicates, request.measure.duration_s, request.replicates.in_process)
 
 
-def _spent(request: SearchRequest, wall_s: float, outcome: Outcome, baseline: bool) -> budget.Spent:
-    """What the trial took, for the time budget: its compiling and timed windows as measured."""
+def _candidates(search: Search) -> list[int]:
+    """The trials the confirmation would take now, for the time budget's share."""
+    if not search.request.confirm_top or records.baseline(search.study) is None:
+        return []
+    return [trial.number for trial in confirm.candidates(search.study, search.request.confirm_top)[1]]
+
+
+def _spent(request: SearchRequest, wall_s: float, outcome: Outcome, baseline: bool, number: int) -> budget.Spent:
+    """What the trial took, for the time budget: its compiling, first call, warmup and timed
+    windows as measured."""
     measured = outcome.measurement
     if measured is None or not measured.runs:  # a duplicate, or a plan that could not be made
-        return budget.Spent(None, baseline)
+        return budget.Spent(None, baseline, number=number)
     summary = measured.summary() if measured.ok else {"timed_s": 0.0}
     planned = request.replicates.replicates
     windows = sum(run.windows(planned) if run.gave_up else 1 for run in measured.runs)
-    return budget.spent(wall_s, budget.compile_seconds(records.first_call(measured)), float(summary["timed_s"]),
-                        windows, request.replicates.in_process, baseline)
+    first_call = records.first_call(measured)
+    return budget.spent(wall_s, budget.compile_seconds(first_call), float(summary["timed_s"]), windows,
+                        request.replicates.in_process, baseline, budget.settle_seconds(first_call), number)
 
 
 def _patiently(search: Search, action: Callable[[], T]) -> T:

@@ -236,6 +236,55 @@ def test_a_confirmation_process_costs_a_trial_less_its_extra_windows() -> None:
     assert limit.reserve([*trials, compiled], 5, 10.0) == (40, 10 * (12.0 + 3 * 6.0))
 
 
+def test_a_candidates_window_and_warmup_come_from_the_trials_the_confirmation_would_take() -> None:
+    """What every process pays (here 4 s) comes from the typical trial; its window and warmup from
+    the candidates': the slow trials' 2 s windows and 2 s warmups say nothing of a fast candidate's."""
+    limit = budget.TimeBudget(600, rounds=10, top=3, replicates=3, window_s=2.0, warm=True)
+    base = budget.spent(8.0, 0.0, 3.0, 3, warm=True, baseline=True, settle_s=1.0, number=0)
+    slow = [budget.spent(12.0, 0.0, 6.0, 3, warm=True, settle_s=2.0, number=n) for n in (1, 2, 4)]
+    fast = budget.spent(6.0, 0.0, 1.5, 3, warm=True, settle_s=0.5, number=3)
+    compiled = budget.spent(66.0, 60.0, 1.5, 3, warm=True, settle_s=0.5, number=5)
+    assert [t.fixed_s for t in (base, slow[0], fast)] == [4.0, 4.0, 4.0]
+    trials = [base, *slow, fast, compiled]
+    assert limit.reserve(trials, 6, 10.0, candidates=[3, 5]) == (40, 10 * (6.0 + 3 * 5.0))
+    # Without candidates among them, a candidate's process is the median trial's that compiled nothing.
+    assert limit.reserve(trials, 6, 10.0) == (40, 10 * (6.0 + 3 * 8.0))
+    assert limit.reserve(trials, 6, 10.0, candidates=[7]) == (40, 10 * (6.0 + 3 * 8.0))
+    assert budget.settle_seconds({"first_forward_s": 0.5, "warmup_s": 1.0, "build_s": 3.0}) == 1.5
+
+
+def test_the_budget_reserves_for_the_candidates_it_would_confirm(tmp_path: Path, here: Machine) -> None:
+    """Compiled configurations here are fast (0.5 s windows, 0.5 s first call and warmup), the others
+    slow (2 s and 2 s), the baseline between (1 s and 1 s); every process pays 4 s besides. A
+    candidate's process is then 4 + 0.5 + 0.5 s and the baseline's 4 + 1 + 1 s: 10 x (6 + 3 x 5) s,
+    where the median trial (a slow one, 8 s) would have said 10 x (6 + 3 x 8)."""
+    costs = {"baseline": (1.0, 1.0), "fast": (0.5, 0.5), "slow": (2.0, 2.0)}
+
+    def kind(config: Config) -> str:
+        if not config.values:
+            return "baseline"
+        return "fast" if dict(config.values).get("backend") == "inductor" else "slow"
+
+    def run(plan: Any, timeout_s: float) -> Any:
+        window, settle = costs[kind(plan.config)]
+        result = fake_result([1000 * window - 1] * 3)  # a sample per window
+        result.instances[0].metrics["setup"] = {"first_forward_s": settle / 2, "warmup_s": settle / 2}
+        return result
+
+    class Clock(FakeClock):
+        def on_event(self, event: search_loop.TrialEvent) -> None:
+            if event.kind == "done":
+                window, settle = costs[kind(event.config)]
+                self.now += 4.0 + settle + 3 * window
+
+    clock = Clock(0.0)
+    opened = budgeted(tmp_path, here, 400.0, rounds=10, top=3)
+    search_loop.run_search(opened, here, clock.on_event, runner=run, clock=clock)
+    ended = opened.study.user_attrs["ended_by"]
+    assert ended["by"] == "time budget" and ended["confirmation_processes"] == 40
+    assert ended["confirmation_reserve_s"] == pytest.approx(10 * (6.0 + 3 * 5.0), abs=0.1)
+
+
 def test_pinning_int8_needs_its_backend_pinned_too() -> None:
     with pytest.raises(ConfigError, match="precision=int8 applies only with backend=inductor"):
         pins("precision=int8")
