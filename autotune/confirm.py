@@ -57,11 +57,13 @@ class RunEvent:
 
 @dataclass(frozen=True)
 class RoundRun:
-    """What one run of one contender gave: the metric, its p90 latency, or why it failed."""
+    """What one run of one contender gave: the metric, its p90 latency, or why it failed, and how
+    long its processes took from start to exit."""
 
     value: float | None
     p90_ms: float | None
     reason: str = ""
+    wall_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,8 @@ def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, tim
 
 def _round_run(result: RunResult, metric: Metric) -> RoundRun:
     if not result.ok:
-        return RoundRun(None, None, result.reason)
-    return RoundRun(metric_value(result, metric), result.latency_p90_ms)
+        return RoundRun(None, None, result.reason, result.wall_s)
+    return RoundRun(metric_value(result, metric), result.latency_p90_ms, wall_s=result.wall_s)
 
 
 def paired(reference: Sequence[float | None], candidate: Sequence[float | None], metric: Metric,
@@ -213,6 +215,7 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
         "baseline_trial": base.number, "candidates": rows, "significant": best is not None,
         "baseline_median": _median([v for v in reference if v is not None]),
         "baseline_failed_runs": sum(v is None for v in reference),
+        "baseline_process_wall_s": _process_wall(measured.runs[0]) if measured else None,
         "winner_trial": best["trial"] if best else base.number,
         "confirmed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -260,6 +263,13 @@ def _median(values: Sequence[float]) -> float | None:
     return round(stats.median(values), 4) if values else None
 
 
+def _process_wall(runs: Sequence[RoundRun]) -> float | None:
+    """The median wall of a contender's runs, each a fresh process (or one per instance) from start
+    to exit: what the confirmation spent on it per round, for whoever sizes the next one."""
+    walls = [r.wall_s for r in runs if r.wall_s is not None]
+    return round(stats.median(walls), 3) if walls else None
+
+
 def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float | None], metric: Metric,
          min_effect: float, max_latency_ms: float | None) -> dict[str, Any]:
     """One candidate's line of the verdict; only a candidate whose every run succeeded within the
@@ -267,6 +277,7 @@ def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float
     ran = [r.value for r in runs if r.value is not None]
     row: dict[str, Any] = {"trial": trial.number, "config": trial.user_attrs.get("config"),
                            "failed_runs": len(runs) - len(ran), "median": _median(ran),
+                           "process_wall_s": _process_wall(runs),
                            "status": "ok", "reason": "", "speedup": None, "ci": None, "ci_label": None,
                            "ci_coverage": None, "p_value": None, "significant": False}
     row.update(_disqualified(runs, max_latency_ms))

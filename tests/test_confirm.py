@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from collections import Counter
@@ -168,6 +169,30 @@ def test_a_candidate_with_a_failed_run_cannot_win(tmp_path: Path, here: Machine)
     assert row["reason"] == "failed 1 of 6 runs: instance 0: crashed with SIGSEGV"
     assert verdict["significant"] is False and verdict["winner_trial"] == 0
     assert verdict["message"] == f"no candidate could win: trial {row['trial']} {row['reason']}"
+
+
+def test_the_verdict_says_what_each_contenders_processes_took(tmp_path: Path, here: Machine) -> None:
+    """The median wall of its fresh processes, start to exit, a failed one included (it took its time)."""
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    calls = Counter[str]()
+
+    def walls(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        calls[plan.config.describe()] += 1
+        count = calls[plan.config.describe()]
+        if not plan.config.values:
+            return dataclasses.replace(slow_intel(plan, timeout_s), wall_s=12.0)
+        if count == 6:
+            return RunResult(False, "instance 0: timed out after 60s", (InstanceResult(0, False, "timed out", -9, ""),),
+                             60.0)
+        return dataclasses.replace(slow_intel(plan, timeout_s), wall_s=4.0 + count)
+
+    verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=walls)
+    assert verdict["baseline_process_wall_s"] == 12.0
+    rows = verdict["candidates"]
+    assert rows and [row["process_wall_s"] for row in rows] == [7.5] * len(rows)  # 5, 6, 7, 8, 9 and 60 s
+    assert result.user_attrs["confirmation"]["candidates"][0]["process_wall_s"] == 7.5
 
 
 def test_a_constrained_study_rechecks_the_latency_limit_in_confirmation(tmp_path: Path, here: Machine) -> None:
