@@ -90,6 +90,13 @@ class TimeBudget:
         the confirmation would take now."""
         if not self.rounds or not self.top:
             return 0, 0.0
+        baseline_s, candidate_s = self.process_costs(trials, trial_s, candidates)
+        count = min(self.top, finished)  # the trials besides the baseline, the next one counted
+        return self.rounds * (1 + count), self.rounds * (baseline_s + count * candidate_s)
+
+    def process_costs(self, trials: Sequence[Spent], trial_s: float,
+                      candidates: Collection[int] = ()) -> tuple[float, float]:
+        """Seconds of one confirmation process of the baseline and of a candidate."""
         ran = [t for t in trials if t.process_s is not None]
         baselines = [t.process_s for t in ran if t.baseline and t.process_s is not None]
         others = [t for t in ran if not t.baseline]
@@ -97,9 +104,7 @@ class TimeBudget:
         every = [t.process_s for t in typical if t.process_s is not None]
         baseline_s = baselines[0] if baselines else median(every or [self.process_s(trial_s)])
         chosen = _candidate_s(typical, [t for t in others if t.number in candidates])
-        candidate_s = chosen if chosen is not None else (median(every) if every else baseline_s)
-        count = min(self.top, finished)  # the trials besides the baseline, the next one counted
-        return self.rounds * (1 + count), self.rounds * (baseline_s + count * candidate_s)
+        return baseline_s, chosen if chosen is not None else (median(every) if every else baseline_s)
 
     def check(self, elapsed_s: float, trials: Sequence[Spent], finished: int,
               prior_trial_s: float | None, candidates: Collection[int] = ()) -> dict[str, Any] | None:

@@ -320,9 +320,10 @@ def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
 
 def _candidates(search: Search) -> list[int]:
     """The trials the confirmation would take now, for the time budget's share."""
-    if not search.request.confirm_top or records.baseline(search.study) is None:
+    request = search.request
+    if not (request.confirm_top and request.confirm_rounds) or records.baseline(search.study) is None:
         return []
-    return [trial.number for trial in confirm.candidates(search.study, search.request.confirm_top)[1]]
+    return [trial.number for trial in confirm.candidates(search.study, request.confirm_top)[1]]
 
 
 def _spent(request: SearchRequest, wall_s: float, outcome: Outcome, baseline: bool, number: int) -> budget.Spent:

@@ -3,7 +3,9 @@ confirmed (`benchmarks/search_cost.py --keep STUDY.db`), the confirmation's shar
 reserve after the last trial, costing a candidate's process as the median trial that compiled
 nothing (`budget.TimeBudget.reserve` without candidates, its rule before 2026-12-01) and from the
 candidates the confirmation took (with them), against what the confirmation took: the time from
-the last trial's end to the stored verdict.
+the last trial's end to the stored verdict. Where the confirmation stored its processes' walls
+(since 2026-12-01), also one process of the baseline and of a candidate, estimated against
+measured (the median over the candidates of their median process).
 
     .venv/bin/python benchmarks/budget_reserve.py STUDY.db [STUDY.db ...]
 """
@@ -18,6 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune import budget, records
+from autotune.stats import median
 
 
 def spent(trial: FrozenTrial) -> budget.Spent:
@@ -46,11 +49,19 @@ def row(path: Path) -> list[str]:
     trials = [spent(t) for t in finished]
     processes, before = limit.reserve(trials, len(candidates), 0.0)
     _, now = limit.reserve(trials, len(candidates), 0.0, candidates)
+    baseline_s, candidate_s = limit.process_costs(trials, 0.0, candidates)
+    walls = [c.get("process_wall_s") for c in confirmation["candidates"]]
+    measured = [w for w in walls if w is not None]
     ended = max(t.datetime_complete for t in finished if t.datetime_complete)
     confirmed = dt.datetime.strptime(confirmation["confirmed_at"], "%Y-%m-%dT%H:%M:%S%z")
     took = (confirmed.replace(tzinfo=None) - ended).total_seconds()
     return [path.name, str(len(finished)), str(processes), f"{took:.0f}", f"{before:.0f} ({before / took:.2f}x)",
-            f"{now:.0f} ({now / took:.2f}x)"]
+            f"{now:.0f} ({now / took:.2f}x)", _versus(baseline_s, confirmation.get("baseline_process_wall_s")),
+            _versus(candidate_s, median(measured) if measured else None)]
+
+
+def _versus(estimate: float, measured: float | None) -> str:
+    return f"{estimate:.1f} / {measured:.1f}" if measured is not None else f"{estimate:.1f} / -"
 
 
 def main() -> None:
@@ -59,8 +70,9 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     print("| study | trials | confirmation processes | confirmation took, s | reserve from the median trial, s "
-          "| reserve from the candidates, s |")
-    print("|---|---|---|---|---|---|")
+          "| reserve from the candidates, s | baseline process, s: estimate / measured "
+          "| candidate process, s: estimate / measured |")
+    print("|---|---|---|---|---|---|---|---|")
     for path in args.studies:
         print("| " + " | ".join(row(path)) + " |")
 
