@@ -18,8 +18,8 @@ eager check once, which the confirmation's processes do not: on resnext101 those
 12-19 s against 6-10 s); and what grows with the configuration's latency (its first call, its
 warmup of at least 3 iterations, its window of at least 10 samples), the median over the trials
 the confirmation would take now. Costing both from the typical trial, most of them slow
-configurations whose 10 samples last twice a candidate's, reserved 1.23-1.47x what the
-confirmation took in eight kept resnext101 searches on an AVX2 host, from the candidates
+configurations whose 10 samples last twice a candidate's, reserved 1.23-1.53x what the
+confirmation took in nine kept resnext101 searches on an AVX2 host, from the candidates
 1.00-1.13x (`benchmarks/budget_reserve.py`). Without candidates among this session's trials, a
 candidate's process is that median trial's. There are as many candidates as trials besides the
 baseline, up to `top`, once the next trial has run. (One estimate for every process, from nominal
