@@ -5,7 +5,8 @@ nothing (`budget.TimeBudget.reserve` without candidates, its rule before 2026-12
 candidates the confirmation took (with them), against what the confirmation took: the time from
 the last trial's end to the stored verdict. Where the confirmation stored its processes' walls
 (since 2026-12-01), also one process of the baseline and of a candidate, estimated against
-measured (the median over the candidates of their median process).
+measured (the median over the candidates of their median process). It reads a trial's windows
+as one process's, as `search` runs them by default (not `--fresh-replicates`).
 
     .venv/bin/python benchmarks/budget_reserve.py STUDY.db [STUDY.db ...]
 """
@@ -68,6 +69,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("studies", nargs="+", type=Path)
     args = parser.parse_args()
+    for path in args.studies:
+        if not path.is_file():  # optuna would create an empty database there
+            parser.error(f"{path}: no such file; keep a study with benchmarks/search_cost.py --keep {path}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     print("| study | trials | confirmation processes | confirmation took, s | reserve from the median trial, s "
           "| reserve from the candidates, s | baseline process, s: estimate / measured "
