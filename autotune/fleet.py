@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune import proposals, records, storage
 from autotune.errors import AutotuneError, interrupt_reason
@@ -92,10 +92,10 @@ def claim(worker: Worker) -> Claimed | Literal["taken"] | None:
 def _all_taken(worker: Worker) -> bool:
     """Finished trials and those other workers run make --trials, and no retry of a dead worker's
     trial waits. (On SQLite one search runs per study: a running trial there is a killed one's.)"""
-    study = worker.study
-    others = records.running(study) if storage.is_server(worker.storage) else 0
-    return (records.finished(study) + others >= worker.trials
-            and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    trials = worker.study.get_trials(deepcopy=False)  # one read: a trial finishing between two reads counts in neither
+    counted = records.FINISHED + ((TrialState.RUNNING,) if storage.is_server(worker.storage) else ())
+    return (sum(t.state in counted for t in trials) >= worker.trials
+            and not any(t.state == TrialState.WAITING for t in trials))
 
 
 @contextlib.contextmanager
@@ -137,7 +137,7 @@ def _propose(worker: Worker) -> Next | None:
         return "baseline"
     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return "enqueued"
-    return worker.proposer.next(study, records.measured_configs(study, worker.digest) | in_flight(study, worker.digest))
+    return worker.proposer.next(study, taken(study, worker.digest))
 
 
 def ask(worker: Worker, proposal: Next) -> optuna.Trial:
@@ -217,12 +217,19 @@ def record_host_baseline(study: optuna.Study, host: str, measurement: Measuremen
     return reference
 
 
-def in_flight(study: optuna.Study, digest: str) -> set[Identity]:
-    """(config, batch size) of the trials other workers are measuring now under these settings: a
-    proposal treats them as measured."""
+def taken(study: optuna.Study, digest: str) -> set[Identity]:
+    """(config, batch size) of what ran and what other workers are measuring now under these
+    settings: a proposal treats both as measured. One read of the trials: read twice, a trial that
+    finished in between was in neither, was proposed again, and took a trial of --trials to reuse
+    its own result."""
+    trials = study.get_trials(deepcopy=False)
+    return records.measured_configs(trials, digest) | _in_flight(trials, digest)
+
+
+def _in_flight(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:
     return {(str(t.user_attrs["config"]), int(t.user_attrs.get("batch_size", 0)))
-            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
+            for t in trials if t.state == TrialState.RUNNING
+            and t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
             and not t.user_attrs.get("baseline")}
 
 

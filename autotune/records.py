@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import shlex
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,6 @@ def baseline(study: optuna.Study, klass: str | None = None) -> FrozenTrial | Non
 
 def finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
-
-
-def running(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
 
 def best_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -255,25 +251,26 @@ def same_config(study: optuna.Study, number: int, config: str, batch: int, diges
     """The earlier trial whose result this configuration reuses (None: measure it). Only trials that
     measured it under the same settings count, never one cut short; a killed one counts once it
     was run again KILLED_RERUNS times, and then the latest outcome is reused."""
-    ran = [t for t in _measured(study, digest) if t.user_attrs.get("config") == config and t.number != number
+    finished = study.get_trials(deepcopy=False, states=FINISHED)
+    ran = [t for t in _measured(finished, digest) if t.user_attrs.get("config") == config and t.number != number
            and t.user_attrs.get("batch_size", batch) == batch]
     return _reused(ran)
 
 
-def measured_configs(study: optuna.Study, digest: str) -> set[tuple[str, int]]:
-    """(config, batch size) of every configuration whose result a new trial would reuse: a search
-    never proposes these again. The same rule as `same_config`."""
+def measured_configs(trials: Sequence[FrozenTrial], digest: str) -> set[tuple[str, int]]:
+    """(config, batch size) of every configuration among `trials` whose result a new trial would
+    reuse: a search never proposes these again. The same rule as `same_config`."""
     groups: dict[tuple[str, int], list[FrozenTrial]] = {}
-    for t in _measured(study, digest):
+    for t in _measured(trials, digest):
         key = (str(t.user_attrs.get("config")), int(t.user_attrs.get("batch_size", 0)))
         groups.setdefault(key, []).append(t)
     return {key for key, ran in groups.items() if _reused(ran) is not None}
 
 
-def _measured(study: optuna.Study, digest: str) -> list[FrozenTrial]:
+def _measured(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
     """Finished trials that measured a configuration under these settings, not cut short."""
-    return [t for t in study.get_trials(deepcopy=False, states=FINISHED)
-            if t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
+    return [t for t in trials if t.state in FINISHED
+            and t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
             and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT]
 
 

@@ -4,6 +4,7 @@ what every study records about its cost. Fake runner, no processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -225,3 +226,51 @@ def test_the_winner_is_compared_with_the_best_recipe(tmp_path: Path, here: Machi
         f"baseline only)")
     assert export.versus_recipes(study, recipe).startswith("this is the best expert recipe the study ran (seed, ")
     assert f"# {export.versus_recipes(study, other)}" in export.render(study, other)
+
+
+class FinishesWhileRead:
+    """The study as one worker sees it while another's trial `number` finishes: right after the
+    `after`-th read of the trials (every read position is tried by the test)."""
+
+    def __init__(self, study: optuna.Study, number: int, after: int) -> None:
+        self._study, self._number, self._reads_left = study, number, after
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
+        trials = self._study.get_trials(*args, **kwargs)
+        self._reads_left -= 1
+        if self._reads_left == 0:
+            self._study.tell(self._number, 50.0)
+        return trials
+
+
+def test_a_configuration_that_finishes_while_the_next_is_chosen_is_not_proposed_again(
+        tmp_path: Path, here: Machine) -> None:
+    """Running, it is in flight; finished, it is measured: read in two snapshots, a trial that
+    finished between them was neither, and another worker measured it again (a fleet race)."""
+    for after in range(1, 10):
+        run(tmp_path / str(after), here, 1, space=DEFAULT, runner=ok_runner)  # the baseline
+        opened = search_loop.open_search(request(tmp_path / str(after), 5, space=DEFAULT), here)
+        claimed = fleet.claim(opened.worker())
+        assert isinstance(claimed, fleet.Claimed) and isinstance(claimed.proposal, proposals.Proposal)
+        assert claimed.proposal.recipe == "seed"
+        watched = dataclasses.replace(opened.worker(), study=FinishesWhileRead(opened.study, claimed.trial.number,
+                                                                                after))
+        proposal = fleet._propose(watched)
+        assert isinstance(proposal, proposals.Proposal) and proposal.recipe == "pytorch-launcher", after
+
+
+def test_a_trial_that_finishes_while_trials_are_counted_counts_once(tmp_path: Path, here: Machine) -> None:
+    """On a server, finished and other workers' running trials make --trials: counted from two reads,
+    a trial finishing between them counted twice (or in neither), and a worker stopped with a trial
+    of --trials left to run."""
+    for after in range(1, 4):
+        run(tmp_path / str(after), here, 1, space=DEFAULT, runner=ok_runner)
+        opened = search_loop.open_search(request(tmp_path / str(after), 3, space=DEFAULT), here)
+        claimed = fleet.claim(opened.worker())
+        assert isinstance(claimed, fleet.Claimed)
+        watched = dataclasses.replace(opened.worker(), storage="postgresql://fleet/study",
+                                      study=FinishesWhileRead(opened.study, claimed.trial.number, after))
+        assert not fleet._all_taken(watched), after  # the baseline and the seed recipe: 2 of 3
