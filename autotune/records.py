@@ -211,6 +211,7 @@ def claim_trial(trial: optuna.Trial, klass: str) -> None:
     trial.set_user_attr(HOST_CLASS, klass)
     trial.set_user_attr("pid", os.getpid())
     trial.set_user_attr("heartbeat_s", storage.HEARTBEAT_INTERVAL_S)
+    storage.first_beat(trial)
 
 
 def abandon_stale_trials(study: optuna.Study) -> list[int]:

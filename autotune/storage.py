@@ -300,12 +300,22 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
 
 
 def _beat(storage: optuna.storages.BaseStorage, trial_id: int, stop: threading.Event) -> None:
-    """A missed beat (database busy) is not fatal: the grace period spans several."""
+    """A missed beat is not fatal: the grace period spans several. Any error is a missed beat
+    (Optuna turns a failed commit into StorageInternalError): a beater that died on the first
+    one would leave a live worker's trial to be failed and measured again elsewhere."""
     while True:
-        with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):
+        with contextlib.suppress(Exception):
             storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
         if stop.wait(HEARTBEAT_INTERVAL_S):
             return
+
+
+def first_beat(trial: optuna.Trial) -> None:
+    """The trial's first heartbeat, written while it is claimed: Optuna finds a trial stale only
+    by a heartbeat, so a worker killed before its beater's first beat would leave it RUNNING."""
+    backend = trial.study._storage
+    if optuna.storages._heartbeat.is_heartbeat_enabled(backend):
+        backend.record_heartbeat(trial._trial_id)  # type: ignore[attr-defined]
 
 
 def after_stale(study: optuna.Study, trial_id: int) -> None:

@@ -7,6 +7,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -118,6 +119,38 @@ def test_running_trials_are_told_apart_by_heartbeat_not_hostname(tmp_path: Path,
         f"left running by an autotune process (pid {os.getpid()}) that was killed: no heartbeat for over 2s")
     assert trials[1].state == TrialState.COMPLETE and trials[1].user_attrs["baseline"]
     assert trials[2].state == TrialState.WAITING and trials[2].system_attrs["failed_trial"] == dead.number  # retried
+
+
+def test_a_trial_whose_autotune_was_killed_before_its_first_beat_is_found_stale(
+        tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claiming writes the first heartbeat: Optuna tells a stale trial only by its heartbeat, and a
+    trial that never beat would stay RUNNING, counted as another worker's for good."""
+    monkeypatch.setattr(storage, "GRACE_PERIOD_S", 1)
+    opened = search_loop.open_search(request(tmp_path, 1), here)
+    dead = storage.ask(opened.study)
+    records.claim_trial(dead, "")  # then killed, before its heartbeat thread started
+    assert records.abandon_stale_trials(opened.study) == []
+    time.sleep(2.2)  # Optuna's heartbeat times have whole seconds
+    assert records.abandon_stale_trials(opened.study) == [dead.number]
+
+
+def test_the_heartbeat_outlives_a_failed_beat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optuna reports a failed commit as StorageInternalError; a beater that died of it would leave
+    a live worker's trial to be failed, and measured again by another worker."""
+    monkeypatch.setattr(storage, "HEARTBEAT_INTERVAL_S", 0.05)
+    beats: list[int] = []
+
+    class Flaky:
+        def record_heartbeat(self, trial_id: int) -> None:
+            beats.append(trial_id)
+            if len(beats) == 1:
+                raise optuna.exceptions.StorageInternalError("could not commit: server closed the connection")
+
+    with storage.heartbeat(SimpleNamespace(_storage=Flaky()), SimpleNamespace(_trial_id=7)):  # type: ignore[arg-type]
+        deadline = time.monotonic() + 10
+        while len(beats) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert beats[:3] == [7, 7, 7]
 
 
 def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_grace_period(
