@@ -62,7 +62,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
            min_effect: float, timeout: float, tolerance: float | None, calibration_batches: int | None,
            cache_dir: Path, no_wait: bool, as_json: bool, allow_mixed: bool, **measure: Any) -> None:
-    """Search the knobs with Optuna; trial 0 is PyTorch's defaults, the baseline.
+    """Search the knobs with Optuna; the first trial is PyTorch's defaults, the baseline.
 
     \b
     Example:

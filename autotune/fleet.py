@@ -141,8 +141,11 @@ def _propose(worker: Worker) -> Next | None:
 
 
 def ask(worker: Worker, proposal: Next) -> optuna.Trial:
-    """A new trial; a proposal's parameters are fixed in it by enqueueing them just before."""
+    """A new trial; a proposal's parameters are fixed in it by enqueueing them just before. The
+    baseline never takes an enqueued trial."""
     study = worker.study
+    if proposal == "baseline":
+        return storage.ask(study, queued=False)
     waiting = [t.system_attrs.get("fixed_params")
                for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
     if isinstance(proposal, proposals.Proposal) and proposal.params not in waiting:  # a retry after a lock finds it

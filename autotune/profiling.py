@@ -163,8 +163,8 @@ def study_targets(study: optuna.Study, number: int | None, with_baseline: bool) 
     if with_baseline:
         base = records.baseline(study)
         if base is None:
-            raise ProfileError(f"study {study.study_name!r} has no completed baseline (trial 0) to compare with; "
-                               f"use --no-baseline to profile trial {chosen.number} alone")
+            raise ProfileError(f"study {study.study_name!r} has no completed baseline (PyTorch's defaults) to "
+                               f"compare with; use --no-baseline to profile trial {chosen.number} alone")
         picked.append(base)
     if all(t.number != chosen.number for t in picked):
         picked.append(chosen)

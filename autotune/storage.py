@@ -277,9 +277,14 @@ def load(name: str, storage: str) -> optuna.Study:
         raise StudyError(f"no study {name!r} in {storage}") from None
 
 
-def ask(study: optuna.Study) -> optuna.Trial:
-    """A new trial; Optuna warns that heartbeats are meant for `optimize`, but `heartbeat` below
-    does that loop's job for ask/tell."""
+def ask(study: optuna.Study, queued: bool = True) -> optuna.Trial:
+    """A new trial: the oldest trial enqueued through Optuna when one waits, as `study.ask` does;
+    with `queued=False` never one (the baseline would take a user's configuration, or a dead
+    worker's retry, and measure the defaults in its place). Optuna warns that heartbeats are
+    meant for `optimize`, but `heartbeat` below does that loop's job for ask/tell."""
+    if not queued:
+        study._thread_local.cached_all_trials = None  # what study.ask does first: the sampler reads afresh
+        return optuna.Trial(study, study._storage.create_new_trial(study._study_id))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
         return study.ask()

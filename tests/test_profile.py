@@ -159,8 +159,8 @@ def test_a_study_without_a_baseline_says_to_leave_it_out(capsys: pytest.CaptureF
     add(study, 50.0, config="backend=inductor", plan=plan("profile-fused").to_json())
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(capsys, "profile")
-    assert (code, err) == (2, "Error: study 'nobase' has no completed baseline (trial 0) to compare with; use "
-                              "--no-baseline to profile trial 1 alone\n")
+    assert (code, err) == (2, "Error: study 'nobase' has no completed baseline (PyTorch's defaults) to compare "
+                              "with; use --no-baseline to profile trial 1 alone\n")
 
 
 def test_an_env_file_is_profiled_beside_the_defaults_of_its_model(tmp_path: Path, fake_libs: Libraries) -> None:

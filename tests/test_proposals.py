@@ -164,6 +164,18 @@ def test_a_trial_enqueued_through_optuna_is_run_as_enqueued(tmp_path: Path, here
     assert again.study.get_trials()[11].user_attrs["proposed_by"] in ("sampler", "nearest unmeasured")
 
 
+def test_the_baseline_never_takes_a_trial_enqueued_before_it(tmp_path: Path, here: Machine) -> None:
+    """Optuna's ask takes the oldest enqueued trial: the baseline took a user's configuration (or a
+    dead worker's retry) and measured the defaults in its place."""
+    made = search_loop.open_search(request(tmp_path, 1, space=DEFAULT), here)
+    made.study.enqueue_trial({"backend": "eager", "mkldnn": "on", "omp_runtime": "intel", "allocator": "default"})
+    opened, _ = run(tmp_path, here, 2, space=DEFAULT, runner=ok_runner)
+    enqueued, baseline = opened.study.get_trials()  # numbered as made: the enqueued one first
+    assert baseline.user_attrs["baseline"] and baseline.params == {} and "fixed_params" not in baseline.system_attrs
+    assert enqueued.user_attrs["proposed_by"] == "enqueued" and enqueued.params["mkldnn"] == "on"
+    assert enqueued.datetime_start > baseline.datetime_start  # run after the baseline, as its speedup needs
+
+
 def test_every_study_records_what_its_searches_cost(tmp_path: Path, here: Machine) -> None:
     opened, _ = run(tmp_path, here, 3, space=SPACE, runner=ok_runner)
     first = opened.study.user_attrs["accounting"]
