@@ -179,18 +179,21 @@ def open_search(request: SearchRequest, machine: Machine,
     study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed, liar),
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     settings, cls = _settings(request, model, machine), host_class(machine)
-    _check_pins(study, request.pins)
-    records.check_wanted(study, _wanted(request, model))  # what was asked first, then where it runs
-    mixed = fleet.claim_class(study, cls, request.allow_mixed)
-    records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings),
-                  other_class=bool(mixed))
     found = recipes.recipes(machine.topology, request.objective, machine_has_bf16(), machine_has_int8())
     known, left_out = recipes.fitting(found, adapted, request.pins)
-    notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
-             *records.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
-             *_restore_kept(study, url, request),
-             *(f"trial {n} was left running by a killed autotune; marked failed"
-               for n in records.abandon_stale_trials(study))]
+    # In one worker at a time, as claiming a trial (fleet.claim): two hosts of different classes
+    # would both claim a new study, and a dead worker's trial failed here would be retried under a claimer.
+    with storage.exclusive(study):
+        _check_pins(study, request.pins)
+        records.check_wanted(study, _wanted(request, model))  # what was asked first, then where it runs
+        mixed = fleet.claim_class(study, cls, request.allow_mixed)
+        records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings),
+                      other_class=bool(mixed))
+        notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
+                 *records.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
+                 *_restore_kept(study, url, request),
+                 *(f"trial {n} was left running by a killed autotune; marked failed"
+                   for n in records.abandon_stale_trials(study))]
     done = records.finished(study)
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
@@ -265,9 +268,10 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
     start = time.monotonic()
     before = _patiently(search, lambda: records.finished(search.study))
 
-    def account() -> None:  # only a session that added trials counts
-        if records.finished(search.study) > before:
-            records.account(search.study, time.monotonic() - start)
+    def account() -> None:  # only a session that added trials counts; workers of a fleet end together
+        with storage.exclusive(search.study):
+            if records.finished(search.study) > before:
+                records.account(search.study, time.monotonic() - start)
 
     try:
         stopped = _trials(search, machine, on_event, runner, start, clock)

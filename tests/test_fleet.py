@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,8 +20,11 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import fleet, machine, records, storage
+from autotune import fleet, machine, records, search_loop, storage
+from autotune.libs import Libraries
+from tests.conftest import lscpu
 from tests.pg import free_port, server
+from tests.test_study import request
 
 WORKER = Path(__file__).parent / "fleet_worker.py"
 FAKE_CLI = Path(__file__).parent / "fake_cli.py"
@@ -86,6 +90,24 @@ def test_three_workers_share_a_study_measuring_no_configuration_twice_and_losing
         reference = fleet.host_baseline(study, t.user_attrs["host"])
         assert reference is not None
         assert t.user_attrs["speedup_latency"] == pytest.approx(reference["latency_p50_ms"] / t.values[0], rel=1e-3)
+
+
+def test_opening_a_study_waits_for_the_worker_claiming_a_trial(pg_url: str, tmp_path: Path,
+                                                               fake_libs: Libraries) -> None:
+    """A worker opening the study fails dead workers' trials and claims the study's host class:
+    outside the claim's lock, a retry enqueued meanwhile was taken by a claimer in place of its own
+    proposal, and two new hosts of different classes both claimed a new study."""
+    here = machine.Machine(lscpu("amd_1s_smt"), fake_libs)
+    asked = request(tmp_path, 1, storage=pg_url, study="locked")
+    first = search_loop.open_search(asked, here)
+    opened: list[search_loop.Search] = []
+    with storage.exclusive(first.study):
+        opener = threading.Thread(target=lambda: opened.append(search_loop.open_search(asked, here)))
+        opener.start()
+        opener.join(3)
+        assert opener.is_alive() and not opened
+    opener.join(60)
+    assert len(opened) == 1
 
 
 def test_workers_started_together_on_an_empty_database_all_join_the_study(pg_url: str) -> None:
