@@ -307,8 +307,13 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
                     f"baseline included); widen the space (--space) to search further")
         trial_began = clock()
-        with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):
-            outcome = _run_trial(search, machine, claimed, start, on_event, runner)
+        try:
+            with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):
+                outcome = _run_trial(search, machine, claimed, start, on_event, runner)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            if not _taken_over(search, claimed, start, on_event):
+                raise
+            continue
         spent.append(_spent(search.request, clock() - trial_began, outcome, claimed.proposal == "baseline",
                             claimed.trial.number))
     _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
@@ -353,9 +358,7 @@ def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: 
                on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> Outcome:
     study, trial, proposal, config, batch = search.study, claimed.trial, claimed.proposal, claimed.config, claimed.batch
     is_baseline = proposal == "baseline"
-    event: dict[str, Any] = dict(number=trial.number, config=config, total=search.request.trials,
-                                 recipe=proposal.recipe if isinstance(proposal, proposals.Proposal) else "",
-                                 finished_before=search.finished_before)
+    event = _event_fields(search, claimed)
     finished = _patiently(search, lambda: records.finished(study))
     on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
     reference = None if is_baseline else _host_baseline(search, machine, runner)
@@ -368,6 +371,30 @@ def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: 
     on_event(TrialEvent("done", finished=finished, elapsed_s=time.monotonic() - start,
                         outcome=outcome, best=best[0] if best else None, **event))
     return outcome
+
+
+def _event_fields(search: Search, claimed: fleet.Claimed) -> dict[str, Any]:
+    proposal = claimed.proposal
+    return dict(number=claimed.trial.number, config=claimed.config, total=search.request.trials,
+                recipe=proposal.recipe if isinstance(proposal, proposals.Proposal) else "",
+                finished_before=search.finished_before)
+
+
+def _taken_over(search: Search, claimed: fleet.Claimed, start: float, on_event: Callable[[TrialEvent], None]) -> bool:
+    """Whether another autotune failed this trial while this one measured it (no heartbeat from
+    here reached the database for the grace period) and retries it: then this worker says so and
+    goes on, its measurement dropped. False: the trial ended some other way (not ours to hide)."""
+    study = search.study
+    now = _patiently(search, lambda: study._storage.get_trial(claimed.trial._trial_id))
+    if now.state != TrialState.FAIL or records.fail_cause(now) != records.CUT_SHORT:
+        return False
+    reason = (f"failed by another autotune while this one measured it (no heartbeat from here reached the "
+              f"database for over {storage.GRACE_PERIOD_S}s); its retry measures it again")
+    finished, best = _patiently(search, lambda: (records.finished(study), records.best_trials(study)))
+    on_event(TrialEvent("done", finished=finished, elapsed_s=time.monotonic() - start,
+                        outcome=Outcome(TrialState.FAIL, reason=reason), best=best[0] if best else None,
+                        **_event_fields(search, claimed)))
+    return True
 
 
 def _host_baseline(search: Search, machine: Machine, runner: PlanRunner) -> dict[str, float]:

@@ -153,6 +153,32 @@ def test_the_heartbeat_outlives_a_failed_beat(monkeypatch: pytest.MonkeyPatch) -
     assert beats[:3] == [7, 7, 7]
 
 
+def test_a_trial_failed_by_another_autotune_while_measured_is_left_to_its_retry(tmp_path: Path,
+                                                                                here: Machine) -> None:
+    """A worker whose beats did not reach the database for the grace period finds its trial failed
+    and retried by another: it says so and goes on (it stopped with an error, its measurement lost)."""
+    opened = search_loop.open_search(request(tmp_path, 3, replicates=ReplicatePolicy(1, 0)), here)
+    taken: list[int] = []
+
+    def slow(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        other = storage.load(opened.name, opened.storage)
+        [running] = other.get_trials(states=(TrialState.RUNNING,))
+        if running.number == 1 and not taken:
+            taken.append(running.number)
+            assert records._fail_stale(other, running)  # as another worker's claim does
+        return fake_result([90.0, 91.0, 92.0])  # every configuration runs
+
+    events: list[search_loop.TrialEvent] = []
+    assert search_loop.run_search(opened, here, events.append, runner=slow) == ""
+    trials = opened.study.get_trials()
+    assert trials[1].state == TrialState.FAIL and records.fail_cause(trials[1]) == records.CUT_SHORT
+    assert trials[2].user_attrs["retry_of"] == 1 and trials[2].state == TrialState.COMPLETE
+    [said] = [e for e in events if e.kind == "done" and e.number == 1]
+    assert said.outcome is not None and said.outcome.reason == (
+        "failed by another autotune while this one measured it (no heartbeat from here reached the database for "
+        "over 60s); its retry measures it again")
+
+
 def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_grace_period(
         tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage, "GRACE_PERIOD_S", 1)
