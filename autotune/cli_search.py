@@ -70,7 +70,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
       autotune search --model resnext101 --trials 50 --set backend=eager --time-budget 20m
     """
-    from autotune import search_loop, space
+    from autotune import fleet, search_loop, space
     from autotune.confirm import check_rounds
     from autotune.replicates import ReplicatePolicy
 
@@ -103,7 +103,11 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         if not as_json:
             display.search_summary(_search_body(opened, stopped, False))
         confirming = opened.should_confirm(confirm_top)
-        if confirming:
+        if confirming and not fleet.claim_confirmation(opened.study, opened.storage):
+            confirming = False
+            display.err.print("note: other workers of this study are still measuring, or one of them confirms: the "
+                              "last to stop runs the confirmation (`autotune confirm` runs it now)", markup=False)
+        elif confirming:
             _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed, as_json)
         elif confirm_top > 0:
             display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes "

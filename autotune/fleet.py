@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -28,12 +29,13 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import proposals, records, storage
 from autotune.errors import AutotuneError, interrupt_reason
 from autotune.knobs import Config
-from autotune.machine import class_id
+from autotune.machine import class_id, host_name
 from autotune.replicates import Measurement
 from autotune.space import SearchSpace
-from autotune.storage import StudyError, StudyLocked
+from autotune.storage import StudyError, StudyLocked, is_server
 
 CLASS_ATTR = records.HOST_CLASS  # on the study: the class it is for; on a trial: its host's class id
+CONFIRMING = "confirming"  # on the study: the worker that confirms, and for how many finished trials
 HOST_BASELINE = "host_baseline:"  # + host name, on the study: that host's own baseline
 REFERENCE_KEYS = ("latency_p50_ms", "throughput_ips")
 Identity = tuple[str, int]
@@ -234,6 +236,23 @@ def _in_flight(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:
             for t in trials if t.state == TrialState.RUNNING
             and t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
             and not t.user_attrs.get("baseline")}
+
+
+def claim_confirmation(study: optuna.Study, url: str) -> bool:
+    """Whether this worker confirms the study now. On a server, one worker does: the one that
+    stops with no trial running or waiting, once for the trials finished then (two that stop
+    together: the first to get here). On SQLite one search runs per study: it does."""
+    if not is_server(url):
+        return True
+    with storage.exclusive(study):
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials):
+            return False
+        finished = sum(t.state.is_finished() for t in trials)
+        if study.user_attrs.get(CONFIRMING, {}).get("finished") == finished:
+            return False
+        study.set_user_attr(CONFIRMING, {"host": host_name(), "pid": os.getpid(), "finished": finished})
+        return True
 
 
 def baseline_taken(study: optuna.Study, klass: str) -> bool:

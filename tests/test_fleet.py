@@ -110,6 +110,25 @@ def test_opening_a_study_waits_for_the_worker_claiming_a_trial(pg_url: str, tmp_
     assert len(opened) == 1
 
 
+def test_one_worker_confirms_the_study_the_last_to_stop(pg_url: str, tmp_path: Path, fake_libs: Libraries) -> None:
+    """Every worker ran its own confirmation, one of them while others still measured, each
+    writing over the others' verdict."""
+    here = machine.Machine(lscpu("amd_1s_smt"), fake_libs)
+    opened = search_loop.open_search(request(tmp_path, 3, storage=pg_url, study="confirming"), here)
+    claimed = fleet.claim(opened.worker())
+    assert isinstance(claimed, fleet.Claimed)
+    assert not fleet.claim_confirmation(opened.study, pg_url)  # a trial still runs
+    opened.study.tell(claimed.trial, 100.0)
+    other = storage.load("confirming", pg_url)
+    assert fleet.claim_confirmation(other, pg_url)  # the last to stop
+    assert not fleet.claim_confirmation(opened.study, pg_url)  # stopped together: the first confirms
+    assert other.user_attrs[fleet.CONFIRMING]["finished"] == 1
+    again = fleet.claim(opened.worker())
+    assert isinstance(again, fleet.Claimed)
+    opened.study.tell(again.trial, 90.0)
+    assert fleet.claim_confirmation(opened.study, pg_url)  # new trials: confirmed again
+
+
 def test_workers_started_together_on_an_empty_database_all_join_the_study(pg_url: str) -> None:
     """They race to create Optuna's schema; the losers wait and load it."""
     assert finish(start_workers(pg_url, "fleet", 1, [f"w{i}" for i in range(6)])) == [(0, "")] * 6
