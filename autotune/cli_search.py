@@ -36,7 +36,7 @@ from autotune.replicates import WARM_SEARCH_DEFAULT
               help="latency (min p50), throughput (max items/s) or both (Pareto front).")
 @click.option("--batch-size", default="1", show_default=True,
               help="Items per forward call; a list like 1,2,4,8 is searched with --objective throughput.")
-@click.option("--max-latency-ms", type=float,
+@click.option("--max-latency-ms", type=options.Finite(),
               help="With --objective throughput: only configurations whose p90 latency stays under this.")
 @click.option("--seed", type=int,
               help="Seed of the sampler and of the confirmation's round order, for a reproducible run.")
@@ -202,7 +202,7 @@ def _margin(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
 @click.argument("second")
 @options.study_options()
 @options.rounds_option("--rounds", "Interleaved rounds, each configuration once per round in a fresh process")
-@click.option("--min-effect", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
+@click.option("--min-effect", default=0.0, show_default=True, type=options.Finite(min=0, max=10),
               help="Gain the test must exceed to call SECOND faster.")
 @click.option("--objective", default="latency", show_default=True, help="latency (p50) or throughput.")
 @click.option("--fail-if-slower", "margin", callback=_margin, metavar="PCT",

@@ -5,6 +5,7 @@ What is exported is the plan the trial stored when it ran, never a recomputation
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import tempfile
@@ -216,8 +217,12 @@ def write(path: Path, text: str) -> None:
 
 def write_atomically(path: Path, text: str) -> None:
     """`text` into `path`, complete or not at all: a temporary file beside it, renamed over it
-    (removed again when anything fails). Raises OSError."""
-    folder = path.parent if str(path.parent) else Path(".")
+    (removed again when anything fails). A symbolic link's target is written, not replaced by a
+    file; a device, pipe or socket is refused (renamed over, it would be gone). Raises OSError."""
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        raise OSError(errno.EINVAL, "not a regular file (a device, pipe or socket)")
+    folder = path.parent
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -6,6 +6,7 @@ tolerance) are checked here too, so that a command's body only sees valid values
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,17 @@ INPUTS_HELP = ("Your own inputs instead of random ones: a torch.save file of a t
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+class Finite(click.FloatRange):
+    """click's FloatRange, refusing nan and inf too (its comparisons let nan through, and inf
+    through a range open above): every float flag is one of these."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
 def study_options(study_help: str = "Study name (default: the newest in studies/).",
                    storage_help: str = "Optuna storage URL, if not a study under studies/.") -> Decorator:
     def add(func: Any) -> Any:
@@ -38,12 +50,12 @@ def study_options(study_help: str = "Study name (default: the newest in studies/
 
 
 def timeout_option(func: Any) -> Any:
-    return click.option("--timeout", default=900.0, show_default=True, type=click.FloatRange(min=1),
+    return click.option("--timeout", default=900.0, show_default=True, type=Finite(min=1),
                         help="Seconds before one run is killed and recorded as failed.")(func)
 
 
 def min_effect_option(func: Any) -> Any:
-    return click.option("--min-effect", default=MIN_EFFECT, show_default=True, type=click.FloatRange(min=0, max=10),
+    return click.option("--min-effect", default=MIN_EFFECT, show_default=True, type=Finite(min=0, max=10),
                         help="Smallest gain over the baseline worth recommending (0.03 = 3%).")(func)
 
 
@@ -85,9 +97,9 @@ def measure_options(func: Any) -> Any:
     func = calibration_option(func)
     func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
                         help="Timed samples at least, per process.")(func)
-    func = click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
+    func = click.option("--duration", default=2.0, show_default=True, type=Finite(min=0.1),
                         help="Seconds of timed samples at least, per process (a common window).")(func)
-    func = click.option("--warmup-time", default=1.0, show_default=True, type=click.FloatRange(min=0),
+    func = click.option("--warmup-time", default=1.0, show_default=True, type=Finite(min=0),
                         help="Seconds of untimed warmup at least.")(func)
     func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
                         help="Untimed warmup iterations at least.")(func)

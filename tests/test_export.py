@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,19 @@ def test_unwritable_paths_leave_nothing_behind(tmp_path: Path) -> None:
     finally:
         locked.chmod(0o700)
     assert list(tmp_path.rglob("*.env")) == [] and list(tmp_path.rglob(".best.env*")) == []
+
+
+def test_a_link_is_written_through_and_a_pipe_is_refused(tmp_path: Path) -> None:
+    """Written to a temporary file renamed over the path, a link became a file beside its target,
+    and a pipe or device was replaced (as root, `autotune export /dev/full` removed the device)."""
+    (tmp_path / "real.env").write_text("old")
+    (tmp_path / "link.env").symlink_to("real.env")
+    export.write(tmp_path / "link.env", "new")
+    assert (tmp_path / "link.env").is_symlink() and (tmp_path / "real.env").read_text() == "new"
+    os.mkfifo(tmp_path / "pipe.env")
+    with pytest.raises(ExportError, match="cannot write .*pipe.env: not a regular file"):
+        export.write(tmp_path / "pipe.env", "x")
+    assert stat.S_ISFIFO((tmp_path / "pipe.env").stat().st_mode) and not list(tmp_path.glob(".pipe.env*"))
 
 
 def test_read_rejects_files_it_did_not_write(tmp_path: Path) -> None:

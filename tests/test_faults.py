@@ -365,6 +365,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
     (root / "unknown.yaml").write_text("knobs:\n  omp_thread: [1, 2]\n")
     (root / "empty.yaml").write_text("")
     (root / "folder.env").mkdir()
+    os.mkfifo(root / "pipe.out")  # renamed over, a pipe (or a device) would be gone
     return root
 
 
@@ -462,6 +463,12 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     ([*SEARCH, "--input-shape", ""], "--input-shape '' is not a shape"),
     ([*SEARCH, "--seed", "x"], "Invalid value for '--seed'"),
     ([*SEARCH, "--timeout", "0"], "Invalid value for '--timeout'"),
+    ([*SEARCH, "--timeout", "nan"], "Invalid value for '--timeout': 'nan' is not a finite number."),
+    ([*SEARCH, "--warmup-time", "nan"], "Invalid value for '--warmup-time': 'nan' is not a finite number."),
+    ([*SEARCH, "--duration", "inf"], "Invalid value for '--duration': 'inf' is not a finite number."),
+    ([*SEARCH, "--min-effect", "nan"], "Invalid value for '--min-effect': 'nan' is not a finite number."),
+    ([*SEARCH, "--objective", "throughput", "--max-latency-ms", "nan"],
+     "Invalid value for '--max-latency-ms': 'nan' is not a finite number."),
     ([*SEARCH, "--duration", "-1"], "Invalid value for '--duration'"),
     ([*SEARCH, "--example-inputs", "/nonexistent/in.pt"], "--example-inputs '/nonexistent/in.pt'"),
     (["search", "--model", "resnet5", "--trials", "3"], "unknown model 'resnet5'"),
@@ -480,6 +487,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["confirm", "--top", "0"], "Invalid value for '--top'"),
     (["confirm", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
     (["confirm", "--min-effect", "-1"], "Invalid value for '--min-effect'"),
+    (["confirm", "--min-effect", "nan"], "Invalid value for '--min-effect': 'nan' is not a finite number."),
     (["confirm", "--timeout", "0"], "Invalid value for '--timeout'"),
     (["confirm", "--study", "bad/../name"], "no study 'bad/../name'"),
     # compare
@@ -507,6 +515,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["export", "best.env", "--trial", "99"], "study 'resnet18-bs1-latency' has no trial 99"),
     (["export", "studies", "--trial", "0"], "cannot write studies: it is a directory"),
     (["export", "/nonexistent/dir/best.env", "--trial", "0"], "cannot write /nonexistent/dir/best.env"),
+    (["export", "pipe.out", "--trial", "0"], "cannot write pipe.out: not a regular file (a device, pipe or socket)"),
     (["export", "best.env", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
     (["export", "best.env", "--timeout", "0"], "Invalid value for '--timeout'"),
     (["export", "best.env", "--artifacts", "binary.bin"], "Invalid value for '--artifacts'"),
@@ -516,6 +525,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["report", "-o", "/nonexistent/dir/r.html"], "cannot write /nonexistent/dir/r.html: the folder /nonexistent/dir "
                                                   "does not exist; create it or give -o a path in an existing folder"),
     (["report", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
+    (["report", "-o", "pipe.out"], "cannot write pipe.out: not a regular file (a device, pipe or socket)"),
     (["report", "--bogus"], "No such option '--bogus'."),
     # profile
     (["profile", "--study", "nosuch"], "no study 'nosuch' in studies/"),
