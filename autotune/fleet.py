@@ -95,8 +95,8 @@ def _all_taken(worker: Worker) -> bool:
     """Finished trials and those other workers run make --trials, and no retry of a dead worker's
     trial waits. (On SQLite one search runs per study: a running trial there is a killed one's.)"""
     trials = worker.study.get_trials(deepcopy=False)  # one read: a trial finishing between two reads counts in neither
-    counted = records.FINISHED + ((TrialState.RUNNING,) if storage.is_server(worker.storage) else ())
-    return (sum(t.state in counted for t in trials) >= worker.trials
+    others = storage.is_server(worker.storage)
+    return (sum(records.counts(t) or (others and t.state == TrialState.RUNNING) for t in trials) >= worker.trials
             and not any(t.state == TrialState.WAITING for t in trials))
 
 

@@ -47,7 +47,14 @@ def baseline(study: optuna.Study, klass: str | None = None) -> FrozenTrial | Non
 
 
 def finished(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=FINISHED))
+    """The trials that count toward --trials."""
+    return sum(counts(t) for t in study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def counts(trial: FrozenTrial) -> bool:
+    """A trial counts toward --trials once finished, unless cut short (Ctrl-C, a killed
+    autotune): that one measured nothing and runs again, so it takes no trial of --trials."""
+    return trial.state in FINISHED and fail_cause(trial) != CUT_SHORT
 
 
 def best_trials(study: optuna.Study) -> list[FrozenTrial]:

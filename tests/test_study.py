@@ -353,7 +353,22 @@ def test_ctrl_c_mid_trial_records_it_failed_and_loses_nothing(tmp_path: Path, he
     assert states[-1] == TrialState.FAIL
     assert opened.study.get_trials()[-1].user_attrs["fail_reason"] == "interrupted by the user (Ctrl-C)"
     resumed = search(tmp_path, here, trials=6)
-    assert len(resumed.get_trials()) == 6
+    assert len(resumed.get_trials()) == 7 and records.finished(resumed) == 6  # the cut trial took no trial
+
+
+def test_a_study_whose_trials_were_all_cut_short_goes_on(tmp_path: Path, here: Machine) -> None:
+    """A cut trial measured nothing: counted toward --trials, three stopped searches left a study
+    'already holding 3 finished trials' and no baseline, that no search could go on with."""
+    def stopped(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        raise KeyboardInterrupt
+
+    for _ in range(3):
+        opened = search_loop.open_search(request(tmp_path, 3), here)
+        with pytest.raises(KeyboardInterrupt):
+            search_loop.run_search(opened, here, lambda e: None, runner=stopped)
+    resumed = search(tmp_path, here, trials=3)
+    assert [t.state for t in resumed.get_trials()][:3] == [TrialState.FAIL] * 3
+    assert records.finished(resumed) == 3 and records.baseline(resumed) is not None
 
 
 def test_both_objectives_give_a_pareto_front(tmp_path: Path, here: Machine) -> None:
