@@ -136,7 +136,7 @@ def _reporting(progress: display.SearchProgress) -> Any:
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
     try:
-        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+        sizes = tuple(int(part) for part in text.split(","))  # an empty item ("1,,2") is refused too
     except ValueError:
         sizes = ()
     if not sizes or min(sizes) < 1:

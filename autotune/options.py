@@ -120,11 +120,12 @@ DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str, flag: str) -> float:
-    """Seconds from `90s`, `20m`, `1.5h` or `7d` (a bare number is seconds)."""
-    number, unit = (text[:-1], text[-1]) if text[-1:].lower() in DURATION_UNITS else (text, "s")
+    """Seconds from `90s`, `20m`, `1.5h` or `7d`. A bare number is refused: `--time-budget 15`
+    read as seconds stopped a search a user meant to last 15 minutes."""
+    number, unit = text[:-1], text[-1:].lower()
     try:
-        seconds = float(number) * DURATION_UNITS[unit.lower()]
-    except ValueError:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except (ValueError, KeyError):
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
         raise AutotuneError(f"{flag} {text!r} is not a duration; give a positive number with s, m, h or d, "

@@ -153,12 +153,12 @@ def test_remove_deletes_the_artifact_and_its_description(tmp_path: Path) -> None
     assert list((tmp_path / "artifacts").iterdir()) == [] and not path.exists()
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("20m", 1200), ("1.5h", 5400), ("7d", 604800)])
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("20m", 1200), ("1.5h", 5400), ("7d", 604800)])
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text, "--older-than") == seconds
 
 
-@pytest.mark.parametrize("text", ["", "m", "0", "-1h", "3x", "inf", "nan"])
+@pytest.mark.parametrize("text", ["", "m", "0", "90", "-1h", "3x", "inf", "nan", "infh"])
 def test_bad_durations_say_what_to_give(text: str) -> None:
     with pytest.raises(AutotuneError, match=f"--older-than {text!r} is not a duration; give a positive number"):
         parse_duration(text, "--older-than")

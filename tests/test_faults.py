@@ -446,6 +446,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     ([*SEARCH, "--batch-size", "1,x"], "--batch-size '1,x' is not allowed"),
     ([*SEARCH, "--batch-size", "0"], "--batch-size '0' is not allowed"),
     ([*SEARCH, "--batch-size", ""], "--batch-size '' is not allowed"),
+    ([*SEARCH, "--objective", "throughput", "--batch-size", "1,,2"], "--batch-size '1,,2' is not allowed"),
+    ([*SEARCH, "--objective", "throughput", "--batch-size", "1,2,"], "--batch-size '1,2,' is not allowed"),
     ([*SEARCH, "--batch-size", "1,2"], "a list of batch sizes is searched only with --objective throughput"),
     ([*SEARCH, "--max-latency-ms", "50"], "--max-latency-ms needs --objective throughput"),
     ([*SEARCH, "--objective", "throughput", "--max-latency-ms", "-1"], "--max-latency-ms needs"),
@@ -480,6 +482,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     ([*SEARCH, "--study", "resnet18-bs1-latency", "--set", "allocator=default"],
      "study 'resnet18-bs1-latency' was searched with no --set pins, not --set allocator=default"),
     ([*SEARCH, "--time-budget", "20x"], "--time-budget '20x' is not a duration"),
+    ([*SEARCH, "--time-budget", "15"], "--time-budget '15' is not a duration; give a positive number with s, m, h"),
     ([*SEARCH, "--time-budget", "0m"], "--time-budget '0m' is not a duration"),
     # confirm
     (["confirm", "--study", "nosuch"], "no study 'nosuch' in studies/"),
