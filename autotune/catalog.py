@@ -15,21 +15,26 @@ from autotune.storage import SQLITE, StudyError
 
 def studies(studies_dir: Path, url: str | None = None) -> list[dict[str, Any]]:
     """A row per study in the storage `url`, or in each `*.db` under `studies_dir`."""
-    if url is not None:
+    if url is not None:  # named by the user: one that cannot be read is an error, not a row
         if "://" not in url:
             raise StudyError(f"--storage {url!r} is not a storage URL; use e.g. sqlite:///studies/NAME.db")
-        return _rows(url)
+        return _read(url)
     return [row for db in sorted(studies_dir.glob("*.db")) for row in _rows(f"{SQLITE}{db.resolve()}")]
 
 
 def _rows(url: str) -> list[dict[str, Any]]:
     try:
-        storage.check_intact(url)
-        with storage.storage_errors(url):
-            names = optuna.get_all_study_names(url)
-            return [row(storage.load(name, url), url) for name in names]
+        return _read(url)
     except StudyError as exc:
-        return [{"name": _stem(url), "storage": url, "error": str(exc)}]
+        return [{"name": _stem(url), "storage": storage.shown(url), "error": str(exc)}]
+
+
+def _read(url: str) -> list[dict[str, Any]]:
+    storage.check_existing(url)
+    storage.check_intact(url)
+    with storage.storage_errors(url):
+        names = optuna.get_all_study_names(url)
+        return [row(storage.load(name, url), url) for name in names]
 
 
 def _stem(url: str) -> str:
@@ -40,7 +45,7 @@ def row(study: optuna.Study, url: str) -> dict[str, Any]:
     """What a study was made for, how far it got, its best trial and whether that was confirmed."""
     attrs = study.user_attrs
     trials = study.get_trials(deepcopy=False)
-    return {"name": study.study_name, "storage": url, "error": "", "model": attrs.get("model"),
+    return {"name": study.study_name, "storage": storage.shown(url), "error": "", "model": attrs.get("model"),
             "objective": attrs.get("objective"), "batch_size": attrs.get("batch_size"),
             "trials": {"complete": sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials),
                        "total": len(trials)},

@@ -80,13 +80,44 @@ def storage_errors(url: str) -> Iterator[None]:
 
 def storage_error(url: str, reason: str) -> StudyError:
     if any(mark in reason for mark in DAMAGED):
-        where = url[len(SQLITE):] if url.startswith(SQLITE) else url
+        where = url[len(SQLITE):] if url.startswith(SQLITE) else shown(url)
         return StudyError(f"the study database {where} is damaged ({reason}); restore it from a copy or use "
                           "another --study")
     if any(mark in reason for mark in LOCKED):
-        return StudyLocked(f"the study database {url} is locked by another process ({reason}); close what "
+        return StudyLocked(f"the study database {shown(url)} is locked by another process ({reason}); close what "
                            "holds it (optuna-dashboard, sqlite3) and rerun")
-    return StudyError(f"cannot open the study storage {url}: {reason}; check --storage (and the driver it needs)")
+    return StudyError(f"cannot open the study storage {shown(url)}: {reason}; check --storage (and the driver it "
+                      f"needs)")
+
+
+def shown(url: str) -> str:
+    """The storage URL as printed or stored in a report: its password as ***."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return url
+
+
+def check_existing(url: str) -> None:
+    """A SQLite file that a command reads must already be a study database: Optuna would make
+    one of a missing file, an empty one or another program's database instead of saying so."""
+    if not url.startswith(SQLITE):
+        return
+    path = Path(url[len(SQLITE):])
+    if not path.is_file():
+        raise StudyError(f"no study database at {path}; give the file a search wrote (--storage "
+                         f"sqlite:///studies/NAME.db), or run `autotune search --storage {url}` to make one")
+    try:
+        with _closing(sqlite3.connect(path)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        if any(mark in str(exc) for mark in LOCKED):
+            return  # the reads that follow wait for the lock
+        raise storage_error(url, str(exc)) from None
+    if "studies" not in tables:
+        what = "an empty file" if not tables else "another program's database"
+        raise StudyError(f"{path} is not a study database ({what}); give the file a search wrote, e.g. "
+                         f"--storage sqlite:///studies/NAME.db")
 
 
 def _root_reason(exc: BaseException) -> str:
@@ -113,7 +144,7 @@ def patiently(url: str, action: Callable[[], T], note: Callable[[str], None] | N
                 return action()
         except StudyLocked:
             if time.monotonic() + pause > deadline:
-                raise StudyLocked(f"the study database {url} stayed locked by another process for "
+                raise StudyLocked(f"the study database {shown(url)} stayed locked by another process for "
                                   f"{LOCK_WAIT_S:g} s") from None
         if attempt == 0:
             (note or _to_stderr)(WAITING)
@@ -249,6 +280,7 @@ def find_study(studies_dir: Path, name: str | None, storage: str | None) -> optu
     """Load an existing study without creating anything: by name, or the newest under studies/."""
     if storage:
         if name is None:
+            check_existing(storage)
             check_intact(storage)
             with storage_errors(storage):
                 names = optuna.get_all_study_names(storage)
@@ -269,12 +301,14 @@ def find_study(studies_dir: Path, name: str | None, storage: str | None) -> optu
 
 
 def load(name: str, storage: str) -> optuna.Study:
+    """An existing study; nothing is created."""
+    check_existing(storage)
     check_intact(storage)
     try:
         with quiet_optuna(), storage_errors(storage):
             return optuna.load_study(study_name=name, storage=_rdb(storage))
     except KeyError:
-        raise StudyError(f"no study {name!r} in {storage}") from None
+        raise StudyError(f"no study {name!r} in {shown(storage)}") from None
 
 
 def ask(study: optuna.Study, queued: bool = True) -> optuna.Trial:

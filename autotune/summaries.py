@@ -15,6 +15,7 @@ from autotune.child import envfile
 from autotune.confirm import Rounds
 from autotune.objectives import Metric, unit_of
 from autotune.stats import Interval, PairedComparison, RegressionCheck, median
+from autotune.storage import shown
 
 # What each best trial reports besides its number, configuration and values.
 TRIAL_METRICS = ("latency_p50_ms", "latency_p90_ms", "throughput_ips", "peak_rss_mb", "speedup_latency",
@@ -34,7 +35,7 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
     """The end of a search: the study, its best trials, the winner against the best expert recipe,
     what it cost, why it stopped early, and the confirmation verdict the study holds."""
     attrs = study.user_attrs
-    return {"study": study.study_name, "storage": storage, "objective": attrs.get("objective"),
+    return {"study": study.study_name, "storage": shown(storage), "objective": attrs.get("objective"),
             "model": attrs.get("model"), "batch_size": attrs.get("batch_size"),
             "trials": {"finished": records.finished(study), "total": len(study.get_trials(deepcopy=False)),
                        "distinct_configurations": records.distinct_configs(study)},

@@ -3,11 +3,13 @@ crashing, hanging and out-of-memory children, hostile values in what it exports,
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -366,6 +368,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
     (root / "empty.yaml").write_text("")
     (root / "folder.env").mkdir()
     os.mkfifo(root / "pipe.out")  # renamed over, a pipe (or a device) would be gone
+    (root / "empty.db").write_bytes(b"")
+    with contextlib.closing(sqlite3.connect(root / "other.db")) as db:
+        db.execute("CREATE TABLE t (x)")
     return root
 
 
@@ -490,6 +495,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["confirm", "--top", "0"], "Invalid value for '--top'"),
     (["confirm", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
     (["confirm", "--min-effect", "-1"], "Invalid value for '--min-effect'"),
+    (["confirm", "--storage", "sqlite:///missing.db"], "no study database at missing.db; "),
     (["confirm", "--min-effect", "nan"], "Invalid value for '--min-effect': 'nan' is not a finite number."),
     (["confirm", "--timeout", "0"], "Invalid value for '--timeout'"),
     (["confirm", "--study", "bad/../name"], "no study 'bad/../name'"),
@@ -518,6 +524,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["export", "best.env", "--trial", "99"], "study 'resnet18-bs1-latency' has no trial 99"),
     (["export", "studies", "--trial", "0"], "cannot write studies: it is a directory"),
     (["export", "/nonexistent/dir/best.env", "--trial", "0"], "cannot write /nonexistent/dir/best.env"),
+    (["export", "e.env", "--storage", "sqlite:///missing.db", "--study", "x"], "no study database at missing.db; "),
+    (["export", "e.env", "--storage", "sqlite:///empty.db"], "empty.db is not a study database (an empty file)"),
+    (["export", "e.env", "--study", "x", "--storage", "sqlite:///other.db"],
+     "other.db is not a study database (another program's database)"),
     (["export", "pipe.out", "--trial", "0"], "cannot write pipe.out: not a regular file (a device, pipe or socket)"),
     (["export", "best.env", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
     (["export", "best.env", "--timeout", "0"], "Invalid value for '--timeout'"),
@@ -528,6 +538,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["report", "-o", "/nonexistent/dir/r.html"], "cannot write /nonexistent/dir/r.html: the folder /nonexistent/dir "
                                                   "does not exist; create it or give -o a path in an existing folder"),
     (["report", "--storage", "notaurl"], "cannot open the study storage notaurl: Could not parse"),
+    (["report", "--storage", "sqlite:///empty.db"], "empty.db is not a study database (an empty file)"),
     (["report", "-o", "pipe.out"], "cannot write pipe.out: not a regular file (a device, pipe or socket)"),
     (["report", "--bogus"], "No such option '--bogus'."),
     # profile
@@ -574,6 +585,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["studies", "--storage", "studies/x.db"], "--storage 'studies/x.db' is not a storage URL; use e.g. "
                                                "sqlite:///studies/NAME.db"),
     (["studies", "extra"], "Got unexpected extra argument (extra)"),
+    (["studies", "--storage", "sqlite:///missing.db"], "no study database at missing.db; "),
+    (["studies", "--storage", "sqlite:///other.db"], "other.db is not a study database"),
+    (["studies", "--storage", "postgresql+psycopg://me:secretpw@127.0.0.1:1/db"],
+     "cannot open the study storage postgresql+psycopg://me:***@127.0.0.1:1/db: "),
     (["doctor", "--bogus"], "No such option '--bogus'."),
     (["plna"], "No such command 'plna'."),
 ]
