@@ -21,7 +21,8 @@ import sqlalchemy.exc
 
 from autotune.errors import AutotuneError
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+NAME_LENGTH = 100
+NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_LENGTH - 1}}}$")
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 SQLITE = "sqlite:///"
 CREATE_ATTEMPTS = 3  # a brand-new database opened by several processes at once can race on its schema
@@ -54,6 +55,8 @@ def safe_name(text: str) -> str:
 
 
 def check_name(name: str) -> str:
+    if len(name) > NAME_LENGTH:
+        raise StudyError(f"--study is {len(name)} characters long; give a name of at most {NAME_LENGTH}")
     if not NAME.match(name):
         raise StudyError(f"--study {name!r} is not a usable name; use letters, digits, '.', '_', '-'")
     return name

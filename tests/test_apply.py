@@ -260,3 +260,16 @@ def test_an_unwritable_artifacts_folder_is_one_clear_error(monkeypatch: pytest.M
                                                   r"AUTOTUNE_ARTIFACTS at a writable folder"):
         autotune.apply(tinynets.cnn(), IMAGES)
     assert list(tmp_path.iterdir()) == [blocker]
+
+
+def test_a_long_error_is_quoted_up_to_its_last_whole_sentence() -> None:
+    """Cut at a fixed length, torch's corrupt-file error ended '... transferred incorrectly, o;'."""
+    from autotune.child.convert import EXPLAINED, explain
+
+    long = RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory. "
+                        + "This is an internal miniz error. " + "If you are seeing this error, " * 20)
+    assert explain(long) == ("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
+                             "directory. This is an internal miniz error.")
+    words = explain(RuntimeError("word " * 200))
+    assert words.endswith("word ...") and len(words) <= len("RuntimeError: ") + EXPLAINED + 4
+    assert explain(ValueError("short\nsecond line")) == "ValueError: short"

@@ -476,9 +476,17 @@ def _jit_compiled(model: Any) -> Any:
     return torch.compile(model, backend="inductor", options={"freezing": True})
 
 
+EXPLAINED = 300  # characters of an exception's first line that an error line quotes
+
+
 def explain(exc: BaseException) -> str:
-    """One line for a failure inside torch or the model: its type and the first line of its message."""
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    """One line for a failure inside torch or the model: its type and the first line of its
+    message, a long one cut after its last whole sentence (or word) that fits."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if len(first) > EXPLAINED:
+        cut = first[:EXPLAINED]
+        end = cut.rfind(". ")
+        first = cut[:end + 1] if end >= EXPLAINED // 3 else cut.rsplit(" ", 1)[0] + " ..."
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
