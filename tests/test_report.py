@@ -234,7 +234,7 @@ def test_report_json_is_the_summary_in_the_envelope(study: optuna.Study, tmp_pat
     (["-o", "missing/r.html"], "Error: cannot write missing/r.html: the folder missing does not exist; create it "
                                "or give -o a path in an existing folder"),
     (["-o", "studies"], "Error: cannot write studies: it is a directory; give a file name like report.html"),
-    (["--storage", "sqlite:///nowhere/x.db"], "Error: cannot open the study storage sqlite:///nowhere/x.db"),
+    (["--storage", "sqlite:///nowhere/x.db"], "Error: no study database at nowhere/x.db; give the file a search wrote"),
 ])
 def test_bad_inputs_are_one_line_exit_2_and_no_file(study: optuna.Study, tmp_path: Path, args: list[str],
                                                    message: str, monkeypatch: pytest.MonkeyPatch,
