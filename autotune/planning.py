@@ -17,7 +17,7 @@ from autotune.child.envfile import has_control
 from autotune.errors import ConfigError, ModelError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, model_knobs, plan_launch, worker_command
-from autotune.machine import Machine, machine_has_bf16, machine_has_int8
+from autotune.machine import Machine, machine_has_bf16, machine_has_int8, memory_gib
 from autotune.orchestrate import run_plan
 
 
@@ -52,6 +52,7 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
         raise ConfigError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
                           "none; use precision=fp32")
     spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
+    check_batch_fits((request.batch_size,), spec.item_shape)
     bench = BenchSpec(
         model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,
         measure=request.measure, cache_dir=str(request.cache_dir.resolve()), tolerance=request.tolerance,
@@ -61,6 +62,18 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     binder: Binding | None = "numactl" if machine.described else None
     return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
                        binder=binder, parent_env=dict(os.environ))
+
+
+def check_batch_fits(batch_sizes: Iterable[int], item_shape: tuple[int, ...]) -> None:
+    """A batch whose float32 inputs alone outgrow this machine's memory is refused before
+    anything runs: measured, it would run until killed."""
+    total_gib = memory_gib()
+    for batch in batch_sizes:
+        need_gib = batch * math.prod(item_shape) * 4 / 2**30
+        if total_gib is not None and need_gib > total_gib:
+            shape = "x".join(map(str, item_shape))
+            raise ConfigError(f"--batch-size {batch}: one batch of {shape} float32 inputs needs {need_gib:,.0f} GiB "
+                              f"and this machine has {total_gib} GiB; give a smaller batch size")
 
 
 def plan_from_exported(env: Mapping[str, str], machine: Machine,

@@ -159,6 +159,7 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
     if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
         raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
     model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
+    planning.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available["bf16"] = machine_has_bf16()
     available["int8"] = machine_has_int8()

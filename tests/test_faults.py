@@ -451,6 +451,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     ([*SEARCH, "--batch-size", "1,x"], "--batch-size '1,x' is not allowed"),
     ([*SEARCH, "--batch-size", "0"], "--batch-size '0' is not allowed"),
     ([*SEARCH, "--batch-size", ""], "--batch-size '' is not allowed"),
+    ([*SEARCH, "--batch-size", "99999999"], "--batch-size 99999999: one batch of 3x224x224 float32 inputs needs "),
+    (["plan", *R18, "--batch-size", "99999999"], "--batch-size 99999999: one batch of 3x224x224 float32 inputs"),
     ([*SEARCH, "--study", "a" * 101], "--study is 101 characters long; give a name of at most 100"),
     ([*SEARCH, "--objective", "throughput", "--batch-size", "1,,2"], "--batch-size '1,,2' is not allowed"),
     ([*SEARCH, "--objective", "throughput", "--batch-size", "1,2,"], "--batch-size '1,2,' is not allowed"),
