@@ -144,12 +144,15 @@ def _propose(worker: Worker) -> Next | None:
 
 def ask(worker: Worker, proposal: Next) -> optuna.Trial:
     """A new trial; a proposal's parameters are fixed in it by enqueueing them just before. The
-    baseline never takes an enqueued trial."""
+    baseline takes only the retry of a dead worker's baseline among the enqueued trials: another
+    (a user's configuration, a retry of another trial) would be measured as the defaults."""
     study = worker.study
+    queued = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     if proposal == "baseline":
-        return storage.ask(study, queued=False)
-    waiting = [t.system_attrs.get("fixed_params")
-               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+        retry = next((t for t in queued if t.user_attrs.get("baseline") and "failed_trial" in t.system_attrs
+                      and t.user_attrs.get(CLASS_ATTR, worker.klass) == worker.klass), None)
+        return storage.take(study, retry._trial_id if retry else None)
+    waiting = [t.system_attrs.get("fixed_params") for t in queued]
     if isinstance(proposal, proposals.Proposal) and proposal.params not in waiting:  # a retry after a lock finds it
         study.enqueue_trial(proposal.params)
     return storage.ask(study)

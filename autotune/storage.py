@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy.exc
+from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
 
@@ -314,17 +315,23 @@ def load(name: str, storage: str) -> optuna.Study:
         raise StudyError(f"no study {name!r} in {shown(storage)}") from None
 
 
-def ask(study: optuna.Study, queued: bool = True) -> optuna.Trial:
-    """A new trial: the oldest trial enqueued through Optuna when one waits, as `study.ask` does;
-    with `queued=False` never one (the baseline would take a user's configuration, or a dead
-    worker's retry, and measure the defaults in its place). Optuna warns that heartbeats are
-    meant for `optimize`, but `heartbeat` below does that loop's job for ask/tell."""
-    if not queued:
-        study._thread_local.cached_all_trials = None  # what study.ask does first: the sampler reads afresh
-        return optuna.Trial(study, study._storage.create_new_trial(study._study_id))
+def ask(study: optuna.Study) -> optuna.Trial:
+    """A new trial: the oldest trial enqueued through Optuna when one waits, as `study.ask` does.
+    Optuna warns that heartbeats are meant for `optimize`, but `heartbeat` below does that loop's
+    job for ask/tell."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
         return study.ask()
+
+
+def take(study: optuna.Study, waiting_id: int | None) -> optuna.Trial:
+    """The enqueued trial `waiting_id` (None, or taken by another meanwhile: a new trial), never
+    another one that waits, as `study.ask` would take."""
+    study._thread_local.cached_all_trials = None  # what study.ask does first: the sampler reads afresh
+    backend = study._storage
+    if waiting_id is None or not backend.set_trial_state_values(waiting_id, state=TrialState.RUNNING):
+        waiting_id = backend.create_new_trial(study._study_id)
+    return optuna.Trial(study, waiting_id)
 
 
 @contextmanager

@@ -176,6 +176,21 @@ def test_the_baseline_never_takes_a_trial_enqueued_before_it(tmp_path: Path, her
     assert enqueued.datetime_start > baseline.datetime_start  # run after the baseline, as its speedup needs
 
 
+def test_the_baseline_takes_the_retry_of_a_dead_workers_baseline_and_nothing_else(tmp_path: Path,
+                                                                                   here: Machine) -> None:
+    opened = search_loop.open_search(request(tmp_path, 3, space=DEFAULT), here)
+    dead = fleet.claim(opened.worker())
+    assert isinstance(dead, fleet.Claimed) and dead.proposal == "baseline"
+    opened.study.enqueue_trial({"mkldnn": "on"})  # a user's, waiting before the retry
+    assert records._fail_stale(opened.study, opened.study._storage.get_trial(dead.trial._trial_id))
+    again = fleet.claim(opened.worker())
+    assert isinstance(again, fleet.Claimed) and again.proposal == "baseline"
+    retried = opened.study._storage.get_trial(again.trial._trial_id)
+    assert retried.user_attrs["retry_of"] == dead.trial.number and retried.params == {}
+    [user] = opened.study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert user.system_attrs["fixed_params"] == {"mkldnn": "on"}
+
+
 def test_every_study_records_what_its_searches_cost(tmp_path: Path, here: Machine) -> None:
     opened, _ = run(tmp_path, here, 3, space=SPACE, runner=ok_runner)
     first = opened.study.user_attrs["accounting"]
