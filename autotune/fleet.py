@@ -32,7 +32,7 @@ from autotune.knobs import Config
 from autotune.machine import class_id, host_name
 from autotune.replicates import Measurement
 from autotune.space import SearchSpace
-from autotune.storage import StudyError, StudyLocked, is_server
+from autotune.storage import StudyError, StudyLocked
 
 CLASS_ATTR = records.HOST_CLASS  # on the study: the class it is for; on a trial: its host's class id
 CONFIRMING = "confirming"  # on the study: the worker that confirms, and for how many finished trials
@@ -245,7 +245,7 @@ def claim_confirmation(study: optuna.Study, url: str) -> bool:
     """Whether this worker confirms the study now. On a server, one worker does: the one that
     stops with no trial running or waiting, once for the trials finished then (two that stop
     together: the first to get here). On SQLite one search runs per study: it does."""
-    if not is_server(url):
+    if not storage.is_server(url):
         return True
     with storage.exclusive(study):
         trials = study.get_trials(deepcopy=False)
