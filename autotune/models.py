@@ -9,6 +9,7 @@ import importlib.util
 import os
 import re
 import sys
+import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -130,9 +131,12 @@ def _file(text: str, shape: tuple[int, ...] | None) -> ModelSpec:
         raise ModelError(f"model file {text!r} is neither TorchScript (.pt) nor an exported program (.pt2)")
     try:
         with path.open("rb") as f:
-            f.read(1)
+            saved_by_torch = zipfile.is_zipfile(f)
     except OSError as exc:
         raise ModelError(f"cannot read model file {text!r}: {exc.strerror}; give a readable .pt or .pt2") from None
+    if not saved_by_torch:  # torch.jit.save and torch.export.save both write a zip archive
+        raise ModelError(f"model file {text!r} is not one PyTorch saved (not a zip archive); save the model with "
+                         f"torch.jit.save (.pt) or torch.export.save (.pt2)")
     return ModelSpec(str(path.resolve()), shape or (3, 224, 224), kind)
 
 

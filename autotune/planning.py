@@ -14,6 +14,7 @@ from pathlib import Path
 from autotune import models
 from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
+from autotune.child.errors import LOAD_FAILED
 from autotune.errors import ConfigError, ModelError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, Binding, LaunchPlan, MeasureSettings, model_knobs, plan_launch, worker_command
@@ -122,6 +123,8 @@ def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600)
                                   cache_dir=request.cache_dir, input_shape=request.input_shape,
                                   example_inputs=request.example_inputs), machine)
     reason = probe(plan, timeout_s)
+    if reason.startswith(LOAD_FAILED):
+        raise ModelError(reason)
     if reason:
         shape = "x".join(map(str, spec.item_shape))
         raise ModelError(f"model {request.model} does not run on input shape {shape}: {reason}; check the model "

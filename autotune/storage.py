@@ -77,8 +77,16 @@ def storage_errors(url: str) -> Iterator[None]:
     """Every way a storage can fail, as one `StudyError` naming it and what to do."""
     try:
         yield
-    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError,
-            ValueError) as exc:
+    except sqlalchemy.exc.NoSuchModuleError:
+        kind = url.partition("://")[0]
+        raise StudyError(f"--storage {shown(url)}: {kind!r} is not a database autotune can use; give "
+                         f"sqlite:///PATH.db or postgresql+psycopg://user@host/db") from None
+    except ImportError as exc:  # the URL's database is known, its Python driver is not installed
+        driver = getattr(_root(exc), "name", None) or _root_reason(exc)
+        raise StudyError(f"--storage {shown(url)} needs the Python driver {driver!r}, which "
+                         f"is not installed; install it into autotune's environment, or use "
+                         f"postgresql+psycopg://user@host/db (setup.sh installs psycopg)") from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError) as exc:
         raise storage_error(url, _root_reason(exc)) from None
 
 
@@ -124,11 +132,17 @@ def check_existing(url: str) -> None:
                          f"--storage sqlite:///studies/NAME.db")
 
 
-def _root_reason(exc: BaseException) -> str:
-    """The first line of the innermost cause: optuna wraps sqlalchemy, which wraps the driver."""
+def _root(exc: BaseException) -> BaseException:
+    """The innermost cause: optuna wraps sqlalchemy, which wraps the driver."""
     inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     while inner is not None:
         exc, inner = inner, inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+    return exc
+
+
+def _root_reason(exc: BaseException) -> str:
+    """The first line of the innermost cause."""
+    exc = _root(exc)
     text = str(getattr(exc, "orig", None) or exc)
     return text.splitlines()[0] if text else type(exc).__name__
 

@@ -369,6 +369,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
     (root / "folder.env").mkdir()
     os.mkfifo(root / "pipe.out")  # renamed over, a pipe (or a device) would be gone
     (root / "empty.db").write_bytes(b"")
+    (root / "text.pt").write_text("not a model\n")
+    (root / "text.pt2").write_text("not a model\n")
     with contextlib.closing(sqlite3.connect(root / "other.db")) as db:
         db.execute("CREATE TABLE t (x)")
     return root
@@ -390,6 +392,9 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["plan", "--model", "x.txt"], "unknown model 'x.txt'"),
     (["plan", "--model", "missing.pt"], "cannot read model file 'missing.pt': No such file or directory"),
     (["plan", "--model", "nosuchmodule:factory"], "no module named 'nosuchmodule'"),
+    (["plan", "--model", "text.pt"], "model file 'text.pt' is not one PyTorch saved (not a zip archive); save the "
+                                     "model with torch.jit.save (.pt) or torch.export.save (.pt2)"),
+    (["bench", "--model", "text.pt2"], "model file 'text.pt2' is not one PyTorch saved (not a zip archive)"),
     (["plan", *R18, "--set", "omp_thread=2"], "unknown knob 'omp_thread'; did you mean omp_threads?"),
     (["plan", *R18, "--set", "allocator=mimalloc"], "allocator=mimalloc is not allowed; use default, jemalloc"),
     (["plan", *R18, "--set", "noequals"], "--set 'noequals' is not KNOB=VALUE"),
@@ -470,6 +475,14 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     ([*SEARCH, "--study", "bad name!"], "--study 'bad name!' is not a usable name"),
     ([*SEARCH, "--study", ""], "--study '' is not a usable name"),
     ([*SEARCH, "--storage", "notaurl"], "--storage 'notaurl' is not a storage URL"),
+    ([*SEARCH, "--storage", "foo://h/db"], "--storage foo://h/db: 'foo' is not a database autotune can use; give "
+                                           "sqlite:///PATH.db or postgresql+psycopg://user@host/db"),
+    ([*SEARCH, "--storage", "mysql://u:secret@h/db"], "--storage mysql://u:***@h/db needs the Python driver "
+                                                      "'MySQLdb', which is not installed; install it"),
+    (["studies", "--storage", "sqlite+nope:///x.db"], "--storage sqlite+nope:///x.db: 'sqlite+nope' is not a "
+                                                      "database"),
+    (["report", "--storage", "postgresql+psycopg2://u@h/db"], "--storage postgresql+psycopg2://u@h/db needs the "
+                                                               "Python driver 'psycopg2'"),
     ([*SEARCH, "--input-shape", ""], "--input-shape '' is not a shape"),
     ([*SEARCH, "--seed", "x"], "Invalid value for '--seed'"),
     ([*SEARCH, "--timeout", "0"], "Invalid value for '--timeout'"),

@@ -33,6 +33,8 @@ def here(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "batch = torch.export.Dim('batch', min=1, max=1024)\n"
         "ep = torch.export.export(m, (torch.randn(2, 64),), dynamic_shapes=({0: batch},))\n"
         "torch.export.save(ep, 'mlp.pt2')\n"
+        "torch.save(m.state_dict(), 'weights.pt')\n"  # a zip archive, but not a model
+        "torch.save(m.state_dict(), 'weights.pt2')\n"
     )
     subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=folder, check=True, capture_output=True)
     return folder
@@ -93,6 +95,8 @@ def test_every_model_source_runs_a_non_image_model(here: Path, model: str) -> No
          "ValueError: weights file missing"),
         (["--model", "tinynets:not_a_module"], "returned int, not a torch.nn.Module"),
         (["--model", "missing.pt2"], "Error: cannot read model file 'missing.pt2': No such file or directory"),
+        (["--model", "weights.pt"], "Error: cannot load the model file "),
+        (["--model", "weights.pt2"], "Error: cannot load the model file "),
         (["--model", "tinynets:mlp", "--input-shape", "3x32x32"],
          "Error: model tinynets:mlp does not run on input shape 3x32x32: RuntimeError: mat1 and mat2 shapes"),
         (["--model", "tinynets:mlp", "--input-shape", "64xx"], "Error: --input-shape '64xx' is not a shape"),
@@ -103,6 +107,10 @@ def test_bad_model_specs_are_one_line_and_exit_code_2(here: Path, args: list[str
     assert proc.returncode == 2
     assert message in proc.stderr and proc.stderr.startswith("Error: ")
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+    if "weights.pt" in args:
+        assert proc.stderr.rstrip().endswith("; save the model with torch.jit.save")
+    if "weights.pt2" in args:
+        assert proc.stderr.rstrip().endswith("; save the model with torch.export.save")
 
 
 def test_throughput_search_over_batch_sizes_under_a_latency_limit(here: Path) -> None:

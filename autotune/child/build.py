@@ -16,7 +16,7 @@ from autotune.child import deploy, quantize, references
 from autotune.child.convert import ModelKnobs, call, explain, leaves
 from autotune.child.deploy import Deployment
 from autotune.child.envfile import SWITCH
-from autotune.child.errors import ApplyError
+from autotune.child.errors import LOAD_FAILED, ApplyError
 
 
 class SyntheticImages:
@@ -167,10 +167,8 @@ def load_model(spec: str, import_path: str) -> Any:
     import torch
 
     torch.manual_seed(0)
-    if spec.endswith(".pt2"):
-        return torch.export.load(spec).module()
-    if spec.endswith(".pt"):
-        return torch.jit.load(spec).eval()  # saved in train mode, it could not be frozen (weight_cache, torchscript)
+    if spec.endswith((".pt", ".pt2")):
+        return _load_file(spec)
     if ":" in spec:
         module_name, _, factory = spec.partition(":")
         if import_path and import_path not in sys.path:
@@ -185,6 +183,20 @@ def load_model(spec: str, import_path: str) -> Any:
     import torchvision
 
     return torchvision.models.get_model(spec, weights=None).eval()
+
+
+def _load_file(spec: str) -> Any:
+    """A TorchScript `.pt` or an exported `.pt2`; one that torch cannot load is the user's file to
+    fix, said as such (not as a model that fails on its inputs)."""
+    import torch
+
+    exported = spec.endswith(".pt2")
+    try:
+        # A TorchScript module saved in train mode could not be frozen (weight_cache, torchscript).
+        return torch.export.load(spec).module() if exported else torch.jit.load(spec).eval()
+    except Exception as exc:
+        saver = "torch.export.save" if exported else "torch.jit.save"
+        raise ApplyError(f"{LOAD_FAILED} {spec} ({explain(exc)}); save the model with {saver}") from exc
 
 
 def knobs_of(args: argparse.Namespace) -> ModelKnobs:

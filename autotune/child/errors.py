@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+LOAD_FAILED = "cannot load the model file"  # how a .pt/.pt2 that torch cannot load is reported, child to harness
+
 
 class ApplyError(Exception):
     """A configuration that cannot run here or answers wrongly; the message says why and what to do."""
