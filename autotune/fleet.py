@@ -79,10 +79,10 @@ def claim(worker: Worker) -> Claimed | Literal["taken"] | None:
     --trials already and no retry waits)."""
     study = worker.study
     with storage.exclusive(study):
-        worker.patiently(lambda: records.abandon_stale_trials(study))
-        if worker.patiently(lambda: _all_taken(worker)):
+        trials = worker.patiently(lambda: current_trials(study))
+        if _all_taken(worker, trials):
             return "taken"
-        proposed = worker.patiently(lambda: _propose(worker))
+        proposed = worker.patiently(lambda: _propose(worker, trials))
         if proposed is None:
             return None
         trial = worker.patiently(functools.partial(ask, worker, proposed))
@@ -91,10 +91,21 @@ def claim(worker: Worker) -> Claimed | Literal["taken"] | None:
     return Claimed(trial, proposed, config, batch)
 
 
-def _all_taken(worker: Worker) -> bool:
+def current_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The study's trials, read once for every choice of a claim, after dead workers' trials are
+    failed (read again only when one was). Read in several snapshots, a trial another worker
+    finished in between was in neither (proposed again, or counted twice); and each read fetches
+    every unfinished trial from the server again, which is most of a claim's time in a large fleet
+    (README "Scaling")."""
+    trials = study.get_trials(deepcopy=False)
+    if records.abandon_stale_trials(study, trials):
+        trials = study.get_trials(deepcopy=False)
+    return trials
+
+
+def _all_taken(worker: Worker, trials: Sequence[FrozenTrial]) -> bool:
     """Finished trials and those other workers run make --trials, and no retry of a dead worker's
     trial waits. (On SQLite one search runs per study: a running trial there is a killed one's.)"""
-    trials = worker.study.get_trials(deepcopy=False)  # one read: a trial finishing between two reads counts in neither
     others = storage.is_server(worker.storage)
     return (sum(records.counts(t) or (others and t.state == TrialState.RUNNING) for t in trials) >= worker.trials
             and not any(t.state == TrialState.WAITING for t in trials))
@@ -130,16 +141,15 @@ def _abandon(worker: Worker, trial: optuna.Trial, reason: str) -> None:
         worker.patiently(fail)
 
 
-def _propose(worker: Worker) -> Next | None:
+def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     """The baseline first; then trials enqueued through Optuna (by a user, or by an autotune
     stopped between enqueueing and asking), sampled as they are; then a configuration that has not
-    run (None: the space is exhausted)."""
-    study = worker.study
-    if not baseline_taken(study, worker.klass):
+    run (None: the space is exhausted). `trials`: the study as `current_trials` read it."""
+    if not baseline_taken(trials, worker.klass):
         return "baseline"
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    if any(t.state == TrialState.WAITING for t in trials):
         return "enqueued"
-    return worker.proposer.next(study, taken(study, worker.digest))
+    return worker.proposer.next(worker.study, trials, taken(trials, worker.digest))
 
 
 def ask(worker: Worker, proposal: Next) -> optuna.Trial:
@@ -225,12 +235,9 @@ def record_host_baseline(study: optuna.Study, host: str, measurement: Measuremen
     return reference
 
 
-def taken(study: optuna.Study, digest: str) -> set[Identity]:
+def taken(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:
     """(config, batch size) of what ran and what other workers are measuring now under these
-    settings: a proposal treats both as measured. One read of the trials: read twice, a trial that
-    finished in between was in neither, was proposed again, and took a trial of --trials to reuse
-    its own result."""
-    trials = study.get_trials(deepcopy=False)
+    settings: a proposal treats both as measured."""
     return records.measured_configs(trials, digest) | _in_flight(trials, digest)
 
 
@@ -258,7 +265,7 @@ def claim_confirmation(study: optuna.Study, url: str) -> bool:
         return True
 
 
-def baseline_taken(study: optuna.Study, klass: str) -> bool:
+def baseline_taken(trials: Sequence[FrozenTrial], klass: str) -> bool:
     """The study's baseline trial for this host class has run or is running (exactly one runs)."""
-    return any(t.user_attrs.get("baseline") and t.user_attrs.get(CLASS_ATTR, klass) == klass
-               for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)))
+    return any(t.state in (TrialState.COMPLETE, TrialState.RUNNING) and t.user_attrs.get("baseline")
+               and t.user_attrs.get(CLASS_ATTR, klass) == klass for t in trials)

@@ -59,8 +59,9 @@ class Proposer:
     def searches_batch(self) -> bool:
         return len(self.batch_sizes) > 1
 
-    def next(self, study: optuna.Study, measured: set[Identity]) -> Proposal | None:
-        """The next configuration to measure, or None when every one of the space has run."""
+    def next(self, study: optuna.Study, trials: Sequence[FrozenTrial], measured: set[Identity]) -> Proposal | None:
+        """The next configuration to measure, or None when every one of the space has run.
+        `trials`: the study's, as the caller read them (the sampler sees them, nothing reads again)."""
         for recipe in self.recipes:
             proposal = self._recipe(recipe)
             if proposal.identity not in measured:
@@ -68,13 +69,13 @@ class Proposer:
         last: Proposal | None = None
         # A sampler of its own: Optuna's samplers cache per study and refuse a second one; seeded
         # from the search's seed and the trial count, so that a seeded search repeats itself.
-        seed = None if self.seed is None else self.seed * 1_000_003 + len(study.trials)
-        probe = _in_memory_copy(study, self.sampler(seed))
+        seed = None if self.seed is None else self.seed * 1_000_003 + len(trials)
+        probe = _in_memory_copy(study.directions, trials, self.sampler(seed))
         for _ in range(RETRIES):
             last = self._ask(probe)
             if last.identity not in measured:
                 return last
-        return self._nearest_unmeasured(last, measured, len(study.trials))
+        return self._nearest_unmeasured(last, measured, len(trials))
 
     def _recipe(self, recipe: Recipe) -> Proposal:
         batch = max(self.batch_sizes)  # throughput recipes run at the largest batch asked for
@@ -127,12 +128,13 @@ def _distance(config: Config, batch: int, proposed: Proposal) -> int:
     return sum(mine.get(k) != theirs.get(k) for k in mine.keys() | theirs.keys()) + (batch != proposed.batch)
 
 
-def _in_memory_copy(study: optuna.Study, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
-    """The study's finished trials (parameters, values, intermediate values: what samplers read)
-    in a study held in memory, with `sampler`."""
+def _in_memory_copy(directions: Sequence[optuna.study.StudyDirection], trials: Sequence[FrozenTrial],
+                    sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """The finished trials (parameters, values, intermediate values: what samplers read) in a study
+    held in memory, with `sampler`."""
     with storage.quiet_optuna():
-        probe = optuna.create_study(directions=study.directions, sampler=sampler)
-        probe.add_trials([_slim(t) for t in study.get_trials(deepcopy=False)
+        probe = optuna.create_study(directions=directions, sampler=sampler)
+        probe.add_trials([_slim(t) for t in trials
                           if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)])
     return probe
 

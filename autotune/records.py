@@ -221,13 +221,13 @@ def claim_trial(trial: optuna.Trial, klass: str) -> None:
     storage.first_beat(trial)
 
 
-def abandon_stale_trials(study: optuna.Study) -> list[int]:
-    """RUNNING trials whose autotune stopped beating (killed, on any host) become FAIL, never
-    left dangling. A trial of an autotune older than heartbeats has none: it is stale once it is
-    older than the grace period."""
-    stale_ids = storage.stale_trial_ids(study)
-    stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-             if t._trial_id in stale_ids or _stale_without_heartbeat(t)]
+def abandon_stale_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[int]:
+    """RUNNING trials (of `trials`, the study as just read) whose autotune stopped beating (killed,
+    on any host) become FAIL, never left dangling. A trial of an autotune older than heartbeats has
+    none: it is stale once it is older than the grace period."""
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    stale_ids = storage.stale_trial_ids(study) if running else set()
+    stale = [t for t in running if t._trial_id in stale_ids or _stale_without_heartbeat(t)]
     return [t.number for t in stale if _fail_stale(study, t)]
 
 

@@ -194,7 +194,7 @@ def open_search(request: SearchRequest, machine: Machine,
                  *records.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
                  *_restore_kept(study, url, request),
                  *(f"trial {n} was left running by a killed autotune; marked failed"
-                   for n in records.abandon_stale_trials(study))]
+                   for n in records.abandon_stale_trials(study, study.get_trials(deepcopy=False)))]
     done = records.finished(study)
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")

@@ -183,7 +183,7 @@ def replay_once(table: Table, name: str, seed: int, trials: int) -> list[float]:
             config = order[number]
             proposal: proposals.Proposal | None = proposals.Proposal(config, 1, table.space.params(config))
         else:
-            proposal = proposer.next(study, measured)
+            proposal = proposer.next(study, study.get_trials(deepcopy=False), measured)
         if proposal is None:
             break
         trial, config = start_trial(study, table, proposal, measured)
@@ -273,7 +273,7 @@ def costed_replay(table: Table, seed: int, trials: int, mode: str) -> tuple[floa
     best: list[float] = []
     best_seen, spent, reached, lost, count = math.inf, 0.0, math.inf, False, 0
     for _ in range(trials):
-        proposal = proposer.next(study, measured)
+        proposal = proposer.next(study, study.get_trials(deepcopy=False), measured)
         if proposal is None:
             break
         trial, config = start_trial(study, table, proposal, measured)

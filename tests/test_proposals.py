@@ -100,7 +100,7 @@ def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measur
     stubborn = Stubborn({"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"})
     proposer = proposals.Proposer(small, (1,), lambda seed: stubborn, seed=0)
     measured = {("mkldnn=off omp_runtime=gnu allocator=jemalloc", 1)}
-    proposal = proposer.next(study, measured)
+    proposal = proposer.next(study, [], measured)
     assert proposal is not None and proposal.origin == "nearest unmeasured"
     assert proposal.identity not in measured
     # one knob away from what the sampler wanted
@@ -109,7 +109,7 @@ def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measur
                                     "mkldnn=off omp_runtime=gnu allocator=default"}
     assert proposal.params == small.params(proposal.config)
     everything = {(c.describe(), 1) for c in small.configurations() or []}
-    assert proposer.next(study, everything) is None
+    assert proposer.next(study, [], everything) is None
 
 
 def test_recipes_run_right_after_the_baseline_and_are_named(tmp_path: Path, here: Machine,
@@ -209,7 +209,7 @@ def test_every_study_records_what_its_searches_cost(tmp_path: Path, here: Machin
 def test_a_retried_ask_does_not_enqueue_its_proposal_twice(tmp_path: Path, here: Machine) -> None:
     opened, _ = run(tmp_path, here, 1, space=SPACE, runner=ok_runner)
     assert opened.proposer is not None
-    proposal = opened.proposer.next(opened.study, set())
+    proposal = opened.proposer.next(opened.study, opened.study.get_trials(), set())
     assert proposal is not None
     opened.study.enqueue_trial(proposal.params)  # as if the database locked right after enqueueing
     trial = fleet.ask(opened.worker(), proposal)
@@ -285,8 +285,9 @@ def test_a_configuration_that_finishes_while_the_next_is_chosen_is_not_proposed_
         assert claimed.proposal.recipe == "seed"
         watched = dataclasses.replace(opened.worker(), study=FinishesWhileRead(opened.study, claimed.trial.number,
                                                                                 after))
-        proposal = fleet._propose(watched)
-        assert isinstance(proposal, proposals.Proposal) and proposal.recipe == "pytorch-launcher", after
+        second = fleet.claim(watched)
+        assert isinstance(second, fleet.Claimed) and isinstance(second.proposal, proposals.Proposal), after
+        assert second.proposal.recipe == "pytorch-launcher", after
 
 
 def test_a_trial_that_finishes_while_trials_are_counted_counts_once(tmp_path: Path, here: Machine) -> None:
@@ -300,4 +301,26 @@ def test_a_trial_that_finishes_while_trials_are_counted_counts_once(tmp_path: Pa
         assert isinstance(claimed, fleet.Claimed)
         watched = dataclasses.replace(opened.worker(), storage="postgresql://fleet/study",
                                       study=FinishesWhileRead(opened.study, claimed.trial.number, after))
-        assert not fleet._all_taken(watched), after  # the baseline and the seed recipe: 2 of 3
+        assert isinstance(fleet.claim(watched), fleet.Claimed), after  # the baseline and the seed recipe: 2 of 3
+
+
+def test_a_claim_reads_the_study_once_and_its_ask_once_more(tmp_path: Path, here: Machine,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read fetches every unfinished trial from the server again: in a large fleet that was
+    most of the time a claim holds the study's lock (README "Scaling"). One read serves every
+    choice (stale trials, --trials, baseline, enqueued, proposal, the sampler's copy); the ask
+    reads what waits again, since a retry after a lock must see what it enqueued."""
+    run(tmp_path, here, 1, space=DEFAULT, runner=ok_runner)  # the baseline
+    opened = search_loop.open_search(request(tmp_path, 5, space=DEFAULT), here)
+    backend = opened.study._storage
+    reads: list[tuple[Any, ...]] = []
+    read = backend.get_all_trials
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs.get("states") or args[2:3])
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "get_all_trials", counted)
+    claimed = fleet.claim(opened.worker())
+    assert isinstance(claimed, fleet.Claimed) and isinstance(claimed.proposal, proposals.Proposal)
+    assert len(reads) == 3, reads  # the claim's, the ask's check of what waits, and Optuna's ask taking it

@@ -59,6 +59,11 @@ def search(tmp_path: Path, here: Machine, trials: int, **kw: object) -> optuna.S
     return opened.study
 
 
+def abandon(study: optuna.Study) -> list[int]:
+    """The stale trials failed now, from a fresh read of the study."""
+    return records.abandon_stale_trials(study, study.get_trials(deepcopy=False))
+
+
 def test_baseline_is_trial_zero_and_every_trial_records_its_run(tmp_path: Path, here: Machine) -> None:
     result = search(tmp_path, here, trials=8)
     trials = result.get_trials()
@@ -108,7 +113,7 @@ def test_running_trials_are_told_apart_by_heartbeat_not_hostname(tmp_path: Path,
 
     def slow(plan: LaunchPlan, timeout_s: float) -> RunResult:
         time.sleep(3.5)  # longer than the grace period: only the heartbeat keeps this trial alive
-        seen.append(records.abandon_stale_trials(storage.load(opened.name, opened.storage)))
+        seen.append(abandon(storage.load(opened.name, opened.storage)))
         return fake_runner(plan, timeout_s)
 
     search_loop.run_search(opened, here, lambda event: None, runner=slow)
@@ -129,9 +134,9 @@ def test_a_trial_whose_autotune_was_killed_before_its_first_beat_is_found_stale(
     opened = search_loop.open_search(request(tmp_path, 1), here)
     dead = storage.ask(opened.study)
     records.claim_trial(dead, "")  # then killed, before its heartbeat thread started
-    assert records.abandon_stale_trials(opened.study) == []
+    assert abandon(opened.study) == []
     time.sleep(2.2)  # Optuna's heartbeat times have whole seconds
-    assert records.abandon_stale_trials(opened.study) == [dead.number]
+    assert abandon(opened.study) == [dead.number]
 
 
 def test_the_heartbeat_outlives_a_failed_beat(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,9 +191,9 @@ def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_gr
     legacy = storage.ask(opened.study)
     legacy.set_user_attr("host", "another-container")
     legacy.set_user_attr("pid", 2**22 + 12345)
-    assert records.abandon_stale_trials(opened.study) == []  # too young to tell
+    assert abandon(opened.study) == []  # too young to tell
     time.sleep(1.2)
-    assert records.abandon_stale_trials(opened.study) == [legacy.number]
+    assert abandon(opened.study) == [legacy.number]
     assert opened.study.get_trials()[0].user_attrs["fail_reason"].startswith(
         "left running by an autotune process (pid 4206649) that was killed")
 
