@@ -228,7 +228,7 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
       autotune compare defaults backend=inductor,precision=bf16 --model resnet18
     """
     from autotune import confirm, summaries
-    from autotune.orchestrate import run_plan
+    from autotune.orchestrate import run_series
     from autotune.storage import find_study
 
     metric = metric_of(parse_objective(objective, COMPARABLE))
@@ -239,7 +239,7 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     pair = confirm.distinct([confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
                                                     _plan_from_env_file, plan_config) for spec in (first, second)])
     with holding("compare", no_wait):
-        measured = confirm.interleave(pair, rounds, metric, timeout, run_plan, display.confirm_progress, seed)
+        measured = confirm.interleave(pair, rounds, metric, timeout, run_series, display.confirm_progress, seed)
     if margin is not None:
         _gate(measured, metric, margin, as_json)
     comparison = confirm.compared(measured, metric, min_effect)

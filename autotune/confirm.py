@@ -13,6 +13,7 @@ run, or whose p90 latency in these rounds breaks the study's limit, cannot win.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,8 +28,8 @@ from autotune.errors import AutotuneError
 from autotune.knobs import Config
 from autotune.launch import LaunchPlan
 from autotune.objectives import ALPHA, Metric, lower_is_better, metric_of, metric_value, min_rounds
-from autotune.orchestrate import run_plan
-from autotune.replicates import PlanRunner
+from autotune.orchestrate import run_series
+from autotune.replicates import SeriesRunner
 from autotune.results import RunResult
 from autotune.stats import PairedComparison
 
@@ -107,15 +108,17 @@ def schedule(count: int, rounds: int, seed: int) -> list[tuple[int, ...]]:
     return orders[:rounds]
 
 
-def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, timeout_s: float, runner: PlanRunner,
-               on_run: Callable[[RunEvent], None], seed: int | None = None) -> Rounds:
-    """One fresh run per contender per round, in a balanced random order; a failed run keeps its reason."""
+def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, timeout_s: float,
+               runner: SeriesRunner, on_run: Callable[[RunEvent], None], seed: int | None = None) -> Rounds:
+    """One fresh run per contender per round, in a balanced random order, as one series (the
+    runner may start a run before the last ended, never measure two at once); a failed run keeps
+    its reason."""
     seed = new_seed() if seed is None else seed
     orders = schedule(len(contenders), rounds, seed)
+    turns = [(number, position) for number, order in enumerate(orders) for position in order]
     runs: list[list[RoundRun]] = [[] for _ in contenders]
-    for number, order in enumerate(orders):
-        for position in order:
-            result = runner(contenders[position].plan, timeout_s)
+    with contextlib.closing(runner([contenders[p].plan for _, p in turns], timeout_s)) as results:
+        for (number, position), result in zip(turns, results, strict=True):
             runs[position].append(_round_run(result, metric))
             on_run(RunEvent(number, rounds, contenders[position], result))
     return Rounds(tuple(contenders), tuple(tuple(r) for r in runs), tuple(orders), seed)
@@ -183,7 +186,7 @@ def candidates(study: optuna.Study, top: int) -> tuple[FrozenTrial, list[FrozenT
 
 
 def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeout_s: float,
-            on_run: Callable[[RunEvent], None], runner: PlanRunner = run_plan,
+            on_run: Callable[[RunEvent], None], runner: SeriesRunner = run_series,
             seed: int | None = None, ran_on: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Re-measure, decide, and store the verdict on the study (user attribute `confirmation`);
     `ran_on` is the host that measured it (`machine.host_identity`), recorded in the verdict."""
@@ -264,8 +267,10 @@ def _median(values: Sequence[float]) -> float | None:
 
 
 def _process_wall(runs: Sequence[RoundRun]) -> float | None:
-    """The median wall of a contender's runs, each a fresh process (or one per instance) from start
-    to exit: what the confirmation spent on it per round, for whoever sizes the next one."""
+    """The median wall of a contender's runs, each a fresh process (or one per instance): what the
+    confirmation spent on it per round, for whoever sizes the next one. Runs are built two at a
+    time, so a run's wall is its share of the series (`orchestrate.run_series`), not its
+    process's start to exit."""
     walls = [r.wall_s for r in runs if r.wall_s is not None]
     return round(stats.median(walls), 3) if walls else None
 

@@ -5,7 +5,8 @@ The protocol with each child is documented in `autotune.child.worker`: after eve
 now), and each says `done` when its timed loop ends; the noise snapshots span START to the last
 `done`, the children's timed loops, not their result writing and exit. What each child is doing
 (its `phase` lines before `ready`, then waiting and measuring) goes to an optional callback, for
-live progress.
+live progress. A series of plans (`run_series`, a confirmation's rounds) builds two plans at a
+time: their children start together, say `built` and wait until their turn, sent as `warm`.
 
 Every outcome is a result: a crash, a non-zero exit, a hang past the timeout or a missing result
 file becomes a failed `InstanceResult` with its reason and stderr tail. Each child runs in its own
@@ -24,7 +25,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,11 @@ from autotune.results import InstanceResult, RunResult, combine
 
 STDERR_TAIL_CHARS = 2000
 GO_LEAD_S = 0.1  # from sending `go` to the window's start: every child has read it by then
+# Plans of a series built at the same time (`run_series`): on this 2-CPU machine a process builds on
+# about one CPU (interpreter, imports, model), so two fill both CPUs; measured in the README.
+SIDE_BY_SIDE = 2
+# The CPUs' snapshots at the start of a plan's window and when its last timed loop ended.
+_Window = tuple[noise.Snapshot | None, noise.Snapshot | None]
 # What a child is doing, told as it changes: (instance index, phase), e.g. (0, "compiling").
 PhaseCallback = Callable[[int, str], None]
 WAITING, MEASURING = "waiting for the other instances", "measuring"
@@ -55,6 +61,8 @@ class _Child:
     forced_reason: str = ""
     fd_open: bool = True
     told: int = 0  # complete lines of `heard` already passed on as phases
+    reaped: bool = False
+    built_at: float | None = None  # when it said `built`
 
     def said(self, word: bytes) -> bool:
         return word in self.heard.split(b"\n")[:-1]
@@ -76,32 +84,105 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
              on_phase: PhaseCallback = _ignore) -> RunResult:
     """Run all instances together; a run where any instance fails has failed. `on_phase` hears
     what each instance is doing while it runs."""
+    return next(_run_group((plan,), timeout_s, dict(os.environ if parent_env is None else parent_env), on_phase))
+
+
+def run_series(plans: Sequence[LaunchPlan], timeout_s: float,
+               parent_env: Mapping[str, str] | None = None) -> Generator[RunResult, None, None]:
+    """Each plan's result in turn, as `run_plan` gives it, building `SIDE_BY_SIDE` plans at a time:
+    their processes start together and build (imports, model, compiled artifact) side by side,
+    then each plan in turn warms up and measures alone while the other waits, idle, at the
+    protocol's `built` step (see `autotune.child.worker`). A plan's `timeout_s` counts its building
+    and its own turn, not the wait; its `wall_s` is from the later of the group's start and the
+    previous plan's end to its exit, so the results' walls add up to the series' wall."""
     env = dict(os.environ if parent_env is None else parent_env)
+    for first in range(0, len(plans), SIDE_BY_SIDE):
+        yield from _run_group(tuple(plans[first:first + SIDE_BY_SIDE]), timeout_s, env, _ignore)
+
+
+@dataclass
+class _Run:
+    """One plan's processes in a group, or why they could not all start."""
+
+    plan: LaunchPlan
+    children: list[_Child]
+    unstarted: InstanceResult | None = None
+
+    def built_s(self, start: float) -> float:
+        """Seconds from `start` until its last process said `built` (or now, if one did not)."""
+        return max((c.built_at or time.monotonic() for c in self.children), default=start) - start
+
+    def result(self, wall_s: float, window: _Window) -> RunResult:
+        collected = tuple(_collect(c) for c in self.children)
+        before, after = window
+        disturbance = noise.noise(before, after, collected) if before and after else {}
+        return combine((*collected, self.unstarted) if self.unstarted else collected, wall_s, disturbance)
+
+
+def _run_group(plans: tuple[LaunchPlan, ...], timeout_s: float, env: Mapping[str, str],
+               on_phase: PhaseCallback) -> Generator[RunResult, None, None]:
+    """Start every plan of the group, wait until all of them built when there are several, then
+    run each one's turn (warmup, barrier, window) and yield its result."""
+    hold = len(plans) > 1
     start = time.monotonic()
-    deadline = start + timeout_s
     with tempfile.TemporaryDirectory(prefix=tempdirs.prefix("run")) as tmp:
-        children: list[_Child] = []
-        before: noise.Snapshot | None = None
-        after = before
+        runs: list[_Run] = []
         try:
-            for instance in plan.instances:
-                children.append(_start(instance, plan.binding, Path(tmp), env))
-            if _barrier(children, deadline, timeout_s, on_phase):
-                before, after = _measure(children, plan.bench.measure.duration_s, deadline, timeout_s, on_phase)
-        except OSError as exc:  # could not start an instance (e.g. a binding tool is missing)
-            index = len(children)
-            _stop_unfinished(children, f"stopped because instance {index} could not start")
-            unstarted = InstanceResult(index, False, f"could not start: {exc}", None, "")
-            return combine((*(_collect(c) for c in _finish(children)), unstarted), time.monotonic() - start)
+            for number, plan in enumerate(plans):
+                runs.append(_start_plan(plan, Path(tmp, str(number)), env, hold))
+            if hold:
+                _build_together(runs, start + timeout_s, timeout_s)
+            turn_start = start
+            for number, run in enumerate(runs):
+                deadline = start + timeout_s if number == 0 else time.monotonic() + timeout_s - run.built_s(start)
+                window = _turn(run, deadline, timeout_s, on_phase, hold) if not run.unstarted else (None, None)
+                _kill_all(run.children)
+                result = run.result(time.monotonic() - turn_start, window)
+                turn_start = time.monotonic()
+                yield result
         finally:
-            _kill_all(children)
-        results = tuple(_collect(c) for c in children)
-        disturbance = noise.noise(before, after, results) if before and after else {}
-        return combine(results, time.monotonic() - start, disturbance)
+            for run in runs:
+                _kill_all(run.children)
+
+
+def _start_plan(plan: LaunchPlan, folder: Path, env: Mapping[str, str], hold: bool) -> _Run:
+    """Start every instance; one that cannot start stops the others started before it."""
+    folder.mkdir()
+    run = _Run(plan, [])
+    try:
+        for instance in plan.instances:
+            run.children.append(_start(instance, plan.binding, folder, env, hold))
+    except OSError as exc:  # could not start an instance (e.g. a binding tool is missing)
+        index = len(run.children)
+        _stop_unfinished(run.children, f"stopped because instance {index} could not start")
+        run.unstarted = InstanceResult(index, False, f"could not start: {exc}", None, "")
+    return run
+
+
+def _build_together(runs: list[_Run], deadline: float, timeout_s: float) -> None:
+    """Wait until every started process said `built` or exited. Whatever is still building at the
+    deadline is stopped."""
+    children = [c for run in runs for c in run.children]
+    if not _hear(children, b"built", deadline, stop_on_exit=False):
+        _stop_unfinished([c for c in children if not c.said(b"built")], _timed_out_setup(timeout_s))
+
+
+def _turn(run: _Run, deadline: float, timeout_s: float, on_phase: PhaseCallback, held: bool) -> _Window:
+    """One plan's turn: release it (when held), barrier, window; the CPUs' snapshots around it."""
+    children = run.children
+    if held:
+        failed = [c for c in children if not c.said(b"built")]
+        if failed:
+            _stop_unfinished(children, f"stopped because instance {failed[0].plan.index} failed")
+            return None, None
+        _tell(children, b"warm\n")
+    if not _barrier(children, deadline, timeout_s, on_phase):
+        return None, None
+    return _measure(children, run.plan.bench.measure.duration_s, deadline, timeout_s, on_phase)
 
 
 def _measure(children: list[_Child], duration_s: float, deadline: float, timeout_s: float,
-             on_phase: PhaseCallback) -> tuple[noise.Snapshot | None, noise.Snapshot | None]:
+             on_phase: PhaseCallback) -> _Window:
     """Send the common window, snapshot the CPUs at its start and when the last timed loop ends."""
     window_start = _go(children, duration_s)
     for child in children:
@@ -115,17 +196,13 @@ def _measure(children: list[_Child], duration_s: float, deadline: float, timeout
     return before, after
 
 
-def _finish(children: list[_Child]) -> list[_Child]:
-    _kill_all(children)
-    return children
-
-
-def _start(instance: InstancePlan, binding: Binding, tmp: Path, parent_env: Mapping[str, str]) -> _Child:
+def _start(instance: InstancePlan, binding: Binding, tmp: Path, parent_env: Mapping[str, str],
+           hold: bool = False) -> _Child:
     result_path = tmp / f"instance-{instance.index}.json"
     log_path = tmp / f"instance-{instance.index}.log"
     read_fd, write_fd = os.pipe()
     argv = [*instance.command, "--result", str(result_path), "--ready-fd", str(write_fd),
-            "--parent-pid", str(os.getpid())]
+            "--parent-pid", str(os.getpid()), *(["--hold"] if hold else [])]
     cpus = set(instance.cpus)
 
     def bind() -> None:  # only when neither numactl nor taskset is available
@@ -151,8 +228,7 @@ def _start(instance: InstancePlan, binding: Binding, tmp: Path, parent_env: Mapp
 def _barrier(children: list[_Child], deadline: float, timeout_s: float, on_phase: PhaseCallback) -> bool:
     """Wait until every child is warm. False (and the rest stopped) if one fails or time runs out."""
     if not _hear(children, b"ready", deadline, stop_on_exit=True, on_phase=on_phase):
-        _stop_unfinished(children, f"timed out after {timeout_s:g}s before measuring "
-                                   "(model setup or warmup too slow, or hung)")
+        _stop_unfinished(children, _timed_out_setup(timeout_s))
         return False
     dead = [c for c in children if not c.said(b"ready") and c.proc.poll() is not None]
     if dead:
@@ -191,8 +267,23 @@ def _listen(child: _Child, selector: selectors.BaseSelector) -> None:
     except BlockingIOError:
         return
     child.heard += data
+    if child.built_at is None and child.said(b"built"):
+        child.built_at = time.monotonic()
     if not data:  # the child closed its end or exited
         selector.unregister(child.ready_fd)
+
+
+def _timed_out_setup(timeout_s: float) -> str:
+    return f"timed out after {timeout_s:g}s before measuring (model setup or warmup too slow, or hung)"
+
+
+def _tell(children: list[_Child], line: bytes) -> None:
+    """A line to every child's stdin; one that went away hears nothing (its exit is its result)."""
+    for child in children:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            assert child.proc.stdin is not None
+            child.proc.stdin.write(line)
+            child.proc.stdin.flush()
 
 
 def _go(children: list[_Child], duration_s: float) -> float:
@@ -219,7 +310,7 @@ def _wait(children: list[_Child], deadline: float, timeout_s: float) -> None:
 
 def _stop_unfinished(children: list[_Child], reason: str) -> None:
     for child in children:
-        if child.proc.poll() is None:
+        if child.proc.poll() is None and not child.forced_reason:
             child.forced_reason = reason
             kill_group(child.proc)
 
@@ -230,15 +321,18 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _kill_all(children: list[_Child]) -> None:
-    """Kill every child's process group, even of children that exited (their helpers may not)."""
+    """Kill every child's process group, even of children that exited (their helpers may not), and
+    reap it; once: a reaped child's pid may belong to another process by the next call."""
     for child in children:
-        kill_group(child.proc)
-        child.close_ready_fd()
+        if not child.reaped:
+            kill_group(child.proc)
+            child.close_ready_fd()
     for child in children:
         if child.proc.stdin is not None and not child.proc.stdin.closed:
             with contextlib.suppress(OSError):
                 child.proc.stdin.close()
         child.proc.wait()
+        child.reaped = True
 
 
 def _collect(child: _Child) -> InstanceResult:

@@ -3,7 +3,7 @@ statistics, noise detection and a bounded re-measure when the spread is too larg
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -26,6 +26,17 @@ WARM_SEARCH_DEFAULT = True
 
 # Executes a plan once with a timeout: the real orchestrator, or a fake in tests.
 PlanRunner = Callable[[LaunchPlan, float], RunResult]
+# Executes plans one after another, each alone while it measures, and yields their results in
+# order: the real `orchestrate.run_series` (which builds two at a time), or `one_by_one`.
+SeriesRunner = Callable[[Sequence[LaunchPlan], float], Generator[RunResult, None, None]]
+
+
+def one_by_one(runner: PlanRunner) -> SeriesRunner:
+    """A series run plan after plan by `runner` (a fake's series, in tests)."""
+    def series(plans: Sequence[LaunchPlan], timeout_s: float) -> Generator[RunResult, None, None]:
+        for plan in plans:
+            yield runner(plan, timeout_s)
+    return series
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,12 @@ once with the default minimum effect that `confirm` uses. Rates come with exact 
 95% intervals. The A/B variant is the same model fed 3x235x235 images instead of 3x224x224
 (10.1% more pixels, so about 10% more convolution work).
 
+A confirmation builds two runs at a time and measures each alone (`orchestrate.run_series`): in
+a comparison of two each round is one such pair, so the A/A rounds also say whether the run that
+waited its turn measures differently from the one measured right after building (the median
+ratio of the second's latency to the first's, its order-statistic interval and a two-sided
+Wilcoxon p); `--one-by-one` runs them the old way, each process started after the last ended.
+
     .venv/bin/python benchmarks/aa.py                       # 20 A/A + 10 A/B, about 20 minutes here
     .venv/bin/python benchmarks/aa.py --aa 40 --ab 20 --rounds 10
 """
@@ -20,12 +26,13 @@ from collections.abc import Sequence
 
 from scipy import stats as scipy_stats
 
-from autotune import confirm, machine, planning
+from autotune import confirm, machine, planning, stats
 from autotune.confirm import Contender
 from autotune.knobs import Config
 from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.objectives import ALPHA, MIN_EFFECT
-from autotune.orchestrate import run_plan
+from autotune.orchestrate import run_plan, run_series
+from autotune.replicates import SeriesRunner, one_by_one
 from autotune.stats import PairedComparison, median
 
 HEAVIER = "3x235x235"  # (235/224)^2 = 1.101: about 10% more work per image
@@ -39,20 +46,25 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--duration", type=float, default=0.5, help="timed seconds per run")
     p.add_argument("--seed", type=int, default=0, help="first order seed; comparison k uses seed + k")
+    p.add_argument("--one-by-one", action="store_true", help="start each process after the last ended")
     args = p.parse_args()
+    runner = one_by_one(run_plan) if args.one_by_one else run_series
     here = machine.this_machine()
     measure = MeasureSettings(warmup=3, warmup_s=0.3, duration_s=args.duration, min_iterations=10)
     normal = plan_for(args.model, None, measure, here)
     heavier = plan_for(args.model, HEAVIER, measure, here)
-    aa = series(args, "A/A", Contender("A", normal), Contender("A'", normal), args.aa, 0)
-    ab = series(args, "A/B", Contender("10% more work", heavier), Contender("A", normal), args.ab, args.aa)
-    print(f"\n{args.model} batch 1, {args.rounds} interleaved rounds per comparison, {args.duration:g} s timed "
-          f"per run; one-sided Wilcoxon at alpha {ALPHA}\n")
+    waited: list[float] = []
+    aa = series(args, runner, "A/A", Contender("A", normal), Contender("A'", normal), args.aa, 0, waited)
+    ab = series(args, runner, "A/B", Contender("10% more work", heavier), Contender("A", normal), args.ab, args.aa, [])
+    how = "each process after the last" if args.one_by_one else "two built at a time, each measured alone"
+    print(f"\n{args.model} batch 1, {args.rounds} interleaved rounds per comparison ({how}), {args.duration:g} s "
+          f"timed per run; one-sided Wilcoxon at alpha {ALPHA}\n")
     print("| experiment | comparisons | significant, min effect 0 | significant, min effect "
           f"{MIN_EFFECT:.0%} | median speedup (min-max) |")
     print("|---|---|---|---|---|")
     for name, results in (("A/A (false wins)", aa), ("A/B 10% more work (detected)", ab)):
         print(row(name, results))
+    print(f"\n{position_effect(waited)}")
     return 0
 
 
@@ -61,14 +73,18 @@ def plan_for(model: str, shape: str | None, measure: MeasureSettings, here: mach
     return planning.make_plan(request, here)
 
 
-def series(args: argparse.Namespace, name: str, first: Contender, second: Contender, count: int,
-           seed_offset: int) -> list[tuple[PairedComparison, PairedComparison] | None]:
+def series(args: argparse.Namespace, runner: SeriesRunner, name: str, first: Contender, second: Contender,
+           count: int, seed_offset: int, waited: list[float]) -> list[tuple[PairedComparison, PairedComparison] | None]:
     """`count` comparisons of second vs first: (no minimum effect, default minimum effect), or None
-    when a run failed."""
+    when a run failed. `waited` gets each round's latency of its second run over its first's."""
     out: list[tuple[PairedComparison, PairedComparison] | None] = []
     for k in range(count):
-        measured = confirm.interleave([first, second], args.rounds, "latency_p50_ms", 600, run_plan,
+        measured = confirm.interleave([first, second], args.rounds, "latency_p50_ms", 600, runner,
                                       lambda e: None, seed=args.seed + seed_offset + k)
+        for number, order in enumerate(measured.orders):
+            went = [measured.values(position)[number] for position in order]
+            if all(v is not None for v in went):
+                waited.append(float(went[1]) / float(went[0]))  # type: ignore[arg-type]
         strict = confirm.compared(measured, "latency_p50_ms", 0.0)
         usual = confirm.compared(measured, "latency_p50_ms", MIN_EFFECT)
         out.append((strict, usual) if strict and usual else None)
@@ -83,6 +99,17 @@ def row(name: str, results: Sequence[tuple[PairedComparison, PairedComparison] |
     spread = f"{median(speedups):.3f}x ({min(speedups):.3f}-{max(speedups):.3f})" if speedups else "-"
     return (f"| {name} | {len(done)} of {len(results)} | {rate([s.significant for s, _ in done])} "
             f"| {rate([u.significant for _, u in done])} | {spread} |")
+
+
+def position_effect(ratios: Sequence[float]) -> str:
+    """The A/A rounds' second run against their first: a line for the README."""
+    if len(ratios) < 2:
+        return "position effect: too few A/A rounds"
+    interval = stats.median_ci(sorted(ratios))
+    p = scipy_stats.wilcoxon([r - 1.0 for r in ratios]).pvalue
+    return (f"position effect, A/A rounds: the second run's p50 over the first's, median {median(ratios):.4f} "
+            f"({interval.label} {interval.low:.4f}-{interval.high:.4f}), two-sided Wilcoxon p={p:.3g}, "
+            f"{len(ratios)} rounds")
 
 
 def rate(hits: Sequence[bool]) -> str:

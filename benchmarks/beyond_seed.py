@@ -20,7 +20,7 @@ from pathlib import Path
 from autotune import confirm, machine, records, search_loop, space, stats
 from autotune.confirm import Contender
 from autotune.launch import LaunchPlan, MeasureSettings
-from autotune.orchestrate import run_plan
+from autotune.orchestrate import run_series
 from autotune.replicates import ReplicatePolicy
 
 SETTINGS = [("latency", 1), ("throughput", 8)]
@@ -79,7 +79,7 @@ def side_by_side(args: argparse.Namespace, objective: str, batch: int,
     everything = Contender("best, all knobs", found["default"][1])
     metric = confirm.metric_of(objective)
     contenders = [defaults, seed, everything]
-    measured = confirm.interleave(contenders, args.rounds, metric, args.timeout, run_plan,
+    measured = confirm.interleave(contenders, args.rounds, metric, args.timeout, run_series,
                                   lambda e: print(f"round {e.round + 1}: {e.contender.label}: "
                                                   f"{'ok' if e.result.ok else e.result.reason}", file=sys.stderr))
     knobs = ["defaults", found["seed"][2], found["default"][2]]

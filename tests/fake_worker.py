@@ -45,7 +45,7 @@ def start_helper() -> None:
 
 def main() -> None:
     behaviour = sys.argv[1]
-    args = dict(zip(sys.argv[2::2], sys.argv[3::2], strict=False))
+    args = dict(zip(sys.argv[2::2], sys.argv[3::2], strict=False))  # `--hold`, a flag, comes last
     result, ready_fd = args["--result"], int(args["--ready-fd"])
     if behaviour == "crash-early":
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -57,6 +57,16 @@ def main() -> None:
         os.write(ready_fd, b"phase building\nphase compil")
         time.sleep(0.05)  # a line split across two reads is passed on once, whole
         os.write(ready_fd, b"ing\n")
+    if behaviour == "slow-build":
+        time.sleep(1.0)
+    built_at = released_at = time.monotonic()
+    if "--hold" in sys.argv:  # step 1's wait for its turn
+        os.write(ready_fd, b"built\n")
+        if sys.stdin.readline().strip() != "warm":
+            sys.exit(1)
+        released_at = time.monotonic()
+    if behaviour == "crash-at-warmup":
+        os.kill(os.getpid(), signal.SIGSEGV)
     os.write(ready_fd, b"ready\n")
     words = sys.stdin.readline().split()
     if len(words) != 3 or words[0] != "go":
@@ -83,7 +93,8 @@ def main() -> None:
     payload = {"status": "ok", "latencies_ms": [10.0, 11.0, 12.0, 30.0],
                "iterations_ms": [11.0, 12.0, 13.0, 31.0], "cpu_s": 0.5, "items": 4, "window_s": 1.0,
                "window": {"start": start, "end": end}, "late_start_s": late, "throughput_ips": 4.0,
-               "peak_rss_mb": 100.0, "setup_peak_rss_mb": 150.0, "runtime": runtime}
+               "peak_rss_mb": 100.0, "setup_peak_rss_mb": 150.0, "runtime": runtime,
+               "setup": {"built_at": built_at, "released_at": released_at}}
     if "--profile" in args:
         payload["profile"] = profiled(behaviour, int(args["--profile"]), args["--trace"])
     if behaviour == "bench-error":

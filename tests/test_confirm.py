@@ -17,7 +17,7 @@ from autotune.knobs import Config
 from autotune.launch import BenchSpec, LaunchPlan
 from autotune.libs import Libraries
 from autotune.machine import Machine
-from autotune.replicates import ReplicatePolicy
+from autotune.replicates import ReplicatePolicy, one_by_one
 from autotune.results import InstanceResult, RunResult
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_result, fake_runner
@@ -84,7 +84,7 @@ def test_confirmation_picks_a_clearly_faster_candidate(tmp_path: Path, here: Mac
     result = searched(tmp_path, here, slow_intel)
     rounds = []
     verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=rounds.append,
-                              runner=slow_intel)
+                              runner=one_by_one(slow_intel))
     assert verdict["significant"] is True
     winner = result.get_trials()[verdict["winner_trial"]]
     assert "allocator=jemalloc" in winner.user_attrs["config"]
@@ -108,7 +108,7 @@ def test_no_significant_gain_exports_the_baseline_and_says_why(tmp_path: Path, h
         return fake_result([100.0 + j for j in JITTER])
 
     verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
-                              runner=all_equal)
+                              runner=one_by_one(all_equal))
     assert verdict["significant"] is False
     assert verdict["winner_trial"] == 0
     assert verdict["message"].startswith("no candidate beat the baseline by more than 3% (Holm-adjusted p < 0.05)")
@@ -162,7 +162,7 @@ def test_a_candidate_with_a_failed_run_cannot_win(tmp_path: Path, here: Machine)
         return slow_intel(plan, timeout_s)
 
     verdict = confirm.confirm(result, top=1, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
-                              runner=jemalloc_crashes_once, seed=1)
+                              runner=one_by_one(jemalloc_crashes_once), seed=1)
     row = verdict["candidates"][0]
     assert "allocator=jemalloc" in row["config"]
     assert (row["status"], row["failed_runs"], row["significant"]) == ("failed", 1, False)
@@ -188,7 +188,7 @@ def test_the_verdict_says_what_each_contenders_processes_took(tmp_path: Path, he
         return dataclasses.replace(slow_intel(plan, timeout_s), wall_s=4.0 + count)
 
     verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
-                              runner=walls)
+                              runner=one_by_one(walls))
     assert verdict["baseline_process_wall_s"] == 12.0
     rows = verdict["candidates"]
     assert rows and [row["process_wall_s"] for row in rows] == [7.5] * len(rows)  # 5, 6, 7, 8, 9 and 60 s
@@ -200,7 +200,7 @@ def test_a_constrained_study_rechecks_the_latency_limit_in_confirmation(tmp_path
     result = searched(tmp_path, here, slow_intel)
     result.set_user_attr("max_latency_ms", 45.0)  # jemalloc's p90 is about 51 ms here
     verdict = confirm.confirm(result, top=1, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
-                              runner=slow_intel)
+                              runner=one_by_one(slow_intel))
     row = verdict["candidates"][0]
     assert row["status"] == "over the latency limit" and not verdict["significant"]
     assert row["reason"].startswith("had a p90 latency of 51.") and row["reason"].endswith("over --max-latency-ms 45")
@@ -210,7 +210,7 @@ def test_five_rounds_are_labelled_with_their_real_coverage(tmp_path: Path, here:
     fake_runner.calls = []  # type: ignore[attr-defined]
     result = searched(tmp_path, here, slow_intel)
     verdict = confirm.confirm(result, top=1, rounds=5, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
-                              runner=slow_intel)
+                              runner=one_by_one(slow_intel))
     assert verdict["significant"] and verdict["ci_label"] == "93.8% CI (full range)"
     assert "(93.8% CI (full range) 1.99" in verdict["message"]
 
@@ -224,7 +224,7 @@ def test_a_configuration_compared_with_itself_is_two_independent_series() -> Non
 
     pair = confirm.distinct([confirm.Contender("trial 0", plan, 0), confirm.Contender("trial 0", plan, 0)])
     assert [c.label for c in pair] == ["trial 0 #1", "trial 0 #2"]
-    measured = confirm.interleave(pair, 6, "latency_p50_ms", 60, noisy, lambda e: None, seed=3)
+    measured = confirm.interleave(pair, 6, "latency_p50_ms", 60, one_by_one(noisy), lambda e: None, seed=3)
     assert [len(series) for series in measured.runs] == [6, 6]  # 6 rounds asked, 6 rounds compared
     comparison = confirm.compared(measured, "latency_p50_ms", 0.0)
     assert comparison is not None and comparison.rounds == 6

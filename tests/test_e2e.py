@@ -174,3 +174,29 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
     time.sleep(0.5)
     left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert left == []
+
+
+def test_a_series_of_real_children_builds_two_at_a_time_and_measures_each_alone(tmp_path: Path) -> None:
+    from autotune import machine, planning
+    from autotune.knobs import Config
+    from autotune.launch import MeasureSettings
+    from autotune.orchestrate import run_series
+
+    here = machine.this_machine()
+    measure = MeasureSettings(warmup=1, warmup_s=0.1, duration_s=0.3, min_iterations=3)
+
+    def plan(*assignments: str) -> Any:
+        config = Config.from_assignments(assignments)
+        request = planning.BenchRequest(model="resnet18", config=config, measure=measure,
+                                        cache_dir=tmp_path / "cache")
+        return planning.make_plan(request, here)
+
+    first, second, third = run_series([plan(), plan("instances=2"), plan()], 240)
+    assert first.ok and second.ok and third.ok, (first.reason, second.reason, third.reason)
+    held = [[float(i.metrics["setup"].get("held_s", -1.0)) for i in r.instances] for r in (first, second, third)]
+    assert all(0 <= s < 2 for s in held[0])  # released as soon as both plans had built
+    assert all(s > 0.3 for s in held[1])  # waited for the first plan's window
+    assert held[2] == [-1.0]  # alone in its group: never held
+    windows = [[i.metrics["window"] for i in r.instances] for r in (first, second)]
+    assert windows[1][0]["start"] > windows[0][0]["end"]
+    assert not psutil.Process().children(recursive=True)

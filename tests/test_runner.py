@@ -12,18 +12,19 @@ import pytest
 from autotune import libs
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings
-from autotune.orchestrate import ignored_preload, run_plan
+from autotune.orchestrate import ignored_preload, run_plan, run_series
+from autotune.results import RunResult
 from autotune.stats import percentile
 
 FAKE = str(Path(__file__).parent / "fake_worker.py")
 WINDOW_S = 0.3
 
 
-def plan_of(*behaviours: str, env: dict[str, str] | None = None) -> LaunchPlan:
+def plan_of(*behaviours: str, env: dict[str, str] | None = None, window_s: float = WINDOW_S) -> LaunchPlan:
     instances = tuple(
         InstancePlan(i, (0,), 0, env or {}, (sys.executable, FAKE, b)) for i, b in enumerate(behaviours)
     )
-    return LaunchPlan(Config(), BenchSpec("fake", (1,), measure=MeasureSettings(duration_s=WINDOW_S)), "none",
+    return LaunchPlan(Config(), BenchSpec("fake", (1,), measure=MeasureSettings(duration_s=window_s)), "none",
                       instances)
 
 
@@ -163,4 +164,65 @@ def test_a_command_that_cannot_start_is_a_failed_result() -> None:
     assert not result.ok
     assert result.instances[0].reason == "stopped because instance 1 could not start"
     assert result.instances[1].reason.startswith("could not start: [Errno 2] No such file or directory")
+    assert no_children_left()
+
+
+def _setup(result: RunResult, key: str) -> float:
+    return float(result.instances[0].metrics["setup"][key])
+
+
+def _window(result: RunResult) -> dict[str, float]:
+    return dict(result.instances[0].metrics["window"])
+
+
+def test_a_series_builds_two_plans_together_and_measures_each_alone() -> None:
+    start = time.monotonic()
+    results = list(run_series([plan_of("slow-build"), plan_of("slow-build"), plan_of("slow-build")], 60))
+    elapsed = time.monotonic() - start
+    assert all(r.ok for r in results), [r.reason for r in results]
+    first, second, third = results
+    assert abs(_setup(first, "built_at") - _setup(second, "built_at")) < 0.5  # built side by side
+    assert _setup(second, "released_at") >= _window(first)["end"]  # its turn came after the first's window
+    assert _window(second)["start"] > _window(first)["end"]
+    assert _setup(third, "released_at") == _setup(third, "built_at")  # alone in its group: never held
+    assert sum(r.wall_s for r in results) == pytest.approx(elapsed, abs=0.3)  # the walls add up
+    assert elapsed < 3 * 1.0 + 2.0  # two builds of 1 s overlapped
+    assert no_children_left()
+
+
+@pytest.mark.parametrize("order", [("crash-early", "ok"), ("ok", "crash-early"), ("crash-at-warmup", "ok"),
+                                   ("ok", "crash-at-warmup")])
+def test_a_plan_that_fails_in_a_series_fails_alone(order: tuple[str, str]) -> None:
+    results = list(run_series([plan_of(order[0]), plan_of(order[1])], 60))
+    assert [r.ok for r in results] == [b == "ok" for b in order]
+    assert [r.reason for r in results if not r.ok] == ["instance 0: crashed with SIGSEGV"]
+    assert no_children_left()
+
+
+def test_an_instance_failing_while_built_side_by_side_stops_its_plan_only() -> None:
+    first, second = run_series([plan_of("ok", "crash-early"), plan_of("ok")], 60)
+    assert first.instances[0].reason == "stopped because instance 1 failed"
+    assert first.instances[1].reason == "crashed with SIGSEGV"
+    assert second.ok, second.reason
+    assert no_children_left()
+
+
+def test_a_plan_hanging_while_it_builds_times_out_and_the_other_runs() -> None:
+    hung, good = run_series([plan_of("hang-early"), plan_of("ok")], 2)
+    assert hung.reason.startswith("instance 0: timed out after 2s before measuring")
+    assert good.ok, good.reason
+    assert no_children_left()
+
+
+def test_a_plans_timeout_counts_its_build_and_its_turn_not_its_wait() -> None:
+    slow = plan_of("slow-build", window_s=1.6)  # about 1 s building, then 1.7 s of its turn
+    first, second = run_series([slow, slow], 4)
+    assert first.ok, first.reason
+    assert second.ok, second.reason  # it ended over 4 s after it started
+
+
+def test_a_series_closed_early_leaves_no_process() -> None:
+    series = run_series([plan_of("slow-build"), plan_of("slow-build")], 60)
+    assert next(series).ok
+    series.close()
     assert no_children_left()

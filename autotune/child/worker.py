@@ -5,7 +5,10 @@ the CLI, and sends its result as a JSON file (never by printing). Protocol with 
 
 1. build the model, warm up, then write `ready` and a newline to `--ready-fd`; before it, lines
    `phase NAME` (`building`, `compiling`, `loading the compiled model`, `warming up`) say what the
-   child is doing, for live progress; a runner may ignore them, and a child may send none;
+   child is doing, for live progress; a runner may ignore them, and a child may send none. With
+   `--hold`, between building and warming up: write `built` and a newline, and read a line from
+   stdin: `warm` goes on, anything else (EOF included) means the run was aborted, exit 1 (a
+   runner that builds two plans at a time lets each warm up and measure alone);
 2. read `go START END` from stdin: the common measuring window, in CLOCK_MONOTONIC seconds
    (system-wide on Linux, so the runner's `time.monotonic()` and the child's agree); anything else
    (EOF included) means the run was aborted, and the child exits 1;
@@ -78,6 +81,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--result", required=True)
     p.add_argument("--ready-fd", type=int, default=-1)
     p.add_argument("--parent-pid", type=int, default=-1, help="autotune's pid: exit if it is already gone")
+    p.add_argument("--hold", action="store_true", help="after building, say `built` and wait for `warm` on stdin")
     p.add_argument("--profile", type=int, default=0, help="profile this many forward calls instead of timing")
     p.add_argument("--trace", default="", help="with --profile: where the Chrome trace is written")
     return p.parse_args(argv)
@@ -256,6 +260,15 @@ def wait_for_go(ready_fd: int, duration_s: float) -> Window:
     sys.exit(1)  # the runner went away or aborted the run
 
 
+def wait_for_turn(ready_fd: int) -> None:
+    """Say `built`, then wait until the runner says `warm` (`--hold`, step 1 of the protocol)."""
+    if ready_fd < 0:
+        return
+    os.write(ready_fd, b"built\n")
+    if sys.stdin.readline().strip() != "warm":
+        sys.exit(1)  # the runner went away or aborted the run
+
+
 def say_phase(ready_fd: int, phase: str) -> None:
     """What the child is doing now, for the runner's progress (step 1 of the protocol)."""
     if ready_fd >= 0:
@@ -325,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         release_setup_memory()
         setup_peak_mb, peak_note = peak_rss_mb(), start_peak_rss()
+        if args.hold:
+            held_from = time.perf_counter()
+            wait_for_turn(args.ready_fd)
+            setup["held_s"] = time.perf_counter() - held_from
         say_phase(args.ready_fd, "warming up")
         with torch.no_grad():
             warmup_start = time.perf_counter()
