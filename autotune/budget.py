@@ -24,16 +24,29 @@ confirmation took in nine kept resnext101 searches on an AVX2 host, from the can
 candidate's process is that median trial's. There are as many candidates as trials besides the
 baseline, up to `top`, once the next trial has run. (One estimate for every process, from nominal
 windows and the mean trial, had a batch-8 resnext101 search with `--time-budget 20m` reserve
-2184 s after its baseline.)
+2184 s after its baseline.) The confirmation builds its processes two at a time, so every process
+built beside an earlier one saves `BUILD_OVERLAP` of what the typical process pays whatever its
+speed; the first 50-trial search that confirmed that way took 335 s to confirm, and this reserve
+says 369 s (1.10x; without the overlap, 416 s).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.orchestrate import SIDE_BY_SIDE
 from autotune.stats import median
+
+# The confirmation builds its processes two at a time (`orchestrate.run_series`): the share of a
+# process's fixed part (`Spent.fixed_s`) that building beside the one before saves. Measured
+# here: 3.0 s a pair in a 50-trial resnext101 confirmation at 89aa8d6 (its typical process's
+# fixed part 4.7 s: 0.64), 4.4 s a pair in `compare defaults defaults --model resnet18`; two
+# builds side by side on this 2-CPU machine take longer than one (their CPUs share a core's
+# caches and memory). Rounded down, as a budget should err.
+BUILD_OVERLAP = 0.5
 
 
 @dataclass(frozen=True)
@@ -92,15 +105,17 @@ class TimeBudget:
             return 0, 0.0
         baseline_s, candidate_s = self.process_costs(trials, trial_s, candidates)
         count = min(self.top, finished)  # the trials besides the baseline, the next one counted
-        return self.rounds * (1 + count), self.rounds * (baseline_s + count * candidate_s)
+        processes = self.rounds * (1 + count)
+        beside = processes - math.ceil(processes / SIDE_BY_SIDE)  # processes built beside an earlier one
+        overlap_s = BUILD_OVERLAP * (_fixed_s(_typical(trials)) or 0.0)
+        return processes, self.rounds * (baseline_s + count * candidate_s) - beside * overlap_s
 
     def process_costs(self, trials: Sequence[Spent], trial_s: float,
                       candidates: Collection[int] = ()) -> tuple[float, float]:
         """Seconds of one confirmation process of the baseline and of a candidate."""
-        ran = [t for t in trials if t.process_s is not None]
-        baselines = [t.process_s for t in ran if t.baseline and t.process_s is not None]
-        others = [t for t in ran if not t.baseline]
-        typical = [t for t in others if not t.built] or others
+        baselines = [t.process_s for t in trials if t.baseline and t.process_s is not None]
+        others = [t for t in trials if t.process_s is not None and not t.baseline]
+        typical = _typical(trials)
         every = [t.process_s for t in typical if t.process_s is not None]
         baseline_s = baselines[0] if baselines else median(every or [self.process_s(trial_s)])
         chosen = _candidate_s(typical, [t for t in others if t.number in candidates])
@@ -120,13 +135,26 @@ class TimeBudget:
                 "confirmation_processes": processes}
 
 
+def _typical(trials: Sequence[Spent]) -> list[Spent]:
+    """The trials besides the baseline that ran a process and compiled nothing (all of them that
+    ran one, when every one compiled)."""
+    others = [t for t in trials if t.process_s is not None and not t.baseline]
+    return [t for t in others if not t.built] or others
+
+
+def _fixed_s(typical: Sequence[Spent]) -> float | None:
+    """What the typical process paid whatever its speed, the median; None without any."""
+    fixed = [t.fixed_s for t in typical if t.fixed_s is not None]
+    return median(fixed) if fixed else None
+
+
 def _candidate_s(typical: Sequence[Spent], chosen: Sequence[Spent]) -> float | None:
     """A candidate's process: what the typical trial's paid whatever its speed, and what the
     chosen trials' first call, warmup and window took; None without both."""
-    fixed = [t.fixed_s for t in typical if t.fixed_s is not None]
-    if not fixed or not chosen:
+    fixed = _fixed_s(typical)
+    if fixed is None or not chosen:
         return None
-    return median(fixed) + median([t.window_s + t.settle_s for t in chosen])
+    return fixed + median([t.window_s + t.settle_s for t in chosen])
 
 
 def message(ended: dict[str, Any], finished: int) -> str:
