@@ -24,24 +24,25 @@ confirmation took in nine kept resnext101 searches on an AVX2 host, from the can
 candidate's process is that median trial's. There are as many candidates as trials besides the
 baseline, up to `top`, once the next trial has run. (One estimate for every process, from nominal
 windows and the mean trial, had a batch-8 resnext101 search with `--time-budget 20m` reserve
-2184 s after its baseline.) The confirmation builds its processes two at a time, so every process
-built beside an earlier one saves `BUILD_OVERLAP` of what the typical process pays whatever its
-speed; the first 50-trial search that confirmed that way took 335 s to confirm, and this reserve
-says 369 s (1.10x; without the overlap, 416 s).
+2184 s after its baseline.) The confirmation builds its processes two at a time once each
+contender ran alone, so every process built beside an earlier one saves `BUILD_OVERLAP` of what
+the typical process pays whatever its speed; the first 50-trial search that confirmed that way
+(all 40 in pairs) took 335 s to confirm, and this reserve says 374 s (1.12x; without the overlap,
+416 s).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.orchestrate import SIDE_BY_SIDE
+from autotune.orchestrate import built_beside
 from autotune.stats import median
 
-# The confirmation builds its processes two at a time (`orchestrate.run_series`): the share of a
-# process's fixed part (`Spent.fixed_s`) that building beside the one before saves. Measured
+# The confirmation builds its processes two at a time once each contender ran alone
+# (`orchestrate.run_series`): the share of a process's fixed part (`Spent.fixed_s`) that building
+# beside the one before saves. Measured
 # here: 3.0 s a pair in a 50-trial resnext101 confirmation at 89aa8d6 (its typical process's
 # fixed part 4.7 s: 0.64), 4.4 s a pair in `compare defaults defaults --model resnet18`; two
 # builds side by side on this 2-CPU machine take longer than one (their CPUs share a core's
@@ -106,9 +107,8 @@ class TimeBudget:
         baseline_s, candidate_s = self.process_costs(trials, trial_s, candidates)
         count = min(self.top, finished)  # the trials besides the baseline, the next one counted
         processes = self.rounds * (1 + count)
-        beside = processes - math.ceil(processes / SIDE_BY_SIDE)  # processes built beside an earlier one
-        overlap_s = BUILD_OVERLAP * (_fixed_s(_typical(trials)) or 0.0)
-        return processes, self.rounds * (baseline_s + count * candidate_s) - beside * overlap_s
+        overlap_s = BUILD_OVERLAP * (_fixed_s(_typical(trials)) or 0.0) * built_beside(processes, 1 + count)
+        return processes, self.rounds * (baseline_s + count * candidate_s) - overlap_s
 
     def process_costs(self, trials: Sequence[Spent], trial_s: float,
                       candidates: Collection[int] = ()) -> tuple[float, float]:

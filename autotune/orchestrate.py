@@ -6,7 +6,8 @@ now), and each says `done` when its timed loop ends; the noise snapshots span ST
 `done`, the children's timed loops, not their result writing and exit. What each child is doing
 (its `phase` lines before `ready`, then waiting and measuring) goes to an optional callback, for
 live progress. A series of plans (`run_series`, a confirmation's rounds) builds two plans at a
-time: their children start together, say `built` and wait until their turn, sent as `warm`.
+time where memory allows: their children start together, say `built` and wait until their turn,
+sent as `warm`.
 
 Every outcome is a result: a crash, a non-zero exit, a hang past the timeout or a missing result
 file becomes a failed `InstanceResult` with its reason and stderr tail. Each child runs in its own
@@ -17,7 +18,9 @@ on success, failure, timeout and Ctrl-C alike.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import re
 import selectors
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from autotune import noise, tempdirs
 from autotune.launch import Binding, InstancePlan, LaunchPlan, child_environment
 from autotune.results import InstanceResult, RunResult, combine
@@ -39,6 +44,9 @@ GO_LEAD_S = 0.1  # from sending `go` to the window's start: every child has read
 # Plans of a series built at the same time (`run_series`): on this 2-CPU machine a process builds on
 # about one CPU (interpreter, imports, model), so two fill both CPUs; measured in the README.
 SIDE_BY_SIDE = 2
+# The share of the available memory that plans built together may hold at their peaks, added: the
+# rest is for the page cache, autotune and whatever else the machine runs.
+MEMORY_SHARE = 0.8
 # The CPUs' snapshots at the start of a plan's window and when its last timed loop ended.
 _Window = tuple[noise.Snapshot | None, noise.Snapshot | None]
 # What a child is doing, told as it changes: (instance index, phase), e.g. (0, "compiling").
@@ -87,17 +95,50 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
     return next(_run_group((plan,), timeout_s, dict(os.environ if parent_env is None else parent_env), on_phase))
 
 
-def run_series(plans: Sequence[LaunchPlan], timeout_s: float,
-               parent_env: Mapping[str, str] | None = None) -> Generator[RunResult, None, None]:
-    """Each plan's result in turn, as `run_plan` gives it, building `SIDE_BY_SIDE` plans at a time:
-    their processes start together and build (imports, model, compiled artifact) side by side,
-    then each plan in turn warms up and measures alone while the other waits, idle, at the
-    protocol's `built` step (see `autotune.child.worker`). A plan's `timeout_s` counts its building
-    and its own turn, not the wait; its `wall_s` is from the later of the group's start and the
-    previous plan's end to its exit, so the results' walls add up to the series' wall."""
+def run_series(plans: Sequence[LaunchPlan], timeout_s: float, parent_env: Mapping[str, str] | None = None,
+               available_mb: Callable[[], float] = lambda: psutil.virtual_memory().available / 2**20,
+               ) -> Generator[RunResult, None, None]:
+    """Each plan's result in turn, as `run_plan` gives it, building `SIDE_BY_SIDE` plans at a time
+    where memory allows: their processes start together and build (imports, model, compiled
+    artifact) side by side, then each plan in turn warms up and measures alone while the other
+    waits, idle, at the protocol's `built` step (see `autotune.child.worker`). A plan's `timeout_s`
+    counts its building and its own turn, not the wait; its `wall_s` is from the later of the
+    group's start and the previous plan's end to its exit, so the results' walls add up to the
+    series' wall. A plan runs alone until it has once succeeded, and plans are built together
+    only when their recorded peaks, added, fit in `MEMORY_SHARE` of `available_mb()`: a
+    configuration must not fail for want of the memory its neighbour holds."""
     env = dict(os.environ if parent_env is None else parent_env)
-    for first in range(0, len(plans), SIDE_BY_SIDE):
-        yield from _run_group(tuple(plans[first:first + SIDE_BY_SIDE]), timeout_s, env, _ignore)
+    peaks: dict[str, float] = {}  # each plan's peak memory, once it succeeded
+    first = 0
+    while first < len(plans):
+        group = _next_group(plans[first:first + SIDE_BY_SIDE], peaks, available_mb)
+        for plan, result in zip(group, _run_group(group, timeout_s, env, _ignore), strict=True):
+            if result.ok:
+                peaks[_key(plan)] = max(result.peak_rss_mb, result.setup_peak_rss_mb)
+            yield result
+        first += len(group)
+
+
+def built_beside(processes: int, distinct: int) -> int:
+    """How many of a series' `processes` are built beside an earlier one when memory allows: each
+    of its `distinct` plans runs alone the first time, the rest `SIDE_BY_SIDE` at a time."""
+    rest = max(processes - distinct, 0)
+    return rest - math.ceil(rest / SIDE_BY_SIDE)
+
+
+def _next_group(upcoming: Sequence[LaunchPlan], peaks: Mapping[str, float],
+                available_mb: Callable[[], float]) -> tuple[LaunchPlan, ...]:
+    """The next plans to build together: all of `upcoming` when each ran before and their peaks
+    fit in memory together, else the first alone."""
+    known = [peaks[key] for key in map(_key, upcoming) if key in peaks]
+    if len(upcoming) > 1 and len(known) == len(upcoming) and sum(known) <= MEMORY_SHARE * available_mb():
+        return tuple(upcoming)
+    return tuple(upcoming[:1])
+
+
+def _key(plan: LaunchPlan) -> str:
+    """A plan's identity across a series: the same plan repeated in rounds is one key."""
+    return json.dumps(dataclasses.asdict(plan), sort_keys=True, default=str)
 
 
 @dataclass

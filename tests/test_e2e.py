@@ -191,12 +191,13 @@ def test_a_series_of_real_children_builds_two_at_a_time_and_measures_each_alone(
                                         cache_dir=tmp_path / "cache")
         return planning.make_plan(request, here)
 
-    first, second, third = run_series([plan(), plan("instances=2"), plan()], 240)
+    two = plan("instances=2")
+    first, second, third = run_series([two, two, two], 240)
     assert first.ok and second.ok and third.ok, (first.reason, second.reason, third.reason)
     held = [[float(i.metrics["setup"].get("held_s", -1.0)) for i in r.instances] for r in (first, second, third)]
-    assert all(0 <= s < 2 for s in held[0])  # released as soon as both plans had built
-    assert all(s > 0.3 for s in held[1])  # waited for the first plan's window
-    assert held[2] == [-1.0]  # alone in its group: never held
-    windows = [[i.metrics["window"] for i in r.instances] for r in (first, second)]
+    assert held[0] == [-1.0, -1.0]  # alone: its memory was not known yet
+    assert all(0 <= s < 2 for s in held[1])  # released as soon as both plans had built
+    assert all(s > 0.3 for s in held[2])  # waited for the second plan's window
+    windows = [[i.metrics["window"] for i in r.instances] for r in (second, third)]
     assert windows[1][0]["start"] > windows[0][0]["end"]
     assert not psutil.Process().children(recursive=True)

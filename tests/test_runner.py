@@ -12,7 +12,7 @@ import pytest
 from autotune import libs
 from autotune.knobs import Config
 from autotune.launch import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings
-from autotune.orchestrate import ignored_preload, run_plan, run_series
+from autotune.orchestrate import built_beside, ignored_preload, run_plan, run_series
 from autotune.results import RunResult
 from autotune.stats import percentile
 
@@ -175,32 +175,51 @@ def _window(result: RunResult) -> dict[str, float]:
     return dict(result.instances[0].metrics["window"])
 
 
+def series(plans: list[LaunchPlan], timeout_s: float, memory_mb: float = 1e6) -> list[RunResult]:
+    return list(run_series(plans, timeout_s, available_mb=lambda: memory_mb))
+
+
+def held(result: RunResult) -> bool:
+    return _setup(result, "released_at") > _setup(result, "built_at")
+
+
 def test_a_series_builds_two_plans_together_and_measures_each_alone() -> None:
     start = time.monotonic()
-    results = list(run_series([plan_of("slow-build"), plan_of("slow-build"), plan_of("slow-build")], 60))
+    results = series([plan_of("slow-build"), plan_of("slow-build"), plan_of("slow-build")], 60)
     elapsed = time.monotonic() - start
     assert all(r.ok for r in results), [r.reason for r in results]
     first, second, third = results
-    assert abs(_setup(first, "built_at") - _setup(second, "built_at")) < 0.5  # built side by side
-    assert _setup(second, "released_at") >= _window(first)["end"]  # its turn came after the first's window
-    assert _window(second)["start"] > _window(first)["end"]
-    assert _setup(third, "released_at") == _setup(third, "built_at")  # alone in its group: never held
+    assert not held(first)  # a plan runs alone until it has once succeeded: its memory is then known
+    assert abs(_setup(second, "built_at") - _setup(third, "built_at")) < 0.5  # built side by side
+    assert _setup(third, "released_at") >= _window(second)["end"]  # its turn came after the other's window
+    assert _window(third)["start"] > _window(second)["end"]
     assert sum(r.wall_s for r in results) == pytest.approx(elapsed, abs=0.3)  # the walls add up
     assert elapsed < 3 * 1.0 + 2.0  # two builds of 1 s overlapped
     assert no_children_left()
 
 
+def test_plans_whose_peaks_do_not_fit_in_memory_together_run_one_by_one() -> None:
+    # A fake plan peaks at 150 MB; two need 300 MB, more than 80% of 300 MB.
+    results = series([plan_of("ok")] * 4, 60, memory_mb=300)
+    assert all(r.ok for r in results) and not any(held(r) for r in results)
+    assert any(held(r) for r in series([plan_of("ok")] * 4, 60, memory_mb=400))
+
+
 @pytest.mark.parametrize("order", [("crash-early", "ok"), ("ok", "crash-early"), ("crash-at-warmup", "ok"),
                                    ("ok", "crash-at-warmup")])
 def test_a_plan_that_fails_in_a_series_fails_alone(order: tuple[str, str]) -> None:
-    results = list(run_series([plan_of(order[0]), plan_of(order[1])], 60))
-    assert [r.ok for r in results] == [b == "ok" for b in order]
-    assert [r.reason for r in results if not r.ok] == ["instance 0: crashed with SIGSEGV"]
+    first, second = (plan_of(f"{b}-when-held") for b in order)
+    results = series([first, second, first, second], 60)
+    assert all(r.ok for r in results[:2])  # alone, each ran as it should
+    paired = results[2:]
+    assert [r.ok for r in paired] == [b == "ok" for b in order]
+    assert [r.reason for r in paired if not r.ok] == ["instance 0: crashed with SIGSEGV"]
     assert no_children_left()
 
 
 def test_an_instance_failing_while_built_side_by_side_stops_its_plan_only() -> None:
-    first, second = run_series([plan_of("ok", "crash-early"), plan_of("ok")], 60)
+    failing, good = plan_of("ok", "crash-early-when-held"), plan_of("ok")
+    *_, first, second = series([failing, good, failing, good], 60)
     assert first.instances[0].reason == "stopped because instance 1 failed"
     assert first.instances[1].reason == "crashed with SIGSEGV"
     assert second.ok, second.reason
@@ -208,21 +227,28 @@ def test_an_instance_failing_while_built_side_by_side_stops_its_plan_only() -> N
 
 
 def test_a_plan_hanging_while_it_builds_times_out_and_the_other_runs() -> None:
-    hung, good = run_series([plan_of("hang-early"), plan_of("ok")], 2)
+    hanging, good = plan_of("hang-early-when-held"), plan_of("ok")
+    *_, hung, fine = series([hanging, good, hanging, good], 2)
     assert hung.reason.startswith("instance 0: timed out after 2s before measuring")
-    assert good.ok, good.reason
+    assert fine.ok, fine.reason
     assert no_children_left()
 
 
 def test_a_plans_timeout_counts_its_build_and_its_turn_not_its_wait() -> None:
     slow = plan_of("slow-build", window_s=1.6)  # about 1 s building, then 1.7 s of its turn
-    first, second = run_series([slow, slow], 4)
-    assert first.ok, first.reason
-    assert second.ok, second.reason  # it ended over 4 s after it started
+    results = series([slow, slow, slow], 4)
+    assert held(results[2])
+    assert all(r.ok for r in results), [r.reason for r in results]  # the last ended over 4 s after it started
 
 
 def test_a_series_closed_early_leaves_no_process() -> None:
-    series = run_series([plan_of("slow-build"), plan_of("slow-build")], 60)
-    assert next(series).ok
-    series.close()
+    plans = run_series([plan_of("slow-build")] * 3, 60, available_mb=lambda: 1e6)
+    assert next(plans).ok and next(plans).ok  # the second was built beside the third
+    plans.close()
     assert no_children_left()
+
+
+def test_each_plan_runs_alone_once_then_two_at_a_time() -> None:
+    assert built_beside(40, 4) == 18  # a confirmation of 3 candidates in 10 rounds
+    assert built_beside(4, 4) == built_beside(1, 1) == 0
+    assert built_beside(5, 2) == 1
