@@ -112,10 +112,11 @@ def run_series(plans: Sequence[LaunchPlan], timeout_s: float, parent_env: Mappin
     first = 0
     while first < len(plans):
         group = _next_group(plans[first:first + SIDE_BY_SIDE], peaks, available_mb)
-        for plan, result in zip(group, _run_group(group, timeout_s, env, _ignore), strict=True):
-            if result.ok:
-                peaks[_key(plan)] = max(result.peak_rss_mb, result.setup_peak_rss_mb)
-            yield result
+        with contextlib.closing(_run_group(group, timeout_s, env, _ignore)) as results:  # closed early: killed
+            for plan, result in zip(group, results, strict=True):
+                if result.ok:
+                    peaks[_key(plan)] = max(result.peak_rss_mb, result.setup_peak_rss_mb)
+                yield result
         first += len(group)
 
 
