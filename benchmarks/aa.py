@@ -8,11 +8,12 @@ once with the default minimum effect that `confirm` uses. Rates come with exact 
 95% intervals. The A/B variant is the same model fed 3x235x235 images instead of 3x224x224
 (10.1% more pixels, so about 10% more convolution work).
 
-A confirmation builds two runs at a time and measures each alone (`orchestrate.run_series`): in
-a comparison of two each round is one such pair, so the A/A rounds also say whether the run that
-waited its turn measures differently from the one measured right after building (the median
-ratio of the second's latency to the first's, its order-statistic interval and a two-sided
-Wilcoxon p); `--one-by-one` runs them the old way, each process started after the last ended.
+A confirmation builds two runs at a time and measures each alone (`orchestrate.run_series`; a
+child built beside another records how long it waited, `held_s`), so the A/A pairs also say
+whether the run that waited its turn measures differently from the one measured right after
+building (the median ratio of the second's latency to the first's, its order-statistic interval
+and a two-sided Wilcoxon p); `--one-by-one` runs them the old way, each process started after the
+last ended.
 
     .venv/bin/python benchmarks/aa.py                       # 20 A/A + 10 A/B, about 20 minutes here
     .venv/bin/python benchmarks/aa.py --aa 40 --ab 20 --rounds 10
@@ -33,6 +34,7 @@ from autotune.launch import LaunchPlan, MeasureSettings
 from autotune.objectives import ALPHA, MIN_EFFECT
 from autotune.orchestrate import run_plan, run_series
 from autotune.replicates import SeriesRunner, one_by_one
+from autotune.results import RunResult
 from autotune.stats import PairedComparison, median
 
 HEAVIER = "3x235x235"  # (235/224)^2 = 1.101: about 10% more work per image
@@ -76,15 +78,13 @@ def plan_for(model: str, shape: str | None, measure: MeasureSettings, here: mach
 def series(args: argparse.Namespace, runner: SeriesRunner, name: str, first: Contender, second: Contender,
            count: int, seed_offset: int, waited: list[float]) -> list[tuple[PairedComparison, PairedComparison] | None]:
     """`count` comparisons of second vs first: (no minimum effect, default minimum effect), or None
-    when a run failed. `waited` gets each round's latency of its second run over its first's."""
+    when a run failed. `waited` gets each pair's latency of its second run over its first's."""
     out: list[tuple[PairedComparison, PairedComparison] | None] = []
     for k in range(count):
+        events: list[confirm.RunEvent] = []
         measured = confirm.interleave([first, second], args.rounds, "latency_p50_ms", 600, runner,
-                                      lambda e: None, seed=args.seed + seed_offset + k)
-        for number, order in enumerate(measured.orders):
-            went = [measured.values(position)[number] for position in order]
-            if all(v is not None for v in went):
-                waited.append(float(went[1]) / float(went[0]))  # type: ignore[arg-type]
+                                      events.append, seed=args.seed + seed_offset + k)
+        waited.extend(second_over_first([e.result for e in events]))
         strict = confirm.compared(measured, "latency_p50_ms", 0.0)
         usual = confirm.compared(measured, "latency_p50_ms", MIN_EFFECT)
         out.append((strict, usual) if strict and usual else None)
@@ -101,15 +101,31 @@ def row(name: str, results: Sequence[tuple[PairedComparison, PairedComparison] |
             f"| {rate([u.significant for _, u in done])} | {spread} |")
 
 
+def second_over_first(ran: Sequence[RunResult]) -> list[float]:
+    """Each pair built together (both held, in turn): the p50 of the one that waited for the
+    other's window over the other's."""
+    def held(result: RunResult) -> bool:
+        return result.ok and all("held_s" in i.metrics.get("setup", {}) for i in result.instances)
+
+    ratios, index = [], 0
+    while index + 1 < len(ran):
+        if held(ran[index]) and held(ran[index + 1]):
+            ratios.append(ran[index + 1].latency_p50_ms / ran[index].latency_p50_ms)
+            index += 2
+        else:
+            index += 1
+    return ratios
+
+
 def position_effect(ratios: Sequence[float]) -> str:
     """The A/A rounds' second run against their first: a line for the README."""
     if len(ratios) < 2:
-        return "position effect: too few A/A rounds"
+        return "position effect: too few A/A pairs built together"
     interval = stats.median_ci(sorted(ratios))
     p = scipy_stats.wilcoxon([r - 1.0 for r in ratios]).pvalue
-    return (f"position effect, A/A rounds: the second run's p50 over the first's, median {median(ratios):.4f} "
+    return (f"position effect, A/A pairs: the second run's p50 over the first's, median {median(ratios):.4f} "
             f"({interval.label} {interval.low:.4f}-{interval.high:.4f}), two-sided Wilcoxon p={p:.3g}, "
-            f"{len(ratios)} rounds")
+            f"{len(ratios)} pairs")
 
 
 def rate(hits: Sequence[bool]) -> str:
