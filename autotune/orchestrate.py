@@ -151,7 +151,8 @@ class _Run:
     unstarted: InstanceResult | None = None
 
     def built_s(self, start: float) -> float:
-        """Seconds from `start` until its last process said `built` (or now, if one did not)."""
+        """Seconds from `start` until its last process said `built` (or now, if one did not, as a
+        plan run alone never does: its turn is then the rest of its timeout)."""
         return max((c.built_at or time.monotonic() for c in self.children), default=start) - start
 
     def result(self, wall_s: float, window: _Window) -> RunResult:
@@ -175,8 +176,8 @@ def _run_group(plans: tuple[LaunchPlan, ...], timeout_s: float, env: Mapping[str
             if hold:
                 _build_together(runs, start + timeout_s, timeout_s)
             turn_start = start
-            for number, run in enumerate(runs):
-                deadline = start + timeout_s if number == 0 else time.monotonic() + timeout_s - run.built_s(start)
+            for run in runs:
+                deadline = time.monotonic() + timeout_s - run.built_s(start)  # its build and its turn
                 window = _turn(run, deadline, timeout_s, on_phase, hold) if not run.unstarted else (None, None)
                 _kill_all(run.children)
                 result = run.result(time.monotonic() - turn_start, window)
