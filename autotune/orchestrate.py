@@ -97,6 +97,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
 
 def run_series(plans: Sequence[LaunchPlan], timeout_s: float, parent_env: Mapping[str, str] | None = None,
                available_mb: Callable[[], float] = lambda: psutil.virtual_memory().available / 2**20,
+               on_phase: PhaseCallback = _ignore, expected_mb: Callable[[LaunchPlan], float | None] = lambda plan: None,
                ) -> Generator[RunResult, None, None]:
     """Each plan's result in turn, as `run_plan` gives it, building `SIDE_BY_SIDE` plans at a time
     where memory allows: their processes start together and build (imports, model, compiled
@@ -104,15 +105,16 @@ def run_series(plans: Sequence[LaunchPlan], timeout_s: float, parent_env: Mappin
     waits, idle, at the protocol's `built` step (see `autotune.child.worker`). A plan's `timeout_s`
     counts its building and its own turn, not the wait; its `wall_s` is from the later of the
     group's start and the previous plan's end to its exit, so the results' walls add up to the
-    series' wall. A plan runs alone until it has once succeeded, and plans are built together
-    only when their recorded peaks, added, fit in `MEMORY_SHARE` of `available_mb()`: a
-    configuration must not fail for want of the memory its neighbour holds."""
+    series' wall. Plans are built together only when their peaks, added, fit in `MEMORY_SHARE` of
+    `available_mb()`: a configuration must not fail for want of the memory its neighbour holds. A
+    plan's peak is the one it recorded when it once succeeded in this series, else
+    `expected_mb(plan)`; unknown (None), it runs alone. `on_phase` hears each plan's turn."""
     env = dict(os.environ if parent_env is None else parent_env)
     peaks: dict[str, float] = {}  # each plan's peak memory, once it succeeded
     first = 0
     while first < len(plans):
-        group = _next_group(plans[first:first + SIDE_BY_SIDE], peaks, available_mb)
-        with contextlib.closing(_run_group(group, timeout_s, env, _ignore)) as results:  # closed early: killed
+        group = _next_group(plans[first:first + SIDE_BY_SIDE], peaks, available_mb, expected_mb)
+        with contextlib.closing(_run_group(group, timeout_s, env, on_phase)) as results:  # closed early: killed
             for plan, result in zip(group, results, strict=True):
                 if result.ok:
                     peaks[_key(plan)] = max(result.peak_rss_mb, result.setup_peak_rss_mb)
@@ -127,12 +129,12 @@ def built_beside(processes: int, distinct: int) -> int:
     return rest - math.ceil(rest / SIDE_BY_SIDE)
 
 
-def _next_group(upcoming: Sequence[LaunchPlan], peaks: Mapping[str, float],
-                available_mb: Callable[[], float]) -> tuple[LaunchPlan, ...]:
-    """The next plans to build together: all of `upcoming` when each ran before and their peaks
-    fit in memory together, else the first alone."""
-    known = [peaks[key] for key in map(_key, upcoming) if key in peaks]
-    if len(upcoming) > 1 and len(known) == len(upcoming) and sum(known) <= MEMORY_SHARE * available_mb():
+def _next_group(upcoming: Sequence[LaunchPlan], peaks: Mapping[str, float], available_mb: Callable[[], float],
+                expected_mb: Callable[[LaunchPlan], float | None]) -> tuple[LaunchPlan, ...]:
+    """The next plans to build together: all of `upcoming` when each one's peak is known (it ran
+    before) or expected, and they fit in memory together; else the first alone."""
+    known = [peaks.get(_key(plan), expected_mb(plan)) for plan in upcoming]
+    if len(upcoming) > 1 and None not in known and sum(filter(None, known)) <= MEMORY_SHARE * available_mb():
         return tuple(upcoming)
     return tuple(upcoming[:1])
 
