@@ -153,24 +153,30 @@ def machine_recipes(table: Table) -> tuple[recipes.Recipe, ...]:
 
 
 Sampler = Callable[[int], optuna.samplers.BaseSampler]
-SAMPLERS: dict[str, tuple[Sampler, bool]] = {
-    # name: (sampler for a seed, recipes first)
-    "TPE as configured (multivariate, group, 8 startup)": (search_loop.sampler, False),
-    "TPE, Optuna defaults": (lambda seed: optuna.samplers.TPESampler(seed=seed), False),
-    "GPSampler": (lambda seed: optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False), False),
-    "random": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False),
-    "grid order": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False),  # replaced below
-    "experts first, then TPE as configured": (search_loop.sampler, True),
+SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
+    # name: (sampler for a seed, recipes first, trials proposed at a time)
+    "TPE as configured (multivariate, group, 8 startup)": (search_loop.sampler, False, 1),
+    "TPE, Optuna defaults": (lambda seed: optuna.samplers.TPESampler(seed=seed), False, 1),
+    "GPSampler": (lambda seed: optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False), False, 1),
+    "random": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False, 1),
+    "grid order": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False, 1),  # replaced below
+    "experts first, then TPE as configured": (search_loop.sampler, True, 1),
     "experts first, then TPE with 4 startup": (lambda seed: optuna.samplers.TPESampler(
-        multivariate=True, group=True, n_startup_trials=4, seed=seed), True),
+        multivariate=True, group=True, n_startup_trials=4, seed=seed), True, 1),
     "experts first, then GPSampler": (lambda seed: optuna.samplers.GPSampler(
-        seed=seed, warn_independent_sampling=False), True),
+        seed=seed, warn_independent_sampling=False), True, 1),
+    # The search claims two trials at a time (search_loop._run_claims): the second is proposed
+    # before the first's result, the first's configuration excluded; with the constant liar, TPE
+    # also counts the running trial as bad.
+    "experts first, then TPE as configured, two at a time": (search_loop.sampler, True, 2),
+    "experts first, then TPE as configured, two at a time, constant liar": (
+        lambda seed: search_loop.sampler(seed, constant_liar=True), True, 2),
 }
 
 
 def replay_once(table: Table, name: str, seed: int, trials: int) -> list[float]:
     """One replay: the incumbent's true value after each trial."""
-    make, experts = SAMPLERS[name]
+    make, experts, at_a_time = SAMPLERS[name]
     rng = random.Random(seed)
     with storage.quiet_optuna():
         study = optuna.create_study(sampler=make(seed))
@@ -178,23 +184,29 @@ def replay_once(table: Table, name: str, seed: int, trials: int) -> list[float]:
     order = table.space.configurations() or []
     measured: set[proposals.Identity] = set()
     best_seen, incumbent, curve = math.inf, math.inf, []
-    for number in range(min(trials, len(order))):
-        if name == "grid order":
-            config = order[number]
-            proposal: proposals.Proposal | None = proposals.Proposal(config, 1, table.space.params(config))
-        else:
-            proposal = proposer.next(study, study.get_trials(deepcopy=False), measured)
-        if proposal is None:
+    total = min(trials, len(order))
+    while len(curve) < total:
+        claimed: list[tuple[optuna.Trial, Config]] = []
+        for _ in range(min(at_a_time, total - len(curve))):
+            if name == "grid order":
+                config = order[len(curve)]
+                proposal: proposals.Proposal | None = proposals.Proposal(config, 1, table.space.params(config))
+            else:
+                proposal = proposer.next(study, study.get_trials(deepcopy=False), measured)
+            if proposal is None:
+                break
+            claimed.append(start_trial(study, table, proposal, measured))
+        if not claimed:
             break
-        trial, config = start_trial(study, table, proposal, measured)
-        value = table.observe(config, rng)
-        if math.isinf(value):
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        else:
-            study.tell(trial, value)
-        if value < best_seen:
-            best_seen, incumbent = value, table.true(config)
-        curve.append(incumbent)
+        for trial, config in claimed:
+            value = table.observe(config, rng)
+            if math.isinf(value):
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(trial, value)
+            if value < best_seen:
+                best_seen, incumbent = value, table.true(config)
+            curve.append(incumbent)
     return curve
 
 
