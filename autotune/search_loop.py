@@ -393,9 +393,6 @@ def _run_claims(search: Search, machine: Machine, claims: Sequence[fleet.Claimed
         guards = [held.enter_context(_guarded(search, claimed)) for claimed in claims]
         on_event(TrialEvent("start", finished=_patiently(search, lambda: records.finished(search.study)),
                             elapsed_s=time.monotonic() - start, **_event_fields(search, claims[0])))
-        reference = None
-        if any(claimed.proposal != "baseline" for claimed in claims):
-            reference = _host_baseline(search, machine, runners.run)
         prepared = [_prepare(search, machine, claimed) for claimed in claims]
         plans = [p.first for p in prepared if isinstance(p, _Planned)]
         first_runs = held.enter_context(contextlib.closing(  # closed early: its processes are killed
@@ -406,7 +403,7 @@ def _run_claims(search: Search, machine: Machine, claims: Sequence[fleet.Claimed
                 on_event(TrialEvent("start", finished=_patiently(search, lambda: records.finished(search.study)),
                                     elapsed_s=time.monotonic() - start, **_event_fields(search, claimed)))
             try:
-                outcome = _run_trial(search, claimed, ready, reference, start, on_event,
+                outcome = _run_trial(search, machine, claimed, ready, start, on_event, runners.run,
                                      _first_from(first_runs, runners.run))
             except optuna.exceptions.UpdateFinishedTrialError:
                 if not _taken_over(search, claimed, start, on_event):
@@ -478,12 +475,16 @@ def _patiently(search: Search, action: Callable[[], T]) -> T:
     return storage.patiently(search.storage, action)
 
 
-def _run_trial(search: Search, claimed: fleet.Claimed, ready: _Planned | Outcome, reference: dict[str, float] | None,
-               start: float, on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> Outcome:
-    study, trial = search.study, claimed.trial
+def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, ready: _Planned | Outcome, start: float,
+               on_event: Callable[[TrialEvent], None], alone: PlanRunner, runner: PlanRunner) -> Outcome:
+    """Measure a prepared trial with `runner` (its first process may be built already) and record
+    it. The reference is this host's baseline, measured `alone` first when the host has none: the
+    study's baseline, when it is the other trial of the pair, ran and was stored before."""
+    study, trial, is_baseline = search.study, claimed.trial, claimed.proposal == "baseline"
+    reference = None if is_baseline else _host_baseline(search, machine, alone)
     outcome = _measure(search, trial, ready, runner) if isinstance(ready, _Planned) else ready
-    _store(search, trial, outcome, None if claimed.proposal == "baseline" else reference)
-    if claimed.proposal == "baseline" and outcome.state != TrialState.COMPLETE:
+    _store(search, trial, outcome, reference)
+    if is_baseline and outcome.state != TrialState.COMPLETE:
         raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
                         f"tune; try `autotune bench --model {search.request.model}` to see why")
     finished, best = _patiently(search, lambda: (records.finished(study), records.best_trials(study)))

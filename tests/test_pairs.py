@@ -64,6 +64,9 @@ def test_trials_are_claimed_two_at_a_time_and_each_measured_in_its_turn(tmp_path
         before = earlier.setdefault(trial.user_attrs["config"], trial)
         assert before is trial or records.fail_cause(before) == records.KILLED, (before.number, trial.number)
     assert [c["running"] for c in fake.calls] == [[0, 1], [2, 3], [4, 5], [6]]  # 7 trials, not 8
+    # Trial 1's reference is the study's baseline, run in its pair's first turn: no extra one.
+    assert not [key for key in opened.study.user_attrs if key.startswith("host_baseline")]
+    assert all(t.user_attrs["speedup_latency"] > 0 for t in trials if t.state == TrialState.COMPLETE)
     assert [c["configs"] for c in fake.calls] == [configs[0:2], configs[2:4], configs[4:6], configs[6:7]]
     # Each trial recorded its own run: mkldnn crashes in the fake, every other configuration runs.
     for trial in trials:
