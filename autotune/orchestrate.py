@@ -105,7 +105,8 @@ def run_series(plans: Sequence[LaunchPlan], timeout_s: float, parent_env: Mappin
     waits, idle, at the protocol's `built` step (see `autotune.child.worker`). A plan's `timeout_s`
     counts its building and its own turn, not the wait; its `wall_s` is from the later of the
     group's start and the previous plan's end to its exit, so the results' walls add up to the
-    series' wall. Plans are built together only when their peaks, added, fit in `MEMORY_SHARE` of
+    series' wall; its `busy_s`, when it was held, is its build and its turn, what it would have
+    taken alone. Plans are built together only when their peaks, added, fit in `MEMORY_SHARE` of
     `available_mb()`: a configuration must not fail for want of the memory its neighbour holds. A
     plan's peak is the one it recorded when it once succeeded in this series, else
     `expected_mb(plan)`; unknown (None), it runs alone. `on_phase` hears each plan's turn."""
@@ -179,10 +180,13 @@ def _run_group(plans: tuple[LaunchPlan, ...], timeout_s: float, env: Mapping[str
                 _build_together(runs, start + timeout_s, timeout_s)
             turn_start = start
             for run in runs:
-                deadline = time.monotonic() + timeout_s - run.built_s(start)  # its build and its turn
+                released, built_s = time.monotonic(), run.built_s(start)
+                deadline = released + timeout_s - built_s  # its build and its turn
                 window = _turn(run, deadline, timeout_s, on_phase, hold) if not run.unstarted else (None, None)
                 _kill_all(run.children)
                 result = run.result(time.monotonic() - turn_start, window)
+                if hold:  # its build and its turn, not its wait between them
+                    result = dataclasses.replace(result, busy_s=built_s + time.monotonic() - released)
                 turn_start = time.monotonic()
                 yield result
         finally:

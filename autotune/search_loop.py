@@ -323,7 +323,9 @@ class _Runners:
     process_peak_mb: float | None = None
 
     def side_by_side(self) -> int:
-        return orchestrate.SIDE_BY_SIDE if self.series is not None else 1
+        """Trials claimed at a time: one before any process succeeded (its memory unknown, the
+        next would run alone anyway, and proposing it before the result only costs the sampler)."""
+        return orchestrate.SIDE_BY_SIDE if self.series is not None and self.process_peak_mb is not None else 1
 
     def first_runs(self, plans: Sequence[LaunchPlan], timeout_s: float) -> Generator[RunResult, None, None]:
         if self.series is None:
@@ -402,9 +404,9 @@ def _run_claims(search: Search, machine: Machine, claims: Sequence[fleet.Claimed
             if index:
                 on_event(TrialEvent("start", finished=_patiently(search, lambda: records.finished(search.study)),
                                     elapsed_s=time.monotonic() - start, **_event_fields(search, claimed)))
+            runner = _FirstFrom(first_runs, runners.run)
             try:
-                outcome = _run_trial(search, machine, claimed, ready, start, on_event, runners.run,
-                                     _first_from(first_runs, runners.run))
+                outcome = _run_trial(search, machine, claimed, ready, start, on_event, runners.run, runner)
             except optuna.exceptions.UpdateFinishedTrialError:
                 if not _taken_over(search, claimed, start, on_event):
                     raise
@@ -412,8 +414,11 @@ def _run_claims(search: Search, machine: Machine, claims: Sequence[fleet.Claimed
                 continue
             guard.close()
             runners.learn(outcome.measurement)
-            spent.append(_spent(search.request, clock() - trial_began, outcome, claimed.proposal == "baseline",
-                                claimed.trial.number))
+            # The time budget prices the confirmation's processes from what each trial would have
+            # taken alone (it counts the confirmation's own pairs apart); the trials' pace is
+            # the elapsed wall.
+            spent.append(_spent(search.request, clock() - trial_began + runner.alone_shift_s(), outcome,
+                                claimed.proposal == "baseline", claimed.trial.number))
 
 
 @contextlib.contextmanager
@@ -426,19 +431,26 @@ def _guarded(search: Search, claimed: fleet.Claimed) -> Iterator[contextlib.Exit
         yield guard
 
 
-def _first_from(first_runs: Iterator[RunResult], runner: PlanRunner) -> PlanRunner:
-    """A runner whose first call takes the next of the series' results (the trial's first process,
-    already started), and whose later calls run alone."""
-    taken = False
+@dataclass
+class _FirstFrom:
+    """A trial's runner: its first call takes the next of the series' results (the trial's first
+    process, perhaps built beside the other trial's), later calls run `alone`."""
 
-    def run(plan: LaunchPlan, timeout_s: float) -> RunResult:
-        nonlocal taken
-        if taken:
-            return runner(plan, timeout_s)
-        taken = True
-        return next(first_runs)
+    first_runs: Iterator[RunResult]
+    alone: PlanRunner
+    first: RunResult | None = None
 
-    return run
+    def __call__(self, plan: LaunchPlan, timeout_s: float) -> RunResult:
+        if self.first is not None:
+            return self.alone(plan, timeout_s)
+        self.first = next(self.first_runs)
+        return self.first
+
+    def alone_shift_s(self) -> float:
+        """What the trial's wall misses of what it would have taken alone: its first process's
+        build before its share of the series' wall began, less its wait for its turn within it."""
+        first = self.first
+        return 0.0 if first is None or first.busy_s is None else first.busy_s - first.wall_s
 
 
 def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:

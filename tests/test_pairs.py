@@ -63,11 +63,12 @@ def test_trials_are_claimed_two_at_a_time_and_each_measured_in_its_turn(tmp_path
     for trial in trials:  # each configuration once: only a killed one runs again (records.KILLED_RERUNS)
         before = earlier.setdefault(trial.user_attrs["config"], trial)
         assert before is trial or records.fail_cause(before) == records.KILLED, (before.number, trial.number)
-    assert [c["running"] for c in fake.calls] == [[0, 1], [2, 3], [4, 5], [6]]  # 7 trials, not 8
-    # Trial 1's reference is the study's baseline, run in its pair's first turn: no extra one.
+    # The baseline alone (nothing is known of the memory before it), then pairs.
+    assert [c["running"] for c in fake.calls] == [[0], [1, 2], [3, 4], [5, 6]]
+    # The others' reference is the study's baseline: no extra one is measured.
     assert not [key for key in opened.study.user_attrs if key.startswith("host_baseline")]
     assert all(t.user_attrs["speedup_latency"] > 0 for t in trials if t.state == TrialState.COMPLETE)
-    assert [c["configs"] for c in fake.calls] == [configs[0:2], configs[2:4], configs[4:6], configs[6:7]]
+    assert [c["configs"] for c in fake.calls] == [configs[0:1], configs[1:3], configs[3:5], configs[5:7]]
     # Each trial recorded its own run: mkldnn crashes in the fake, every other configuration runs.
     for trial in trials:
         crashed = "mkldnn=on" in trial.user_attrs["config"]
@@ -77,23 +78,42 @@ def test_trials_are_claimed_two_at_a_time_and_each_measured_in_its_turn(tmp_path
 def test_a_new_configuration_is_expected_to_hold_twice_the_largest_peak_so_far(tmp_path: Path,
                                                                               here: Machine) -> None:
     _, fake = searched(tmp_path, here, trials=4)
-    # Nothing succeeded before the first pair: both run alone. The fake's processes peak at 600 MB
+    # Nothing succeeded before the baseline: it runs alone. The fake's processes peak at 600 MB
     # while building (500 serving), so later configurations are expected to hold 1200 MB each.
-    assert fake.calls[0]["expected"] == [None, None]
+    assert fake.calls[0]["expected"] == [None]
     assert fake.calls[1]["expected"] == [search_loop.UNSEEN_HEADROOM * 600.0] * 2
 
 
 def test_an_interrupted_pair_records_the_first_trial_and_fails_the_second(tmp_path: Path, here: Machine) -> None:
     opened = search_loop.open_search(request(tmp_path, 6), here)
-    fake = FakeSeries(lambda: opened.study, stop_at=3)  # the second trial of the second pair
+    fake = FakeSeries(lambda: opened.study, stop_at=4)  # the second trial of the second pair
     with pytest.raises(KeyboardInterrupt):
         search_loop.run_search(opened, here, lambda event: None, runner=fake_runner, series=fake)
     trials = opened.study.get_trials()
-    assert [t.state.is_finished() for t in trials] == [True] * 4  # nothing left running
-    assert trials[2].user_attrs["config"] == fake.calls[1]["configs"][0]  # measured and kept
-    assert trials[2].state != TrialState.FAIL or records.fail_cause(trials[2]) != records.CUT_SHORT
-    assert trials[3].state == TrialState.FAIL and records.fail_cause(trials[3]) == records.CUT_SHORT
-    assert "Ctrl-C" in trials[3].user_attrs["fail_reason"]
+    assert [t.state.is_finished() for t in trials] == [True] * 5  # nothing left running
+    assert trials[3].user_attrs["config"] == fake.calls[2]["configs"][0]  # measured and kept
+    assert trials[3].state != TrialState.FAIL or records.fail_cause(trials[3]) != records.CUT_SHORT
+    assert trials[4].state == TrialState.FAIL and records.fail_cause(trials[4]) == records.CUT_SHORT
+    assert "Ctrl-C" in trials[4].user_attrs["fail_reason"]
+
+
+def test_the_budget_prices_a_paired_trial_as_if_its_first_process_ran_alone() -> None:
+    def alone(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        return RunResult(True, "", (), 3.0)
+
+    # The second of a pair: 4 s of its share of the wall, built for 6 s before it began.
+    runner = search_loop._FirstFrom(iter([RunResult(True, "", (), 4.0, busy_s=10.0)]), alone)
+    assert runner.alone_shift_s() == 0.0  # nothing ran yet
+    first = runner(None, 60.0)  # type: ignore[arg-type]
+    assert first.wall_s == 4.0 and runner(None, 60.0).wall_s == 3.0  # type: ignore[arg-type]
+    assert runner.alone_shift_s() == 6.0
+    # The first of a pair waited 2 s for the other's build; a run alone shifts nothing.
+    waited = search_loop._FirstFrom(iter([RunResult(True, "", (), 9.0, busy_s=7.0)]), alone)
+    waited(None, 60.0)  # type: ignore[arg-type]
+    assert waited.alone_shift_s() == -2.0
+    lone = search_loop._FirstFrom(iter([RunResult(True, "", (), 9.0)]), alone)
+    lone(None, 60.0)  # type: ignore[arg-type]
+    assert lone.alone_shift_s() == 0.0
 
 
 def test_a_trial_is_claimed_ahead_only_when_the_budget_holds_both() -> None:

@@ -194,6 +194,11 @@ def test_a_series_builds_two_plans_together_and_measures_each_alone() -> None:
     assert _setup(third, "released_at") >= _window(second)["end"]  # its turn came after the other's window
     assert _window(third)["start"] > _window(second)["end"]
     assert sum(r.wall_s for r in results) == pytest.approx(elapsed, abs=0.3)  # the walls add up
+    # What each would have taken alone: the first alone is its wall; in the pair the first waited
+    # for the other's build within its wall, the second built before its wall began.
+    assert first.busy_s is None
+    assert second.busy_s is not None and second.busy_s <= second.wall_s + 0.05
+    assert third.busy_s is not None and third.busy_s >= third.wall_s + 0.8  # its build of 1 s
     assert elapsed < 3 * 1.0 + 2.0  # two builds of 1 s overlapped
     assert no_children_left()
 

@@ -55,6 +55,10 @@ def test_search_makes_a_study_whose_trial_zero_is_the_baseline(
     assert study.user_attrs["created_by"].startswith("autotune search --model resnet18")
     assert "trial   0 [1/4]" in proc.stderr and "baseline (PyTorch defaults)" in proc.stderr
     assert "Best trials of study resnet18-bs1-latency" in proc.stdout
+    # The baseline ran alone (no memory known before it succeeded); trials 1 and 2 were claimed
+    # together, trial 2 built beside trial 1 and waited, built, for trial 1's turn; trial 3 alone.
+    held = [max(float(i["setup"].get("held_s", 0.0)) for i in t.user_attrs["instances"]) for t in trials]
+    assert held[0] == held[3] == 0.0 and held[2] > 0.5, held
 
 
 def test_search_ends_with_a_stored_confirmation(searched: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
