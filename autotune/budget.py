@@ -122,16 +122,13 @@ class TimeBudget:
         return baseline_s, chosen if chosen is not None else (median(every) if every else baseline_s)
 
     def check(self, elapsed_s: float, trials: Sequence[Spent], finished: int,
-              prior_trial_s: float | None, candidates: Collection[int] = (), ahead: int = 0) -> dict[str, Any] | None:
-        """None while another trial fits after the `ahead` trials already claimed and not yet run;
-        else what ended the search, as the study records it. Without an estimate of a trial yet,
-        the next one starts, but none is claimed ahead of it."""
+              prior_trial_s: float | None, candidates: Collection[int] = ()) -> dict[str, Any] | None:
+        """None while another trial fits; else what ended the search, as the study records it."""
         trial_s = elapsed_s / len(trials) if trials else prior_trial_s
         if trial_s is None:
-            return None if not ahead else {"by": "time budget", "budget_s": round(self.seconds, 1),
-                                           "elapsed_s": round(elapsed_s, 1), "trial_estimate_s": None}
-        processes, reserve = self.reserve(trials, finished + ahead, trial_s, candidates)
-        if elapsed_s + (1 + ahead) * trial_s + reserve <= self.seconds:
+            return None
+        processes, reserve = self.reserve(trials, finished, trial_s, candidates)
+        if elapsed_s + trial_s + reserve <= self.seconds:
             return None
         return {"by": "time budget", "budget_s": round(self.seconds, 1), "elapsed_s": round(elapsed_s, 1),
                 "trial_estimate_s": round(trial_s, 1), "confirmation_reserve_s": round(reserve, 1),

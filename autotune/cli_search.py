@@ -5,9 +5,7 @@ Each is its flags and one call; `autotune.cli` puts them on the `autotune` group
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -97,8 +95,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
             display.err.print(f"note: {note}", markup=False)
         progress = display.SearchProgress(request.objective, replicates=replicates, warm=warm_replicates)
         try:
-            stopped = search_loop.run_search(opened, here, progress, _reporting(progress),
-                                             series=_reporting_series(progress))
+            stopped = search_loop.run_search(opened, here, progress, _reporting(progress))
         finally:
             progress.close()
         if stopped:
@@ -135,20 +132,6 @@ def _reporting(progress: display.SearchProgress) -> Any:
         return run_plan(plan, timeout_s, on_phase=progress.phase)
 
     return run
-
-
-def _reporting_series(progress: display.SearchProgress) -> Any:
-    """The search's series of trials' first processes (`orchestrate.run_series`), telling the
-    progress line each plan's turn and its processes' phases."""
-    from autotune.orchestrate import run_series
-
-    def series(plans: Sequence[LaunchPlan], timeout_s: float, expected_mb: Any) -> Any:
-        with contextlib.closing(run_series(plans, timeout_s, on_phase=progress.phase, expected_mb=expected_mb)) as runs:
-            for _ in plans:
-                progress.run_started()
-                yield next(runs)
-
-    return series
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:

@@ -97,7 +97,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] |
 
 def run_series(plans: Sequence[LaunchPlan], timeout_s: float, parent_env: Mapping[str, str] | None = None,
                available_mb: Callable[[], float] = lambda: psutil.virtual_memory().available / 2**20,
-               on_phase: PhaseCallback = _ignore, expected_mb: Callable[[LaunchPlan], float | None] = lambda plan: None,
+               expected_mb: Callable[[LaunchPlan], float | None] = lambda plan: None,
                ) -> Generator[RunResult, None, None]:
     """Each plan's result in turn, as `run_plan` gives it, building `SIDE_BY_SIDE` plans at a time
     where memory allows: their processes start together and build (imports, model, compiled
@@ -105,17 +105,16 @@ def run_series(plans: Sequence[LaunchPlan], timeout_s: float, parent_env: Mappin
     waits, idle, at the protocol's `built` step (see `autotune.child.worker`). A plan's `timeout_s`
     counts its building and its own turn, not the wait; its `wall_s` is from the later of the
     group's start and the previous plan's end to its exit, so the results' walls add up to the
-    series' wall; its `busy_s`, when it was held, is its build and its turn, what it would have
-    taken alone. Plans are built together only when their peaks, added, fit in `MEMORY_SHARE` of
+    series' wall. Plans are built together only when their peaks, added, fit in `MEMORY_SHARE` of
     `available_mb()`: a configuration must not fail for want of the memory its neighbour holds. A
     plan's peak is the one it recorded when it once succeeded in this series, else
-    `expected_mb(plan)`; unknown (None), it runs alone. `on_phase` hears each plan's turn."""
+    `expected_mb(plan)` (a benchmark's knowledge); unknown (None, the default), it runs alone."""
     env = dict(os.environ if parent_env is None else parent_env)
     peaks: dict[str, float] = {}  # each plan's peak memory, once it succeeded
     first = 0
     while first < len(plans):
         group = _next_group(plans[first:first + SIDE_BY_SIDE], peaks, available_mb, expected_mb)
-        with contextlib.closing(_run_group(group, timeout_s, env, on_phase)) as results:  # closed early: killed
+        with contextlib.closing(_run_group(group, timeout_s, env, _ignore)) as results:  # closed early: killed
             for plan, result in zip(group, results, strict=True):
                 if result.ok:
                     peaks[_key(plan)] = max(result.peak_rss_mb, result.setup_peak_rss_mb)
@@ -180,13 +179,10 @@ def _run_group(plans: tuple[LaunchPlan, ...], timeout_s: float, env: Mapping[str
                 _build_together(runs, start + timeout_s, timeout_s)
             turn_start = start
             for run in runs:
-                released, built_s = time.monotonic(), run.built_s(start)
-                deadline = released + timeout_s - built_s  # its build and its turn
+                deadline = time.monotonic() + timeout_s - run.built_s(start)  # its build and its turn
                 window = _turn(run, deadline, timeout_s, on_phase, hold) if not run.unstarted else (None, None)
                 _kill_all(run.children)
                 result = run.result(time.monotonic() - turn_start, window)
-                if hold:  # its build and its turn, not its wait between them
-                    result = dataclasses.replace(result, busy_s=built_s + time.monotonic() - released)
                 turn_start = time.monotonic()
                 yield result
         finally:

@@ -155,14 +155,6 @@ def _utilization(runs: Sequence[RunResult]) -> float:
     return median(shares) if shares else 0.0
 
 
-def first_plan(plan: LaunchPlan, policy: ReplicatePolicy, give_up_above_ms: Sequence[float] = ()) -> LaunchPlan:
-    """What `measure_replicates` runs first: every replicate as a window of one process (in
-    process), or the first of the fresh processes."""
-    if policy.in_process and policy.replicates > 1:
-        return stretched(plan, policy.replicates, give_up_above_ms)
-    return plan
-
-
 def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRunner,
             after_each: Callable[[int, RunResult, bool], bool] = lambda i, r, more: False,
             give_up_above_ms: Sequence[float] = ()) -> Measurement:
@@ -174,7 +166,7 @@ def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRu
     runs: list[RunResult] = []
     limit = policy.replicates
     if policy.in_process and limit > 1:
-        run = runner(first_plan(plan, policy, give_up_above_ms), policy.timeout_s)
+        run = runner(stretched(plan, limit, give_up_above_ms), policy.timeout_s)
         runs.extend(run.parts(limit))
         if not run.ok:
             return Measurement(tuple(runs))

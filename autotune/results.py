@@ -35,10 +35,6 @@ class RunResult:
     instances: tuple[InstanceResult, ...]
     wall_s: float
     noise: Mapping[str, float] = field(default_factory=dict)
-    # Seconds its processes built or measured, from their start to their exit, less any wait for
-    # their turn (a series builds two plans side by side, `orchestrate.run_series`): what it would
-    # have taken alone. None: wall_s, it ran alone.
-    busy_s: float | None = None
 
     @property
     def latency_p50_ms(self) -> float:

@@ -1,10 +1,8 @@
 """The search: open a study for a request, then ask Optuna for configurations, measure each once,
 and tell it the result; the first trial is the baseline (PyTorch's defaults).
 
-On one machine trials are measured one after another (timings need the machine to themselves);
-the search claims two at a time so that the second's process builds while the first's does, then
-waits idle for its turn (`_run_claims`). On a database server several machines are workers of one
-study, each claiming its next trials (fleet.py).
+On one machine trials run one after another (timings need the machine to themselves); on a
+database server several machines are workers of one study, each claiming its next trial (fleet.py).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -21,20 +19,7 @@ from typing import Any, Literal, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import (
-    budget,
-    confirm,
-    fleet,
-    models,
-    orchestrate,
-    planning,
-    proposals,
-    pruning,
-    recipes,
-    records,
-    space,
-    storage,
-)
+from autotune import budget, confirm, fleet, models, planning, proposals, pruning, recipes, records, space, storage
 from autotune.errors import AutotuneError, RunFailed
 from autotune.knobs import Config
 from autotune.launch import LaunchPlan, MeasureSettings
@@ -50,7 +35,7 @@ from autotune.machine import (
 )
 from autotune.objectives import OBJECTIVES, Objective, parse_objective, values_of
 from autotune.orchestrate import run_plan
-from autotune.replicates import Measurement, PlanRunner, ReplicatePolicy, first_plan, measure_replicates
+from autotune.replicates import Measurement, PlanRunner, ReplicatePolicy, measure_replicates
 from autotune.results import RunResult
 from autotune.storage import StudyError, StudyLocked
 
@@ -58,14 +43,6 @@ MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAX
 DIRECTIONS: dict[Objective, list[optuna.study.StudyDirection]] = {
     "latency": [MIN], "throughput": [MAX], "both": [MIN, MAX]}
 STARTUP_TRIALS = 8  # random trials before TPE models the space
-# A configuration not run yet may hold this many times the largest peak memory of a process so far
-# (per process), when two trials are built side by side. resnext101's recorded peaks ranged 1.0-2.5
-# GB a process across a search, the defaults' at the low end (README, "What a search costs").
-UNSEEN_HEADROOM = 2.0
-# Runs trials' first processes in turn (`orchestrate.run_series`), given what a plan not run yet is
-# expected to hold at its peak (None: unknown, it runs alone); a fake's series in tests.
-TrialSeries = Callable[[Sequence[LaunchPlan], float, Callable[[LaunchPlan], float | None]],
-                       Generator[RunResult, None, None]]
 T = TypeVar("T")
 # The option behind each recorded measurement setting (the others are the machine and torch).
 SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
@@ -284,14 +261,11 @@ def sampler(seed: int | None, constant_liar: bool = False) -> optuna.samplers.Ba
 
 
 def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],
-               runner: PlanRunner = run_plan, clock: Callable[[], float] = time.monotonic,
-               series: TrialSeries | None = None) -> str:
+               runner: PlanRunner = run_plan, clock: Callable[[], float] = time.monotonic) -> str:
     """Run trials until the study holds `--trials` finished ones, each a configuration not measured
     before; the first is the baseline, then the experts' recipes. Returns why it stopped early
     ("" when it ran them all): every configuration of the space has run, or the time budget has no
-    room for another trial (`clock` measures it). `runner` runs every process alone; with `series`
-    (`orchestrate.run_series`) trials are claimed two at a time and their first processes built
-    side by side, each measured alone (`_run_claims`)."""
+    room for another trial (`clock` measures it)."""
     start = time.monotonic()
     before = _patiently(search, lambda: records.finished(search.study))
 
@@ -301,7 +275,7 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
                 records.account(search.study, time.monotonic() - start)
 
     try:
-        stopped = _trials(search, machine, on_event, _Runners(runner, series), start, clock)
+        stopped = _trials(search, machine, on_event, runner, start, clock)
     except StudyLocked:
         raise  # nothing can be written now
     except BaseException:
@@ -312,145 +286,39 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
     return stopped
 
 
-@dataclass
-class _Runners:
-    """How the search runs processes: one alone (`run`), or a series of trials' first processes
-    built side by side (`series`, None: one by one through `run`); and the largest peak memory a
-    process of this search held so far, for the series' guess of a new configuration's."""
-
-    run: PlanRunner
-    series: TrialSeries | None
-    process_peak_mb: float | None = None
-
-    def side_by_side(self) -> int:
-        """Trials claimed at a time: one before any process succeeded (its memory unknown, the
-        next would run alone anyway, and proposing it before the result only costs the sampler)."""
-        return orchestrate.SIDE_BY_SIDE if self.series is not None and self.process_peak_mb is not None else 1
-
-    def first_runs(self, plans: Sequence[LaunchPlan], timeout_s: float) -> Generator[RunResult, None, None]:
-        if self.series is None:
-            return (self.run(plan, timeout_s) for plan in plans)
-        return self.series(plans, timeout_s, self.expected_mb)
-
-    def expected_mb(self, plan: LaunchPlan) -> float | None:
-        """A configuration not run yet is guessed to hold `UNSEEN_HEADROOM` times the largest peak
-        of any process so far, per process; None (run it alone) before any succeeded."""
-        if self.process_peak_mb is None:
-            return None
-        return UNSEEN_HEADROOM * self.process_peak_mb * len(plan.instances)
-
-    def learn(self, measurement: Measurement | None) -> None:
-        for run in measurement.runs if measurement is not None and measurement.ok else ():
-            peak = max(run.peak_rss_mb, run.setup_peak_rss_mb) / max(len(run.instances), 1)
-            self.process_peak_mb = max(self.process_peak_mb or 0.0, peak)
-
-
-def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None], runners: _Runners,
+def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None], runner: PlanRunner,
             start: float, clock: Callable[[], float]) -> str:
     study = search.study
     began, prior = clock(), _patiently(search, lambda: records.wall_per_trial(study))
     spent: list[budget.Spent] = []
     while (finished := _patiently(search, lambda: records.finished(study))) < search.request.trials:
-        claims: list[fleet.Claimed] = []
-        for ahead in range(min(runners.side_by_side(), search.request.trials - finished)):
-            ended = _budget_end(search, clock() - began, spent, finished, prior, ahead)
-            claimed = fleet.claim(search.worker()) if ended is None else None
-            if not isinstance(claimed, fleet.Claimed):
-                break
-            claims.append(claimed)
-        if claims:
-            _run_claims(search, machine, claims, start, on_event, runners, clock, spent)
-        elif ended is not None:
+        limit = _time_budget(search.request)
+        ended = None
+        if limit:
+            chosen = _patiently(search, lambda: _candidates(search))
+            ended = limit.check(clock() - began, spent, finished, prior, chosen)
+        if ended is not None:
             _patiently(search, functools.partial(records.record_end, study, ended))
             return budget.message(ended, records.finished(study))
-        elif claimed == "taken":
+        claimed = fleet.claim(search.worker())
+        if claimed == "taken":
             break  # the other workers run the trials left
-        else:
+        if claimed is None:
             _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
                     f"baseline included); widen the space (--space) to search further")
+        trial_began = clock()
+        try:
+            with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):
+                outcome = _run_trial(search, machine, claimed, start, on_event, runner)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            if not _taken_over(search, claimed, start, on_event):
+                raise
+            continue
+        spent.append(_spent(search.request, clock() - trial_began, outcome, claimed.proposal == "baseline",
+                            claimed.trial.number))
     _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
     return ""
-
-
-def _budget_end(search: Search, elapsed_s: float, spent: Sequence[budget.Spent], finished: int,
-                prior: float | None, ahead: int) -> dict[str, Any] | None:
-    """What ends the search for the time budget (None: another trial fits after the `ahead`
-    trials already claimed)."""
-    limit = _time_budget(search.request)
-    if limit is None:
-        return None
-    chosen = _patiently(search, lambda: _candidates(search))
-    return limit.check(elapsed_s, spent, finished, prior, chosen, ahead)
-
-
-def _run_claims(search: Search, machine: Machine, claims: Sequence[fleet.Claimed], start: float,
-                on_event: Callable[[TrialEvent], None], runners: _Runners, clock: Callable[[], float],
-                spent: list[budget.Spent]) -> None:
-    """Measure the claimed trials in order. Their first processes are started together by the
-    series (built side by side where memory allows, each measured alone); the rest of a trial's
-    processes (a re-measure) run alone in its turn. Each trial is guarded from its claim to its
-    end: whatever stops the search fails every one not finished, with the reason."""
-    with contextlib.ExitStack() as held:
-        guards = [held.enter_context(_guarded(search, claimed)) for claimed in claims]
-        on_event(TrialEvent("start", finished=_patiently(search, lambda: records.finished(search.study)),
-                            elapsed_s=time.monotonic() - start, **_event_fields(search, claims[0])))
-        prepared = [_prepare(search, machine, claimed) for claimed in claims]
-        plans = [p.first for p in prepared if isinstance(p, _Planned)]
-        first_runs = held.enter_context(contextlib.closing(  # closed early: its processes are killed
-            runners.first_runs(plans, search.request.replicates.timeout_s)))
-        for index, (claimed, guard, ready) in enumerate(zip(claims, guards, prepared, strict=True)):
-            trial_began = clock()
-            if index:
-                on_event(TrialEvent("start", finished=_patiently(search, lambda: records.finished(search.study)),
-                                    elapsed_s=time.monotonic() - start, **_event_fields(search, claimed)))
-            runner = _FirstFrom(first_runs, runners.run)
-            try:
-                outcome = _run_trial(search, machine, claimed, ready, start, on_event, runners.run, runner)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                if not _taken_over(search, claimed, start, on_event):
-                    raise
-                guard.close()
-                continue
-            guard.close()
-            runners.learn(outcome.measurement)
-            # The time budget prices the confirmation's processes from what each trial would have
-            # taken alone (it counts the confirmation's own pairs apart); the trials' pace is
-            # the elapsed wall.
-            spent.append(_spent(search.request, clock() - trial_began + runner.alone_shift_s(), outcome,
-                                claimed.proposal == "baseline", claimed.trial.number))
-
-
-@contextlib.contextmanager
-def _guarded(search: Search, claimed: fleet.Claimed) -> Iterator[contextlib.ExitStack]:
-    """While the trial runs: its heartbeat, and never left running (`fleet.never_left_running`).
-    Closing the yielded stack ends both once the trial has ended."""
-    with contextlib.ExitStack() as guard:
-        guard.enter_context(fleet.never_left_running(search.worker(), claimed.trial))
-        guard.enter_context(storage.heartbeat(search.study, claimed.trial))
-        yield guard
-
-
-@dataclass
-class _FirstFrom:
-    """A trial's runner: its first call takes the next of the series' results (the trial's first
-    process, perhaps built beside the other trial's), later calls run `alone`."""
-
-    first_runs: Iterator[RunResult]
-    alone: PlanRunner
-    first: RunResult | None = None
-
-    def __call__(self, plan: LaunchPlan, timeout_s: float) -> RunResult:
-        if self.first is not None:
-            return self.alone(plan, timeout_s)
-        self.first = next(self.first_runs)
-        return self.first
-
-    def alone_shift_s(self) -> float:
-        """What the trial's wall misses of what it would have taken alone: its first process's
-        build before its share of the series' wall began, less its wait for its turn within it."""
-        first = self.first
-        return 0.0 if first is None or first.busy_s is None else first.busy_s - first.wall_s
 
 
 def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
@@ -487,21 +355,22 @@ def _patiently(search: Search, action: Callable[[], T]) -> T:
     return storage.patiently(search.storage, action)
 
 
-def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, ready: _Planned | Outcome, start: float,
-               on_event: Callable[[TrialEvent], None], alone: PlanRunner, runner: PlanRunner) -> Outcome:
-    """Measure a prepared trial with `runner` (its first process may be built already) and record
-    it. The reference is this host's baseline, measured `alone` first when the host has none: the
-    study's baseline, when it is the other trial of the pair, ran and was stored before."""
-    study, trial, is_baseline = search.study, claimed.trial, claimed.proposal == "baseline"
-    reference = None if is_baseline else _host_baseline(search, machine, alone)
-    outcome = _measure(search, trial, ready, runner) if isinstance(ready, _Planned) else ready
+def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: float,
+               on_event: Callable[[TrialEvent], None], runner: PlanRunner) -> Outcome:
+    study, trial, proposal, config, batch = search.study, claimed.trial, claimed.proposal, claimed.config, claimed.batch
+    is_baseline = proposal == "baseline"
+    event = _event_fields(search, claimed)
+    finished = _patiently(search, lambda: records.finished(study))
+    on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
+    reference = None if is_baseline else _host_baseline(search, machine, runner)
+    outcome = _measure(search, machine, trial, config, batch, runner)
     _store(search, trial, outcome, reference)
     if is_baseline and outcome.state != TrialState.COMPLETE:
         raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
                         f"tune; try `autotune bench --model {search.request.model}` to see why")
     finished, best = _patiently(search, lambda: (records.finished(study), records.best_trials(study)))
     on_event(TrialEvent("done", finished=finished, elapsed_s=time.monotonic() - start,
-                        outcome=outcome, best=best[0] if best else None, **_event_fields(search, claimed)))
+                        outcome=outcome, best=best[0] if best else None, **event))
     return outcome
 
 
@@ -548,19 +417,11 @@ def _constrain(trial: optuna.Trial, limit_ms: float) -> None:
     records.record_constraint(trial, p90 - limit_ms)
 
 
-@dataclass(frozen=True)
-class _Planned:
-    """A trial ready to measure: its plan, where a warmed process gives up, and its first process."""
-
-    plan: LaunchPlan
-    limit: pruning.GiveUp | None
-    first: LaunchPlan
-
-
-def _prepare(search: Search, machine: Machine, claimed: fleet.Claimed) -> _Planned | Outcome:
-    """What the trial runs, recorded; or its outcome already: the result of the same configuration
-    run before, or the reason it cannot run (a failure, never an exception)."""
-    request, trial, config, batch = search.request, claimed.trial, claimed.config, claimed.batch
+def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, batch: int,
+             runner: PlanRunner) -> Outcome:
+    """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
+    recorded by `_store`, so that a locked database cannot lose it."""
+    request = search.request
     duplicate = _patiently(search, lambda: records.same_config(search.study, trial.number, config.describe(), batch,
                                                                search.settings_digest)) if config.values else None
     if duplicate is not None:
@@ -572,16 +433,9 @@ def _prepare(search: Search, machine: Machine, claimed: fleet.Claimed) -> _Plann
         _patiently(search, lambda: records.record_failure(trial, reason, records.ERROR))
         return Outcome(TrialState.FAIL, reason=reason)
     _patiently(search, lambda: records.record_plan(trial, plan))
-    limit = _give_up(search, plan)
-    return _Planned(plan, limit, first_plan(plan, request.replicates, limit.above_ms if limit else ()))
-
-
-def _measure(search: Search, trial: optuna.Trial, ready: _Planned, runner: PlanRunner) -> Outcome:
-    """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
-    recorded by `_store`, so that a locked database cannot lose it."""
-    request, limit = search.request, ready.limit
     pruner = pruning.PruneCheck(search.study, trial, request.objective)
-    measurement = measure_replicates(ready.plan, request.replicates, runner, after_each=_pruning(search, pruner),
+    limit = _give_up(search, plan)
+    measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner),
                                      give_up_above_ms=limit.above_ms if limit else ())
     if not measurement.ok:
         return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)

@@ -31,18 +31,10 @@ def spent(trial: FrozenTrial) -> budget.Spent:
         return budget.Spent(None, bool(attrs.get("baseline")), number=trial.number)
     first_call = attrs.get("first_call_s") or {}
     wall = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
-    wall -= held_s(trial)  # claimed two at a time: from its claim, less its process's wait for its turn
     windows = len(attrs.get("replicate_p50_ms") or [None])
     return budget.spent(wall, budget.compile_seconds(first_call), float(attrs["timed_s"]), windows, warm=True,
                         baseline=bool(attrs.get("baseline")), settle_s=budget.settle_seconds(first_call),
                         number=trial.number)
-
-
-def held_s(trial: FrozenTrial) -> float:
-    """How long the trial's first process waited, built, for its turn (`held_s`, recorded by the
-    child since 2026-12-02): 0 for a process that ran alone."""
-    instances = [i for i in trial.user_attrs.get("instances") or [] if isinstance(i, dict)]
-    return min((float((i.get("setup") or {}).get("held_s", 0.0)) for i in instances), default=0.0)
 
 
 def row(path: Path) -> list[str]:

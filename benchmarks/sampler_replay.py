@@ -165,9 +165,10 @@ SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
         multivariate=True, group=True, n_startup_trials=4, seed=seed), True, 1),
     "experts first, then GPSampler": (lambda seed: optuna.samplers.GPSampler(
         seed=seed, warn_independent_sampling=False), True, 1),
-    # The search claims two trials at a time (search_loop._run_claims): the second is proposed
-    # before the first's result, the first's configuration excluded; with the constant liar, TPE
-    # also counts the running trial as bad.
+    # Two trials claimed at a time, so that their processes could build side by side: the second
+    # proposed before the first's result, the first's configuration excluded (as a fleet's workers
+    # propose); with the constant liar, TPE also counts the running trial as bad. The search does
+    # not do this: README "Which sampler" and benchmarks/trial_pairs.py say why.
     "experts first, then TPE as configured, two at a time": (search_loop.sampler, True, 2),
     "experts first, then TPE as configured, two at a time, constant liar": (
         lambda seed: search_loop.sampler(seed, constant_liar=True), True, 2),

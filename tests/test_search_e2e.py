@@ -55,10 +55,6 @@ def test_search_makes_a_study_whose_trial_zero_is_the_baseline(
     assert study.user_attrs["created_by"].startswith("autotune search --model resnet18")
     assert "trial   0 [1/4]" in proc.stderr and "baseline (PyTorch defaults)" in proc.stderr
     assert "Best trials of study resnet18-bs1-latency" in proc.stdout
-    # The baseline ran alone (no memory known before it succeeded); trials 1 and 2 were claimed
-    # together, trial 2 built beside trial 1 and waited, built, for trial 1's turn; trial 3 alone.
-    held = [max(float(i["setup"].get("held_s", 0.0)) for i in t.user_attrs["instances"]) for t in trials]
-    assert held[0] == held[3] == 0.0 and held[2] > 0.5, held
 
 
 def test_search_ends_with_a_stored_confirmation(searched: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
@@ -171,9 +167,7 @@ def test_resume_after_ctrl_c_loses_nothing_and_leaves_no_running_trial(tmp_path:
     assert again.returncode == 0, again.stderr
     after = load(tmp_path, "resume").get_trials()
     counted = [t for t in after if t.state.is_finished() and t.user_attrs.get("fail_cause") != "cut_short"]
-    cut = [t.number for t in before if t.user_attrs.get("fail_reason") == "interrupted by the user (Ctrl-C)"]
-    assert 1 <= len(cut) <= 2 and cut == [t.number for t in before[-len(cut):]]  # the trial measured, the one beside it
-    assert len(counted) == 5 and len(after) == 5 + len(cut)  # trials cut short took no trial of --trials
+    assert len(counted) == 5 and len(after) == 6  # the trial cut short took no trial of --trials
     assert {t.number: (t.state, t.values) for t in after if t.number in kept} == kept
     assert sum(bool(t.user_attrs.get("baseline")) for t in after) == 1
 
