@@ -1,13 +1,14 @@
 """Does building two trials' processes side by side save time, and does waiting for its turn change
-what a process measures? The search claims two trials at a time (`search_loop._run_claims`); two
-whole searches cannot show it, since each takes its own path (which configurations, how many
-compile, how many give up). This replays the trials of a kept study instead, each as the search ran
-it (its recorded plan, its three windows in one warmed process, no giving up), in study order:
-every block of `--block` trials is run twice, once one by one (`run_plan`) and once in pairs
-(`run_series`, the pair built together, each measured alone), the order alternating from block to
-block (AB, BA, ...), so drift cancels. A warm-up pass first compiles what the trials compiled
-(one window each, untimed), into a cache of the benchmark's own: the blocks measure process
-starts, builds and artifact loads, not compiles.
+what a process measures? A search could claim two trials at a time and build both processes
+together, as the confirmation does (tried at 39bd215 and withdrawn on this benchmark's answer,
+README "What a search costs"); two whole searches cannot show what that saves, since each takes
+its own path (which configurations, how many compile, how many give up). This replays the trials
+of a kept study instead, each as the search ran it (its recorded plan, its three windows in one
+warmed process, no giving up), in study order: every block of `--block` trials is run twice, once
+one by one (`run_plan`) and once in pairs (`run_series`, the pair built together, each measured
+alone), the order alternating from block to block (AB, BA, ...), so drift cancels. A warm-up pass
+first compiles what the trials compiled (one window each, untimed), into a cache of the
+benchmark's own: the blocks measure process starts, builds and artifact loads, not compiles.
 
     .venv/bin/python benchmarks/trial_pairs.py STUDY.db [--trials 20] [--block 4]
 """
