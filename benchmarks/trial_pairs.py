@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 
-from autotune import records, storage
+from autotune import records, replicates, storage
 from autotune.launch import LaunchPlan, stretched
 from autotune.orchestrate import run_plan, run_series
 from autotune.results import RunResult
@@ -33,13 +35,19 @@ from autotune.stats import median
 WINDOWS = 3  # a search's trial: its replicates as windows of one warmed process
 
 
-def plans(db: Path, count: int, cache: Path) -> list[tuple[int, LaunchPlan]]:
-    """The study's first `count` trials that ran a plan of their own, in order, pointed at `cache`."""
+def plans(db: Path, count: int, cache: Path) -> list[tuple[int, LaunchPlan, float | None]]:
+    """The study's first `count` trials that ran a plan of their own, in order, pointed at `cache`,
+    with the peak memory each recorded (building or serving, the larger; None: not recorded)."""
     url = f"sqlite:///{db}"
     with storage.quiet_optuna():
         study = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
     ran = [t for t in study.get_trials(deepcopy=False) if "plan" in t.user_attrs and not records.is_duplicate(t)]
-    return [(t.number, cached(records.plan_of(t), cache)) for t in ran[:count]]
+    return [(t.number, cached(records.plan_of(t), cache), peak(t.user_attrs)) for t in ran[:count]]
+
+
+def peak(attrs: dict[str, Any]) -> float | None:
+    recorded = [float(attrs[key]) for key in ("peak_rss_mb", "setup_peak_rss_mb") if key in attrs]
+    return max(recorded) if recorded else None
 
 
 def cached(plan: LaunchPlan, cache: Path) -> LaunchPlan:
@@ -51,12 +59,16 @@ def cached(plan: LaunchPlan, cache: Path) -> LaunchPlan:
     return dataclasses.replace(plan, bench=dataclasses.replace(plan.bench, cache_dir=str(cache)), instances=instances)
 
 
-def one_by_one(block: Sequence[LaunchPlan], timeout_s: float) -> Iterator[RunResult]:
-    return (run_plan(plan, timeout_s) for plan in block)
+def in_pairs(peaks: dict[str, float | None]) -> Callable[[Sequence[LaunchPlan], float], Iterator[RunResult]]:
+    """`run_series` with each plan expected to hold what its trial recorded: pairs where they fit."""
+    def series(block: Sequence[LaunchPlan], timeout_s: float) -> Iterator[RunResult]:
+        return run_series(block, timeout_s, expected_mb=lambda plan: peaks.get(identity(plan)))
+
+    return series
 
 
-def in_pairs(block: Sequence[LaunchPlan], timeout_s: float) -> Iterator[RunResult]:
-    return run_series(block, timeout_s, expected_mb=lambda plan: 0.0)  # the memory was checked by the search
+def identity(plan: LaunchPlan) -> str:
+    return json.dumps(plan.to_json(), sort_keys=True)
 
 
 def timed(mode: Callable[[Sequence[LaunchPlan], float], Iterator[RunResult]], block: Sequence[LaunchPlan],
@@ -75,11 +87,13 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="autotune-trial-pairs-") as folder:
         chosen = plans(args.study, args.trials, Path(folder))
-        for _, plan in chosen:  # compile and cache what the trials compiled or traced, untimed
+        for _, plan, _ in chosen:  # compile and cache what the trials compiled or traced, untimed
             if plan.config.get("backend") != "eager" or plan.config.get("weight_cache"):
                 run_plan(plan, args.timeout)
-        runs = [stretched(plan, WINDOWS) for _, plan in chosen]
-        print(f"{args.study.name}: trials {', '.join(str(n) for n, _ in chosen)}; blocks of {args.block}, each run "
+        runs = [stretched(plan, WINDOWS) for _, plan, _ in chosen]
+        pairs = in_pairs({identity(run): mb for run, (_, _, mb) in zip(runs, chosen, strict=True)})
+        one_by_one = replicates.one_by_one(run_plan)
+        print(f"{args.study.name}: trials {', '.join(str(n) for n, _, _ in chosen)}; blocks of {args.block}, each run "
               "one by one and in pairs, the order alternating\n")
         print("| block | order | one by one, s | in pairs, s | saved, s a trial | failed runs |")
         print("|---|---|---|---|---|---|")
@@ -87,8 +101,8 @@ def main() -> None:
         ratios: list[float] = []
         for number, first in enumerate(range(0, len(runs), args.block)):
             block = runs[first:first + args.block]
-            order = (("one", one_by_one), ("pairs", in_pairs)) if number % 2 == 0 else (
-                ("pairs", in_pairs), ("one", one_by_one))
+            order = (("one", one_by_one), ("pairs", pairs)) if number % 2 == 0 else (
+                ("pairs", pairs), ("one", one_by_one))
             took = {name: timed(mode, block, args.timeout) for name, mode in order}
             for name, (wall, _) in took.items():
                 walls[name] += wall
