@@ -112,3 +112,21 @@ def test_the_child_exits_without_teardown_after_flushing_what_it_printed() -> No
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 3
     assert done.stdout == "result written"  # flushed, and no teardown ran
+
+
+def test_a_failed_child_removes_only_the_empty_folders_it_created(tmp_path: Path) -> None:
+    kept = tmp_path / "studies"
+    kept.mkdir()
+    kernels = kept / "cache" / "inductor" / "2.14"
+    assert worker.outermost_missing(kernels) == kept / "cache"
+    assert worker.outermost_missing(kept) is None
+    kernels.mkdir(parents=True)
+    worker.remove_empty(kernels, kept / "cache")
+    assert list(tmp_path.iterdir()) == [kept] and list(kept.iterdir()) == []  # what existed before stays
+
+    kernels.mkdir(parents=True)
+    (kernels.parent / "written").write_text("another process's kernel")
+    worker.remove_empty(kernels, kept / "cache")
+    assert not kernels.exists() and (kernels.parent / "written").exists()  # stops at the first folder in use
+    worker.remove_empty(kernels.parent, None)  # nothing created: nothing removed
+    assert (kernels.parent / "written").exists()

@@ -113,6 +113,15 @@ def test_bad_model_specs_are_one_line_and_exit_code_2(here: Path, args: list[str
         assert proc.stderr.rstrip().endswith("; save the model with torch.export.save")
 
 
+@pytest.mark.parametrize("name", ["weights.pt", "weights.pt2"])
+def test_a_file_that_is_no_model_leaves_nothing_behind(here: Path, tmp_path: Path, name: str) -> None:
+    shutil.copy(here / name, tmp_path / name)  # a zip archive torch opens, then finds no model in
+    proc = subprocess.run([AUTOTUNE, "bench", *QUICK, "--model", name], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "cannot load the model file" in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no empty studies/cache/inductor tree
+
+
 def test_throughput_search_over_batch_sizes_under_a_latency_limit(here: Path) -> None:
     space = here / "tiny.yaml"
     space.write_text("knobs:\n  backend: [eager, torchscript]\n")

@@ -292,6 +292,32 @@ def start_peak_rss(clear_refs: str = "/proc/self/clear_refs") -> str:
     return ""
 
 
+def outermost_missing(path: Path) -> Path | None:
+    """The outermost of `path` and its parents that does not exist yet: the first folder this
+    process would create on the way to `path` (None when `path` exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def remove_empty(path: Path, up_to: Path | None) -> None:
+    """Remove `path` and its parents up to `up_to` while they are empty: the folders this process
+    created and left unused, so that a configuration that failed leaves nothing behind. A folder
+    something was written into (by this process or another) stays."""
+    if up_to is None:
+        return
+    for folder in (path, *path.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == up_to:
+            return
+
+
 def peak_rss_mb() -> float:
     """This process's peak RSS since the last reset (VmHWM), or since it started (getrusage)."""
     with contextlib.suppress(OSError, ValueError):
@@ -316,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     # Compiled kernels persist, one folder per torch version (so `autotune cache` can tell which ones
     # this torch can still use), and a repeated configuration does not compile again.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir, "inductor", installed_torch_version())))
+    kernels = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    new_from = outermost_missing(kernels)  # torch._dynamo's import creates the folder, needed or not
     import torch
 
     from autotune.child.build import build, dataset_for
@@ -350,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the model's own failure is this configuration's result
         reason = str(exc) if isinstance(exc, ApplyError) else explain(exc)
         write_json(args.result, {"status": "error", "reason": reason, "setup": setup})
+        remove_empty(kernels, new_from)
         return EXIT_BENCH_ERROR
     window = wait_for_go(args.ready_fd, args.duration)
     if args.profile > 0:
