@@ -195,7 +195,7 @@ def _start_trial(worker: Worker, trial: optuna.Trial, proposal: Next) -> tuple[C
 def _batch_size(worker: Worker, trial: optuna.Trial, is_baseline: bool) -> int:
     if len(worker.batch_sizes) <= 1 or is_baseline:
         return worker.batch_sizes[0]
-    return int(trial.suggest_categorical("batch_size", list(worker.batch_sizes)))
+    return int(trial.suggest_categorical(proposals.BATCH_PARAM, list(worker.batch_sizes)))
 
 
 def claim_class(study: optuna.Study, host_class: Mapping[str, Any], allow_mixed: bool) -> list[str]:

@@ -33,6 +33,9 @@ class Knob:
     high: int = 0
     default: KnobValue | None = None
     only_when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # For a knob without a default: the value whose launch is what leaving it unset runs, or comes
+    # closest ("max": the most its range offers). How a sampler sees a recipe, which sets few knobs.
+    unset_as: KnobValue | None = None
 
     def allowed(self) -> str:
         if self.kind == "bool":
@@ -76,21 +79,23 @@ def _knob_table() -> dict[str, Knob]:
         Knob("precision", "choice", "fp32; bf16 autocast (offered where the CPU has avx512_bf16 or AMX); int8 = "
              "static quantization, calibrated (backend=inductor only; offered where the CPU has VNNI or AMX)",
              choices=("fp32", "bf16", "int8"), default="fp32", only_when=dense),
-        Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance", low=1, high=4096),
+        Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance", low=1, high=4096,
+             unset_as="max"),
         Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
              "(libiomp5 preloaded), llvm (libomp preloaded)", choices=("gnu", "intel", "llvm"),
              default="gnu"),
         Knob("kmp_affinity", "choice", "KMP_AFFINITY of Intel OpenMP: compact = "
              "granularity=fine,compact,1,0; scatter = granularity=fine,scatter",
-             choices=("compact", "scatter", "disabled"), only_when=intel),
+             choices=("compact", "scatter", "disabled"), only_when=intel, unset_as="disabled"),
         Knob("kmp_blocktime", "int", "KMP_BLOCKTIME of Intel OpenMP, in ms", low=0, high=1000,
-             only_when=intel),
+             only_when=intel, unset_as=200),
         Knob("omp_proc_bind", "choice", "OMP_PROC_BIND of GNU/LLVM OpenMP (OMP_PLACES=cores "
-             "unless false)", choices=("false", "true", "close", "spread"), only_when=not_intel),
+             "unless false)", choices=("false", "true", "close", "spread"), only_when=not_intel,
+             unset_as="false"),
         Knob("allocator", "choice", "malloc by LD_PRELOAD, with the tuning env its users set",
              choices=("default", "jemalloc", "tcmalloc"), default="default"),
         Knob("instances", "int", "concurrent benchmark processes, each bound to its own "
-             "physical cores", low=1, high=4096),
+             "physical cores", low=1, high=4096, unset_as=1),
         Knob("dataloader_workers", "int", "DataLoader num_workers feeding the benchmark",
              low=0, high=64, default=0),
     ]

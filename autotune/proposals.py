@@ -15,18 +15,23 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import storage
+from autotune.child.envfile import value_text
+from autotune.errors import ConfigError
 from autotune.knobs import Config, KnobValue
 from autotune.recipes import Recipe
-from autotune.space import SearchSpace
+from autotune.space import SearchSpace, knob_of_param
 
 RETRIES = 8  # proposals asked of the sampler before taking the nearest configuration that has not run
 RANDOM_TRIES = 10_000  # a space too large to list: random draws looking for one that has not run
 Identity = tuple[str, int]  # (configuration as a user types it, batch size)
+BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ class Proposer:
         # A sampler of its own: Optuna's samplers cache per study and refuse a second one; seeded
         # from the search's seed and the trial count, so that a seeded search repeats itself.
         seed = None if self.seed is None else self.seed * 1_000_003 + len(trials)
-        probe = _in_memory_copy(study.directions, trials, self.sampler(seed))
+        probe = _in_memory_copy(study.directions, trials, self.sampler(seed), self.space)
         for _ in range(RETRIES):
             last = self._ask(probe)
             if last.identity not in measured:
@@ -79,13 +84,13 @@ class Proposer:
 
     def _recipe(self, recipe: Recipe) -> Proposal:
         batch = max(self.batch_sizes)  # throughput recipes run at the largest batch asked for
-        params = self.space.params(recipe.config) | ({"batch_size": batch} if self.searches_batch else {})
+        params = self.space.params(recipe.config) | ({BATCH_PARAM: batch} if self.searches_batch else {})
         return Proposal(recipe.config, batch, params, recipe=recipe.name, origin="recipe")
 
     def _ask(self, probe: optuna.Study) -> Proposal:
         trial = probe.ask()
         config = self.space.sample(trial)
-        batch = int(trial.suggest_categorical("batch_size", list(self.batch_sizes))) if self.searches_batch \
+        batch = int(trial.suggest_categorical(BATCH_PARAM, list(self.batch_sizes))) if self.searches_batch \
             else self.batch_sizes[0]
         return Proposal(config, batch, dict(trial.params))
 
@@ -112,7 +117,7 @@ class Proposer:
         return None
 
     def _fixed(self, config: Config, batch: int, origin: str) -> Proposal:
-        params = self.space.params(config) | ({"batch_size": batch} if self.searches_batch else {})
+        params = self.space.params(config) | ({BATCH_PARAM: batch} if self.searches_batch else {})
         return Proposal(config, batch, params, origin=origin)
 
 
@@ -129,21 +134,62 @@ def _distance(config: Config, batch: int, proposed: Proposal) -> int:
 
 
 def _in_memory_copy(directions: Sequence[optuna.study.StudyDirection], trials: Sequence[FrozenTrial],
-                    sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+                    sampler: optuna.samplers.BaseSampler, space: SearchSpace) -> optuna.Study:
     """The finished trials (parameters, values, intermediate values: what samplers read) in a study
     held in memory, with `sampler`."""
     with storage.quiet_optuna():
         probe = optuna.create_study(directions=directions, sampler=sampler)
-        probe.add_trials([_slim(t) for t in trials
+        probe.add_trials([_slim(t, space) for t in trials
                           if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)])
     return probe
 
 
-def _slim(trial: FrozenTrial) -> FrozenTrial:
+def _slim(trial: FrozenTrial, space: SearchSpace) -> FrozenTrial:
+    params, distributions = _as_sampled(trial, space)
     return optuna.trial.create_trial(
         state=trial.state, values=trial.values if trial.state == TrialState.COMPLETE else None,
-        params=trial.params, distributions=trial.distributions, intermediate_values=trial.intermediate_values,
+        params=params, distributions=distributions, intermediate_values=trial.intermediate_values,
         system_attrs={k: v for k, v in trial.system_attrs.items() if k == "constraints"})
+
+
+def _as_sampled(trial: FrozenTrial, space: SearchSpace) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
+    """A trial's parameters as a sampled trial of `space` would hold them. The baseline and the
+    recipes set few knobs; the rest run at their defaults. Shown to the sampler with only the knobs
+    they set, they do not count for any group of knobs they leave out, and TPE's best trials (the
+    recipes, often) would say nothing about threads, instances or the allocator: a latency search
+    on 2 cores then spent most of its trials on one-thread instances (README "Which sampler").
+    As it was recorded when the space does not offer what runs (a space narrowed by hand)."""
+    knobs = {knob_of_param(k): v for k, v in trial.params.items() if k != BATCH_PARAM}
+    try:
+        full = space.as_run(Config.from_mapping(knobs))
+    except ConfigError:
+        full = None
+    if full is None:
+        return trial.params, trial.distributions
+    recorder = _Recorder(full)
+    space.sample(recorder)
+    batch = {k: v for k, v in trial.params.items() if k == BATCH_PARAM}
+    return recorder.params | batch, recorder.distributions | {k: trial.distributions[k] for k in batch}
+
+
+class _Recorder:
+    """Answers a space's questions with a configuration's values, recording what a sampled trial
+    records: each parameter and its distribution."""
+
+    def __init__(self, config: Config) -> None:
+        self.values = config.as_dict()
+        self.params: dict[str, Any] = {}
+        self.distributions: dict[str, BaseDistribution] = {}
+
+    def suggest_categorical(self, name: str, choices: Sequence[KnobValue]) -> KnobValue:
+        value = value_text(self.values[knob_of_param(name)])
+        self.params[name], self.distributions[name] = value, CategoricalDistribution(list(choices))
+        return value
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        value = int(self.values[name])
+        self.params[name], self.distributions[name] = value, IntDistribution(low, high, log=log, step=step)
+        return value
 
 
 class _RandomSuggester:

@@ -171,6 +171,25 @@ class SearchSpace:
                 return f"{name}={value_text(value)}"
         return ""
 
+    def as_run(self, config: Config) -> Config | None:
+        """`config` with every knob this space samples set: a knob it leaves unset at its default,
+        or its `unset_as` value (what runs then, or the closest), as a sampled trial would hold it.
+        None when the space does not offer such a value. A recipe sets only its authors' knobs; a
+        sampler that sees them so can tell where in the space the recipe lies."""
+        filled = config.as_dict()
+        for rng in self._applicable(filled):
+            if rng.name in filled:
+                continue
+            spec = KNOBS[rng.name]
+            value = spec.default if spec.default is not None else spec.unset_as
+            if value == "max":
+                value = self._dynamic_high(rng, filled)
+            if value is None:
+                return None
+            filled[rng.name] = value
+        complete = Config.from_mapping(filled)
+        return None if self.lacks(complete) else complete
+
     def params(self, config: Config) -> dict[str, KnobValue]:
         """The Optuna parameters that make a trial sample exactly `config` (choices as their labels)."""
         params: dict[str, KnobValue] = {}

@@ -324,3 +324,61 @@ def test_a_claim_reads_the_study_once_and_its_ask_once_more(tmp_path: Path, here
     claimed = fleet.claim(opened.worker())
     assert isinstance(claimed, fleet.Claimed) and isinstance(claimed.proposal, proposals.Proposal)
     assert len(reads) == 3, reads  # the claim's, the ask's check of what waits, and Optuna's ask taking it
+
+
+def test_a_recipe_as_run_sets_every_knob_of_the_space_at_what_runs() -> None:
+    adapted = space.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
+    baseline = adapted.as_run(Config())
+    assert baseline is not None and baseline.describe() == (
+        "backend=eager mkldnn=off memory_format=contiguous precision=fp32 omp_threads=2 omp_runtime=gnu "
+        "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")
+    compiled = adapted.as_run(Config.from_mapping(recipes.COMPILE_INT8))
+    assert compiled is not None and compiled.describe() == (
+        "backend=inductor memory_format=channels_last precision=int8 omp_threads=2 omp_runtime=gnu "
+        "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")
+    two = adapted.as_run(Config.from_mapping({"instances": 2}))
+    assert two is not None and two.get("omp_threads") == 1  # all the cores an instance has
+    small = space.adapt(space.load(SPACE), 8, {})
+    assert all(small.as_run(c) == c for c in small.configurations() or [])  # a sampled one: as it was
+    # what runs unset is not offered: the space says nothing of where the configuration lies
+    assert space.pin(small, Config.from_mapping({"allocator": "jemalloc"}), {}).as_run(Config()) is None
+    assert adapted.as_run(Config.from_mapping({"omp_runtime": "intel"})) is None  # KMP_AFFINITY unset: not offered
+
+
+def _told(study: optuna.Study, adapted: space.SearchSpace, config: Config, value: float, recipe: bool) -> None:
+    study.enqueue_trial(adapted.params(config))
+    trial = study.ask()
+    adapted.sample(trial, only=config if recipe else None)
+    if recipe:
+        study.tell(trial, value)
+    else:  # given up after its first window, as most sampled trials of a search are
+        trial.report(value, 0)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+
+def test_the_sampler_sees_the_recipes_threads_and_follows_the_best_ones() -> None:
+    """The search at eb0ec4e (README "Which sampler"): the recipes that won set no threads; TPE saw
+    them without those knobs, its best trials said nothing about threads, and the trials it had
+    seen lose (the seed's, the launcher's: 2 threads) pushed it to one-thread instances: 34 of 50."""
+    adapted = space.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    _told(study, adapted, Config(), 117.0, recipe=True)
+    for recipe, value in zip(recipes.recipes(lscpu("amd_1s_smt"), "latency", bf16=True, int8=True),
+                             (111.0, 109.0, 87.6, 53.8, 27.7), strict=True):
+        on_two_cores = Config.from_mapping(recipe.config.as_dict() | (
+            {"omp_threads": 2} if recipe.config.is_set("omp_threads") else {}))
+        assert adapted.as_run(on_two_cores) is not None
+        _told(study, adapted, on_two_cores, value, recipe=True)
+    draw = random.Random(2)
+    for _ in range(8):  # one-thread instances, worse than the compiled recipes
+        config = adapted.sample(proposals._RandomSuggester(draw))
+        config = Config.from_mapping(config.as_dict() | {"instances": 2, "omp_threads": 1})
+        _told(study, adapted, config, 150.0, recipe=False)
+    trials = study.get_trials()
+    threads = []
+    for seed in range(20):
+        proposer = proposals.Proposer(adapted, (1,), search_loop.sampler, seed=seed)
+        proposal = proposer.next(study, trials, set())
+        assert proposal is not None
+        threads.append(proposal.config.get("omp_threads"))
+    assert threads.count(2) >= 14, threads  # 19 here; the recipes seen with their own knobs only: 0
