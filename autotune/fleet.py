@@ -31,7 +31,7 @@ from autotune.errors import AutotuneError, interrupt_reason
 from autotune.knobs import Config
 from autotune.machine import class_id, host_name
 from autotune.replicates import Measurement
-from autotune.space import SearchSpace
+from autotune.space import BATCH_PARAM, SearchSpace
 from autotune.storage import StudyError, StudyLocked
 
 CLASS_ATTR = records.HOST_CLASS  # on the study: the class it is for; on a trial: its host's class id
@@ -195,7 +195,7 @@ def _start_trial(worker: Worker, trial: optuna.Trial, proposal: Next) -> tuple[C
 def _batch_size(worker: Worker, trial: optuna.Trial, is_baseline: bool) -> int:
     if len(worker.batch_sizes) <= 1 or is_baseline:
         return worker.batch_sizes[0]
-    return int(trial.suggest_categorical(proposals.BATCH_PARAM, list(worker.batch_sizes)))
+    return int(trial.suggest_categorical(BATCH_PARAM, list(worker.batch_sizes)))
 
 
 def claim_class(study: optuna.Study, host_class: Mapping[str, Any], allow_mixed: bool) -> list[str]:

@@ -26,12 +26,11 @@ from autotune.child.envfile import value_text
 from autotune.errors import ConfigError
 from autotune.knobs import Config, KnobValue
 from autotune.recipes import Recipe
-from autotune.space import SearchSpace, knob_of_param
+from autotune.space import BATCH_PARAM, SearchSpace, config_of_params, knob_of_param
 
 RETRIES = 8  # proposals asked of the sampler before taking the nearest configuration that has not run
 RANDOM_TRIES = 10_000  # a space too large to list: random draws looking for one that has not run
 Identity = tuple[str, int]  # (configuration as a user types it, batch size)
-BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
 
 
 @dataclass(frozen=True)
@@ -159,9 +158,8 @@ def _as_sampled(trial: FrozenTrial, space: SearchSpace) -> tuple[dict[str, Any],
     recipes, often) would say nothing about threads, instances or the allocator: a latency search
     on 2 cores then spent most of its trials on one-thread instances (README "Which sampler").
     As it was recorded when the space does not offer what runs (a space narrowed by hand)."""
-    knobs = {knob_of_param(k): v for k, v in trial.params.items() if k != BATCH_PARAM}
     try:
-        full = space.as_run(Config.from_mapping(knobs))
+        full = space.as_run(config_of_params(trial.params))
     except ConfigError:
         full = None
     if full is None:

@@ -23,6 +23,16 @@ agree better with their trial's value (their median at most 1.07x of it over the
 trials of two later searches), so after the second the margin is 1.5x: a configuration stopped
 there is about 1.4x worse than the best or more, never one the confirmation would have to judge
 (its finalists were within 1.14x of the best in both searches).
+
+Skipping a compile: with backend=inductor, a new (precision, memory format, thread count) is a
+new compile, 20-46 s on resnext101 at batch 1 on 2 cores, where the other trials take 5-10 s. In
+a latency search, a sampled configuration of a key no trial has measured is predicted from the
+keys that were: the fastest trial of a key one step away (one of the three differs), times that
+step's ratio between two measured keys that differ by it alone (int8 at 1 thread over int8 at 2,
+to predict bf16 at 1 thread from bf16 at 2). The most hopeful of those predictions is kept;
+without one (no pair measured yet), the key compiles. Predicted more than `SKIP_COMPILE` times the
+best trial's value, the trial is pruned without running (`skip_compile`): it would most likely
+give up after its first window anyway, once it had paid the compile. The recipes always run.
 """
 
 from __future__ import annotations
@@ -31,15 +41,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune import records, stats
+from autotune.errors import ConfigError
+from autotune.knobs import Config
 from autotune.launch import LaunchPlan
 from autotune.objectives import Metric, Objective, lower_is_better, metric_of, metric_value
 from autotune.results import RunResult
+from autotune.space import SearchSpace, config_of_params
 
 MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
 MIN_REPLICATES = 2  # one disturbed process alone never prunes
 GIVE_UP = (2.0, 1.5)  # after its k-th window, a warmed trial this many times worse than the best stops (GiveUp)
+SKIP_COMPILE = GIVE_UP[0]  # a new compile predicted this many times worse than the best is not run
+CompileKey = tuple[str, str, int]  # what an inductor artifact is compiled for: precision, memory format, threads
+KEY_NAMES = ("precision", "memory_format", "omp_threads")
 
 
 def separated(mine: Sequence[float], best: Sequence[float], metric: Metric, margin: float = MARGIN) -> bool:
@@ -133,3 +150,85 @@ def give_up(study: optuna.Study, objective: Objective, plan: LaunchPlan) -> Give
 
 def _ordinal(n: int) -> str:
     return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    value: float  # the latency (ms) the configuration is predicted at
+    near: int  # the trial of the key one step away it is predicted from
+    step: tuple[int, int]  # the two trials whose ratio gives that step
+
+
+def compile_key(space: SearchSpace, config: Config) -> CompileKey | None:
+    """The artifact an inductor configuration compiles (None: not inductor, or not in the space)."""
+    full = space.as_run(config)
+    if full is None or full.get("backend") != "inductor":
+        return None
+    precision, layout, threads = (full.get(name) for name in KEY_NAMES)
+    return str(precision), str(layout), int(threads or 0)
+
+
+def predict_compile(space: SearchSpace, trials: Sequence[FrozenTrial], key: CompileKey) -> Prediction | None:
+    """`key`'s latency as predicted from the measured keys (module docstring); None when a trial
+    measured it already, or no step towards it was measured."""
+    seen = _fastest_per_key(space, trials)
+    if key in seen:
+        return None
+    predictions = []
+    for near, (value, number) in seen.items():
+        differs = [i for i in range(len(key)) if near[i] != key[i]]
+        if len(differs) == 1:
+            step = _step(seen, differs[0], near[differs[0]], key[differs[0]])
+            if step is not None:
+                predictions.append(Prediction(value * step[0], number, step[1]))
+    return min(predictions, key=lambda p: p.value, default=None)
+
+
+def _fastest_per_key(space: SearchSpace, trials: Sequence[FrozenTrial]) -> dict[CompileKey, tuple[float, int]]:
+    """Each measured key's lowest latency and its trial: a completed trial's value, a pruned
+    one's last intermediate value (the median it had measured)."""
+    seen: dict[CompileKey, tuple[float, int]] = {}
+    for trial in trials:
+        if trial.state == TrialState.COMPLETE and trial.values:
+            value = float(trial.values[0])
+        elif trial.state == TrialState.PRUNED and trial.intermediate_values:
+            value = float(trial.intermediate_values[max(trial.intermediate_values)])
+        else:
+            continue
+        try:
+            key = compile_key(space, config_of_params(trial.params))
+        except ConfigError:  # a trial of a knob this autotune no longer knows
+            continue
+        if key is not None and (key not in seen or value < seen[key][0]):
+            seen[key] = (value, trial.number)
+    return seen
+
+
+def _step(seen: dict[CompileKey, tuple[float, int]], axis: int, start: object,
+          end: object) -> tuple[float, tuple[int, int]] | None:
+    """The lowest measured ratio of going from `start` to `end` along `axis`, between two
+    keys equal otherwise, with the two trials it comes from."""
+    ratios = [(seen[b][0] / seen[a][0], (seen[b][1], seen[a][1]))
+              for a in seen for b in seen
+              if a[axis] == start and b[axis] == end and all(a[i] == b[i] for i in range(len(a)) if i != axis)]
+    return min(ratios, key=lambda r: r[0], default=None)
+
+
+def skip_compile(study: optuna.Study, space: SearchSpace, objective: Objective, config: Config) -> str:
+    """Why this sampled configuration is not run ("" to run it): a latency search, a key no trial
+    measured, predicted more than SKIP_COMPILE times the best trial's value."""
+    if len(study.directions) != 1 or not lower_is_better(metric_of(objective)):
+        return ""
+    best = next(iter(records.best_trials(study)), None)
+    key = compile_key(space, config)
+    if best is None or best.value is None or key is None:
+        return ""
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
+                                                      TrialState.PRUNED))
+    predicted = predict_compile(space, trials, key)
+    if predicted is None or predicted.value <= SKIP_COMPILE * float(best.value):
+        return ""
+    precision, layout, threads = key
+    return (f"not compiled: {precision} {layout} at {threads} thread(s) predicted at {predicted.value:.2f} ms "
+            f"(trial {predicted.near} times trial {predicted.step[0]} over trial {predicted.step[1]}), more than "
+            f"{SKIP_COMPILE:g}x trial {best.number}'s {float(best.value):.2f} ms")

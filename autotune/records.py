@@ -37,6 +37,7 @@ KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run 
 ERROR = "error"  # wrong answers, an exception, an exit code: the configuration's own, reused
 KILLED_RERUNS = 1
 LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fail_cause
+SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predicted to lose
 HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
 
 
@@ -81,7 +82,8 @@ def distinct_configs(study: optuna.Study) -> int:
 def account(study: optuna.Study, session_s: float) -> dict[str, float]:
     """What the study's searches cost and measured, over all their sessions: wall time, timed
     seconds (the windows samples were taken in; a duplicate's reused ones once), their ratio,
-    distinct configurations and trials per hour. Stored as the study's `accounting`."""
+    distinct configurations, trials pruned before compiling, and trials per hour. Stored as the
+    study's `accounting`."""
     before = study.user_attrs.get("accounting", {})
     wall = float(before.get("wall_s", 0.0)) + session_s
     trials = study.get_trials(deepcopy=False, states=FINISHED)
@@ -89,6 +91,7 @@ def account(study: optuna.Study, session_s: float) -> dict[str, float]:
     accounting = {"wall_s": round(wall, 2), "timed_s": round(timed, 2),
                   "efficiency": round(timed / wall, 3) if wall else 0.0,
                   "distinct_configurations": distinct_configs(study), "trials": len(trials),
+                  "not_compiled": sum(bool(t.user_attrs.get(SKIPPED)) for t in trials),
                   "trials_per_hour": round(len(trials) / wall * 3600, 1) if wall else 0.0,
                   "sessions": int(before.get("sessions", 0)) + 1}
     study.set_user_attr("accounting", accounting)
@@ -377,6 +380,12 @@ def failure_cause(measurement: Measurement) -> str:
 def record_pruned(trial: optuna.Trial, reason: str) -> None:
     trial.set_user_attr("status", "pruned")
     trial.set_user_attr("prune_reason", reason)
+
+
+def record_skipped(trial: optuna.Trial, reason: str) -> None:
+    """Pruned before it ran: its compile was predicted to lose (pruning.skip_compile)."""
+    record_pruned(trial, reason)
+    trial.set_user_attr(SKIPPED, True)
 
 
 def record_constraint(trial: optuna.Trial, over_ms: float) -> None:

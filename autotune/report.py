@@ -27,7 +27,7 @@ from autotune import export, records, storage
 from autotune.errors import AutotuneError
 from autotune.knobs import KNOBS, Config
 from autotune.objectives import Metric, lower_is_better, metric_of
-from autotune.space import knob_of_param
+from autotune.space import config_of_params
 
 PROFILES = "profiles"  # studies/profiles/<study name>/*.trace.json, written by `autotune profile`
 TRACE_GLOB = "*.trace.json"
@@ -233,7 +233,7 @@ def _recipe_line(study: optuna.Study, metric: Metric) -> Line | None:
 def knob_values(trial: FrozenTrial) -> Config:
     """The configuration a trial ran: its recorded plan's, else its parameters."""
     plan = trial.user_attrs.get("plan")
-    return Config.from_mapping(plan["config"] if plan else {knob_of_param(k): v for k, v in trial.params.items()})
+    return Config.from_mapping(plan["config"]) if plan else config_of_params(trial.params)
 
 
 def design(study: optuna.Study) -> tuple[Row, ...]:

@@ -363,7 +363,8 @@ def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: 
     finished = _patiently(search, lambda: records.finished(study))
     on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
     reference = None if is_baseline else _host_baseline(search, machine, runner)
-    outcome = _measure(search, machine, trial, config, batch, runner)
+    outcome = _measure(search, machine, trial, config, batch, runner, sampled=not is_baseline and not (
+        isinstance(proposal, proposals.Proposal) and proposal.recipe))
     _store(search, trial, outcome, reference)
     if is_baseline and outcome.state != TrialState.COMPLETE:
         raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
@@ -418,14 +419,20 @@ def _constrain(trial: optuna.Trial, limit_ms: float) -> None:
 
 
 def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, batch: int,
-             runner: PlanRunner) -> Outcome:
+             runner: PlanRunner, sampled: bool = True) -> Outcome:
     """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
-    recorded by `_store`, so that a locked database cannot lose it."""
+    recorded by `_store`, so that a locked database cannot lose it. A `sampled` one (no recipe,
+    no baseline) whose new compile is predicted to lose is pruned without running (`pruning.skip_compile`)."""
     request = search.request
     duplicate = _patiently(search, lambda: records.same_config(search.study, trial.number, config.describe(), batch,
                                                                search.settings_digest)) if config.values else None
     if duplicate is not None:
         return _reuse(search, trial, duplicate)
+    skipped = _patiently(search, lambda: pruning.skip_compile(search.study, search.space, request.objective,
+                                                              config)) if sampled else ""
+    if skipped:
+        _patiently(search, lambda: records.record_skipped(trial, skipped))
+        return Outcome(TrialState.PRUNED, reason=skipped)
     try:
         plan = planning.make_plan(_bench_request(request, config, batch), machine)
     except AutotuneError as exc:

@@ -34,6 +34,7 @@ from autotune.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, con
 from autotune.libs import LIBRARIES
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
 # Parents before children: conditions look at knobs sampled earlier; threads after instances.
 SAMPLE_ORDER = ("omp_runtime", "kmp_affinity", "kmp_blocktime", "omp_proc_bind", "allocator",
                 "instances", "omp_threads", "backend", "mkldnn", "weight_cache", "memory_format", "precision",
@@ -103,6 +104,11 @@ def _holds(when: tuple[tuple[str, tuple[str, ...]], ...], sampled: Mapping[str, 
 def knob_of_param(param: str) -> str:
     """The knob an Optuna parameter samples (`precision (fp32/bf16)` samples precision)."""
     return param.partition(" (")[0]
+
+
+def config_of_params(params: Mapping[str, Any]) -> Config:
+    """The configuration a trial's Optuna parameters sample (the batch size is no knob)."""
+    return Config.from_mapping({knob_of_param(k): v for k, v in params.items() if k != BATCH_PARAM})
 
 
 @dataclass(frozen=True)
