@@ -7,6 +7,9 @@ settled on a region), the next trial is the configuration nearest its last propo
 run: fewest knobs changed, ties broken at random. That keeps exploiting where the sampler points
 instead of spending a trial on a repeat. When every configuration of the space has run there is
 nothing to propose, and the search stops and says so.
+
+The copy shows the sampler every trial with every knob the space samples: the baseline and the
+recipes set few, and the rest run at their defaults (`_as_sampled`).
 """
 
 from __future__ import annotations
