@@ -32,7 +32,8 @@ step's ratio between two measured keys that differ by it alone (int8 at 1 thread
 to predict bf16 at 1 thread from bf16 at 2). The most hopeful of those predictions is kept;
 without one (no pair measured yet), the key compiles. Predicted more than `SKIP_COMPILE` times the
 best trial's value, the trial is pruned without running (`skip_compile`): it would most likely
-give up after its first window anyway, once it had paid the compile. The recipes always run.
+give up after its first window anyway, once it had paid the compile. The baseline, the recipes
+and trials enqueued through Optuna always run.
 """
 
 from __future__ import annotations
@@ -223,8 +224,7 @@ def skip_compile(study: optuna.Study, space: SearchSpace, objective: Objective, 
     key = compile_key(space, config)
     if best is None or best.value is None or key is None:
         return ""
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
-                                                      TrialState.PRUNED))
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     predicted = predict_compile(space, trials, key)
     if predicted is None or predicted.value <= SKIP_COMPILE * float(best.value):
         return ""

@@ -363,8 +363,8 @@ def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: 
     finished = _patiently(search, lambda: records.finished(study))
     on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
     reference = None if is_baseline else _host_baseline(search, machine, runner)
-    outcome = _measure(search, machine, trial, config, batch, runner, sampled=not is_baseline and not (
-        isinstance(proposal, proposals.Proposal) and proposal.recipe))
+    outcome = _measure(search, machine, trial, config, batch, runner,
+                       sampled=isinstance(proposal, proposals.Proposal) and not proposal.recipe)
     _store(search, trial, outcome, reference)
     if is_baseline and outcome.state != TrialState.COMPLETE:
         raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
@@ -419,10 +419,11 @@ def _constrain(trial: optuna.Trial, limit_ms: float) -> None:
 
 
 def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, batch: int,
-             runner: PlanRunner, sampled: bool = True) -> Outcome:
+             runner: PlanRunner, *, sampled: bool) -> Outcome:
     """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
-    recorded by `_store`, so that a locked database cannot lose it. A `sampled` one (no recipe,
-    no baseline) whose new compile is predicted to lose is pruned without running (`pruning.skip_compile`)."""
+    recorded by `_store`, so that a locked database cannot lose it. A `sampled` one (the search's
+    own proposal: not the baseline, a recipe, or a trial enqueued through Optuna) whose new
+    compile is predicted to lose is pruned without running (`pruning.skip_compile`)."""
     request = search.request
     duplicate = _patiently(search, lambda: records.same_config(search.study, trial.number, config.describe(), batch,
                                                                search.settings_digest)) if config.values else None

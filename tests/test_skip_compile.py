@@ -133,7 +133,8 @@ def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
                                                                  "compile+bf16+channels_last"]
     skipped = trials[4]
     assert skipped.state == TrialState.PRUNED and skipped.user_attrs[records.SKIPPED] is True
-    assert skipped.user_attrs["config"] == "backend=inductor memory_format=channels_last precision=fp32 omp_threads=1"
+    assert skipped.user_attrs["config"] == ("backend=inductor memory_format=channels_last precision=fp32 omp_threads=1 "
+                                            "allocator=default")
     assert skipped.user_attrs["prune_reason"].startswith("not compiled: fp32 channels_last at 1 thread(s) predicted "
                                                          "at 180.00 ms")
     assert "plan" not in skipped.user_attrs and not skipped.intermediate_values
@@ -144,3 +145,13 @@ def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
     assert accounting["not_compiled"] == 1 and accounting["trials"] == 6
     display.accounting(accounting)
     assert "6 trials, 6 distinct configurations (1 pruned before compiling)" in capsys.readouterr().out
+
+    # a configuration enqueued through Optuna runs, whatever its key is predicted at
+    by_hand = Config.from_mapping({"backend": "inductor", "memory_format": "channels_last", "precision": "fp32",
+                                   "omp_threads": 1, "allocator": "jemalloc"})
+    opened.study.enqueue_trial(opened.space.params(by_hand))
+    again = search_loop.open_search(request(tmp_path, 7, space=COMPILED), here)
+    search_loop.run_search(again, here, lambda event: None, runner=runner)
+    enqueued = again.study.get_trials()[6]
+    assert enqueued.user_attrs["proposed_by"] == "enqueued" and records.SKIPPED not in enqueued.user_attrs
+    assert by_hand.describe() in ran
