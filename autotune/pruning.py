@@ -29,11 +29,17 @@ new compile, 20-46 s on resnext101 at batch 1 on 2 cores, where the other trials
 a latency search, a sampled configuration of a key no trial has measured is predicted from the
 keys that were: the fastest trial of a key one step away (one of the three differs), times that
 step's ratio between two measured keys that differ by it alone (int8 at 1 thread over int8 at 2,
-to predict bf16 at 1 thread from bf16 at 2). The most hopeful of those predictions is kept;
-without one (no pair measured yet), the key compiles. Predicted more than `SKIP_COMPILE` times the
-best trial's value, the trial is pruned without running (`skip_compile`): it would most likely
-give up after its first window anyway, once it had paid the compile. The baseline, the recipes
-and trials enqueued through Optuna always run.
+to predict bf16 at 1 thread from bf16 at 2). Where no pair measured that step yet, the step is
+taken as no change: the key is predicted at its neighbour's value. The most hopeful of those
+predictions is kept; a key with no measured neighbour compiles. Predicted more than
+`SKIP_COMPILE` times the best trial's value, the trial is pruned without running
+(`skip_compile`): that is the margin a trial gives up at after its last checked window, so it
+would most likely have paid the compile and the windows, then stopped. A neighbour that gave up
+after its first window (at least 2x, its median of one window, which can read up to 1.5x its
+value) stands at 1.33x the best or more, so a key skipped on it alone is at least that far
+behind unless its one step gains a third; README "Skipping a compile" replays the rule on a
+recorded search (`benchmarks/skip_replay.py`). The baseline, the recipes and trials enqueued
+through Optuna always run.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from autotune.space import SearchSpace, config_of_params
 MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
 MIN_REPLICATES = 2  # one disturbed process alone never prunes
 GIVE_UP = (2.0, 1.5)  # after its k-th window, a warmed trial this many times worse than the best stops (GiveUp)
-SKIP_COMPILE = GIVE_UP[0]  # a new compile predicted this many times worse than the best is not run
+SKIP_COMPILE = GIVE_UP[-1]  # a new compile predicted this many times worse than the best is not run
 CompileKey = tuple[str, str, int]  # what an inductor artifact is compiled for: precision, memory format, threads
 KEY_NAMES = ("precision", "memory_format", "omp_threads")
 
@@ -157,7 +163,13 @@ def _ordinal(n: int) -> str:
 class Prediction:
     value: float  # the latency (ms) the configuration is predicted at
     near: int  # the trial of the key one step away it is predicted from
-    step: tuple[int, int]  # the two trials whose ratio gives that step
+    step: tuple[int, int] | None  # the two trials whose ratio gives that step; None: no pair measured it
+
+    def why(self) -> str:
+        """Where the prediction comes from, for the skipped trial's reason."""
+        if self.step is None:
+            return f"trial {self.near}, no step from it measured"
+        return f"trial {self.near} times trial {self.step[0]} over trial {self.step[1]}"
 
 
 def compile_key(space: SearchSpace, config: Config) -> CompileKey | None:
@@ -171,7 +183,7 @@ def compile_key(space: SearchSpace, config: Config) -> CompileKey | None:
 
 def predict_compile(space: SearchSpace, trials: Sequence[FrozenTrial], key: CompileKey) -> Prediction | None:
     """`key`'s latency as predicted from the measured keys (module docstring); None when a trial
-    measured it already, or no step towards it was measured."""
+    measured it already, or no measured key is one step away."""
     seen = _fastest_per_key(space, trials)
     if key in seen:
         return None
@@ -180,8 +192,8 @@ def predict_compile(space: SearchSpace, trials: Sequence[FrozenTrial], key: Comp
         differs = [i for i in range(len(key)) if near[i] != key[i]]
         if len(differs) == 1:
             step = _step(seen, differs[0], near[differs[0]], key[differs[0]])
-            if step is not None:
-                predictions.append(Prediction(value * step[0], number, step[1]))
+            predictions.append(Prediction(value, number, None) if step is None
+                               else Prediction(value * step[0], number, step[1]))
     return min(predictions, key=lambda p: p.value, default=None)
 
 
@@ -230,5 +242,5 @@ def skip_compile(study: optuna.Study, space: SearchSpace, objective: Objective, 
         return ""
     precision, layout, threads = key
     return (f"not compiled: {precision} {layout} at {threads} thread(s) predicted at {predicted.value:.2f} ms "
-            f"(trial {predicted.near} times trial {predicted.step[0]} over trial {predicted.step[1]}), more than "
+            f"({predicted.why()}), more than "
             f"{SKIP_COMPILE:g}x trial {best.number}'s {float(best.value):.2f} ms")

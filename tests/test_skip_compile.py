@@ -1,7 +1,7 @@
 """Skipping a compile: in a latency search, a sampled inductor configuration whose (precision,
 layout, threads) no trial measured is predicted from the keys that were, and pruned without
-running when the prediction is more than pruning.SKIP_COMPILE times the best trial's value.
-Fake runner, no processes."""
+running when the prediction is more than pruning.SKIP_COMPILE times the best trial's value (the
+margin a trial gives up at after its last checked window). Fake runner, no processes."""
 
 from __future__ import annotations
 
@@ -78,11 +78,32 @@ def test_a_key_is_predicted_from_its_neighbour_times_a_measured_step() -> None:
     assert pruning.predict_compile(DEFAULT, trials[:4], ("bf16", "contiguous", 1)) is None
 
 
+def test_a_step_no_pair_measured_yet_counts_as_no_change() -> None:
+    recipes = searched().get_trials()[:4]
+    # the recipes' int8 at 1 thread: no thread step measured, so int8 at 2 threads' own value
+    int8 = pruning.predict_compile(DEFAULT, recipes, ("int8", "channels_last", 1))
+    assert int8 == pruning.Prediction(33.5, 3, None)
+    assert int8.why() == "trial 3, no step from it measured"
+    # bf16 at 1 thread: bf16 at 2 threads' 49.0 until a thread step is measured (int8's, trials 4
+    # over 3), then 49.0 * 59.0 / 33.5
+    assert pruning.predict_compile(DEFAULT, recipes, ("bf16", "channels_last", 1)) == pruning.Prediction(49.0, 2, None)
+    assert pruning.predict_compile(DEFAULT, searched().get_trials(), ("bf16", "channels_last", 1)).step == (4, 3)
+
+
 def test_a_latency_search_skips_a_compile_predicted_to_lose_by_more_than_the_margin() -> None:
     study = searched()
     reason = pruning.skip_compile(study, DEFAULT, "latency", compiled("bf16", "channels_last", 1))
     assert reason == ("not compiled: bf16 channels_last at 1 thread(s) predicted at 86.30 ms (trial 2 times trial 4 "
-                      "over trial 3), more than 2x trial 3's 33.50 ms")
+                      "over trial 3), more than 1.5x trial 3's 33.50 ms")
+    assert pruning.SKIP_COMPILE == pruning.GIVE_UP[-1] == 1.5
+    # after the recipes alone: fp32 contiguous from fp32 channels_last, no layout step measured
+    recipes = optuna.create_study()
+    recipes.add_trials(study.get_trials()[:4])
+    reason = pruning.skip_compile(recipes, DEFAULT, "latency", compiled("fp32", "contiguous", 2))
+    assert reason == ("not compiled: fp32 contiguous at 2 thread(s) predicted at 101.00 ms (trial 1, no step from it "
+                      "measured), more than 1.5x trial 3's 33.50 ms")
+    # bf16 contiguous from bf16 channels_last at 49.0: 1.46x the best, under the margin, compiled
+    assert pruning.skip_compile(recipes, DEFAULT, "latency", compiled("bf16", "contiguous", 2)) == ""
     # int8 contiguous at 2 threads, the winner of that search: predicted at 34.07 ms, compiled
     assert pruning.skip_compile(study, DEFAULT, "latency", compiled("int8", "contiguous", 2)) == ""
     # already compiled (another allocator): it runs, as does eager
