@@ -24,7 +24,8 @@ from autotune.replicates import WARM_SEARCH_DEFAULT
 @click.option("--input-shape", help=options.SHAPE_HELP)
 @click.option("--example-inputs", type=click.Path(dir_okay=False), help=options.INPUTS_HELP)
 @click.option("--trials", required=True, type=int,
-              help="Total finished trials the study should hold (baseline included); a rerun resumes.")
+              help="Total finished trials the study should hold (baseline included; a trial not compiled, "
+                   "predicted to lose, measured nothing and does not count); a rerun resumes.")
 @click.option("--set", "pins", multiple=True, metavar="KNOB=VALUE",
               help="Pin a knob in every trial (the baseline stays PyTorch's defaults) and search the rest; repeatable.")
 @options.duration_option("--time-budget", "Start no trial once it and the confirmation no longer fit in this "

@@ -269,7 +269,7 @@ def accounting(numbers: Mapping[str, Any]) -> None:
     """What the study's searches cost, in one line (stored as the study's `accounting`)."""
     skipped = int(numbers.get("not_compiled", 0))
     out.print(f"search cost: {numbers['trials']} trials, {numbers['distinct_configurations']} distinct "
-              f"configurations{f' ({skipped} pruned before compiling)' if skipped else ''}, "
+              f"configurations{f' (and {skipped} more pruned before compiling)' if skipped else ''}, "
               f"{_clock(numbers['wall_s'])} wall, {numbers['timed_s']:.0f} s of timed samples "
               f"({numbers['efficiency']:.0%} of the wall time), {numbers['trials_per_hour']:.0f} trials/hour",
               soft_wrap=True, highlight=False)

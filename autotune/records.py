@@ -54,8 +54,10 @@ def finished(study: optuna.Study) -> int:
 
 def counts(trial: FrozenTrial) -> bool:
     """A trial counts toward --trials once finished, unless cut short (Ctrl-C, a killed
-    autotune): that one measured nothing and runs again, so it takes no trial of --trials."""
-    return trial.state in FINISHED and fail_cause(trial) != CUT_SHORT
+    autotune: it runs again) or pruned before compiling (`SKIPPED`): neither measured anything,
+    so neither takes a trial of --trials, as a proposal that repeats a measured configuration
+    never becomes one. --trials N is N configurations measured."""
+    return trial.state in FINISHED and fail_cause(trial) != CUT_SHORT and not trial.user_attrs.get(SKIPPED)
 
 
 def best_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -74,25 +76,27 @@ def best_measured(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def distinct_configs(study: optuna.Study) -> int:
-    """Distinct (configuration, batch size) among the finished trials, the baseline included."""
+    """Distinct (configuration, batch size) among the trials that count toward --trials, the
+    baseline included."""
     return len({(t.user_attrs.get("config"), t.user_attrs.get("batch_size"))
-                for t in study.get_trials(deepcopy=False, states=FINISHED) if "config" in t.user_attrs})
+                for t in study.get_trials(deepcopy=False, states=FINISHED) if "config" in t.user_attrs and counts(t)})
 
 
 def account(study: optuna.Study, session_s: float) -> dict[str, float]:
     """What the study's searches cost and measured, over all their sessions: wall time, timed
     seconds (the windows samples were taken in; a duplicate's reused ones once), their ratio,
-    distinct configurations, trials pruned before compiling, and trials per hour. Stored as the
-    study's `accounting`."""
+    distinct configurations, the trials that count toward --trials and those pruned before
+    compiling (which do not), and counted trials per hour. Stored as the study's `accounting`."""
     before = study.user_attrs.get("accounting", {})
     wall = float(before.get("wall_s", 0.0)) + session_s
     trials = study.get_trials(deepcopy=False, states=FINISHED)
     timed = sum(float(t.user_attrs.get("timed_s", 0.0)) for t in trials if not is_duplicate(t))
+    counted = sum(counts(t) for t in trials)
     accounting = {"wall_s": round(wall, 2), "timed_s": round(timed, 2),
                   "efficiency": round(timed / wall, 3) if wall else 0.0,
-                  "distinct_configurations": distinct_configs(study), "trials": len(trials),
-                  "not_compiled": sum(bool(t.user_attrs.get(SKIPPED)) for t in trials),
-                  "trials_per_hour": round(len(trials) / wall * 3600, 1) if wall else 0.0,
+                  "distinct_configurations": distinct_configs(study), "trials": counted,
+                  "not_compiled": not_compiled(trials),
+                  "trials_per_hour": round(counted / wall * 3600, 1) if wall else 0.0,
                   "sessions": int(before.get("sessions", 0)) + 1}
     study.set_user_attr("accounting", accounting)
     return accounting
@@ -380,6 +384,11 @@ def failure_cause(measurement: Measurement) -> str:
 def record_pruned(trial: optuna.Trial, reason: str) -> None:
     trial.set_user_attr("status", "pruned")
     trial.set_user_attr("prune_reason", reason)
+
+
+def not_compiled(trials: Sequence[FrozenTrial]) -> int:
+    """How many of `trials` were pruned before compiling (`record_skipped`)."""
+    return sum(bool(t.user_attrs.get(SKIPPED)) for t in trials)
 
 
 def record_skipped(trial: optuna.Trial, reason: str) -> None:

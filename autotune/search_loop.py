@@ -305,8 +305,10 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
             break  # the other workers run the trials left
         if claimed is None:
             _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
+            skipped = _patiently(search, lambda: records.not_compiled(study.get_trials(deepcopy=False)))
+            more = f", and {skipped} more were not compiled, predicted to lose" if skipped else ""
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
-                    f"baseline included); widen the space (--space) to search further")
+                    f"baseline included{more}); widen the space (--space) to search further")
         trial_began = clock()
         try:
             with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):

@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
 from autotune import display, pruning, records, search_loop, space
@@ -127,7 +128,8 @@ class Scripted(optuna.samplers.BaseSampler):
         return {}
 
     def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
-        return self.script.get(trial.number, {}).get(name, distribution.to_external_repr(0))
+        first = distribution.low if isinstance(distribution, IntDistribution) else distribution.to_external_repr(0)
+        return self.script.get(trial.number, {}).get(name, first)
 
 
 def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
@@ -143,7 +145,8 @@ def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
         return fake_result([latency - 0.5, latency, latency + 0.5] if config.values else [150.0] * 3)
 
     script = {3: {"precision": "bf16", "omp_threads": 1}, 4: {"precision": "fp32", "omp_threads": 1},
-              5: {"precision": "bf16", "omp_threads": 2}}
+              5: {"precision": "bf16", "omp_threads": 2}, 6: {"precision": "fp32", "omp_threads": 2,
+                                                              "allocator": "jemalloc"}}
     monkeypatch.setattr(search_loop, "sampler", lambda seed, constant_liar=False: Scripted(script))
     monkeypatch.setattr(search_loop, "machine_has_bf16", lambda: True)
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
@@ -160,12 +163,15 @@ def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
                                                          "at 180.00 ms")
     assert "plan" not in skipped.user_attrs and not skipped.intermediate_values
     assert skipped.user_attrs["config"] not in ran
-    assert len(set(ran)) == 5  # the baseline, the 2 recipes, the 2 other sampled
-    assert [records.SKIPPED in t.user_attrs for t in trials] == [False] * 4 + [True, False]
+    # the skipped trial measured nothing, so it took no trial of --trials 6: a seventh ran
+    assert len(set(ran)) == 6  # the baseline, the 2 recipes, the 3 other sampled
+    assert [records.SKIPPED in t.user_attrs for t in trials] == [False] * 4 + [True, False, False]
+    assert records.finished(opened.study) == 6
     accounting = opened.study.user_attrs["accounting"]
     assert accounting["not_compiled"] == 1 and accounting["trials"] == 6
+    assert accounting["distinct_configurations"] == 6
     display.accounting(accounting)
-    assert "6 trials, 6 distinct configurations (1 pruned before compiling)" in capsys.readouterr().out
+    assert "6 trials, 6 distinct configurations (and 1 more pruned before compiling)" in capsys.readouterr().out
 
     # a configuration enqueued through Optuna runs, whatever its key is predicted at
     by_hand = Config.from_mapping({"backend": "inductor", "memory_format": "channels_last", "precision": "fp32",
@@ -173,6 +179,14 @@ def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
     opened.study.enqueue_trial(opened.space.params(by_hand))
     again = search_loop.open_search(request(tmp_path, 7, space=COMPILED), here)
     search_loop.run_search(again, here, lambda event: None, runner=runner)
-    enqueued = again.study.get_trials()[6]
+    enqueued = again.study.get_trials()[7]
     assert enqueued.user_attrs["proposed_by"] == "enqueued" and records.SKIPPED not in enqueued.user_attrs
     assert by_hand.describe() in ran
+
+    # once the space is exhausted, what was not compiled is said apart from what ran
+    rest = search_loop.open_search(request(tmp_path, 20, space=COMPILED), here)
+    stopped = search_loop.run_search(rest, here, lambda event: None, runner=runner)
+    assert stopped.startswith("every configuration of the space has run (")
+    assert stopped.endswith(" distinct, baseline included, and 1 more were not compiled, predicted to lose); widen the "
+                            "space (--space) to search further")
+    assert records.finished(rest.study) < 20 and records.not_compiled(rest.study.get_trials()) == 1
