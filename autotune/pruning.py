@@ -27,18 +27,17 @@ there is about 1.4x worse than the best or more, never one the confirmation woul
 Skipping a compile: with backend=inductor, a new (precision, memory format, thread count) is a
 new compile, 20-46 s on resnext101 at batch 1 on 2 cores, where the other trials take 5-10 s. In
 a latency search, a sampled configuration of a key no trial has measured is predicted from the
-keys that were: the fastest trial of a key one step away (one of the three differs), times that
-step's ratio between two measured keys that differ by it alone (int8 at 1 thread over int8 at 2,
-to predict bf16 at 1 thread from bf16 at 2). Where no pair measured that step yet, the step is
-taken as no change: the key is predicted at its neighbour's value. The most hopeful of those
-predictions is kept; a key with no measured neighbour compiles. Predicted more than
-`SKIP_COMPILE` times the best trial's value, the trial is pruned without running
-(`skip_compile`): that is the margin a trial gives up at after its last checked window, so it
-would most likely have paid the compile and the windows, then stopped. A neighbour that gave up
-after its first window (at least 2x, its median of one window, which can read up to 1.5x its
+keys that were: from each measured key's fastest trial, times, for each of the three that differs,
+that step's lowest ratio between two measured keys that differ by it alone (int8 at 1 thread over
+int8 at 2, to predict bf16 at 1 thread from bf16 at 2). Where no pair measured a step yet, it is
+taken as no change. The most hopeful of those predictions is kept; before any key is measured,
+the key compiles. Predicted more than `SKIP_COMPILE` times the best trial's value, the trial is
+pruned without running (`skip_compile`): that is the margin a trial gives up at after its last checked window, so it
+would most likely have paid the compile and the windows, then stopped. A measured key that gave
+up after its first window (at least 2x, its median of one window, which can read up to 1.5x its
 value) stands at 1.33x the best or more, so a key skipped on it alone is at least that far
-behind unless its one step gains a third; README "Skipping a compile" replays the rule on a
-recorded search (`benchmarks/skip_replay.py`). The baseline, the recipes and trials enqueued
+behind unless a step between them gains; README "Skipping a compile" replays the rule on
+recorded searches (`benchmarks/skip_replay.py`). The baseline, the recipes and trials enqueued
 through Optuna always run.
 """
 
@@ -162,14 +161,19 @@ def _ordinal(n: int) -> str:
 @dataclass(frozen=True)
 class Prediction:
     value: float  # the latency (ms) the configuration is predicted at
-    near: int  # the trial of the key one step away it is predicted from
-    step: tuple[int, int] | None  # the two trials whose ratio gives that step; None: no pair measured it
+    near: int  # the trial of the measured key it is predicted from
+    # for each of the three that differs from that key: its name, and the two trials whose ratio
+    # gives that step (None: no pair measured it, the step counts as no change)
+    steps: tuple[tuple[str, tuple[int, int] | None], ...] = ()
 
     def why(self) -> str:
         """Where the prediction comes from, for the skipped trial's reason."""
-        if self.step is None:
-            return f"trial {self.near}, no step from it measured"
-        return f"trial {self.near} times trial {self.step[0]} over trial {self.step[1]}"
+        measured = "".join(f" times trial {pair[0]} over trial {pair[1]}" for _, pair in self.steps if pair)
+        unmeasured = [STEP_NAMES[name] for name, pair in self.steps if pair is None]
+        return f"trial {self.near}{measured}" + (f", no {' or '.join(unmeasured)} step measured" if unmeasured else "")
+
+
+STEP_NAMES = {"precision": "precision", "memory_format": "layout", "omp_threads": "thread"}
 
 
 def compile_key(space: SearchSpace, config: Config) -> CompileKey | None:
@@ -183,18 +187,20 @@ def compile_key(space: SearchSpace, config: Config) -> CompileKey | None:
 
 def predict_compile(space: SearchSpace, trials: Sequence[FrozenTrial], key: CompileKey) -> Prediction | None:
     """`key`'s latency as predicted from the measured keys (module docstring); None when a trial
-    measured it already, or no measured key is one step away."""
+    measured it already, or none was measured."""
     seen = _fastest_per_key(space, trials)
     if key in seen:
         return None
     predictions = []
     for near, (value, number) in seen.items():
-        differs = [i for i in range(len(key)) if near[i] != key[i]]
-        if len(differs) == 1:
-            step = _step(seen, differs[0], near[differs[0]], key[differs[0]])
-            predictions.append(Prediction(value, number, None) if step is None
-                               else Prediction(value * step[0], number, step[1]))
-    return min(predictions, key=lambda p: p.value, default=None)
+        steps = []
+        for axis in (i for i in range(len(key)) if near[i] != key[i]):
+            step = _step(seen, axis, near[axis], key[axis])
+            value *= step[0] if step else 1.0
+            steps.append((KEY_NAMES[axis], step[1] if step else None))
+        predictions.append(Prediction(value, number, tuple(steps)))
+    # level predictions (routes through the same measurements) name the nearest key
+    return min(predictions, key=lambda p: (round(p.value, 6), len(p.steps)), default=None)
 
 
 def _fastest_per_key(space: SearchSpace, trials: Sequence[FrozenTrial]) -> dict[CompileKey, tuple[float, int]]:

@@ -65,30 +65,40 @@ def test_the_key_of_a_recipe_is_what_it_runs_and_eager_has_none() -> None:
     assert pruning.compile_key(DEFAULT, Config.from_mapping({"backend": "torchscript"})) is None
 
 
-def test_a_key_is_predicted_from_its_neighbour_times_a_measured_step() -> None:
+def test_a_key_is_predicted_from_a_measured_key_times_the_measured_steps() -> None:
     trials = searched().get_trials()
     # bf16 at 1 thread: bf16 at 2 (49.0, trial 2) times int8's 1 thread over 2 (59.0 / 33.5)
     bf16 = pruning.predict_compile(DEFAULT, trials, ("bf16", "channels_last", 1))
-    assert bf16 is not None and bf16.value == pytest.approx(49.0 * 59.0 / 33.5) and bf16.near == 2
-    assert bf16.step == (4, 3)
+    assert bf16 == pruning.Prediction(pytest.approx(49.0 * 59.0 / 33.5), 2, (("omp_threads", (4, 3)),))
     # the most hopeful route: fp32 contiguous from fp32 channels_last and int8's layout step
     fp32 = pruning.predict_compile(DEFAULT, trials, ("fp32", "contiguous", 2))
-    assert fp32 is not None and fp32.value == pytest.approx(101.0 * 60.0 / 59.0)
+    assert fp32 == pruning.Prediction(pytest.approx(101.0 * 60.0 / 59.0), 1, (("memory_format", (5, 4)),))
+    # two steps away: fp32 contiguous at 1 thread, fp32 channels_last times both of int8's steps
+    far = pruning.predict_compile(DEFAULT, trials, ("fp32", "contiguous", 1))
+    assert far is not None and far.value == pytest.approx(101.0 * 59.0 / 33.5 * 60.0 / 59.0)
     assert pruning.predict_compile(DEFAULT, trials, ("int8", "channels_last", 1)) is None  # measured
-    # no step measured along two axes at once: nothing one step away is known
-    assert pruning.predict_compile(DEFAULT, trials[:4], ("bf16", "contiguous", 1)) is None
+    assert pruning.predict_compile(DEFAULT, [], ("int8", "channels_last", 1)) is None  # nothing measured
 
 
 def test_a_step_no_pair_measured_yet_counts_as_no_change() -> None:
     recipes = searched().get_trials()[:4]
     # the recipes' int8 at 1 thread: no thread step measured, so int8 at 2 threads' own value
-    int8 = pruning.predict_compile(DEFAULT, recipes, ("int8", "channels_last", 1))
-    assert int8 == pruning.Prediction(33.5, 3, None)
-    assert int8.why() == "trial 3, no step from it measured"
-    # bf16 at 1 thread: bf16 at 2 threads' 49.0 until a thread step is measured (int8's, trials 4
-    # over 3), then 49.0 * 59.0 / 33.5
-    assert pruning.predict_compile(DEFAULT, recipes, ("bf16", "channels_last", 1)) == pruning.Prediction(49.0, 2, None)
-    assert pruning.predict_compile(DEFAULT, searched().get_trials(), ("bf16", "channels_last", 1)).step == (4, 3)
+    assert pruning.predict_compile(DEFAULT, recipes, ("int8", "channels_last", 1)) == \
+        pruning.Prediction(33.5, 3, (("omp_threads", None),))
+    # bf16 contiguous at 1 thread: bf16 at 2 threads' 49.0, neither step measured; once int8's are
+    # (trials 4 and 5), 49.0 times both
+    assert pruning.predict_compile(DEFAULT, recipes, ("bf16", "contiguous", 1)) == \
+        pruning.Prediction(49.0, 2, (("memory_format", None), ("omp_threads", None)))
+    measured = pruning.predict_compile(DEFAULT, searched().get_trials(), ("bf16", "contiguous", 1))
+    assert measured is not None and measured.value == pytest.approx(49.0 * 59.0 / 33.5 * 60.0 / 59.0)
+
+
+def test_a_prediction_says_where_it_comes_from() -> None:
+    assert pruning.Prediction(86.3, 2, (("omp_threads", (4, 3)),)).why() == "trial 2 times trial 4 over trial 3"
+    assert pruning.Prediction(49.0, 2, (("memory_format", None), ("omp_threads", None))).why() == \
+        "trial 2, no layout or thread step measured"
+    assert pruning.Prediction(9.0, 1, (("precision", (2, 3)), ("memory_format", None))).why() == \
+        "trial 1 times trial 2 over trial 3, no layout step measured"
 
 
 def test_a_latency_search_skips_a_compile_predicted_to_lose_by_more_than_the_margin() -> None:
@@ -101,7 +111,7 @@ def test_a_latency_search_skips_a_compile_predicted_to_lose_by_more_than_the_mar
     recipes = optuna.create_study()
     recipes.add_trials(study.get_trials()[:4])
     reason = pruning.skip_compile(recipes, DEFAULT, "latency", compiled("fp32", "contiguous", 2))
-    assert reason == ("not compiled: fp32 contiguous at 2 thread(s) predicted at 101.00 ms (trial 1, no step from it "
+    assert reason == ("not compiled: fp32 contiguous at 2 thread(s) predicted at 101.00 ms (trial 1, no layout step "
                       "measured), more than 1.5x trial 3's 33.50 ms")
     # bf16 contiguous from bf16 channels_last at 49.0: 1.46x the best, under the margin, compiled
     assert pruning.skip_compile(recipes, DEFAULT, "latency", compiled("bf16", "contiguous", 2)) == ""
