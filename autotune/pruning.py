@@ -32,13 +32,14 @@ that step's lowest ratio between two measured keys that differ by it alone (int8
 int8 at 2, to predict bf16 at 1 thread from bf16 at 2). Where no pair measured a step yet, it is
 taken as no change. The most hopeful of those predictions is kept; before any key is measured,
 the key compiles. Predicted more than `SKIP_COMPILE` times the best trial's value, the trial is
-pruned without running (`skip_compile`): that is the margin a trial gives up at after its last checked window, so it
-would most likely have paid the compile and the windows, then stopped. A measured key that gave
-up after its first window (at least 2x, its median of one window, which can read up to 1.5x its
-value) stands at 1.33x the best or more, so a key skipped on it alone is at least that far
-behind unless a step between them gains; README "Skipping a compile" replays the rule on
-recorded searches (`benchmarks/skip_replay.py`). The baseline, the recipes and trials enqueued
-through Optuna always run.
+pruned without running (`skip_compile`): that is the margin a trial gives up at after its last
+checked window, so it would most likely have paid the compile and the windows, then stopped. It
+takes no trial of --trials (`records.counts`). A measured key that gave up after its first
+window (at least 2x, its median of one window, which can read up to 1.5x its value) stands at
+1.33x the best or more, so a key skipped on it alone is at least that far behind unless a step
+between them gains; README "Skipping a compile" replays the rule on recorded searches
+(`benchmarks/skip_replay.py`). The baseline, the recipes and trials enqueued through Optuna
+always run.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def counts(trial: FrozenTrial) -> bool:
     """A trial counts toward --trials once finished, unless cut short (Ctrl-C, a killed
     autotune: it runs again) or pruned before compiling (`SKIPPED`): neither measured anything,
     so neither takes a trial of --trials, as a proposal that repeats a measured configuration
-    never becomes one. --trials N is N configurations measured."""
+    never becomes one: --trials N runs N configurations."""
     return trial.state in FINISHED and fail_cause(trial) != CUT_SHORT and not trial.user_attrs.get(SKIPPED)
 
 

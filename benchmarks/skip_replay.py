@@ -39,11 +39,13 @@ def replay(study: optuna.Study, searched: space.SearchSpace) -> tuple[list[list[
             continue
         if not skipped:
             seen.add(key)
+        before = optuna.create_study()  # the study as it stood when the trial was claimed
+        before.add_trials(trials[:at])
         best = _best(trials[:at])
         if best is None:
             continue
         predicted = pruning.predict_compile(searched, trials[:at], key)
-        skip = predicted is not None and predicted.value > pruning.SKIP_COMPILE * best
+        skip = bool(pruning.skip_compile(before, searched, "latency", config_of_params(trial.params)))
         forced = bool(trial.user_attrs.get("recipe")) or trial.user_attrs.get("proposed_by") == "enqueued"
         outcome, value, wall = _outcome(trial)
         if skip and not forced and value is not None:
@@ -57,7 +59,9 @@ def replay(study: optuna.Study, searched: space.SearchSpace) -> tuple[list[list[
 
 
 def _best(trials: list[FrozenTrial]) -> float | None:
-    values = [float(t.values[0]) for t in trials if t.state == TrialState.COMPLETE and t.values]
+    """The best value among `trials`, as `skip_compile` compares with it."""
+    values = [float(t.values[0]) for t in trials if t.state == TrialState.COMPLETE and t.values
+              and t.user_attrs.get("feasible", True)]
     return min(values, default=None)
 
 
@@ -90,7 +94,8 @@ def main() -> None:
         print("| trial | key (precision, layout, threads) | best before, ms | predicted today | today's rule "
               "| in the study |")
         print("|---|---|---|---|---|---|")
-        rows, saved_s, lost = replay(study, searched)
+        with storage.quiet_optuna():
+            rows, saved_s, lost = replay(study, searched)
         for row in rows:
             print("| " + " | ".join(row) + " |")
         print(f"\ntoday's rule skips {saved_s:.0f} s of trials that ran in the study; {lost} of them finished "
