@@ -41,9 +41,10 @@ def replay(study: optuna.Study, searched: space.SearchSpace) -> tuple[list[list[
             seen.add(key)
         before = optuna.create_study()  # the study as it stood when the trial was claimed
         before.add_trials(trials[:at])
-        best = _best(trials[:at])
-        if best is None:
+        leader = next(iter(records.best_trials(before)), None)
+        if leader is None or leader.value is None:
             continue
+        best = float(leader.value)
         predicted = pruning.predict_compile(searched, trials[:at], key)
         skip = bool(pruning.skip_compile(before, searched, "latency", config_of_params(trial.params)))
         forced = bool(trial.user_attrs.get("recipe")) or trial.user_attrs.get("proposed_by") == "enqueued"
@@ -56,13 +57,6 @@ def replay(study: optuna.Study, searched: space.SearchSpace) -> tuple[list[list[
                      "runs (recipe)" if forced else ("skip" if skip else "compile"),
                      outcome if value is None else f"{outcome}, {value / best:.2f}x the best before"])
     return rows, saved_s, lost
-
-
-def _best(trials: list[FrozenTrial]) -> float | None:
-    """The best value among `trials`, as `skip_compile` compares with it."""
-    values = [float(t.values[0]) for t in trials if t.state == TrialState.COMPLETE and t.values
-              and t.user_attrs.get("feasible", True)]
-    return min(values, default=None)
 
 
 def _outcome(trial: FrozenTrial) -> tuple[str, float | None, float]:
