@@ -41,6 +41,7 @@ if [ "${1:-}" = "--test" ]; then
   install_system_packages "${TEST_SYSTEM_PACKAGES[@]}"
   .venv/bin/ruff check autotune tests benchmarks examples
   .venv/bin/mypy
+  .venv/bin/lint-imports --no-cache --no-logo
   exec .venv/bin/python -m pytest "$@"
 fi
 echo "setup: done; run .venv/bin/autotune --help"

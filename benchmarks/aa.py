@@ -8,7 +8,7 @@ once with the default minimum effect that `confirm` uses. Rates come with exact 
 95% intervals. The A/B variant is the same model fed 3x235x235 images instead of 3x224x224
 (10.1% more pixels, so about 10% more convolution work).
 
-A confirmation builds two runs at a time and measures each alone (`orchestrate.run_series`; a
+A confirmation builds two runs at a time and measures each alone (`runner.run_series`; a
 child built beside another records how long it waited, `held_s`), so the A/A pairs also say
 whether the run that waited its turn measures differently from the one measured right after
 building (the median ratio of the second's latency to the first's, its order-statistic interval
@@ -27,15 +27,17 @@ from collections.abc import Sequence
 
 from scipy import stats as scipy_stats
 
-from autotune import confirm, machine, planning, stats
-from autotune.confirm import Contender
-from autotune.knobs import Config
-from autotune.launch import LaunchPlan, MeasureSettings
-from autotune.objectives import ALPHA, MIN_EFFECT
-from autotune.orchestrate import run_plan, run_series
-from autotune.replicates import SeriesRunner, one_by_one
-from autotune.results import RunResult
-from autotune.stats import PairedComparison, median
+from autotune.config.knobs import Config
+from autotune.host import machine
+from autotune.measure import requests, stats
+from autotune.measure.objectives import ALPHA, MIN_EFFECT
+from autotune.measure.plan import LaunchPlan, MeasureSettings
+from autotune.measure.replicates import SeriesRunner, one_by_one
+from autotune.measure.results import RunResult
+from autotune.measure.runner import run_plan, run_series
+from autotune.measure.stats import PairedComparison, median
+from autotune.search import confirm
+from autotune.search.confirm import Contender
 
 HEAVIER = "3x235x235"  # (235/224)^2 = 1.101: about 10% more work per image
 
@@ -71,8 +73,8 @@ def main() -> int:
 
 
 def plan_for(model: str, shape: str | None, measure: MeasureSettings, here: machine.Machine) -> LaunchPlan:
-    request = planning.BenchRequest(model=model, config=Config(), measure=measure, input_shape=shape)
-    return planning.make_plan(request, here)
+    request = requests.BenchRequest(model=model, config=Config(), measure=measure, input_shape=shape)
+    return requests.make_plan(request, here)
 
 
 def series(args: argparse.Namespace, runner: SeriesRunner, name: str, first: Contender, second: Contender,

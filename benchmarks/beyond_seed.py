@@ -17,11 +17,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autotune import confirm, machine, records, search_loop, space, stats
-from autotune.confirm import Contender
-from autotune.launch import LaunchPlan, MeasureSettings
-from autotune.orchestrate import run_series
-from autotune.replicates import ReplicatePolicy
+from autotune.config import space
+from autotune.host import machine
+from autotune.measure import stats
+from autotune.measure.plan import LaunchPlan, MeasureSettings
+from autotune.measure.replicates import ReplicatePolicy
+from autotune.measure.runner import run_series
+from autotune.search import confirm, loop
+from autotune.search.confirm import Contender
+from autotune.study import records
 
 SETTINGS = [("latency", 1), ("throughput", 8)]
 
@@ -52,12 +56,12 @@ def main() -> None:
 def best_of(args: argparse.Namespace, here: machine.Machine, objective: str, batch: int, space_name: str,
             measure: MeasureSettings, folder: Path) -> tuple[LaunchPlan, LaunchPlan, str]:
     """Search one space; return (baseline plan, best plan, best knobs)."""
-    request = search_loop.SearchRequest(model=args.model, trials=args.trials, space=space.find(space_name),
+    request = loop.SearchRequest(model=args.model, trials=args.trials, space=space.find(space_name),
                                   objective=objective, batch_size=batch, studies_dir=folder,
                                   study=f"{space_name}-{objective}", measure=measure,
                                   replicates=ReplicatePolicy(replicates=2, timeout_s=args.timeout), seed=0)
-    opened = search_loop.open_search(request, here)
-    search_loop.run_search(opened, here, lambda e: progress(space_name, objective, e))
+    opened = loop.open_search(request, here)
+    loop.run_search(opened, here, lambda e: progress(space_name, objective, e))
     base = records.baseline(opened.study)
     best = records.best_trials(opened.study)[0]
     assert base is not None
@@ -65,7 +69,7 @@ def best_of(args: argparse.Namespace, here: machine.Machine, objective: str, bat
             str(best.user_attrs.get("config")))
 
 
-def progress(space_name: str, objective: str, event: search_loop.TrialEvent) -> None:
+def progress(space_name: str, objective: str, event: loop.TrialEvent) -> None:
     if event.kind == "done":
         o = event.outcome
         value = f"{o.values[0]:.2f}" if o.values else f"{o.state.name.lower()}: {o.reason[:80]}"

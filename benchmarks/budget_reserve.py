@@ -20,8 +20,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune import budget, records
-from autotune.stats import median
+from autotune.measure.stats import median
+from autotune.search import budget
+from autotune.study import records
 
 
 def spent(trial: FrozenTrial) -> budget.Spent:

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.stats import median
+from autotune.measure.stats import median
 
 CONFIGS = {"defaults": [], "backend=torchscript": ["--backend", "torchscript"],
            "backend=inductor": ["--backend", "inductor"]}

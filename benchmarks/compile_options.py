@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotune import stats
+from autotune.measure import stats
 
 VARIANTS: dict[str, dict[str, str]] = {
     "inductor's defaults": {},

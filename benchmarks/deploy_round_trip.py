@@ -19,9 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autotune import stats
 from autotune.child.envfile import quote
-from autotune.storage import find_study
+from autotune.measure import stats
+from autotune.study.storage import find_study
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))

@@ -22,12 +22,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from autotune import machine, planning
-from autotune.knobs import Config
-from autotune.launch import MeasureSettings
-from autotune.orchestrate import run_plan
-from autotune.replicates import ReplicatePolicy, measure_replicates
-from autotune.stats import median
+from autotune.config.knobs import Config
+from autotune.host import machine
+from autotune.measure import requests
+from autotune.measure.plan import MeasureSettings
+from autotune.measure.replicates import ReplicatePolicy, measure_replicates
+from autotune.measure.runner import run_plan
+from autotune.measure.stats import median
 
 CONFIGS = [[], ["allocator=jemalloc"], ["backend=torchscript"], ["omp_threads=1"],
            ["backend=inductor", "precision=bf16", "memory_format=channels_last"]]
@@ -47,7 +48,7 @@ def main() -> None:
     p.add_argument("--cache-dir", type=Path, default=Path("/tmp/autotune-fresh-vs-warm"))
     args = p.parse_args()
     here = machine.this_machine()
-    plans = [planning.make_plan(planning.BenchRequest(
+    plans = [requests.make_plan(requests.BenchRequest(
         model=args.model, config=Config.from_assignments(c), measure=MeasureSettings(duration_s=args.duration),
         cache_dir=args.cache_dir), here) for c in CONFIGS]
     for plan in plans:  # compile what needs compiling before anything is timed

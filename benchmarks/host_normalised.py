@@ -32,11 +32,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from autotune import machine, planning
-from autotune.knobs import Config
-from autotune.launch import LaunchPlan, MeasureSettings
-from autotune.orchestrate import run_plan
-from autotune.stats import median
+from autotune.config.knobs import Config
+from autotune.host import machine
+from autotune.measure import requests
+from autotune.measure.plan import LaunchPlan, MeasureSettings
+from autotune.measure.runner import run_plan
+from autotune.measure.stats import median
 
 CONFIGS = [["allocator=jemalloc"], ["memory_format=channels_last"], ["omp_threads=1"]]
 HOSTS = ("quiet", "noisy")
@@ -182,7 +183,7 @@ def main() -> None:
         return
     here = machine.this_machine()
     settings = MeasureSettings(warmup=3, warmup_s=0.3, duration_s=args.duration, min_iterations=10)
-    plans = {(" ".join(c) or "baseline"): planning.make_plan(planning.BenchRequest(
+    plans = {(" ".join(c) or "baseline"): requests.make_plan(requests.BenchRequest(
         model=args.model, config=Config.from_assignments(c), measure=settings, cache_dir=args.cache_dir), here)
         for c in [[], *CONFIGS]}
     measured = measure(plans, args.rounds, args.seed)

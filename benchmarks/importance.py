@@ -24,9 +24,10 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.importance import BaseImportanceEvaluator, FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
 from scipy.stats import spearmanr
 
-from autotune import report, storage
-from autotune.objectives import Metric, lower_is_better
-from autotune.report import Row
+from autotune.measure.objectives import Metric, lower_is_better
+from autotune.report import contents
+from autotune.report.contents import Row
+from autotune.study import storage
 
 RUNS = 10
 EVALUATORS: dict[str, Callable[[int], BaseImportanceEvaluator]] = {
@@ -36,7 +37,7 @@ EVALUATORS: dict[str, Callable[[int], BaseImportanceEvaluator]] = {
 
 
 def importances(rows: Sequence[Row], metric: Metric, evaluator: BaseImportanceEvaluator) -> dict[str, float]:
-    knobs = report.varying(rows)
+    knobs = contents.varying(rows)
     dists: dict[str, BaseDistribution] = {
         k: CategoricalDistribution(sorted({r.knobs[k] for r in rows})) for k in knobs}
     copy = optuna.create_study(direction="minimize" if lower_is_better(metric) else "maximize")  # PED-ANOVA: the best
@@ -50,7 +51,7 @@ def eta_squared(rows: Sequence[Row], metric: Metric) -> dict[str, float]:
     mean = statistics.fmean(values)
     total = sum((v - mean) ** 2 for v in values)
     found = {}
-    for knob in report.varying(rows):
+    for knob in contents.varying(rows):
         groups: dict[str, list[float]] = {}
         for r in rows:
             groups.setdefault(r.knobs[knob], []).append(r.values[metric])
@@ -59,7 +60,7 @@ def eta_squared(rows: Sequence[Row], metric: Metric) -> dict[str, float]:
 
 
 def compare(rows: Sequence[Row], metric: Metric, name: str) -> None:
-    make, knobs = EVALUATORS[name], report.varying(rows)
+    make, knobs = EVALUATORS[name], contents.varying(rows)
     eta = eta_squared(rows, metric)
     runs, seconds = [], []
     for seed in range(RUNS):
@@ -69,7 +70,7 @@ def compare(rows: Sequence[Row], metric: Metric, name: str) -> None:
     mean = {k: statistics.fmean(r.get(k, 0.0) for r in runs) for k in knobs}
     rng = random.Random(0)
     boot = [importances(sample, metric, make(b)) for b in range(RUNS)
-            if report.varying(sample := [rows[rng.randrange(len(rows))] for _ in rows])]
+            if contents.varying(sample := [rows[rng.randrange(len(rows))] for _ in rows])]
     print(f"{name}: median {statistics.median(seconds):.3f} s per evaluation")
     print("  importance:", ", ".join(f"{k} {v:.3f}" for k, v in sorted(mean.items(), key=lambda kv: -kv[1])))
     print(f"  top knob per seed: {sorted({max(r, key=r.__getitem__) for r in runs})}; largest sd across seeds "
@@ -88,10 +89,10 @@ def main() -> None:
     with storage.quiet_optuna(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study = storage.find_study(Path("studies"), args.study, f"sqlite:///{args.db}")
-        rows = report.design(study)
-        metric = report.metrics_of(str(study.user_attrs.get("objective", "latency")))[0]
+        rows = contents.design(study)
+        metric = contents.metrics_of(str(study.user_attrs.get("objective", "latency")))[0]
         used = [r for r in rows if metric in r.values]
-        print(f"study {study.study_name}: {len(used)} measured trials, {metric}, knobs {report.varying(used)}")
+        print(f"study {study.study_name}: {len(used)} measured trials, {metric}, knobs {contents.varying(used)}")
         for name in EVALUATORS:
             compare(used, metric, name)
 

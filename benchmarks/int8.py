@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune import confirm, machine, planning, stats
-from autotune.launch import MeasureSettings
-from autotune.objectives import Metric
-from autotune.orchestrate import run_plan
+from autotune.host import machine
+from autotune.measure import requests, stats
+from autotune.measure.objectives import Metric
+from autotune.measure.plan import MeasureSettings
+from autotune.measure.runner import run_plan
+from autotune.search import confirm
 
 PROCESS = ["omp_runtime=intel", "allocator=jemalloc"]
 CONFIGS = {"PyTorch defaults": [],
@@ -42,7 +44,7 @@ def main() -> None:
     here = machine.this_machine()
     for title, batch, metric in SETTINGS:
         measure = MeasureSettings(duration_s=args.duration)
-        contenders = [confirm.Contender(label, planning.make_plan(planning.BenchRequest.from_flags(
+        contenders = [confirm.Contender(label, requests.make_plan(requests.BenchRequest.from_flags(
             args.model, knobs, batch, measure=measure, cache_dir=args.cache_dir), here))
             for label, knobs in CONFIGS.items()]
         guard = warm(contenders)

@@ -19,11 +19,15 @@ from pathlib import Path
 
 import optuna
 
-from autotune import confirm, export, machine, planning, search_loop, space, stats
-from autotune.knobs import Config
-from autotune.launch import MeasureSettings
-from autotune.orchestrate import run_plan
-from autotune.replicates import ReplicatePolicy
+from autotune.config import space
+from autotune.config.knobs import Config
+from autotune.deploy import export
+from autotune.host import machine
+from autotune.measure import requests, stats
+from autotune.measure.plan import MeasureSettings
+from autotune.measure.replicates import ReplicatePolicy
+from autotune.measure.runner import run_plan
+from autotune.search import confirm, loop
 
 
 def main() -> None:
@@ -41,7 +45,7 @@ def main() -> None:
 
 
 def spread(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> None:
-    plan = planning.make_plan(planning.BenchRequest(model=args.model, config=Config(), measure=measure), here)
+    plan = requests.make_plan(requests.BenchRequest(model=args.model, config=Config(), measure=measure), here)
     p50s = []
     for number in range(args.runs):
         result = run_plan(plan, 900)
@@ -60,16 +64,16 @@ def spread(args: argparse.Namespace, here: machine.Machine, measure: MeasureSett
 
 def round_trip(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> None:
     with tempfile.TemporaryDirectory(prefix="autotune-repeat-") as tmp:
-        request = search_loop.SearchRequest(model=args.model, trials=args.trials, space=space.find(args.space),
+        request = loop.SearchRequest(model=args.model, trials=args.trials, space=space.find(args.space),
                                       studies_dir=Path(tmp), cache_dir=Path("studies/cache"), measure=measure,
                                       replicates=ReplicatePolicy(replicates=3), seed=0)
-        opened = search_loop.open_search(request, here)
-        search_loop.run_search(opened, here, lambda e: print(_line(e), file=sys.stderr) if e.kind == "done" else None)
+        opened = loop.open_search(request, here)
+        loop.run_search(opened, here, lambda e: print(_line(e), file=sys.stderr) if e.kind == "done" else None)
         verdict = confirm.confirm(opened.study, 3, args.rounds, 0.03, 900, lambda e: None)
         trial = export.pick_trial(opened.study, None)
         path = Path(tmp) / "best.env"
         export.write(path, export.render(opened.study, trial))
-        plan = planning.plan_from_exported(export.read(path).env, here, measure)
+        plan = requests.plan_from_exported(export.read(path).env, here, measure)
         again = [r.latency_p50_ms for r in (run_plan(plan, 900) for _ in range(args.runs)) if r.ok]
         confirmed = _confirmed_value(verdict, trial.number, opened.study)
         median = stats.median(again)
@@ -93,7 +97,7 @@ def _confirmed_value(verdict: dict, number: int, found: optuna.Study) -> float:
     return float(found.get_trials()[number].user_attrs["latency_p50_ms"])
 
 
-def _line(event: search_loop.TrialEvent) -> str:
+def _line(event: loop.TrialEvent) -> str:
     outcome = event.outcome
     value = f"{outcome.values[0]:.1f} ms" if outcome.values else outcome.state.name.lower()
     return f"trial {event.number}: {value} ({event.config.describe()})"

@@ -36,13 +36,17 @@ from typing import Any
 
 import optuna
 
-from autotune import machine, planning, proposals, pruning, recipes, search_loop, space, storage
-from autotune.knobs import KNOBS, Config
-from autotune.launch import MeasureSettings
-from autotune.orchestrate import run_plan
-from autotune.replicates import BUSY_MACHINE
-from autotune.results import RunResult
-from autotune.stats import median
+from autotune.config import recipes, space
+from autotune.config.knobs import KNOBS, Config
+from autotune.host import machine
+from autotune.measure import requests
+from autotune.measure.plan import MeasureSettings
+from autotune.measure.replicates import BUSY_MACHINE
+from autotune.measure.results import RunResult
+from autotune.measure.runner import run_plan
+from autotune.measure.stats import median
+from autotune.search import loop, proposals, pruning
+from autotune.study import storage
 
 HERE = Path(__file__).resolve().parent
 SPACE = HERE / "data" / "replay_space.yaml"
@@ -79,13 +83,13 @@ def collect(args: argparse.Namespace) -> None:
             entry = table["configs"].setdefault(config.describe(), {"knobs": dict(config.values), "replicates": []})
             if len(entry["replicates"]) > rep or entry.get("failed"):
                 continue
-            request = planning.BenchRequest(model=args.model, config=config, measure=measure,
+            request = requests.BenchRequest(model=args.model, config=config, measure=measure,
                                             cache_dir=Path(args.cache_dir))
-            run = run_plan(planning.make_plan(request, here), args.timeout)
+            run = run_plan(requests.make_plan(request, here), args.timeout)
             for _ in range(BUSY_RETRIES):
                 if not run.ok or run.noise.get("other_cpu_share", 0.0) <= BUSY_MACHINE:
                     break
-                run = run_plan(planning.make_plan(request, here), args.timeout)
+                run = run_plan(requests.make_plan(request, here), args.timeout)
             if not run.ok:
                 entry["failed"] = run.reason
             else:
@@ -155,12 +159,12 @@ def machine_recipes(table: Table) -> tuple[recipes.Recipe, ...]:
 Sampler = Callable[[int], optuna.samplers.BaseSampler]
 SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
     # name: (sampler for a seed, recipes first, trials proposed at a time)
-    "TPE as configured (multivariate, group, 8 startup)": (search_loop.sampler, False, 1),
+    "TPE as configured (multivariate, group, 8 startup)": (loop.sampler, False, 1),
     "TPE, Optuna defaults": (lambda seed: optuna.samplers.TPESampler(seed=seed), False, 1),
     "GPSampler": (lambda seed: optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False), False, 1),
     "random": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False, 1),
     "grid order": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False, 1),  # replaced below
-    "experts first, then TPE as configured": (search_loop.sampler, True, 1),
+    "experts first, then TPE as configured": (loop.sampler, True, 1),
     "experts first, then TPE with 4 startup": (lambda seed: optuna.samplers.TPESampler(
         multivariate=True, group=True, n_startup_trials=4, seed=seed), True, 1),
     "experts first, then GPSampler": (lambda seed: optuna.samplers.GPSampler(
@@ -169,9 +173,9 @@ SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
     # proposed before the first's result, the first's configuration excluded (as a fleet's workers
     # propose); with the constant liar, TPE also counts the running trial as bad. The search does
     # not do this: README "Which sampler" and benchmarks/trial_pairs.py say why.
-    "experts first, then TPE as configured, two at a time": (search_loop.sampler, True, 2),
+    "experts first, then TPE as configured, two at a time": (loop.sampler, True, 2),
     "experts first, then TPE as configured, two at a time, constant liar": (
-        lambda seed: search_loop.sampler(seed, constant_liar=True), True, 2),
+        lambda seed: loop.sampler(seed, constant_liar=True), True, 2),
 }
 
 
@@ -280,8 +284,8 @@ def costed_replay(table: Table, seed: int, trials: int, mode: str) -> tuple[floa
     screen, mean seconds per trial) for the default sampler, replicates drawn in random order."""
     rng = random.Random(seed)
     with storage.quiet_optuna():
-        study = optuna.create_study(sampler=search_loop.sampler(seed))
-    proposer = proposals.Proposer(table.space, (1,), search_loop.sampler, machine_recipes(table), seed)
+        study = optuna.create_study(sampler=loop.sampler(seed))
+    proposer = proposals.Proposer(table.space, (1,), loop.sampler, machine_recipes(table), seed)
     measured: set[proposals.Identity] = set()
     best: list[float] = []
     best_seen, spent, reached, lost, count = math.inf, 0.0, math.inf, False, 0

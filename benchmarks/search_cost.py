@@ -24,7 +24,7 @@ from typing import Any
 
 import optuna
 
-from autotune import records, storage
+from autotune.study import records, storage
 
 BIN = Path(sys.executable).parent
 

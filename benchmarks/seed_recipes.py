@@ -15,9 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from autotune import machine, planning, stats
-from autotune.launch import MeasureSettings
-from autotune.orchestrate import run_plan
+from autotune.host import machine
+from autotune.measure import requests, stats
+from autotune.measure.plan import MeasureSettings
+from autotune.measure.runner import run_plan
 
 SEED_RECIPE = ["mkldnn=on", "weight_cache=on", "omp_runtime=intel", "allocator=jemalloc",
                "kmp_affinity=compact", "kmp_blocktime=1"]
@@ -36,7 +37,7 @@ def main() -> None:
     args = p.parse_args()
     here = machine.this_machine()
     configs = [[], SEED_RECIPE, *SINGLE_CHANGES]
-    plans = [planning.make_plan(planning.BenchRequest.from_flags(
+    plans = [requests.make_plan(requests.BenchRequest.from_flags(
         args.model, c, args.batch_size, measure=MeasureSettings(duration_s=args.duration),
         cache_dir=args.cache_dir), here)
         for c in configs]

@@ -21,8 +21,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import pruning, records, space, storage
-from autotune.space import config_of_params
+from autotune.config import space
+from autotune.config.space import config_of_params
+from autotune.search import pruning
+from autotune.study import records, storage
 
 NEAR_BEST = 1.2  # a ran trial at most this far behind the best before it: losing it would matter
 

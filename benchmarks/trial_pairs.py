@@ -26,11 +26,12 @@ from typing import Any
 
 import optuna
 
-from autotune import records, replicates, storage
-from autotune.launch import LaunchPlan, stretched
-from autotune.orchestrate import run_plan, run_series
-from autotune.results import RunResult
-from autotune.stats import median
+from autotune.measure import replicates
+from autotune.measure.plan import LaunchPlan, stretched
+from autotune.measure.results import RunResult
+from autotune.measure.runner import run_plan, run_series
+from autotune.measure.stats import median
+from autotune.study import records, storage
 
 WINDOWS = 3  # a search's trial: its replicates as windows of one warmed process
 

@@ -18,11 +18,12 @@ import argparse
 import random
 from pathlib import Path
 
-from autotune import machine, planning
-from autotune.knobs import Config
-from autotune.launch import MeasureSettings
-from autotune.orchestrate import run_plan
-from autotune.stats import median
+from autotune.config.knobs import Config
+from autotune.host import machine
+from autotune.measure import requests
+from autotune.measure.plan import MeasureSettings
+from autotune.measure.runner import run_plan
+from autotune.measure.stats import median
 
 # The kinds of configuration a search measures: eager, the experts' recipes, TorchScript,
 # loaded AOTInductor artifacts (int8, bf16), two bound instances, DataLoader workers.
@@ -72,7 +73,7 @@ def main() -> None:
     args = p.parse_args()
     here = machine.this_machine()
     measure = MeasureSettings(warmup=3, warmup_s=0.0, duration_s=W_MAX + WINDOW_S + args.tail, min_iterations=1)
-    plans = [planning.make_plan(planning.BenchRequest(
+    plans = [requests.make_plan(requests.BenchRequest(
         model=args.model, config=Config.from_assignments(c), measure=measure, cache_dir=args.cache_dir), here)
         for c in CONFIGS]
     for plan in plans:  # compile what needs compiling before anything is measured

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from autotune.child import cpu
-from autotune.libs import Libraries
-from autotune.lock import LOCK_ENV
-from autotune.topology import Topology, from_lscpu_file
+from autotune.host.libs import Libraries
+from autotune.host.lock import LOCK_ENV
+from autotune.host.topology import Topology, from_lscpu_file
 from tests.pg import NoServer, Server, server
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -57,7 +57,7 @@ def fake_libs() -> Libraries:
 def private_machine_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The tests' own machine lock (inherited by the autotune processes they start): a test never
     waits for a real autotune measuring on this machine, nor holds one up."""
-    path = tmp_path_factory.mktemp("lock") / "autotune.lock"
+    path = tmp_path_factory.mktemp("lock") / "autotune.host.lock"
     before = os.environ.get(LOCK_ENV)
     os.environ[LOCK_ENV] = str(path)
     yield path

@@ -14,15 +14,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import launch  # noqa: E402
-from autotune.knobs import Config  # noqa: E402
-from autotune.launch import BenchSpec  # noqa: E402
+from autotune.config.knobs import Config  # noqa: E402
+from autotune.measure import plan  # noqa: E402
+from autotune.measure.plan import BenchSpec  # noqa: E402
 
 FAKE = str(Path(__file__).parent / "fake_worker.py")
 
 
 def fake_child(behaviour: str) -> Any:
-    """`launch.worker_command` starting the fake child (its flags come in pairs, which it ignores)."""
+    """`plan.worker_command` starting the fake child (its flags come in pairs, which it ignores)."""
 
     def command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
         return (sys.executable, FAKE, behaviour, "--model", bench.model)
@@ -31,7 +31,7 @@ def fake_child(behaviour: str) -> Any:
 
 
 if __name__ == "__main__":
-    from autotune.cli import main
+    from autotune.cli.main import main
 
-    launch.worker_command = fake_child(sys.argv[1])
+    plan.worker_command = fake_child(sys.argv[1])
     main(sys.argv[2:])

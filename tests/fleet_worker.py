@@ -30,13 +30,16 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-from autotune import fleet, machine, models, proposals, records, search_loop, storage  # noqa: E402
-from autotune.errors import AutotuneError  # noqa: E402
-from autotune.launch import LaunchPlan  # noqa: E402
-from autotune.libs import Libraries  # noqa: E402
-from autotune.replicates import ReplicatePolicy  # noqa: E402
-from autotune.results import InstanceResult, RunResult  # noqa: E402
-from autotune.topology import from_lscpu_file  # noqa: E402
+from autotune.base.errors import AutotuneError  # noqa: E402
+from autotune.config import models  # noqa: E402
+from autotune.host import machine  # noqa: E402
+from autotune.host.libs import Libraries  # noqa: E402
+from autotune.host.topology import from_lscpu_file  # noqa: E402
+from autotune.measure.plan import LaunchPlan  # noqa: E402
+from autotune.measure.replicates import ReplicatePolicy  # noqa: E402
+from autotune.measure.results import InstanceResult, RunResult  # noqa: E402
+from autotune.search import fleet, loop, proposals  # noqa: E402
+from autotune.study import records, storage  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 VERSIONS = {"torch": "2.14.1+fake", "onednn": "3.9", "mkldnn_available": "true"}
@@ -50,7 +53,7 @@ def latency_ms(describe: str, speed: float) -> float:
     return (100.0 if describe == "defaults" else 50.0 + digest % 10_000 / 100.0) / speed
 
 
-def runner(seconds: float, speed: float) -> search_loop.PlanRunner:
+def runner(seconds: float, speed: float) -> loop.PlanRunner:
     def run(plan: LaunchPlan, timeout_s: float) -> RunResult:
         time.sleep(seconds)
         base = latency_ms(plan.config.describe() if plan.config.values else "defaults", speed)
@@ -67,7 +70,7 @@ def without_torch() -> None:
     """The fake host reports fixed torch versions and knows resnet18 without importing torch (a
     worker stays ~100 MB instead of ~450 MB: 64 of them fit in memory)."""
     machine.torch_versions = lambda: dict(VERSIONS)  # type: ignore[assignment]
-    search_loop.torch_versions = machine.torch_versions  # type: ignore[attr-defined]
+    loop.torch_versions = machine.torch_versions  # type: ignore[attr-defined]
     records.host_fingerprint = lambda m: {"hostname": machine.host_name(), **machine.fingerprint(m)}
     models.classification_models = lambda: ("resnet18",)  # type: ignore[assignment]  # not torchvision's
 
@@ -76,7 +79,7 @@ def timed(path: Path) -> None:
     """Seconds spent in claiming (waiting for the study's lock, holding it: in all, on this
     thread's CPU, and the sampler within; and the trial reads from the server meanwhile) and in
     recording, per trial: one line appended to `path` when the trial is recorded."""
-    claim, store, propose, exclusive = fleet.claim, search_loop._store, proposals.Proposer.next, storage.exclusive
+    claim, store, propose, exclusive = fleet.claim, loop._store, proposals.Proposer.next, storage.exclusive
     get_trials = optuna.storages.RDBStorage._get_trials
     path.write_text("")
 
@@ -127,7 +130,7 @@ def timed(path: Path) -> None:
     fleet.claim = timed_claim  # type: ignore[assignment]
     storage.exclusive = timed_exclusive  # type: ignore[assignment]
     optuna.storages.RDBStorage._get_trials = counted_get_trials  # type: ignore[method-assign]
-    search_loop._store = timed_store  # type: ignore[assignment]
+    loop._store = timed_store  # type: ignore[assignment]
     proposals.Proposer.next = timed_propose  # type: ignore[method-assign]
 
 
@@ -152,12 +155,12 @@ def main() -> int:
                                                                            "tcmalloc")},
                      numactl=Path("/usr/bin/numactl"), numactl_usable=True, taskset=Path("/usr/bin/taskset"))
     here = machine.Machine(from_lscpu_file(FIXTURES / "lscpu" / f"{args.lscpu}.txt"), libs)
-    request = search_loop.SearchRequest(model="resnet18", trials=args.trials, space=Path(args.space),
+    request = loop.SearchRequest(model="resnet18", trials=args.trials, space=Path(args.space),
                                         study=args.study, storage=args.url, allow_mixed=args.allow_mixed,
                                         replicates=ReplicatePolicy(replicates=1), studies_dir=Path("/nonexistent"))
     try:
-        opened = search_loop.open_search(request, here)
-        search_loop.run_search(opened, here, lambda event: None, runner=runner(args.seconds, args.speed))
+        opened = loop.open_search(request, here)
+        loop.run_search(opened, here, lambda event: None, runner=runner(args.seconds, args.speed))
     except AutotuneError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2

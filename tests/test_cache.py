@@ -14,12 +14,12 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import cache, export
+from autotune.base.errors import AutotuneError
 from autotune.child import deploy, references
 from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
 from autotune.child.convert import ModelKnobs
-from autotune.errors import AutotuneError
-from autotune.options import parse_duration
+from autotune.cli.options import parse_duration
+from autotune.deploy import cache, export
 from tests.test_export import AUTOTUNE, searched  # noqa: F401 (a fixture)
 
 HERE = cache.Here(torch="2.14.1+cu130", isa=("avx2", "avx512f"))

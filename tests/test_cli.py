@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import cli, main
+from autotune.cli.main import cli, main
 from tests.conftest import FIXTURES
 
 XEON = str(FIXTURES / "lscpu" / "xeon_2s_ht.txt")

@@ -12,13 +12,14 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import confirm, export, search_loop
-from autotune.knobs import Config
-from autotune.launch import BenchSpec, LaunchPlan
-from autotune.libs import Libraries
-from autotune.machine import Machine
-from autotune.replicates import ReplicatePolicy, one_by_one
-from autotune.results import InstanceResult, RunResult
+from autotune.config.knobs import Config
+from autotune.deploy import export
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine
+from autotune.measure.plan import BenchSpec, LaunchPlan
+from autotune.measure.replicates import ReplicatePolicy, one_by_one
+from autotune.measure.results import InstanceResult, RunResult
+from autotune.search import confirm, loop
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_result, fake_runner
 
@@ -50,14 +51,14 @@ ENQUEUED = [{"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"},
 def searched(tmp_path: Path, here: Machine, runner: object, trials: int = 8) -> optuna.Study:
     """The baseline, then the enqueued configurations (so the test does not hang on sampling luck)."""
     for total in (1, trials):
-        opened = search_loop.open_search(search_loop.SearchRequest(
+        opened = loop.open_search(loop.SearchRequest(
             model="resnet18", trials=total, space=SPACE, studies_dir=tmp_path / "studies",
             replicates=ReplicatePolicy(replicates=3), seed=0), here)
         if total == 1:
-            search_loop.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
+            loop.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
             for params in ENQUEUED:
                 opened.study.enqueue_trial(params)
-    search_loop.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
+    loop.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
     return opened.study
 
 

@@ -7,15 +7,16 @@ from typing import Any
 
 import pytest
 
-from autotune import budget, recipes, search_loop, space
-from autotune.errors import ConfigError
-from autotune.knobs import Config
-from autotune.launch import MeasureSettings
-from autotune.libs import Libraries
-from autotune.machine import Machine
-from autotune.replicates import ReplicatePolicy
-from autotune.space import SpaceError
-from autotune.storage import StudyError
+from autotune.base.errors import ConfigError
+from autotune.config import recipes, space
+from autotune.config.knobs import Config
+from autotune.config.space import SpaceError
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine
+from autotune.measure.plan import MeasureSettings
+from autotune.measure.replicates import ReplicatePolicy
+from autotune.search import budget, loop
+from autotune.study.storage import StudyError
 from tests.conftest import lscpu
 from tests.test_proposals import DEFAULT, ok_runner
 from tests.test_study import SPACE, fake_result, request
@@ -30,9 +31,9 @@ def pins(*assignments: str) -> Config:
     return Config.from_assignments(assignments)
 
 
-def searched(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> search_loop.Search:
-    opened = search_loop.open_search(request(tmp_path, trials, **kw), here)
-    search_loop.run_search(opened, here, lambda event: None, runner=ok_runner)
+def searched(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> loop.Search:
+    opened = loop.open_search(request(tmp_path, trials, **kw), here)
+    loop.run_search(opened, here, lambda event: None, runner=ok_runner)
     return opened
 
 
@@ -51,9 +52,9 @@ def test_resuming_with_other_pins_is_refused_and_with_the_same_ones_goes_on(tmp_
     refused = (r"^study 'resnet18-bs1-latency' was searched with --set allocator=jemalloc, not no --set pins; "
                r"give the same pins to resume it, or another --study name$")
     with pytest.raises(StudyError, match=refused):
-        search_loop.open_search(request(tmp_path, 4, space=SPACE), here)
+        loop.open_search(request(tmp_path, 4, space=SPACE), here)
     with pytest.raises(StudyError, match="searched with --set allocator=jemalloc, not --set allocator=default"):
-        search_loop.open_search(request(tmp_path, 4, space=SPACE, pins=pins("allocator=default")), here)
+        loop.open_search(request(tmp_path, 4, space=SPACE, pins=pins("allocator=default")), here)
     again = searched(tmp_path, here, 4, space=SPACE, pins=pins("allocator=jemalloc"))
     assert len(again.study.get_trials()) == 4
 
@@ -61,7 +62,7 @@ def test_resuming_with_other_pins_is_refused_and_with_the_same_ones_goes_on(tmp_
 def test_a_study_searched_without_pins_refuses_them(tmp_path: Path, here: Machine) -> None:
     searched(tmp_path, here, 2, space=SPACE)
     with pytest.raises(StudyError, match="was searched with no --set pins, not --set mkldnn=on"):
-        search_loop.open_search(request(tmp_path, 3, space=SPACE, pins=pins("mkldnn=on")), here)
+        loop.open_search(request(tmp_path, 3, space=SPACE, pins=pins("mkldnn=on")), here)
 
 
 @pytest.mark.parametrize(("assignments", "message"), [
@@ -75,9 +76,9 @@ def test_a_study_searched_without_pins_refuses_them(tmp_path: Path, here: Machin
 def test_a_pin_the_machine_or_the_space_cannot_honour_is_refused(tmp_path: Path, here: Machine,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  assignments: tuple[str, ...], message: str) -> None:
-    monkeypatch.setattr(search_loop, "machine_has_bf16", lambda: False)
+    monkeypatch.setattr(loop, "machine_has_bf16", lambda: False)
     with pytest.raises(SpaceError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        search_loop.open_search(request(tmp_path, 3, space=SPACE, pins=pins(*assignments)), here)
+        loop.open_search(request(tmp_path, 3, space=SPACE, pins=pins(*assignments)), here)
     assert not (tmp_path / "studies").exists() or not list((tmp_path / "studies").glob("*.db"))
 
 
@@ -112,7 +113,7 @@ class FakeClock:
     def __call__(self) -> float:
         return self.now
 
-    def on_event(self, event: search_loop.TrialEvent) -> None:
+    def on_event(self, event: loop.TrialEvent) -> None:
         if event.kind == "done":
             baseline = not event.config.values
             self.now += self.baseline_s if baseline and self.baseline_s is not None else self.per_trial
@@ -129,8 +130,8 @@ def windows_runner(baseline_s: float = 3.0, other_s: float = 3.0, setup: dict[st
     return run
 
 
-def budgeted(tmp_path: Path, here: Machine, seconds: float, rounds: int, top: int) -> search_loop.Search:
-    return search_loop.open_search(request(tmp_path, 50, space=DEFAULT, time_budget_s=seconds, confirm_rounds=rounds,
+def budgeted(tmp_path: Path, here: Machine, seconds: float, rounds: int, top: int) -> loop.Search:
+    return loop.open_search(request(tmp_path, 50, space=DEFAULT, time_budget_s=seconds, confirm_rounds=rounds,
                                            confirm_top=top, measure=MeasureSettings(duration_s=1.0),
                                            replicates=ReplicatePolicy(in_process=True)), here)
 
@@ -146,7 +147,7 @@ def test_the_time_budget_starts_no_trial_that_would_not_fit(tmp_path: Path, here
     alone, none is built beside another); with 10 rounds, the baseline only."""
     clock = FakeClock(10.0)
     opened = budgeted(tmp_path, here, 65.0, rounds, top)
-    stopped = search_loop.run_search(opened, here, clock.on_event, runner=windows_runner(), clock=clock)
+    stopped = loop.run_search(opened, here, clock.on_event, runner=windows_runner(), clock=clock)
     assert len(opened.study.get_trials()) == expected
     ended = opened.study.user_attrs["ended_by"]
     assert ended["by"] == "time budget" and ended["trial_estimate_s"] == 10.0
@@ -168,7 +169,7 @@ def test_a_slow_baseline_costs_its_own_processes_and_its_windows_as_measured(tmp
     s, and nothing else ran."""
     clock = FakeClock(20.0, baseline_s=59.0)
     opened = budgeted(tmp_path, here, 1200.0, rounds=10, top=3)
-    search_loop.run_search(opened, here, clock.on_event, runner=windows_runner(45.0, 3.0), clock=clock)
+    loop.run_search(opened, here, clock.on_event, runner=windows_runner(45.0, 3.0), clock=clock)
     assert len(opened.study.get_trials()) == 24
     ended = opened.study.user_attrs["ended_by"]
     assert ended["confirmation_reserve_s"] == pytest.approx(677.0, abs=0.5)
@@ -190,7 +191,7 @@ def test_a_trial_that_gave_up_after_its_second_window_costs_a_process_of_one(tmp
 
     clock = FakeClock(10.0)
     opened = budgeted(tmp_path, here, 200.0, rounds=10, top=3)
-    search_loop.run_search(opened, here, clock.on_event, runner=runner, clock=clock)
+    loop.run_search(opened, here, clock.on_event, runner=runner, clock=clock)
     trials = opened.study.get_trials()
     assert len(trials) == 2 and trials[1].user_attrs["prune_reason"].startswith("gave up after its second window")
     assert opened.study.user_attrs["ended_by"]["confirmation_reserve_s"] == pytest.approx(208.0, abs=0.1)
@@ -199,13 +200,13 @@ def test_a_trial_that_gave_up_after_its_second_window_costs_a_process_of_one(tmp
 def test_the_trials_end_a_search_before_the_budget_and_a_resume_estimates_from_the_past(
         tmp_path: Path, here: Machine) -> None:
     clock = FakeClock(10.0)
-    opened = search_loop.open_search(request(tmp_path, 3, space=DEFAULT, time_budget_s=3600.0), here)
-    assert search_loop.run_search(opened, here, clock.on_event, runner=ok_runner, clock=clock) == ""
+    opened = loop.open_search(request(tmp_path, 3, space=DEFAULT, time_budget_s=3600.0), here)
+    assert loop.run_search(opened, here, clock.on_event, runner=ok_runner, clock=clock) == ""
     assert opened.study.user_attrs["ended_by"] == {"by": "trials"}
     # The accounting says what a trial cost before: a resume with no room stops before its first trial.
     opened.study.set_user_attr("accounting", {"wall_s": 300.0, "trials": 3})
-    again = search_loop.open_search(request(tmp_path, 10, space=DEFAULT, time_budget_s=50.0), here)
-    stopped = search_loop.run_search(again, here, lambda event: None, runner=ok_runner, clock=FakeClock(0))
+    again = loop.open_search(request(tmp_path, 10, space=DEFAULT, time_budget_s=50.0), here)
+    stopped = loop.run_search(again, here, lambda event: None, runner=ok_runner, clock=FakeClock(0))
     assert len(again.study.get_trials()) == 3 and "about 100 s each" in stopped
 
 
@@ -217,7 +218,7 @@ def test_compiling_counts_for_the_next_trial_but_not_for_the_confirmation(tmp_pa
     clock = FakeClock(10.0)
     opened = budgeted(tmp_path, here, 165.0, rounds=10, top=3)
     runner = windows_runner(setup={"compile_s": 5.0, "trace_s": 1.0, "quantize_s": 3.0})
-    search_loop.run_search(opened, here, clock.on_event, runner=runner, clock=clock)
+    loop.run_search(opened, here, clock.on_event, runner=runner, clock=clock)
     assert len(opened.study.get_trials()) == 9
     ended = opened.study.user_attrs["ended_by"]
     assert ended["trial_estimate_s"] == 10.0 and ended["confirmation_reserve_s"] == pytest.approx(71.0, abs=0.1)
@@ -285,14 +286,14 @@ def test_the_budget_reserves_for_the_candidates_it_would_confirm(tmp_path: Path,
         return result
 
     class Clock(FakeClock):
-        def on_event(self, event: search_loop.TrialEvent) -> None:
+        def on_event(self, event: loop.TrialEvent) -> None:
             if event.kind == "done":
                 window, settle = costs[kind(event.config)]
                 self.now += 4.0 + settle + 3 * window
 
     clock = Clock(0.0)
     opened = budgeted(tmp_path, here, 400.0, rounds=10, top=3)
-    search_loop.run_search(opened, here, clock.on_event, runner=run, clock=clock)
+    loop.run_search(opened, here, clock.on_event, runner=run, clock=clock)
     ended = opened.study.user_attrs["ended_by"]
     assert ended["by"] == "time budget" and ended["confirmation_processes"] == 40
     assert ended["confirmation_reserve_s"] == pytest.approx(10 * (6.0 + 3 * 5.0) - 18 * 2.0, abs=0.1)

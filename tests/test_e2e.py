@@ -177,19 +177,20 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
 
 
 def test_a_series_of_real_children_builds_two_at_a_time_and_measures_each_alone(tmp_path: Path) -> None:
-    from autotune import machine, planning
-    from autotune.knobs import Config
-    from autotune.launch import MeasureSettings
-    from autotune.orchestrate import run_series
+    from autotune.config.knobs import Config
+    from autotune.host import machine
+    from autotune.measure import requests
+    from autotune.measure.plan import MeasureSettings
+    from autotune.measure.runner import run_series
 
     here = machine.this_machine()
     measure = MeasureSettings(warmup=1, warmup_s=0.1, duration_s=0.3, min_iterations=3)
 
     def plan(*assignments: str) -> Any:
         config = Config.from_assignments(assignments)
-        request = planning.BenchRequest(model="resnet18", config=config, measure=measure,
+        request = requests.BenchRequest(model="resnet18", config=config, measure=measure,
                                         cache_dir=tmp_path / "cache")
-        return planning.make_plan(request, here)
+        return requests.make_plan(request, here)
 
     two = plan("instances=2")
     first, second, third = run_series([two, two, two], 240)

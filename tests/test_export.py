@@ -13,11 +13,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import export, search_loop
 from autotune.child import envfile
-from autotune.export import ExportError
-from autotune.libs import Libraries
-from autotune.machine import Machine
+from autotune.deploy import export
+from autotune.deploy.export import ExportError
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine
+from autotune.search import loop
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_runner
 
@@ -27,9 +28,9 @@ AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 @pytest.fixture
 def searched(tmp_path: Path, fake_libs: Libraries) -> optuna.Study:
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
-    opened = search_loop.open_search(search_loop.SearchRequest(
+    opened = loop.open_search(loop.SearchRequest(
         model="resnet18", trials=8, space=SPACE, studies_dir=tmp_path / "studies", seed=0), here)
-    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     return opened.study
 
 

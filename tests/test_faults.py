@@ -21,13 +21,17 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autotune import export, orchestrate, records, search_loop, storage, tempdirs, userrun
-from autotune.errors import Interrupted
-from autotune.launch import LaunchPlan
-from autotune.libs import Libraries
-from autotune.machine import Machine
-from autotune.replicates import PlanRunner, ReplicatePolicy
-from autotune.results import RunResult
+from autotune.base import tempdirs
+from autotune.base.errors import Interrupted
+from autotune.deploy import export, user_run
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine
+from autotune.measure import runner
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.replicates import PlanRunner, ReplicatePolicy
+from autotune.measure.results import RunResult
+from autotune.search import loop
+from autotune.study import records, storage
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_runner, request
 
@@ -70,10 +74,10 @@ def locking_runner(db: Path, seconds: float, at_call: int, holders: list[subproc
 
 def test_a_study_locked_during_a_trial_waits_and_loses_nothing(tmp_path: Path, here: Machine,
                                                                capfd: pytest.CaptureFixture[str]) -> None:
-    opened = search_loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    opened = loop.open_search(request(tmp_path, 3, replicates=_one()), here)
     db = tmp_path / "studies" / f"{opened.name}.db"
     holders: list[subprocess.Popen[str]] = []
-    search_loop.run_search(opened, here, lambda e: None, runner=locking_runner(db, 6.5, 2, holders))
+    loop.run_search(opened, here, lambda e: None, runner=locking_runner(db, 6.5, 2, holders))
     assert holders[0].wait(timeout=10) == 0
     trials = opened.study.get_trials()
     assert len(trials) == 3
@@ -87,11 +91,11 @@ def test_a_study_locked_during_a_trial_waits_and_loses_nothing(tmp_path: Path, h
 def test_a_lock_past_the_wait_keeps_the_measurement_and_the_next_start_records_it(
         tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage, "LOCK_WAIT_S", 1.0)
-    opened = search_loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    opened = loop.open_search(request(tmp_path, 3, replicates=_one()), here)
     db = tmp_path / "studies" / f"{opened.name}.db"
     holders: list[subprocess.Popen[str]] = []
     with pytest.raises(storage.StudyLocked) as info:
-        search_loop.run_search(opened, here, lambda e: None, runner=locking_runner(db, 12, 2, holders))
+        loop.run_search(opened, here, lambda e: None, runner=locking_runner(db, 12, 2, holders))
     kept = tmp_path / "studies" / f"{opened.name}.trial-1.unsaved.json"
     assert str(info.value) == (f"the study database {opened.storage} stayed locked by another process for 1 s; "
                                f"trial 1's measurement is kept in {kept}; close what holds the database "
@@ -101,7 +105,7 @@ def test_a_lock_past_the_wait_keeps_the_measurement_and_the_next_start_records_i
     assert saved["summary"].get("latency_p50_ms") == (saved["values"] or [None])[0]
     holders[0].kill()
     holders[0].wait()
-    again = search_loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    again = loop.open_search(request(tmp_path, 3, replicates=_one()), here)
     restored = again.study.get_trials()[1]
     assert restored.state == TrialState[saved["state"]] and not kept.exists()
     assert restored.values == (saved["values"] or None) and restored.user_attrs["restored_from"] == str(kept)
@@ -115,7 +119,7 @@ def _one() -> ReplicatePolicy:
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from autotune.cli import main
+    from autotune.cli.main import main
 
     with pytest.raises(SystemExit) as info:
         main(list(args))
@@ -134,8 +138,8 @@ def damage_pages(db: Path, seed: int = 1, pages: int = 3) -> None:
 
 @pytest.fixture
 def damaged_study(tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> Path:
-    opened = search_loop.open_search(request(tmp_path, 6), here)
-    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    opened = loop.open_search(request(tmp_path, 6), here)
+    loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     db = tmp_path / "studies" / f"{opened.name}.db"
     damage_pages(db)
     monkeypatch.chdir(tmp_path)
@@ -250,8 +254,8 @@ def test_run_plan_names_its_folder_after_its_owner(monkeypatch: pytest.MonkeyPat
         prefixes.append(kw.get("prefix"))
         return real(*args, **kw)
 
-    monkeypatch.setattr(orchestrate.tempfile, "TemporaryDirectory", spy)
-    assert orchestrate.run_plan(plan_of("ok"), 30).ok
+    monkeypatch.setattr(runner.tempfile, "TemporaryDirectory", spy)
+    assert runner.run_plan(plan_of("ok"), 30).ok
     assert prefixes == [f"autotune-run-{os.getpid()}-"]
 
 
@@ -270,17 +274,17 @@ def test_an_interrupted_trial_records_what_stopped_it_and_runs_again(
             raise stop
         return fake_runner(plan, timeout_s)
 
-    opened = search_loop.open_search(request(tmp_path, 2, seed=3), here)
+    opened = loop.open_search(request(tmp_path, 2, seed=3), here)
     with pytest.raises(KeyboardInterrupt):
-        search_loop.run_search(opened, here, lambda e: None, runner=interrupted)
+        loop.run_search(opened, here, lambda e: None, runner=interrupted)
     cut = opened.study.get_trials()[-1]
     assert (cut.state, cut.user_attrs["fail_reason"]) == (TrialState.FAIL, reason)
     assert records.same_config(opened.study, 99, cut.user_attrs["config"], 1, opened.settings_digest) is None
 
 
 def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -> None:
-    opened = search_loop.open_search(request(tmp_path, 2), here)
-    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    opened = loop.open_search(request(tmp_path, 2), here)
+    loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     trial = copy.deepcopy(export.pick_trial(opened.study, 0))
     plan = trial.user_attrs["plan"]
     plan["cleared"] = ["OMP_SCHEDULE", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TORCH_SHOW_CPP_STACKTRACES"]
@@ -291,13 +295,13 @@ def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -
 
 
 def test_run_keeps_the_shells_variables_that_source_keeps(tmp_path: Path, here: Machine) -> None:
-    opened = search_loop.open_search(request(tmp_path, 2), here)
-    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    opened = loop.open_search(request(tmp_path, 2), here)
+    loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     path = tmp_path / "best.env"
     export.write(path, export.render(opened.study, export.pick_trial(opened.study, 0)))
     shell = {"PATH": "/bin", "OPENBLAS_CORETYPE": "Haswell", "TORCH_SHOW_CPP_STACKTRACES": "1",
              "OMP_NUM_THREADS": "64", "LD_PRELOAD": "/x.so"}
-    [launch] = userrun.user_launches(export.read(path), ["true"], here.libs, shell)
+    [launch] = user_run.user_launches(export.read(path), ["true"], here.libs, shell)
     sourced = subprocess.run(["env", "-i", *(f"{k}={v}" for k, v in shell.items()), "bash", "-c",
                               f"source {path} && env -0"], capture_output=True, check=True).stdout
     expected = dict(item.split("=", 1) for item in sourced.decode().split("\0") if item and "=" in item)
@@ -346,9 +350,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
     """A folder with a finished study, a good env file and damaged copies of it, and odd files."""
     root = tmp_path_factory.mktemp("work")
     here = Machine(lscpu("amd_1s_smt"), fake_libs_module)
-    opened = search_loop.open_search(search_loop.SearchRequest(
+    opened = loop.open_search(loop.SearchRequest(
         model="resnet18", trials=4, space=SPACE, studies_dir=root / "studies", seed=0), here)
-    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     good = export.render(opened.study, export.pick_trial(opened.study, 0))
     (root / "good.env").write_text(good)
     for name, old, new in [("lots", "AUTOTUNE_BATCH_SIZE='1'", "AUTOTUNE_BATCH_SIZE='lots'"),
@@ -628,7 +632,7 @@ def test_every_bad_input_is_one_error_line_exit_2_and_writes_nothing(
 
 
 def test_the_bad_input_list_covers_every_command() -> None:
-    from autotune.cli import cli
+    from autotune.cli.main import cli
 
     assert len(BAD_INPUTS) >= 90
     assert {args[0] for args, _ in BAD_INPUTS} >= set(cli.commands) - {"doctor", "models"}
@@ -639,8 +643,8 @@ OOM_CHILD = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 <<
 
 
 def child_plan(*command: str) -> LaunchPlan:
-    from autotune.knobs import Config
-    from autotune.launch import BenchSpec, InstancePlan
+    from autotune.config.knobs import Config
+    from autotune.measure.plan import BenchSpec, InstancePlan
 
     return LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", (InstancePlan(0, (0,), 0, {}, command),))
 
@@ -652,6 +656,6 @@ def child_plan(*command: str) -> LaunchPlan:
 ])
 def test_a_failing_child_is_a_recorded_failure_and_leaves_nothing(
         command: tuple[str, ...], timeout_s: float, reason: str) -> None:
-    result = orchestrate.run_plan(child_plan(*command), timeout_s)
+    result = runner.run_plan(child_plan(*command), timeout_s)
     assert not result.ok and reason in result.reason
     assert not psutil.Process().children(recursive=True)

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from autotune import orchestrate
-from autotune.launch import LaunchPlan
-from autotune.replicates import PlanRunner, one_by_one
-from autotune.results import RunResult
+from autotune.measure import runner
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.replicates import PlanRunner, one_by_one
+from autotune.measure.results import RunResult
 from tests.test_cli import run_cli
 from tests.test_study import fake_result
 
@@ -36,7 +36,7 @@ def fake_pair(slow_knob: str, slowdown: float) -> PlanRunner:
 def test_the_gate_exits_1_only_for_a_significant_slowdown_past_the_margin(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], second: str, slowdown: float, code: int,
         verdict: str) -> None:
-    monkeypatch.setattr(orchestrate, "run_series", one_by_one(fake_pair("allocator", slowdown)))
+    monkeypatch.setattr(runner, "run_series", one_by_one(fake_pair("allocator", slowdown)))
     got, out, err = run_cli(capsys, "compare", "defaults", second, "--model", "resnet18", "--rounds", "10",
                             "--fail-if-slower", "5%", "--seed", "1")
     assert got == code, err
@@ -48,7 +48,7 @@ def test_a_failed_run_fails_the_gate(monkeypatch: pytest.MonkeyPatch, capsys: py
     def crashing(plan: LaunchPlan, timeout_s: float) -> RunResult:
         return RunResult(False, "instance 0: crashed with SIGSEGV", (), 1.0)
 
-    monkeypatch.setattr(orchestrate, "run_series", one_by_one(crashing))
+    monkeypatch.setattr(runner, "run_series", one_by_one(crashing))
     got, out, _ = run_cli(capsys, "compare", "defaults", "defaults", "--model", "resnet18", "--rounds", "6",
                           "--fail-if-slower", "5")
     assert got == 1 and "FAIL: no verdict without every run" in out
@@ -75,7 +75,7 @@ def test_a_configuration_needs_a_model(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_the_gate_says_its_numbers_in_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(orchestrate, "run_series", one_by_one(fake_pair("allocator", 1.25)))
+    monkeypatch.setattr(runner, "run_series", one_by_one(fake_pair("allocator", 1.25)))
     got, out, _ = run_cli(capsys, "compare", "defaults", "allocator=jemalloc", "--model", "resnet18", "--rounds", "8",
                           "--fail-if-slower", "5%", "--seed", "1", "--json")
     data = json.loads(out)

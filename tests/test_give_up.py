@@ -13,15 +13,16 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import planning, pruning, replicates, search_loop
 from autotune.child import worker
-from autotune.knobs import Config
-from autotune.launch import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings, worker_command
-from autotune.libs import Libraries
-from autotune.machine import Machine, this_machine
-from autotune.orchestrate import run_plan
-from autotune.replicates import ReplicatePolicy
-from autotune.results import RunResult
+from autotune.config.knobs import Config
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine, this_machine
+from autotune.measure import replicates, requests
+from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings, worker_command
+from autotune.measure.replicates import ReplicatePolicy
+from autotune.measure.results import RunResult
+from autotune.measure.runner import run_plan
+from autotune.search import loop, pruning
 from tests.conftest import lscpu
 from tests.fixtures.models import tinynets
 from tests.test_study import fake_result, request
@@ -148,8 +149,8 @@ def honest_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
 def test_a_search_gives_up_on_what_is_far_worse_than_its_best(tmp_path: Path, here: Machine) -> None:
     """Each trial stops where the rule says, from the best before it: mkldnn (300 ms) after its
     first window, Intel OpenMP with the default allocator (160 ms: 1.6x 100, 2x 80) after its second."""
-    opened = search_loop.open_search(request(tmp_path, 8, replicates=WARM), here)
-    search_loop.run_search(opened, here, lambda event: None, runner=honest_runner)
+    opened = loop.open_search(request(tmp_path, 8, replicates=WARM), here)
+    loop.run_search(opened, here, lambda event: None, runner=honest_runner)
     trials = opened.study.get_trials()
     assert {t.state for t in trials} == {TrialState.COMPLETE, TrialState.PRUNED}
     windows_seen = set()
@@ -177,8 +178,8 @@ def test_fresh_replicates_keep_their_own_pruning_and_get_no_limit(tmp_path: Path
         commands.append(plan.instances[0].command)
         return honest_runner(plan, timeout_s)
 
-    opened = search_loop.open_search(request(tmp_path, 6, replicates=ReplicatePolicy(in_process=False)), here)
-    search_loop.run_search(opened, here, lambda event: None, runner=runner)
+    opened = loop.open_search(request(tmp_path, 6, replicates=ReplicatePolicy(in_process=False)), here)
+    loop.run_search(opened, here, lambda event: None, runner=runner)
     assert commands and not any("--give-up-above-ms" in c for c in commands)
 
 
@@ -223,9 +224,9 @@ def test_a_real_warmed_process_gives_up_at_its_second_check_and_the_parent_keeps
     """The flags the parent adds are the ones the real child reads, through the real runner."""
     monkeypatch.chdir(Path(tinynets.__file__).parent)  # where tinynets:cnn imports from
     measure = MeasureSettings(duration_s=0.5, warmup=1, warmup_s=0.0, min_iterations=5)
-    bench = planning.BenchRequest(model="tinynets:cnn", config=Config(), input_shape="3x32x32", cache_dir=tmp_path,
+    bench = requests.BenchRequest(model="tinynets:cnn", config=Config(), input_shape="3x32x32", cache_dir=tmp_path,
                                   measure=measure)
-    plan = planning.make_plan(bench, this_machine())
+    plan = requests.make_plan(bench, this_machine())
     measured = replicates.measure_replicates(plan, WARM, run_plan, give_up_above_ms=(1e6, 1e-6))
     assert measured.ok, measured.reason
     assert measured.stopped_early and len(measured.runs) == 1 and measured.runs[0].gave_up

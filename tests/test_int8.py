@@ -11,12 +11,15 @@ from typing import Any
 
 import pytest
 
-from autotune import machine, planning, search_loop, space
+from autotune.base.errors import ConfigError
 from autotune.child import cpu
 from autotune.child.convert import ModelKnobs
 from autotune.child.errors import ApplyError
-from autotune.errors import ConfigError
-from autotune.knobs import Config
+from autotune.config import space
+from autotune.config.knobs import Config
+from autotune.host import machine
+from autotune.measure import requests
+from autotune.search import loop
 from tests.conftest import FIXTURES, NEEDS_INT8
 from tests.test_cli import run_cli
 from tests.test_space import FakeTrial
@@ -28,8 +31,8 @@ VNNI = ("Intel(R) Xeon(R) Gold 6248", frozenset({"avx2", "fma", "avx512f", "avx5
 
 def search_space(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, frozenset[str]]) -> space.SearchSpace:
     monkeypatch.setattr(cpu, "cpuinfo", lambda: flags)
-    request = search_loop.SearchRequest(model="resnet18", trials=2, space=space.find("default"))
-    return search_loop.validate(request, machine.described_machine(XEON))[1]
+    request = loop.SearchRequest(model="resnet18", trials=2, space=space.find("default"))
+    return loop.validate(request, machine.described_machine(XEON))[1]
 
 
 def test_int8_is_not_offered_on_a_cpu_without_vnni_or_amx(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,7 +43,7 @@ def test_int8_is_not_offered_on_a_cpu_without_vnni_or_amx(monkeypatch: pytest.Mo
     with pytest.raises(ApplyError, match="precision=int8 needs a CPU with VNNI"):
         ModelKnobs(backend="inductor", precision="int8").check()
     with pytest.raises(ConfigError, match="precision=int8 needs a CPU with VNNI"):
-        planning.make_plan(planning.BenchRequest("resnet18", Config.from_assignments(
+        requests.make_plan(requests.BenchRequest("resnet18", Config.from_assignments(
             ["backend=inductor", "precision=int8"])), machine.this_machine())
 
 

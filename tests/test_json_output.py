@@ -14,9 +14,11 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import launch, machine, storage
-from autotune.cli import main
-from autotune.display import JSON_SCHEMA_VERSION
+from autotune.cli.display import JSON_SCHEMA_VERSION
+from autotune.cli.main import main
+from autotune.host import machine
+from autotune.measure import plan
+from autotune.study import storage
 from tests.fake_cli import fake_child
 from tests.test_cli import run_cli
 from tests.test_study import SPACE
@@ -31,7 +33,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, d
     folder = tmp_path_factory.mktemp("json")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        patch.setattr(launch, "worker_command", fake_child("ok"))
+        patch.setattr(plan, "worker_command", fake_child("ok"))
         stdout = io.StringIO()
         with contextlib.redirect_stdout(stdout), pytest.raises(SystemExit) as info:
             main(["search", "--model", "resnet18", "--trials", "3", "--space", str(SPACE), "--seed", "1",
@@ -47,7 +49,7 @@ def study_in(folder: Path) -> optuna.Study:
 @pytest.fixture
 def in_study(searched: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> optuna.Study:
     monkeypatch.chdir(searched[0])
-    monkeypatch.setattr(launch, "worker_command", fake_child("ok"))
+    monkeypatch.setattr(plan, "worker_command", fake_child("ok"))
     return study_in(searched[0])
 
 
@@ -130,7 +132,7 @@ def test_compare_json_has_both_series_and_the_paired_comparison(in_study: optuna
 def test_compare_json_says_why_nothing_was_compared(in_study: optuna.Study, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(capsys, "export", "zero.env", "--trial", "0")[0] == 0
-    monkeypatch.setattr(launch, "worker_command", fake_child("crash-early"))  # the env file is planned again
+    monkeypatch.setattr(plan, "worker_command", fake_child("crash-early"))  # the env file is planned again
     code, out, _ = run_cli(capsys, "compare", "0", "zero.env", "--rounds", "5", "--json")
     doc = json.loads(out)
     assert code == 1 and doc["kind"] == "compare" and doc["comparison"] is None

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import ConfigError
-from autotune.knobs import Config
+from autotune.base.errors import ConfigError
+from autotune.config.knobs import Config
 
 
 def test_empty_configuration_is_pytorch_defaults() -> None:

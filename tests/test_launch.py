@@ -6,11 +6,11 @@ from itertools import combinations
 
 import pytest
 
-from autotune.errors import LibraryMissing, TopologyError
-from autotune.knobs import Config
-from autotune.launch import JEMALLOC_CONF, BenchSpec, LaunchPlan, child_environment, plan_launch
-from autotune.libs import Libraries
-from autotune.topology import Topology
+from autotune.base.errors import LibraryMissing, TopologyError
+from autotune.config.knobs import Config
+from autotune.host.libs import Libraries
+from autotune.host.topology import Topology
+from autotune.measure.plan import JEMALLOC_CONF, BenchSpec, LaunchPlan, child_environment, plan_launch
 from tests.conftest import lscpu
 
 BENCH = BenchSpec(model="resnet18", item_shape=(3, 224, 224))

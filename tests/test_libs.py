@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.libs import LIBRARIES, discover, find_library, parse_ldconfig
+from autotune.host.libs import LIBRARIES, discover, find_library, parse_ldconfig
 
 CI = os.environ.get("CI") == "true"
 

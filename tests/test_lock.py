@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
-from autotune.lock import LOCK_ENV, MachineBusy, lock_path, machine_lock
+from autotune.cli.main import main
+from autotune.host.lock import LOCK_ENV, MachineBusy, lock_path, machine_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = ("import sys, time\n"
-        "from autotune.lock import machine_lock\n"
+        "from autotune.host.lock import machine_lock\n"
         "with machine_lock(sys.argv[1], True, lambda line: None):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(600)\n")

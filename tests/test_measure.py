@@ -11,9 +11,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import noise, records, replicates
 from autotune.child import worker
-from autotune.results import InstanceResult, RunResult
+from autotune.measure import noise, replicates
+from autotune.measure.results import InstanceResult, RunResult
+from autotune.study import records
 
 HZ = noise.TICKS_PER_S
 # CPU ids with gaps (1, 3 and 4 offline), guest time inside user and guest_nice inside nice.

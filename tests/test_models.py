@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import ModelError
-from autotune.models import resolve
+from autotune.base.errors import ModelError
+from autotune.config.models import resolve
 
 NAMES = ("resnet18", "resnet50", "resnext101_32x8d", "inception_v3", "mobilenet_v2", "vit_b_16")
 

@@ -10,12 +10,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from autotune import export, profiling
-from autotune.knobs import Config
-from autotune.launch import BenchSpec, InstancePlan, LaunchPlan
-from autotune.libs import Libraries
-from autotune.machine import Machine
-from autotune.profiling import Change, Op, OpTable
+from autotune.config.knobs import Config
+from autotune.deploy import export
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine
+from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan
+from autotune.report import profiling
+from autotune.report.profiling import Change, Op, OpTable
 from tests.conftest import lscpu
 from tests.test_cli import run_cli
 

@@ -7,19 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from autotune import display, search_loop
 from autotune.child import worker
-from autotune.knobs import Config
-from autotune.machine import Machine
-from autotune.orchestrate import MEASURING, WAITING, run_plan
+from autotune.cli import display
+from autotune.config.knobs import Config
+from autotune.host.machine import Machine
+from autotune.measure.runner import MEASURING, WAITING, run_plan
+from autotune.search import loop
 from tests.fixtures.models import tinynets
 from tests.test_faults import here  # noqa: F401 (a fixture)
 from tests.test_runner import plan_of
 from tests.test_study import fake_runner, request
 
 
-def event(finished: int, finished_before: int, elapsed_s: float, total: int = 12) -> search_loop.TrialEvent:
-    return search_loop.TrialEvent("start", 7, Config(), finished=finished, total=total, elapsed_s=elapsed_s,
+def event(finished: int, finished_before: int, elapsed_s: float, total: int = 12) -> loop.TrialEvent:
+    return loop.TrialEvent("start", 7, Config(), finished=finished, total=total, elapsed_s=elapsed_s,
                                   finished_before=finished_before)
 
 
@@ -30,11 +31,11 @@ def test_the_eta_after_a_resume_counts_only_this_sessions_trials() -> None:
 
 
 def test_a_resumed_search_tells_the_display_what_ran_before(tmp_path: Path, here: Machine) -> None:  # noqa: F811
-    first = search_loop.open_search(request(tmp_path, 2), here)
-    search_loop.run_search(first, here, lambda e: None, runner=fake_runner)
-    events: list[search_loop.TrialEvent] = []
-    again = search_loop.open_search(request(tmp_path, 3), here)
-    search_loop.run_search(again, here, events.append, runner=fake_runner)
+    first = loop.open_search(request(tmp_path, 2), here)
+    loop.run_search(first, here, lambda e: None, runner=fake_runner)
+    events: list[loop.TrialEvent] = []
+    again = loop.open_search(request(tmp_path, 3), here)
+    loop.run_search(again, here, events.append, runner=fake_runner)
     assert [(e.kind, e.finished, e.finished_before) for e in events] == [("start", 2, 2), ("done", 3, 2)]
 
 

@@ -13,12 +13,14 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import fleet, proposals, recipes, records, search_loop, space
-from autotune.knobs import Config
-from autotune.launch import LaunchPlan
-from autotune.libs import Libraries
-from autotune.machine import Machine
-from autotune.results import RunResult
+from autotune.config import recipes, space
+from autotune.config.knobs import Config
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.results import RunResult
+from autotune.search import fleet, loop, proposals
+from autotune.study import records
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_result, fake_runner, request
 
@@ -30,10 +32,10 @@ def here(fake_libs: Libraries) -> Machine:
     return Machine(lscpu("amd_1s_smt"), fake_libs)
 
 
-def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[search_loop.Search, str]:
+def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[loop.Search, str]:
     runner = kw.pop("runner", fake_runner)
-    opened = search_loop.open_search(request(tmp_path, trials, **kw), here)
-    stopped = search_loop.run_search(opened, here, lambda event: None, runner=runner)
+    opened = loop.open_search(request(tmp_path, trials, **kw), here)
+    stopped = loop.run_search(opened, here, lambda event: None, runner=runner)
     return opened, stopped
 
 
@@ -114,7 +116,7 @@ def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measur
 
 def test_recipes_run_right_after_the_baseline_and_are_named(tmp_path: Path, here: Machine,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search_loop, "machine_has_bf16", lambda: True)  # its recipe is among them, on any CPU
+    monkeypatch.setattr(loop, "machine_has_bf16", lambda: True)  # its recipe is among them, on any CPU
     opened, _ = run(tmp_path, here, 6, space=DEFAULT, runner=ok_runner)
     trials = opened.study.get_trials()
     assert opened.proposer is not None
@@ -143,7 +145,7 @@ def test_throughput_adds_one_instance_per_node_and_bf16_only_where_supported() -
 
 
 def test_recipes_the_space_cannot_express_are_left_out_with_one_note(tmp_path: Path, here: Machine) -> None:
-    opened = search_loop.open_search(request(tmp_path, 2, space=SPACE), here)
+    opened = loop.open_search(request(tmp_path, 2, space=SPACE), here)
     assert opened.proposer is not None and opened.proposer.recipes == ()
     [note] = [n for n in opened.notes if n.startswith("recipes not run")]
     assert note.startswith(f"recipes not run, since {SPACE} does not offer a knob value they set: seed "
@@ -155,8 +157,8 @@ def test_a_trial_enqueued_through_optuna_is_run_as_enqueued(tmp_path: Path, here
     samples the rest, never having seen the in-memory copies proposals are asked on."""
     opened, _ = run(tmp_path, here, 10, space=DEFAULT, runner=ok_runner)
     opened.study.enqueue_trial({"backend": "eager", "mkldnn": "on", "omp_runtime": "intel", "allocator": "default"})
-    again = search_loop.open_search(request(tmp_path, 12, space=DEFAULT), here)
-    search_loop.run_search(again, here, lambda event: None, runner=ok_runner)
+    again = loop.open_search(request(tmp_path, 12, space=DEFAULT), here)
+    loop.run_search(again, here, lambda event: None, runner=ok_runner)
     enqueued = again.study.get_trials()[10]
     assert enqueued.user_attrs["proposed_by"] == "enqueued"
     assert {"backend=eager", "mkldnn=on", "omp_runtime=intel", "allocator=default"} <= set(
@@ -167,7 +169,7 @@ def test_a_trial_enqueued_through_optuna_is_run_as_enqueued(tmp_path: Path, here
 def test_the_baseline_never_takes_a_trial_enqueued_before_it(tmp_path: Path, here: Machine) -> None:
     """Optuna's ask takes the oldest enqueued trial: the baseline took a user's configuration (or a
     dead worker's retry) and measured the defaults in its place."""
-    made = search_loop.open_search(request(tmp_path, 1, space=DEFAULT), here)
+    made = loop.open_search(request(tmp_path, 1, space=DEFAULT), here)
     made.study.enqueue_trial({"backend": "eager", "mkldnn": "on", "omp_runtime": "intel", "allocator": "default"})
     opened, _ = run(tmp_path, here, 2, space=DEFAULT, runner=ok_runner)
     enqueued, baseline = opened.study.get_trials()  # numbered as made: the enqueued one first
@@ -178,7 +180,7 @@ def test_the_baseline_never_takes_a_trial_enqueued_before_it(tmp_path: Path, her
 
 def test_the_baseline_takes_the_retry_of_a_dead_workers_baseline_and_nothing_else(tmp_path: Path,
                                                                                    here: Machine) -> None:
-    opened = search_loop.open_search(request(tmp_path, 3, space=DEFAULT), here)
+    opened = loop.open_search(request(tmp_path, 3, space=DEFAULT), here)
     dead = fleet.claim(opened.worker())
     assert isinstance(dead, fleet.Claimed) and dead.proposal == "baseline"
     opened.study.enqueue_trial({"mkldnn": "on"})  # a user's, waiting before the retry
@@ -228,18 +230,18 @@ def test_the_space_says_what_it_lacks_and_the_params_that_sample_a_config() -> N
 
 
 def test_warm_or_fresh_replicates_are_a_recorded_setting_a_resume_must_keep(tmp_path: Path, here: Machine) -> None:
-    from autotune.replicates import ReplicatePolicy
-    from autotune.storage import StudyError
+    from autotune.measure.replicates import ReplicatePolicy
+    from autotune.study.storage import StudyError
 
     run(tmp_path, here, 2, space=SPACE, runner=ok_runner, replicates=ReplicatePolicy(in_process=True))
     with pytest.raises(StudyError, match=r"^study 'resnet18-bs1-latency' was measured with warm_replicates=True, "
                                          r"not False; use another --study name or the same "
                                          r"--warm-replicates/--fresh-replicates$"):
-        search_loop.open_search(request(tmp_path, 3, space=SPACE, replicates=ReplicatePolicy(in_process=False)), here)
+        loop.open_search(request(tmp_path, 3, space=SPACE, replicates=ReplicatePolicy(in_process=False)), here)
 
 
 def test_the_winner_is_compared_with_the_best_recipe(tmp_path: Path, here: Machine) -> None:
-    from autotune import export
+    from autotune.deploy import export
 
     opened, _ = run(tmp_path, here, 7, space=DEFAULT, runner=ok_runner)
     study = opened.study
@@ -279,7 +281,7 @@ def test_a_configuration_that_finishes_while_the_next_is_chosen_is_not_proposed_
     finished between them was neither, and another worker measured it again (a fleet race)."""
     for after in range(1, 10):
         run(tmp_path / str(after), here, 1, space=DEFAULT, runner=ok_runner)  # the baseline
-        opened = search_loop.open_search(request(tmp_path / str(after), 5, space=DEFAULT), here)
+        opened = loop.open_search(request(tmp_path / str(after), 5, space=DEFAULT), here)
         claimed = fleet.claim(opened.worker())
         assert isinstance(claimed, fleet.Claimed) and isinstance(claimed.proposal, proposals.Proposal)
         assert claimed.proposal.recipe == "seed"
@@ -296,7 +298,7 @@ def test_a_trial_that_finishes_while_trials_are_counted_counts_once(tmp_path: Pa
     of --trials left to run."""
     for after in range(1, 4):
         run(tmp_path / str(after), here, 1, space=DEFAULT, runner=ok_runner)
-        opened = search_loop.open_search(request(tmp_path / str(after), 3, space=DEFAULT), here)
+        opened = loop.open_search(request(tmp_path / str(after), 3, space=DEFAULT), here)
         claimed = fleet.claim(opened.worker())
         assert isinstance(claimed, fleet.Claimed)
         watched = dataclasses.replace(opened.worker(), storage="postgresql://fleet/study",
@@ -311,7 +313,7 @@ def test_a_claim_reads_the_study_once_and_its_ask_once_more(tmp_path: Path, here
     choice (stale trials, --trials, baseline, enqueued, proposal, the sampler's copy); the ask
     reads what waits again, since a retry after a lock must see what it enqueued."""
     run(tmp_path, here, 1, space=DEFAULT, runner=ok_runner)  # the baseline
-    opened = search_loop.open_search(request(tmp_path, 5, space=DEFAULT), here)
+    opened = loop.open_search(request(tmp_path, 5, space=DEFAULT), here)
     backend = opened.study._storage
     reads: list[tuple[Any, ...]] = []
     read = backend.get_all_trials
@@ -377,7 +379,7 @@ def test_the_sampler_sees_the_recipes_threads_and_follows_the_best_ones() -> Non
     trials = study.get_trials()
     threads = []
     for seed in range(20):
-        proposer = proposals.Proposer(adapted, (1,), search_loop.sampler, seed=seed)
+        proposer = proposals.Proposer(adapted, (1,), loop.sampler, seed=seed)
         proposal = proposer.next(study, trials, set())
         assert proposal is not None
         threads.append(proposal.config.get("omp_threads"))

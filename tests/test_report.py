@@ -13,11 +13,12 @@ import pytest
 from optuna.trial import TrialState, create_trial
 from plotly.offline import get_plotlyjs
 
-from autotune import confirm, report, report_html, search_loop
-from autotune.confirm import Contender, RoundRun, Rounds
-from autotune.libs import Libraries
-from autotune.machine import Machine
-from autotune.replicates import ReplicatePolicy
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine
+from autotune.measure.replicates import ReplicatePolicy
+from autotune.report import contents, html_page
+from autotune.search import confirm, loop
+from autotune.search.confirm import Contender, RoundRun, Rounds
 from tests.conftest import lscpu
 from tests.test_cli import run_cli
 from tests.test_study import SPACE, fake_runner
@@ -39,14 +40,14 @@ def here(fake_libs: Libraries) -> Machine:
 
 def searched(studies: Path, here: Machine, objective: str = "latency", trials: int = 5) -> optuna.Study:
     for total in (1, trials):
-        opened = search_loop.open_search(search_loop.SearchRequest(
+        opened = loop.open_search(loop.SearchRequest(
             model="resnet18", trials=total, space=SPACE, studies_dir=studies, objective=objective,  # type: ignore[arg-type]
             replicates=ReplicatePolicy(replicates=3), seed=0), here)
         if total == 1:
-            search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+            loop.run_search(opened, here, lambda e: None, runner=fake_runner)
             for params in ENQUEUED[:trials - 1]:
                 opened.study.enqueue_trial(params)
-    search_loop.run_search(opened, here, lambda e: None, runner=fake_runner)
+    loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     return opened.study
 
 
@@ -77,42 +78,42 @@ def test_the_study_is_what_the_tests_expect(study: optuna.Study) -> None:
 
 
 def test_history_has_every_measured_trial_the_best_so_far_and_both_reference_lines(study: optuna.Study) -> None:
-    found = report.history(study, "latency_p50_ms")
+    found = contents.history(study, "latency_p50_ms")
     assert [(p.trial, p.value, p.best_so_far, p.pruned, p.recipe) for p in found.points] == [
         (0, 100.0, 100.0, False, None), (1, 80.0, 80.0, False, None), (2, 90.0, 80.0, True, None),
         (3, 70.0, 70.0, False, None), (5, 85.0, 70.0, False, "seed")]
-    assert found.baseline == report.Line("baseline (PyTorch defaults)", 0, 100.0)
-    assert found.recipe == report.Line("best expert recipe: seed", 5, 85.0)
+    assert found.baseline == contents.Line("baseline (PyTorch defaults)", 0, 100.0)
+    assert found.recipe == contents.Line("best expert recipe: seed", 5, 85.0)
 
 
 def test_marginals_group_each_knobs_values_and_importance_ranks_the_larger_effect_first(study: optuna.Study) -> None:
-    rows = report.design(study)
+    rows = contents.design(study)
     assert [r.trial for r in rows] == [0, 1, 2, 3, 5]  # the failure has no value; the pruned trial has its median
     assert rows[0].knobs == {"mkldnn": "off", "omp_runtime": "gnu", "allocator": "default"}  # unset: the default
-    found = {m.knob: m.groups for m in report.marginals(rows, "latency_p50_ms")}
+    found = {m.knob: m.groups for m in contents.marginals(rows, "latency_p50_ms")}
     assert found == {"omp_runtime": (("gnu", (100.0, 80.0, 85.0)), ("intel", (90.0, 70.0))),
                      "allocator": (("default", (100.0, 90.0)), ("jemalloc", (80.0, 70.0, 85.0)))}
-    ranked = report.importance(rows, "latency_p50_ms")
+    ranked = contents.importance(rows, "latency_p50_ms")
     assert [k for k, _ in ranked.knobs] == ["allocator", "omp_runtime"]  # jemalloc -20 ms, intel -10 ms
     assert sum(v for _, v in ranked.knobs) == pytest.approx(1.0, abs=1e-3) and ranked.trials == 5
 
 
 def test_importance_says_why_it_has_nothing_to_show(study: optuna.Study) -> None:
-    rows = report.design(study)[:2]
-    assert report.importance(rows, "latency_p50_ms") == report.Importance(
+    rows = contents.design(study)[:2]
+    assert contents.importance(rows, "latency_p50_ms") == contents.Importance(
         "latency_p50_ms", (), 2, "needs at least 3 measured trials that differ in a knob (this study has 2)")
 
 
 def test_values_of_a_knob_come_in_its_own_order() -> None:
     texts = ["2", "default", "10", "1"]
-    assert sorted(texts, key=lambda v: report.value_order("omp_threads", v)) == ["default", "1", "2", "10"]
-    assert sorted(["inductor", "eager", "torchscript"], key=lambda v: report.value_order("backend", v)) == [
+    assert sorted(texts, key=lambda v: contents.value_order("omp_threads", v)) == ["default", "1", "2", "10"]
+    assert sorted(["inductor", "eager", "torchscript"], key=lambda v: contents.value_order("backend", v)) == [
         "eager", "torchscript", "inductor"]
 
 
 def test_the_forest_holds_exactly_the_stored_intervals_and_labels(study: optuna.Study) -> None:
     verdict = study.user_attrs["confirmation"]
-    found = report.forest(verdict)
+    found = contents.forest(verdict)
     assert found is not None and found.significant and found.winner_trial == 3 and found.rounds == 5
     tested, failed = found.rows
     assert (tested.trial, tested.speedup, tested.interval, tested.interval_label) == (
@@ -120,7 +121,7 @@ def test_the_forest_holds_exactly_the_stored_intervals_and_labels(study: optuna.
     assert tested.interval_label == "93.8% CI (full range)"  # 5 rounds cannot give a 95% interval
     assert (failed.trial, failed.speedup, failed.interval) == (1, None, None)
     assert failed.reason == "failed 1 of 5 runs: crashed"
-    assert report.forest(None) is None
+    assert contents.forest(None) is None
 
 
 def test_failures_are_grouped_by_cause_and_reason_with_numbers_masked() -> None:
@@ -134,20 +135,20 @@ def test_failures_are_grouped_by_cause_and_reason_with_numbers_masked() -> None:
               failed(3, "left running by an autotune process (pid 345) that was killed"),
               create_trial(state=TrialState.PRUNED, user_attrs={"prune_reason": "worse than trial 1"})]
     trials[3].number = 4
-    assert report.failures(trials) == (
-        report.FailureGroup("failed", "cut_short", "left running by an autotune process (pid 12) that was killed",
+    assert contents.failures(trials) == (
+        contents.FailureGroup("failed", "cut_short", "left running by an autotune process (pid 12) that was killed",
                             (1, 3)),
-        report.FailureGroup("failed", "error", "instance 0: crashed with SIGSEGV", (2,)),
-        report.FailureGroup("pruned", "pruned", "worse than trial 1", (4,)))
+        contents.FailureGroup("failed", "error", "instance 0: crashed with SIGSEGV", (2,)),
+        contents.FailureGroup("pruned", "pruned", "worse than trial 1", (4,)))
 
 
 def test_a_two_objective_study_gets_two_panels_and_its_pareto_front(tmp_path: Path, here: Machine) -> None:
     both = searched(tmp_path / "studies", here, objective="both", trials=4)
-    gathered = report.gather(both, tmp_path / "studies")
+    gathered = contents.gather(both, tmp_path / "studies")
     assert gathered.metrics == ("latency_p50_ms", "throughput_ips")
     assert [h.metric for h in gathered.histories] == list(gathered.metrics)
     assert {p.trial for p in gathered.tradeoff if p.pareto} == {t.number for t in both.best_trials} == {3}
-    text = report_html.page(gathered, tmp_path)
+    text = html_page.page(gathered, tmp_path)
     assert 'id="marginals-throughput_ips"' in text and '"name":"Pareto front"' in text
 
 
@@ -164,7 +165,7 @@ class Sources(HTMLParser):
 
 def test_the_page_is_self_contained_with_one_plotly_bundle_and_every_plot(study: optuna.Study,
                                                                           tmp_path: Path) -> None:
-    text = report_html.page(report.gather(study, tmp_path / "studies"), tmp_path)
+    text = html_page.page(contents.gather(study, tmp_path / "studies"), tmp_path)
     parser = Sources()
     parser.feed(text)
     assert not [s for s in parser.found if re.match(r"(https?:)?//", s)]
@@ -178,22 +179,22 @@ def test_the_page_is_self_contained_with_one_plotly_bundle_and_every_plot(study:
 def test_study_text_is_escaped_on_the_page(study: optuna.Study, tmp_path: Path) -> None:
     study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": "<script>alert(1)</script>",
                                                                    "fail_cause": "error"}))
-    text = report_html.page(report.gather(study, tmp_path / "studies"), tmp_path)
+    text = html_page.page(contents.gather(study, tmp_path / "studies"), tmp_path)
     assert "<script>alert(1)" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
 def test_profile_traces_are_linked_relative_to_the_report(study: optuna.Study, tmp_path: Path) -> None:
     studies = tmp_path / "studies"
-    assert report.gather(study, studies).traces == ()
-    assert "Profiles" not in report_html.page(report.gather(study, studies), tmp_path)
+    assert contents.gather(study, studies).traces == ()
+    assert "Profiles" not in html_page.page(contents.gather(study, studies), tmp_path)
     folder = studies / "profiles" / NAME
     folder.mkdir(parents=True)
     for name in ("winner.trace.json", "baseline.trace.json", "profile.json"):
         (folder / name).write_text("{}")
-    gathered = report.gather(study, studies)
+    gathered = contents.gather(study, studies)
     assert [p.name for p in gathered.traces] == ["baseline.trace.json", "winner.trace.json"]
     (tmp_path / "out").mkdir()
-    text = report_html.page(gathered, tmp_path / "out")
+    text = html_page.page(gathered, tmp_path / "out")
     assert f'href="../studies/profiles/{NAME}/winner.trace.json"' in text
 
 
@@ -266,7 +267,7 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytes
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    with pytest.raises(report_html.ReportWriteError, match="^cannot write .*r.html: No space left on device; give "
+    with pytest.raises(html_page.ReportWriteError, match="^cannot write .*r.html: No space left on device; give "
                                                            "-o a writable location$"):
-        report_html.write(tmp_path / "r.html", "<html></html>")
+        html_page.write(tmp_path / "r.html", "<html></html>")
     assert list(tmp_path.iterdir()) == []

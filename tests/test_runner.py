@@ -9,12 +9,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune import libs
-from autotune.knobs import Config
-from autotune.launch import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings
-from autotune.orchestrate import built_beside, ignored_preload, run_plan, run_series
-from autotune.results import RunResult
-from autotune.stats import percentile
+from autotune.config.knobs import Config
+from autotune.host import libs
+from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings
+from autotune.measure.results import RunResult
+from autotune.measure.runner import built_beside, ignored_preload, run_plan, run_series
+from autotune.measure.stats import percentile
 
 FAKE = str(Path(__file__).parent / "fake_worker.py")
 WINDOW_S = 0.3

@@ -8,8 +8,8 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import space
-from autotune.space import SpaceError
+from autotune.config import space
+from autotune.config.space import SpaceError
 
 ALL_LIBS = {"libiomp5": True, "libomp": True, "jemalloc": True, "tcmalloc": True}
 

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from autotune import replicates, stats
-from autotune.knobs import Config
-from autotune.launch import BenchSpec, InstancePlan, LaunchPlan, worker_command
-from autotune.results import RunResult
+from autotune.config.knobs import Config
+from autotune.measure import replicates, stats
+from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, worker_command
+from autotune.measure.results import RunResult
 from tests.test_study import fake_result
 
 PLAN = LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", ())
@@ -106,7 +106,7 @@ def test_a_noisy_configuration_is_remeasured_then_flagged() -> None:
 
 
 def test_a_failed_replicate_stops_the_measurement() -> None:
-    from autotune.results import InstanceResult
+    from autotune.measure.results import InstanceResult
 
     crash = RunResult(False, "instance 0: crashed with SIGSEGV", (InstanceResult(0, False, "crashed", -11, ""),), 1)
     calm = [20.0] * 5
@@ -202,7 +202,7 @@ def test_an_a_a_pair_fails_the_gate_at_most_half_of_alpha() -> None:
 
 
 def test_a_two_sided_verdict_needs_six_rounds() -> None:
-    from autotune.objectives import min_rounds_two_sided
+    from autotune.measure.objectives import min_rounds_two_sided
 
     assert min_rounds_two_sided() == 6
     assert not stats.regression_check([0.5] * 5, 0.05).slower_than_margin  # p = 2/32 at best

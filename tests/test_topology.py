@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import TopologyError
-from autotune.topology import Topology, format_cpus, from_lscpu_file, parse_lscpu
+from autotune.base.errors import TopologyError
+from autotune.host.topology import Topology, format_cpus, from_lscpu_file, parse_lscpu
 from tests.conftest import lscpu
 
 

@@ -17,7 +17,7 @@ the CLI, and sends its result as a JSON file (never by printing). Protocol with 
    `--give-up-above-ms MS1,MS2,...`, stop at the k-th check (after k times `--give-up-after`
    seconds and `--give-up-iterations` samples) when the samples' median is above MSk, and say so
    in the result (`gave_up_above_ms`, `gave_up_windows`): a search's hopeless configuration
-   (`autotune.pruning.GiveUp`);
+   (`autotune.search.pruning.GiveUp`);
 4. write `done` and a newline to `--ready-fd` and close it, the end of the timed loop;
 5. write `--result` and exit 0, at once: without Python's teardown (`exit_now`).
 

@@ -1,0 +1,145 @@
+"""The commands about this machine and one configuration: doctor, plan, bench, knobs, models, cache.
+
+Each is its flags and one call; `autotune.cli.main` puts them on the `autotune` group.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotune.base.errors import AutotuneError
+from autotune.cli import display, options
+from autotune.cli.common import EXIT_FAILED, emit, holding
+from autotune.config import knobs, models
+from autotune.host import machine
+from autotune.measure import requests
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def doctor(as_json: bool) -> None:
+    """What autotune sees on this machine and which knobs it can use.
+
+    \b
+    Example:
+      autotune doctor --json
+    """
+    emit("doctor", machine.report(machine.this_machine()), as_json, display.doctor)
+
+
+@click.command()
+@options.model_options
+@options.calibration_option
+@click.option("--lscpu", type=click.Path(path_type=Path, dir_okay=False),
+              help="Plan for another machine: a file with its `lscpu --parse=CPU,Core,Socket,Node`.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
+         example_inputs: str | None, calibration_batches: int | None, lscpu: Path | None, as_json: bool) -> None:
+    """Show what would be launched for a configuration, without running it.
+
+    \b
+    Example:
+      autotune plan --model resnext101 --set instances=2 --set allocator=jemalloc --json
+    """
+    request = requests.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape,
+                                               example_inputs=example_inputs, calibration_batches=calibration_batches)
+    target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
+    emit("plan", requests.make_plan(request, target).to_json(), as_json, display.plan)
+
+
+@click.command(name="bench")
+@options.model_options
+@options.measure_options
+@options.no_wait_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
+                  example_inputs: str | None, cache_dir: Path, as_json: bool, timeout: float,
+                  tolerance: float | None, calibration_batches: int | None, no_wait: bool, **measure: Any) -> None:
+    """Run one configuration once and print latency, throughput and memory.
+
+    \b
+    Example:
+      autotune bench --model resnet18 --set instances=2 --set omp_runtime=intel
+    """
+    from autotune.measure.runner import run_plan
+
+    request = requests.BenchRequest.from_flags(model, assignments, batch_size, measure=options.settings(**measure),
+                                               cache_dir=cache_dir, input_shape=input_shape,
+                                               example_inputs=example_inputs, tolerance=tolerance,
+                                               calibration_batches=calibration_batches)
+    here = machine.this_machine()
+    launch = requests.make_plan(request, here)
+    with holding("bench", no_wait):
+        requests.check_model(request, here, timeout)
+        with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
+                            f"{len(launch.instances)} instance(s)", quiet=as_json) as on_phase:
+            result = run_plan(launch, timeout, on_phase=on_phase)
+    emit("bench", {"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
+    if not result.ok:
+        sys.exit(EXIT_FAILED)
+
+
+@click.command(name="knobs")
+def knobs_command() -> None:
+    """List every knob with its allowed values and what it changes.
+
+    \b
+    Example:
+      autotune knobs
+    """
+    display.knobs(knobs.KNOBS.values())
+
+
+@click.command(name="models")
+def models_command() -> None:
+    """List the model names `--model` accepts, short names included.
+
+    \b
+    Example:
+      autotune models
+    """
+    display.models(models.classification_models(), models.ALIASES)
+
+
+@click.command(name="cache")
+@options.cache_dir_option
+@click.option("--prune", is_flag=True,
+              help="Remove what this torch or CPU can no longer use (and, with --older-than, what nobody used).")
+@options.duration_option("--older-than", "With --prune: also remove entries not used for this long (30d, 12h).")
+@click.option("--include-exported", is_flag=True,
+              help="With --prune: remove entries that an exported env file in this folder points to, too.")
+@click.option("--dry-run", is_flag=True, help="With --prune: show what would be removed, remove nothing.")
+@options.no_wait_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def cache_command(cache_dir: Path, prune: bool, older_than: float | None, include_exported: bool, dry_run: bool,
+                  no_wait: bool, as_json: bool) -> None:
+    """List compiled artifacts and kernels in the cache (size, last used, usable here); --prune cleans.
+
+    \b
+    Example:
+      autotune cache
+      autotune cache --prune --older-than 30d
+    """
+    from autotune.deploy import cache
+
+    if not prune and (older_than is not None or include_exported or dry_run):
+        raise AutotuneError("--older-than, --include-exported and --dry-run only apply with --prune; add --prune")
+    exports, notes = cache.exports_in(Path.cwd())
+    entries = cache.scan(cache_dir, cache.Here.now(), exports)
+    chosen = cache.to_prune(entries, older_than, time.time(), include_exported) if prune else []
+    failed = []
+    if chosen and not dry_run:
+        with holding("cache --prune", no_wait):  # never delete what a measurement is loading
+            failed = [why for why in map(cache.remove, chosen) if why]
+    for note in notes + failed:
+        display.err.print(f"note: {note}", markup=False, soft_wrap=True)
+    data = {"cache_dir": str(cache_dir), "entries": [e.to_json() for e in entries], "pruned": prune,
+            "dry_run": dry_run, "removed": [str(e.path) for e in chosen], "failed": failed}
+    emit("cache", data, as_json, lambda _: display.cache(entries, chosen, prune and not dry_run, time.time()))
+    if failed:
+        sys.exit(EXIT_FAILED)

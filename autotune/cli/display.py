@@ -1,0 +1,496 @@
+"""Rendering results for people: rich tables on stdout, progress on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from autotune.config.knobs import Knob
+from autotune.host.topology import format_cpus
+from autotune.measure.objectives import Metric, lower_is_better, unit_of
+from autotune.measure.stats import median
+
+# Every `--json` payload carries what it is and the version of its layout; a field removed or
+# changed in meaning bumps the version, a field added does not.
+JSON_SCHEMA_VERSION = 1
+
+
+def json_document(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """A `--json` payload: `kind` (the command) and `schema_version` first, then the body."""
+    return {"kind": kind, "schema_version": JSON_SCHEMA_VERSION, **body}
+
+
+# Piped output (CI logs, `| less`) gets wide tables instead of 80 columns of folded cells.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+
+
+@contextlib.contextmanager
+def status(message: str, quiet: bool = False) -> Iterator[Callable[[int, str], None]]:
+    """A live status line on a terminal (nothing on a pipe), and a callback telling it each
+    instance's phase (`runner.PhaseCallback`)."""
+    if quiet or not err.is_terminal:
+        yield lambda index, phase: None
+        return
+    with err.status(message) as live:
+        yield lambda index, phase: live.update(f"{message}: {phase}")
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for i, column in enumerate(columns):
+        table.add_column(column, overflow="fold", no_wrap=i == 0)
+    return table
+
+
+def doctor(report: Mapping[str, Any]) -> None:
+    table = _table("This machine", "what", "found")
+    for key in ("cpu_model", "sockets", "physical_cores", "logical_cpus", "threads_per_core",
+                "numa_nodes", "usable_cpus", "usable_physical_cores", "cpu_quota_cores",
+                "torch", "onednn", "mkldnn_available"):
+        table.add_row(key, str(report[key]))
+    siblings = report["smt_siblings"]
+    table.add_row("smt_siblings", ", ".join(f"{c}:{s}" for c, s in siblings.items()) or "none")
+    table.add_row("isa", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["isa"].items()))
+    table.add_row("precisions", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["precisions"].items()))
+    out.print(table)
+    libs = _table("Libraries", "library", "path", "install if missing")
+    for name, info in report["libraries"].items():
+        libs.add_row(name, info["path"] or "[red]missing[/red]", info["install"] or "")
+    numactl = report["numactl"]
+    state = numactl["path"] or "[red]missing[/red]"
+    if numactl["path"] and not numactl["usable"]:
+        state += f" [yellow](cannot bind here: {numactl['problem']}; taskset is used)[/yellow]"
+    libs.add_row("numactl", state, numactl["install"] or "")
+    libs.add_row("taskset", report["taskset"] or "[red]missing[/red]", "")
+    out.print(libs)
+
+
+def plan(data: Mapping[str, Any]) -> None:
+    bench = data["bench"]
+    config = " ".join(f"{k}={v}" for k, v in data["config"].items()) or "defaults"
+    out.print(f"model {bench['model']}  batch {bench['batch_size']}  knobs: {config}  "
+              f"binding: {data['binding']}")
+    if data["cleared"]:
+        out.print(f"[yellow]not passed to the benchmark (set in your shell): "
+                  f"{', '.join(data['cleared'])}[/yellow]")
+    table = _table("Instances", "#", "cpus", "numa", "env", "command")
+    for inst in data["instances"]:
+        env = "\n".join(f"{k}={v}" for k, v in inst["env"].items()) or "(unchanged)"
+        node = "-" if inst["numa_node"] is None else str(inst["numa_node"])
+        table.add_row(str(inst["index"]), format_cpus(inst["cpus"]), node, env, " ".join(inst["command"]))
+    out.print(table)
+
+
+def bench_result(data: Mapping[str, Any]) -> None:
+    result = data["result"]
+    table = _table("Result", "instance", "p50 ms", "p90 ms", "items/s", "peak RSS MB", "samples",
+                   "status")
+    for inst in result["instances"]:
+        if inst["ok"]:
+            table.add_row(str(inst["index"]), f"{inst['latency_p50_ms']:.2f}",
+                          f"{inst['latency_p90_ms']:.2f}", f"{inst['throughput_ips']:.2f}",
+                          f"{inst['peak_rss_mb']:.0f}", str(inst["samples"]), "ok")
+        else:
+            table.add_row(str(inst["index"]), "-", "-", "-", "-", "-",
+                          f"[red]failed: {inst['reason']}[/red]")
+    if result["ok"]:
+        table.add_row("all", f"{result['latency_p50_ms']:.2f}", f"{result['latency_p90_ms']:.2f}",
+                      f"{result['throughput_ips']:.2f}", f"{result['peak_rss_mb']:.0f}", "", "ok",
+                      style="bold")
+    out.print(table)
+    if not result["ok"]:
+        out.print(f"[red]Failed: {result['reason']}[/red]")
+        for inst in result["instances"]:
+            if not inst["ok"] and inst.get("stderr_tail"):
+                out.print(f"--- instance {inst['index']} output (tail) ---")
+                out.print(inst["stderr_tail"].rstrip(), markup=False)
+
+
+def knobs(all_knobs: Iterable[Knob]) -> None:
+    table = _table("Knobs (--set KNOB=VALUE)", "knob", "values", "applies when", "what it does")
+    for k in all_knobs:
+        when = " ".join(f"{name}={'/'.join(v)}" for name, v in k.only_when) or "always"
+        table.add_row(k.name, k.allowed(), when, k.help)
+    out.print(table)
+
+
+def models(names: Iterable[str], aliases: Mapping[str, str]) -> None:
+    out.print("Models: " + ", ".join(sorted(names)))
+    out.print("Short names: " + ", ".join(f"{k} -> {v}" for k, v in sorted(aliases.items())))
+
+
+class SearchProgress:
+    """One line per finished trial (stderr), a live status line while a trial runs on a terminal:
+    which replicate, and what its processes are doing (`run_started`, `phase`)."""
+
+    def __init__(self, objective: str, quiet: bool = False, replicates: int = 1, warm: bool = False) -> None:
+        self.objective = objective
+        self.quiet = quiet
+        self.replicates, self.warm = replicates, warm
+        self._status: Any = None
+        self._head = self._tail = ""
+        self._runs = 0
+
+    def __call__(self, event: Any) -> None:
+        if self.quiet:
+            return
+        if event.kind == "start":
+            self._start(event)
+        else:
+            self._stop()
+            err.print(self._line(event), markup=False, highlight=False, soft_wrap=True)
+
+    def _start(self, event: Any) -> None:
+        if not err.is_terminal:
+            return
+        what = "baseline (PyTorch defaults)" if not event.config.values else event.config.describe()
+        self._head, self._tail = f"trial {event.number} ({event.finished + 1}/{event.total}): {what}", _remaining(event)
+        self._runs = 0
+        self._status = err.status(self._text(""))
+        self._status.start()
+
+    def run_started(self) -> None:
+        """The trial starts its next run: one replicate, or all of them in one warmed process."""
+        self._runs += 1
+        self.phase(0, "starting")
+
+    def phase(self, index: int, phase: str) -> None:
+        """What instance `index` of the running trial is doing (`runner.PhaseCallback`)."""
+        if self._status is not None and index == 0:  # instances move together: the first speaks for all
+            self._status.update(self._text(phase))
+
+    def _text(self, phase: str) -> str:
+        return "  ".join(part for part in (self._head, _replicate(self._runs, self.replicates, self.warm),
+                                           phase, self._tail) if part)
+
+    def _stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def _line(self, event: Any) -> str:
+        head = f"trial {event.number:>3} [{event.finished}/{event.total}]"
+        outcome = event.outcome
+        state = outcome.state.name
+        if state == "COMPLETE":
+            text = _values(self.objective, outcome.values)
+            if outcome.duplicate_of is not None:
+                text += f" (same config as trial {outcome.duplicate_of})"
+            elif outcome.measurement is not None:
+                m = outcome.measurement
+                text += f" ±{m.spread:.0%} IQR, {len(m.runs)} runs" + (f" NOISY ({m.noisy_reason})" if m.noisy else "")
+        elif state == "PRUNED":
+            text = f"pruned: {outcome.reason}"
+        else:
+            text = f"FAILED: {outcome.reason}"
+        best = ""
+        if event.best is not None:
+            speed = event.best.user_attrs.get("speedup_" + ("throughput" if self.objective == "throughput"
+                                                           else "latency"), 1.0)
+            best = f" | best: trial {event.best.number} {_values(self.objective, event.best.values)} ({speed:.2f}x)"
+        config = event.config.describe() if event.config.values else "baseline (PyTorch defaults)"
+        config = f"recipe {event.recipe}: {config}" if event.recipe else config
+        return f"{head} {text} | {config}{best} | {_remaining(event)}"
+
+    def close(self) -> None:
+        self._stop()
+
+
+def _replicate(runs: int, planned: int, warm: bool) -> str:
+    """Which replicate the trial's `runs`-th run measures (warm: the first measures all planned)."""
+    if runs == 0:
+        return ""
+    if warm and planned > 1 and runs == 1:
+        return f"replicates 1-{planned} (one warmed process):"
+    number = runs + (planned - 1 if warm and planned > 1 else 0)
+    return f"replicate {number} (extra: noisy):" if number > planned else f"replicate {number}/{planned}:"
+
+
+def _values(objective: str, values: Any) -> str:
+    if objective == "latency":
+        return f"{values[0]:.2f} ms"
+    if objective == "throughput":
+        return f"{values[0]:.2f} items/s"
+    return f"{values[0]:.2f} ms, {values[1]:.2f} items/s"
+
+
+def _remaining(event: Any) -> str:
+    """Elapsed time of this session, and the time left at this session's pace (a resumed study's
+    earlier trials took none of this session's time)."""
+    elapsed = _clock(event.elapsed_s)
+    done = event.finished - event.finished_before
+    left = event.elapsed_s / done * max(event.total - event.finished, 0) if done > 0 else None
+    return f"elapsed {elapsed}" + (f", ~{_clock(left)} left" if left is not None else "")
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def search_summary(body: Mapping[str, Any]) -> None:
+    """The end of a search (`summaries.search`): best trials, the winner against the experts, the cost."""
+    from autotune.deploy.export import recipe_words  # optuna loads only for the commands that need it
+
+    best_table(body["study"], body["objective"], body["best"], body["storage"])
+    if body["versus_recipes"]:
+        out.print(recipe_words(body["versus_recipes"]), soft_wrap=True, highlight=False, markup=False)
+    if body["accounting"]:
+        accounting(body["accounting"])
+
+
+def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], storage: str) -> None:
+    title = "Pareto front (latency vs throughput)" if objective == "both" else "Best trials"
+    table = _table(f"{title} of study {name}", "trial", "knobs", "p50 ms", "p90 ms", "items/s",
+                   "RSS MB", "latency x", "throughput x")
+    for t in trials:
+        knobs = t["config"] + (f" (recipe {t['recipe']})" if t["recipe"] else "")
+        table.add_row(str(t["number"]), knobs, f"{t['latency_p50_ms']:.2f}",
+                      f"{t['latency_p90_ms']:.2f}", f"{t['throughput_ips']:.2f}", f"{t['peak_rss_mb']:.0f}",
+                      f"{t['speedup_latency'] or 1:.2f}", f"{t['speedup_throughput'] or 1:.2f}")
+    out.print(table)
+    out.print(f"export the best: autotune export best.env --study {name}", soft_wrap=True)
+    if storage.startswith("sqlite:///"):
+        path = os.path.relpath(storage[len("sqlite:///"):])
+        shown = storage if path.startswith("..") else f"sqlite:///{path}"
+        out.print(f"review:          optuna-dashboard {shown}", soft_wrap=True)
+
+
+def accounting(numbers: Mapping[str, Any]) -> None:
+    """What the study's searches cost, in one line (stored as the study's `accounting`)."""
+    skipped = int(numbers.get("not_compiled", 0))
+    out.print(f"search cost: {numbers['trials']} trials, {numbers['distinct_configurations']} distinct "
+              f"configurations{f' (and {skipped} more pruned before compiling)' if skipped else ''}, "
+              f"{_clock(numbers['wall_s'])} wall, {numbers['timed_s']:.0f} s of timed samples "
+              f"({numbers['efficiency']:.0%} of the wall time), {numbers['trials_per_hour']:.0f} trials/hour",
+              soft_wrap=True, highlight=False)
+
+
+def studies(data: Mapping[str, Any]) -> None:
+    """`autotune studies`: one row per study (or per database that could not be read)."""
+    if not data["studies"]:
+        out.print(f"no studies in {data['folder']}/; make one with `autotune search --model resnet18 --trials 20`",
+                  markup=False, soft_wrap=True)
+        return
+    table = _table("Studies", "study", "model", "objective", "batch", "trials", "best", "confirmed", "host")
+    for row in data["studies"]:
+        if row["error"]:
+            table.add_row(row["name"], f"[red]{row['error']}[/red]", "", "", "", "", "", "")
+            continue
+        table.add_row(row["name"], str(row["model"]), str(row["objective"]), str(row["batch_size"]),
+                      f"{row['trials']['complete']}/{row['trials']['total']}", _best(row["best"]),
+                      _verdict(row["confirmation"]), _host(row["host"]))
+    out.print(table)
+
+
+def _best(best: Mapping[str, Any] | None) -> str:
+    if best is None:
+        return "-"
+    speedup = f" ({best['speedup']:.2f}x)" if best["speedup"] is not None else ""
+    return f"trial {best['trial']}: {best['value']:.2f} {best['unit']}{speedup}"
+
+
+def _verdict(verdict: Mapping[str, Any] | None) -> str:
+    if verdict is None:
+        return "not yet"
+    if verdict["word"] == "confirmed":
+        return f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x"
+    return "no: baseline kept"
+
+
+def _host(host: Mapping[str, Any]) -> str:
+    cores = host.get("usable_physical_cores")
+    return f"{host.get('cpu_model', 'unknown')}, {cores} cores" if host else "unknown"
+
+
+def confirm_progress(event: Any) -> None:
+    result = event.result
+    outcome = (f"p50 {result.latency_p50_ms:.2f} ms, {result.throughput_ips:.2f} items/s" if result.ok
+               else f"FAILED: {result.reason}")
+    err.print(f"round {event.round + 1}/{event.rounds}: {event.contender.label}: {outcome}", markup=False,
+              soft_wrap=True)
+
+
+def confirmation(verdict: Mapping[str, Any]) -> None:
+    unit = unit_of(verdict["metric"])
+    table = _table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial {verdict['baseline_trial']} "
+                   f"(baseline)", "trial", "knobs", f"median {unit}", "speedup", "interval", "p", "significant",
+                   "failed runs")
+    for row in verdict["candidates"]:
+        ci = f"{row['ci_label']} {row['ci'][0]:.3f}-{row['ci'][1]:.3f}" if row["ci"] else "-"
+        judged = ("yes" if row["significant"] else "no") if row["status"] == "ok" else f"no: {row['reason']}"
+        table.add_row(str(row["trial"]), str(row["config"]), _num(row["median"]), _num(row["speedup"], "x"), ci,
+                      f"{row['p_value']:.3g}" if row["p_value"] is not None else "-", judged, str(row["failed_runs"]))
+    out.print(table)
+    out.print(("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"],
+              markup=False, soft_wrap=True)
+    if "host" in verdict:
+        out.print(f"measured on host {verdict['host']} (host class {verdict['host_class']})", markup=False,
+                  soft_wrap=True)
+    if "order_seed" in verdict:
+        err.print(f"rounds ran in a random balanced order, seed {verdict['order_seed']} (--seed repeats it)",
+                  markup=False)
+
+
+def _contenders(measured: Any, metric: Metric) -> None:
+    table = _table("Comparison", "configuration", f"median {unit_of(metric)}", "runs ok")
+    for position, contender in enumerate(measured.contenders):
+        values = measured.values(position)
+        ran = [v for v in values if v is not None]
+        table.add_row(contender.label, _num(median(ran) if ran else None), f"{len(ran)}/{len(values)}")
+    out.print(table)
+
+
+def _not_compared(measured: Any) -> None:
+    failed = next((r for series in measured.runs for r in series if r.value is None), None)
+    out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
+              markup=False, soft_wrap=True)
+
+
+def comparison(measured: Any, metric: Metric, result: Any) -> None:
+    _contenders(measured, metric)
+    first, second = (c.label for c in measured.contenders)
+    if result is None:
+        _not_compared(measured)
+        return
+    verdict = "faster" if lower_is_better(metric) else "more throughput"
+    out.print(f"{second} vs {first}: {result.describe()}; "
+              f"{'significantly ' + verdict if result.significant else 'no significant difference'}",
+              markup=False, soft_wrap=True)
+    err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
+
+
+def regression(measured: Any, metric: Metric, check: Any, margin: float) -> None:
+    """`compare --fail-if-slower`: the table and one verdict line (FAIL exits 1)."""
+    _contenders(measured, metric)
+    first, second = (c.label for c in measured.contenders)
+    if check is None:
+        _not_compared(measured)
+        out.print("FAIL: no verdict without every run", markup=False)
+        return
+    verdict = (f"FAIL: {second} is slower than {first} by more than {margin:.0%}" if check.slower_than_margin else
+               f"PASS: no slowdown of {second} beyond {margin:.0%} of {first} shown")
+    out.print(f"{verdict}; {second} vs {first}: {check.describe()}", markup=False, soft_wrap=True)
+    err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
+
+
+def _num(value: float | None, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.3f}{suffix}"
+
+
+def cache(entries: Sequence[Any], chosen: Sequence[Any], removed: bool, now: float) -> None:
+    """The cache entries; with --prune, which ones go (or went)."""
+    if not entries:
+        out.print("nothing cached here; searches and `autotune export --artifacts` fill it")
+        return
+    going = {e.path for e in chosen}
+    table = _table("cache", "kind", "model", "configuration", "size", "last used", "usable here", "kept by", "prune")
+    for e in entries:
+        table.add_row(e.kind, e.model, e.config, _bytes(e.size), _age(now - e.last_used),
+                      "yes" if not e.unusable else f"no: {e.unusable}", ", ".join(e.kept_by) or "-",
+                      ("removed" if removed else "would remove") if e.path in going else "")
+    out.print(table)
+    total = sum(e.size for e in entries)
+    freed = sum(e.size for e in chosen)
+    verb = "removed" if removed else "would remove" if chosen else ""
+    out.print(f"{len(entries)} entries, {_bytes(total)}" + (f"; {verb} {len(chosen)}, {_bytes(freed)}" if verb else ""))
+
+
+def _bytes(size: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def _age(seconds: float) -> str:
+    for unit, scale in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.0f}{unit} ago"
+    return "just now"
+
+
+def report_summary(data: Mapping[str, Any]) -> None:
+    """`autotune report`'s page in a few lines."""
+    counts = data["counts"]
+    lines = [f"study {data['study']}: {counts['trials']} trials, {counts['complete']} completed, "
+             f"{counts['pruned']} pruned, {counts['fail']} failed"]
+    best = data["best"]
+    if best is not None:
+        lines.append(f"best: trial {best['trial']} ({best['config']}), " + ", ".join(
+            f"{_metric_value(m, v)} vs baseline {_metric_value(m, best['baseline'].get(m))} "
+            f"({best['speedups'][m]:.2f}x)" for m, v in best["values"].items()))
+        if best["versus_recipes"]:
+            lines.append(best["versus_recipes"])
+    verdict = data["confirmation"]
+    lines.append("not confirmed: run `autotune confirm`" if verdict is None else
+                 ("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"])
+    for metric, found in data["importance"].items():
+        top = ", ".join(f"{k} {v:.0%}" for k, v in list(found["knobs"].items())[:3]) or found["note"]
+        lines.append(f"top knobs for {unit_of(metric)} ({found['evaluator']}, {found['trials']} trials): {top}")
+    lines += [f"{len(g['trials'])} {g['state']} ({g['cause']}): {g['reason']}" for g in data["failures"]]
+    lines.append(f"wrote {data['output']}")
+    for line in lines:
+        out.print(line, markup=False, soft_wrap=True, highlight=False)
+
+
+def _metric_value(metric: Metric, value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} {unit_of(metric)}"
+
+
+def profile(data: Mapping[str, Any], top: int, open_with: str) -> None:
+    """`autotune profile`: the hot ops side by side, what changed most, where the traces are."""
+    configs = data["configurations"]
+    for c in configs:
+        out.print(f"{c['label']}: {c['config'] or 'defaults'}, {c['instances']} instance(s)", markup=False,
+                  soft_wrap=True)
+    columns = [name for c in configs for name in (f"{escape(c['label'])}: op", "ms", "share", "calls")]
+    table = _table(f"Top {top} ops by self CPU time, per forward call ({data['iterations']} calls profiled)",
+                   "#", *columns)
+    for rank in range(min(top, max(len(c["ops"]) for c in configs))):
+        table.add_row(str(rank + 1), *(cell for c in configs for cell in _op_cells(c["ops"], rank)))
+    table.add_section()
+    table.add_row("", *(cell for c in configs for cell in ("all ops", f"{c['self_ms_per_iteration']:.3f}", "100%",
+                                                             "")))
+    out.print(table)
+    walls = ", ".join(f"{c['label']} {c['wall_ms_per_iteration']:.3f} ms ({c['outside_ops_ms_per_iteration']:.3f} "
+                      f"outside any op)" for c in configs)
+    out.print(f"wall time per profiled call (profiler overhead included): {walls}", markup=False, soft_wrap=True)
+    for c in (c for c in configs if c["mostly_outside_ops"]):
+        out.print(f"note: {c['label']} spent most of its time outside any recorded op: compiled code (an AOTInductor "
+                  f"package) runs its kernels without profiler events; its trace shows where the gaps are",
+                  markup=False, soft_wrap=True)
+    for c in (c for c in configs if c["instances"] > 1):
+        out.print(f"{c['label']} runs {c['instances']} instances: instance {data['profiled_instance']} was profiled "
+                  f"while the others ran their timed loop beside it", markup=False, soft_wrap=True)
+    if data["changed"]:
+        _changed(data["changed"], configs[0]["label"], configs[-1]["label"])
+    out.print(f"traces: {', '.join(c['trace'] for c in configs)}; summary: {data['summary_file']}", markup=False,
+              soft_wrap=True)
+    out.print(f"{open_with}; op names are as the profiler recorded them (eager: aten:: ops; inductor: its own "
+              f"kernels)", markup=False, soft_wrap=True)
+
+
+def _op_cells(ops: Sequence[Mapping[str, Any]], rank: int) -> tuple[str, ...]:
+    if rank >= len(ops):
+        return ("", "", "", "")
+    op = ops[rank]
+    return (escape(op["name"]), f"{op['self_ms']:.3f}", f"{op['share']:.1%}", f"{op['calls']:g}")
+
+
+def _changed(rows: Sequence[Mapping[str, Any]], before: str, after: str) -> None:
+    table = _table(f"Ops whose self CPU time changed most, ms per forward call ({escape(before)} -> "
+                   f"{escape(after)})", "op", escape(before), escape(after), "change")
+    for row in rows:
+        table.add_row(escape(row["name"]), f"{row['before_ms']:.3f}", f"{row['after_ms']:.3f}",
+                      f"{row['delta_ms']:+.3f}")
+    out.print(table)

@@ -1,0 +1,90 @@
+"""The `autotune` command: flags in, one function call, output and exit code out.
+
+Exit codes: 0 success; 1 a benchmark ran and failed; 2 bad input (one `Error:` line);
+128 + the signal when stopped: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
+The commands live by what they are about: `cmd_machine.py`, `cmd_search.py`, `cmd_result.py`.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import NoReturn
+
+import click
+
+from autotune.base import tempdirs
+from autotune.base.errors import AutotuneError, Interrupted, RunFailed
+from autotune.child.errors import ApplyError
+from autotune.cli import cmd_machine, cmd_result, cmd_search
+from autotune.cli.common import EXIT_FAILED, EXIT_USAGE
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+def cli(debug: bool) -> None:
+    """Find the fastest way to run a PyTorch model for inference on this CPU.
+
+    \b
+    Example:
+      autotune doctor
+      autotune plan --model resnext101 --set instances=2
+      autotune bench --model resnet18 --set allocator=jemalloc
+    """
+
+
+# each command from the module it lives in; `autotune --help` lists them by name
+for _command in (cmd_machine.doctor, cmd_machine.plan, cmd_machine.bench_command, cmd_search.search,
+                 cmd_search.confirm_command, cmd_search.compare_command, cmd_result.export_command,
+                 cmd_result.studies_command, cmd_result.report_command, cmd_result.profile_command,
+                 cmd_result.run_command, cmd_machine.knobs_command, cmd_machine.models_command,
+                 cmd_machine.cache_command):
+    cli.add_command(_command)
+
+
+def _raise_interrupt(signum: int, frame: object) -> NoReturn:
+    raise Interrupted(signum)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Entry point: one `Error:` line and exit code 2 for every bad input; `--debug` re-raises."""
+    args = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGHUP, _raise_interrupt)  # a closed terminal stops the children too
+    tempdirs.remove_orphans()
+    try:
+        code = cli.main(args=args, prog_name="autotune", standalone_mode=False)
+    except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt into Abort
+        code = _interrupted(exc.__context__)
+    except KeyboardInterrupt as exc:
+        code = _interrupted(exc)
+    except click.ClickException as exc:
+        code = _fail(exc.format_message() + _help_hint(exc), EXIT_USAGE)
+    except (AutotuneError, ApplyError) as exc:
+        if "--debug" in args:
+            raise
+        code = _fail(str(exc), EXIT_USAGE)
+    except RunFailed as exc:
+        code = _fail(str(exc), EXIT_FAILED)
+    except Exception as exc:  # a bug or an unexpected outside failure: still one line, unless --debug
+        if "--debug" in args:
+            raise
+        code = _fail(f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
+                     "rerun with --debug for the traceback and report it", EXIT_FAILED)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _help_hint(exc: click.ClickException) -> str:
+    ctx = getattr(exc, "ctx", None)
+    return f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+
+
+def _fail(message: str, code: int) -> int:
+    click.echo(f"Error: {message}", err=True)
+    return code
+
+
+def _interrupted(cause: BaseException | None) -> int:
+    stop = cause if isinstance(cause, Interrupted) else Interrupted()  # a plain one is Ctrl-C
+    click.echo(f"{stop.reason[0].upper()}{stop.reason[1:]}: every benchmark process was stopped.", err=True)
+    return stop.exit_code

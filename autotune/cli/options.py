@@ -1,0 +1,155 @@
+"""The flags several commands share, each declared once: names, defaults, ranges and help.
+
+Typed at the edge: click checks ranges, and values that need the package's own rules (the
+tolerance) are checked here too, so that a command's body only sees valid values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotune.base.errors import AutotuneError
+from autotune.child.convert import TOLERANCE
+from autotune.child.quantize import CALIBRATION_BATCHES
+from autotune.measure import requests
+from autotune.measure.objectives import MIN_EFFECT, MIN_ROUNDS, min_rounds
+from autotune.measure.plan import MeasureSettings
+
+MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
+              "(importable from here), a TorchScript .pt or an exported .pt2 file.")
+SHAPE_HELP = "One input item's shape, e.g. 3x224x224 (default for image models) or 128."
+INPUTS_HELP = ("Your own inputs instead of random ones: a torch.save file of a tensor, a tuple or a dict of "
+               "tensors, items along dim 0 (integer token ids work).")
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class Finite(click.FloatRange):
+    """click's FloatRange, refusing nan and inf too (its comparisons let nan through, and inf
+    through a range open above): every float flag is one of these."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def study_options(study_help: str = "Study name (default: the newest in studies/).",
+                   storage_help: str = "Optuna storage URL, if not a study under studies/.") -> Decorator:
+    def add(func: Any) -> Any:
+        func = click.option("--storage", help=storage_help)(func)
+        return click.option("--study", "study_name", help=study_help)(func)
+
+    return add
+
+
+def timeout_option(func: Any) -> Any:
+    return click.option("--timeout", default=900.0, show_default=True, type=Finite(min=1),
+                        help="Seconds before one run is killed and recorded as failed.")(func)
+
+
+def min_effect_option(func: Any) -> Any:
+    return click.option("--min-effect", default=MIN_EFFECT, show_default=True, type=Finite(min=0, max=10),
+                        help="Smallest gain over the baseline worth recommending (0.03 = 3%).")(func)
+
+
+def rounds_option(name: str, help_text: str) -> Decorator:
+    return click.option(name, default=10, show_default=True, type=click.IntRange(min=MIN_ROUNDS),
+                        help=f"{help_text} ({MIN_ROUNDS} at least for one candidate, {min_rounds(3)} for three: "
+                             f"fewer can never be significant after Holm's correction).")
+
+
+def order_seed_option(func: Any) -> Any:
+    return click.option("--seed", type=int, help="Seed of the rounds' random balanced order (default: a random "
+                                                  "one, recorded with the verdict).")(func)
+
+
+def json_option(func: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON document on stdout instead of tables (progress stays on stderr).")(func)
+
+
+def no_wait_option(func: Any) -> Any:
+    return click.option("--no-wait", is_flag=True,
+                        help="Fail at once (exit 2) if another autotune is measuring on this machine, "
+                             "instead of waiting for it.")(func)
+
+
+def cache_dir_option(func: Any) -> Any:
+    return click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
+                        type=click.Path(path_type=Path, file_okay=False),
+                        help="Where compiled artifacts (TorchScript, AOTInductor) and inductor kernels live.")(func)
+
+
+def measure_options(func: Any) -> Any:
+    """The in-process protocol, shared by bench and search."""
+    func = click.option("--tolerance", type=float, callback=check_tolerance,
+                        help="Relative error allowed against eager fp32 (default: "
+                             f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16); for int8 the share of "
+                             f"inputs whose top-1 answer may change and 1 - the lowest cosine similarity allowed "
+                             f"(default {TOLERANCE['int8']:g}).")(func)
+    func = calibration_option(func)
+    func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
+                        help="Timed samples at least, per process.")(func)
+    func = click.option("--duration", default=2.0, show_default=True, type=Finite(min=0.1),
+                        help="Seconds of timed samples at least, per process (a common window).")(func)
+    func = click.option("--warmup-time", default=1.0, show_default=True, type=Finite(min=0),
+                        help="Seconds of untimed warmup at least.")(func)
+    func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
+                        help="Untimed warmup iterations at least.")(func)
+    return cache_dir_option(timeout_option(func))
+
+
+def calibration_option(func: Any) -> Any:
+    return click.option("--calibration-batches", type=click.IntRange(min=1),
+                        help=f"precision=int8: batches of the inputs (random, or --example-inputs) the "
+                             f"quantizer observes (default {CALIBRATION_BATCHES}).")(func)
+
+
+def check_tolerance(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    return None if value is None else requests.check_tolerance(value, "--tolerance ")
+
+
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Seconds from `90s`, `20m`, `1.5h` or `7d`. A bare number is refused: `--time-budget 15`
+    read as seconds stopped a search a user meant to last 15 minutes."""
+    number, unit = text[:-1], text[-1:].lower()
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except (ValueError, KeyError):
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise AutotuneError(f"{flag} {text!r} is not a duration; give a positive number with s, m, h or d, "
+                            f"like 20m or 7d")
+    return seconds
+
+
+def duration_option(name: str, help_text: str) -> Decorator:
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+        return None if value is None else parse_duration(value, name)
+
+    return click.option(name, callback=check, help=help_text)
+
+
+def settings(warmup: int, warmup_time: float, duration: float, min_iterations: int) -> MeasureSettings:
+    return MeasureSettings(warmup=warmup, warmup_s=warmup_time, duration_s=duration, min_iterations=min_iterations)
+
+
+def model_options(func: Any) -> Any:
+    func = click.option("--batch-size", default=1, show_default=True, type=int,
+                        help="Items per forward call.")(func)
+    func = click.option("--set", "assignments", multiple=True, metavar="KNOB=VALUE",
+                        help="Set a knob (repeatable); `autotune knobs` lists them.")(func)
+    func = click.option("--model", required=True, help=MODEL_HELP)(func)
+    func = click.option("--input-shape", help=SHAPE_HELP)(func)
+    func = click.option("--example-inputs", type=click.Path(dir_okay=False), help=INPUTS_HELP)(func)
+    return func

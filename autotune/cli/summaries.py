@@ -1,0 +1,101 @@
+"""What `search`, `compare` and `export` report, as plain data: the bodies of their `--json`
+documents (`display.json_document` adds `kind` and `schema_version`). The numbers are the ones the
+study stores and the tables print; nothing is measured or recomputed here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.child import envfile
+from autotune.deploy import export
+from autotune.measure.objectives import Metric, unit_of
+from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, median
+from autotune.search.confirm import Rounds
+from autotune.study import records
+from autotune.study.storage import shown
+
+# What each best trial reports besides its number, configuration and values.
+TRIAL_METRICS = ("latency_p50_ms", "latency_p90_ms", "throughput_ips", "peak_rss_mb", "speedup_latency",
+                 "speedup_throughput")
+
+
+def trial(found: FrozenTrial) -> dict[str, Any]:
+    """One trial as the tables show it: knobs, parameters, objective values, metrics, speedups."""
+    attrs = found.user_attrs
+    return {"number": found.number, "config": attrs.get("config", ""), "params": dict(found.params),
+            "values": list(found.values or ()), "recipe": attrs.get("recipe"),
+            **{key: attrs.get(key) for key in TRIAL_METRICS}}
+
+
+def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: str,
+           confirmed_now: bool) -> dict[str, Any]:
+    """The end of a search: the study, its best trials, the winner against the best expert recipe,
+    what it cost, why it stopped early, and the confirmation verdict the study holds."""
+    attrs = study.user_attrs
+    return {"study": study.study_name, "storage": shown(storage), "objective": attrs.get("objective"),
+            "model": attrs.get("model"), "batch_size": attrs.get("batch_size"),
+            "trials": {"finished": records.finished(study), "total": len(study.get_trials(deepcopy=False)),
+                       "distinct_configurations": records.distinct_configs(study)},
+            "best": [trial(t) for t in best],
+            "versus_recipes": export.recipe_comparison(study, best[0]) if best else None,
+            "accounting": attrs.get("accounting"), "stopped": stopped or None,
+            "confirmation": attrs.get("confirmation"), "confirmed_now": confirmed_now}
+
+
+def comparison(measured: Rounds, metric: Metric, result: PairedComparison | None) -> dict[str, Any]:
+    """`compare`: both contenders with their per-round values, the running orders, and the paired
+    comparison of the second against the first (None, with the reason, when none could be made)."""
+    body: dict[str, Any] = {
+        "metric": metric, "unit": unit_of(metric), "seed": measured.seed,
+        "contenders": [_contender(measured, position) for position in range(len(measured.contenders))],
+        "orders": [list(order) for order in measured.orders], "comparison": None, "reason": ""}
+    if result is None:
+        failed = next((r for series in measured.runs for r in series if r.value is None), None)
+        body["reason"] = f"a run failed ({failed.reason})" if failed else "not enough rounds to compare"
+        return body
+    body["comparison"] = {"speedup": result.speedup, "p_value": result.p_value, "significant": result.significant,
+                          "rounds": result.rounds, "min_effect": result.min_effect,
+                          "interval": _interval(result.interval)}
+    return body
+
+
+def _interval(interval: Interval) -> dict[str, Any]:
+    return {"low": interval.low, "high": interval.high, "label": interval.label, "coverage": interval.coverage}
+
+
+def gate(check: RegressionCheck | None, margin: float) -> dict[str, Any]:
+    """`compare --fail-if-slower`: the two-sided verdict and its numbers (None: a run failed)."""
+    verdict = {"margin": margin, "failed": check is None or check.slower_than_margin, "exit_code": 1}
+    if check is None:
+        return verdict | {"reason": "a run failed, so there is no verdict"}
+    return verdict | {"exit_code": 1 if check.slower_than_margin else 0, "speedup": check.speedup,
+                      "p_value": check.p_value, "difference_p_value": check.difference_p, "rounds": check.rounds,
+                      "test": "two-sided Wilcoxon signed-rank, H0: the second is exactly `margin` slower",
+                      "interval": _interval(check.interval)}
+
+
+def _contender(measured: Rounds, position: int) -> dict[str, Any]:
+    contender = measured.contenders[position]
+    runs = measured.runs[position]
+    ran = [r.value for r in runs if r.value is not None]
+    return {"position": position, "label": contender.label, "trial": contender.trial,
+            "config": contender.plan.config.describe(), "median": median(ran) if ran else None,
+            "runs_ok": len(ran), "values": [r.value for r in runs], "p90_ms": [r.p90_ms for r in runs],
+            "failures": [r.reason for r in runs if r.value is None]}
+
+
+def exported(path: Path, study: optuna.Study, chosen: FrozenTrial, text: str,
+             artifacts: Path | None) -> dict[str, Any]:
+    """`export`: where it wrote which trial, the variables the file sets and unsets, and what the
+    study's confirmation says of that trial."""
+    parsed = envfile.parse(text)
+    confirmation = study.user_attrs.get("confirmation")
+    return {"path": str(path), "study": study.study_name, "trial": chosen.number,
+            "config": chosen.user_attrs.get("config", ""), "env": parsed.env, "unset": list(parsed.unset),
+            "artifacts": str(artifacts) if artifacts else None, "host_class": export.host_class_of(chosen),
+            "confirmation": {"status": export.confirmation_status(confirmation, chosen.number),
+                             "message": confirmation["message"] if confirmation else None}}

@@ -1,0 +1,184 @@
+"""Resolving what users type for `--model`: a torchvision classification model (short names
+included), `pkg.module:factory`, a TorchScript file (`.pt`) or an exported program (`.pt2`)."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.util
+import os
+import re
+import sys
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from autotune.base.errors import ModelError
+from autotune.child.envfile import has_control
+
+ModelKind = Literal["torchvision", "factory", "torchscript", "exported"]
+
+# Short names users try first; values are torchvision builder names.
+ALIASES = {
+    "resnext101": "resnext101_32x8d",
+    "resnext50": "resnext50_32x4d",
+    "resnet": "resnet50",
+    "wide_resnet50": "wide_resnet50_2",
+    "wide_resnet101": "wide_resnet101_2",
+    "mobilenet": "mobilenet_v2",
+    "mobilenetv2": "mobilenet_v2",
+    "mobilenetv3": "mobilenet_v3_large",
+    "inception": "inception_v3",
+    "inceptionv3": "inception_v3",
+    "vit": "vit_b_16",
+    "efficientnet": "efficientnet_b0",
+    "convnext": "convnext_tiny",
+    "shufflenet": "shufflenet_v2_x1_0",
+    "squeezenet": "squeezenet1_1",
+    "mnasnet": "mnasnet1_0",
+    "regnet": "regnet_y_400mf",
+    "densenet": "densenet121",
+    "vgg": "vgg16",
+    "swin": "swin_t",
+    "maxvit": "maxvit_t",
+}
+# Models whose default construction expects a larger image than 224x224.
+IMAGE_SIZE = {"inception_v3": 299}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A resolved model: what the child loads, the shape of one input item, and where from."""
+
+    name: str
+    item_shape: tuple[int, ...]
+    kind: ModelKind = "torchvision"
+    import_path: str = ""
+    example_inputs: str = ""  # a torch.save file of inputs, items along dim 0 (absolute path)
+
+    @property
+    def needs_probe(self) -> bool:
+        """User models and user inputs are tried once (build + one forward) before any run, to fail
+        early and clearly."""
+        return self.kind != "torchvision" or bool(self.example_inputs)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """`3x224x224` (or `3,224,224`) -> (3, 224, 224): one item's shape, the batch dimension excluded."""
+    try:
+        shape = tuple(int(part) for part in re.split(r"[x,]", text.strip().lower()))
+    except ValueError:
+        shape = ()
+    if not shape or any(n < 1 for n in shape):
+        raise ModelError(f"--input-shape {text!r} is not a shape; give one item's dimensions like 3x224x224 "
+                         f"(the batch dimension comes from --batch-size)")
+    return shape
+
+
+@functools.lru_cache(maxsize=1)
+def classification_models() -> tuple[str, ...]:
+    """torchvision's image classification builders (imports torchvision once per process)."""
+    import torchvision
+
+    return tuple(torchvision.models.list_models(module=torchvision.models))
+
+
+def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: str | None = None,
+            example_inputs: str | None = None) -> ModelSpec:
+    """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name.
+    `example_inputs` (a torch.save file) replaces the synthetic inputs and gives the item shape."""
+    if input_shape is not None and example_inputs is not None:
+        raise ModelError("give --input-shape or --example-inputs, not both (the file's tensors have a shape)")
+    shape = parse_shape(input_shape) if input_shape is not None else None
+    saved = _example_inputs(example_inputs) if example_inputs is not None else None
+    if saved is not None:
+        shape = saved[0]
+    if text.endswith((".pt", ".pt2")) or "/" in text:
+        spec = _file(text, shape)
+    elif ":" in text:
+        spec = _factory(text, shape)
+    else:
+        spec = _torchvision(text, available)
+        spec = spec if shape is None else replace(spec, item_shape=shape)
+    return spec if saved is None else replace(spec, example_inputs=saved[1])
+
+
+def _example_inputs(text: str) -> tuple[tuple[int, ...], str]:
+    """One item's shape (of the first tensor) and the absolute path of a checked inputs file."""
+    from autotune.child.build import load_examples
+    from autotune.child.convert import leaves
+    from autotune.child.errors import ApplyError
+
+    path = str(Path(text).expanduser().resolve())
+    if has_control(path):
+        raise ModelError(f"--example-inputs {text!r} holds a control character; rename the file")
+    if not Path(path).is_file():
+        raise ModelError(f"--example-inputs {text!r} is not a file; save your inputs with torch.save")
+    try:
+        first = leaves(load_examples(path))[0]
+    except ApplyError as exc:
+        raise ModelError(f"--example-inputs: {exc}") from None
+    return tuple(int(n) for n in first.shape[1:]) or (1,), path
+
+
+def _file(text: str, shape: tuple[int, ...] | None) -> ModelSpec:
+    path = Path(text).expanduser()
+    if has_control(text):
+        raise ModelError(f"model file {text!r} holds a control character (a newline, ...); rename it")
+    kind: ModelKind = "exported" if path.suffix == ".pt2" else "torchscript"
+    if path.suffix not in (".pt", ".pt2"):
+        raise ModelError(f"model file {text!r} is neither TorchScript (.pt) nor an exported program (.pt2)")
+    try:
+        with path.open("rb") as f:
+            saved_by_torch = zipfile.is_zipfile(f)
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {text!r}: {exc.strerror}; give a readable .pt or .pt2") from None
+    if not saved_by_torch:  # torch.jit.save and torch.export.save both write a zip archive
+        raise ModelError(f"model file {text!r} is not one PyTorch saved (not a zip archive); save the model with "
+                         f"torch.jit.save (.pt) or torch.export.save (.pt2)")
+    return ModelSpec(str(path.resolve()), shape or (3, 224, 224), kind)
+
+
+def _factory(text: str, shape: tuple[int, ...] | None) -> ModelSpec:
+    module, _, factory = text.partition(":")
+    if not module or not factory.isidentifier():
+        raise ModelError(f"--model {text!r} is not pkg.module:factory (a callable returning an nn.Module)")
+    here = os.getcwd()
+    sys.path.insert(0, here)
+    try:
+        found = importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # its parent package does not exist
+        found = None
+    except Exception as exc:  # a package whose __init__ fails to import
+        raise ModelError(f"cannot import the package of {module!r}: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.path.remove(here)
+    if found is None:
+        raise ModelError(f"no module named {module!r} (looked in {here} and the Python path); run autotune "
+                         f"from the folder that holds it")
+    return ModelSpec(text, shape or (3, 224, 224), "factory", here)
+
+
+def _torchvision(text: str, available: tuple[str, ...] | None) -> ModelSpec:
+    names = classification_models() if available is None else available
+    name = _match(text, names)
+    if name is None:
+        wanted = text.strip().lower().replace("-", "_")
+        close = difflib.get_close_matches(wanted, list(names) + list(ALIASES), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ModelError(
+            f"unknown model {text!r}; {hint}use a torchvision classification model name "
+            f"(`autotune models` lists them), pkg.module:factory, or a .pt/.pt2 file"
+        )
+    size = IMAGE_SIZE.get(name, 224)
+    return ModelSpec(name=name, item_shape=(3, size, size))
+
+
+def _match(text: str, names: tuple[str, ...]) -> str | None:
+    wanted = text.strip().lower().replace("-", "_")
+    wanted = ALIASES.get(wanted, ALIASES.get(wanted.replace("_", ""), wanted))
+    if wanted in names:
+        return wanted
+    squashed = {n.replace("_", ""): n for n in names}
+    return squashed.get(wanted.replace("_", ""))

@@ -1,0 +1,96 @@
+"""The recipes experts already use, as configurations: a search runs the ones that fit the machine
+and the space right after the baseline, so that it cannot end worse than them and can say by how
+much its winner beats the best of them.
+
+A recipe sets only the knobs its authors set; everything else stays at PyTorch's default, as when
+they run it. The throughput variants add one instance per NUMA node (or socket), each bound to its
+own cores, as PyTorch's launcher does in its throughput mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.base.errors import ConfigError
+from autotune.config.knobs import Config, KnobValue
+from autotune.config.space import SearchSpace
+from autotune.host.topology import Topology
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    config: Config
+
+
+def _seed(cores: int) -> dict[str, KnobValue]:
+    """The seed write-up (PyTorch 1.x best known methods): mkldnn layout, weight cache, threads =
+    physical cores, Intel OpenMP with compact affinity, jemalloc, bound to the cores."""
+    return {"mkldnn": True, "weight_cache": True, "omp_threads": cores, "omp_runtime": "intel",
+            "kmp_affinity": "compact", "kmp_blocktime": 1, "allocator": "jemalloc", "instances": 1}
+
+
+def _launcher(cores: int) -> dict[str, KnobValue]:
+    """`python -m torch.backends.xeon.run_cpu`: Intel OpenMP (compact, KMP_BLOCKTIME=1), jemalloc,
+    threads = physical cores, bound with numactl."""
+    return {"omp_runtime": "intel", "kmp_affinity": "compact", "kmp_blocktime": 1, "allocator": "jemalloc",
+            "omp_threads": cores, "instances": 1}
+
+
+COMPILE = {"backend": "inductor", "memory_format": "channels_last"}
+COMPILE_BF16 = {**COMPILE, "precision": "bf16"}
+# Vendors' CPU inference guides put int8 first for throughput where VNNI or AMX runs it.
+COMPILE_INT8 = {**COMPILE, "precision": "int8"}
+
+
+def recipes(topology: Topology, objective: str, bf16: bool, int8: bool = False) -> list[Recipe]:
+    """The known recipes for this machine and objective, in the order a search runs them."""
+    cores = len(topology.usable_cores)
+    found = [Recipe("seed", Config.from_mapping(_seed(cores))),
+             Recipe("pytorch-launcher", Config.from_mapping(_launcher(cores))),
+             Recipe("compile+channels_last", Config.from_mapping(COMPILE))]
+    if bf16:
+        found.append(Recipe("compile+bf16+channels_last", Config.from_mapping(COMPILE_BF16)))
+    if int8:
+        found.append(Recipe("compile+int8+channels_last", Config.from_mapping(COMPILE_INT8)))
+    if objective != "latency":
+        found += [_per_node(r, topology) for r in list(found)]
+    return found
+
+
+def _per_node(recipe: Recipe, topology: Topology) -> Recipe:
+    """The same recipe with one bound instance per NUMA node (or socket, where nodes are unknown)."""
+    cores = len(topology.usable_cores)
+    nodes = len({c.node for c in topology.usable_cores})
+    nodes = nodes if nodes > 1 else max(1, len({c.socket for c in topology.usable_cores}))
+    values = dict(recipe.config.values) | {"instances": nodes, "omp_threads": max(1, cores // nodes)}
+    return Recipe(f"{recipe.name}, one instance per node", Config.from_mapping(values))
+
+
+NO_PINS = Config()
+
+
+def fitting(candidates: list[Recipe], space: SearchSpace, pins: Config = NO_PINS) -> tuple[tuple[Recipe, ...], str]:
+    """The recipes whose every knob value the space offers, with the pinned knobs added (a recipe
+    that sets a pinned knob otherwise is not that recipe any more), and one note naming those left out."""
+    kept, left_out = [], []
+    for recipe in candidates:
+        merged = _with_pins(recipe, pins)
+        missing = space.lacks(recipe.config) or (space.lacks(merged.config) if merged else "a pinned knob's condition")
+        if missing or merged is None:
+            left_out.append(f"{recipe.name} ({missing})")
+        else:
+            kept.append(merged)
+    note = (f"recipes not run, since {space.source}{' with the pins' if pins.values else ''} does not offer a "
+            f"knob value they set: {', '.join(left_out)}")
+    return tuple(kept), note if left_out else ""
+
+
+def _with_pins(recipe: Recipe, pins: Config) -> Recipe | None:
+    """The recipe with the pins added; None when the two together break a knob's condition."""
+    if not pins.values:
+        return recipe
+    try:
+        return Recipe(recipe.name, Config.from_mapping(recipe.config.as_dict() | pins.as_dict()))
+    except ConfigError:
+        return None

@@ -1,0 +1,499 @@
+"""Search spaces: `search_spaces/*.yaml` loaded into typed knob ranges, adapted to this machine.
+
+Format (every key is a knob name from `autotune knobs`):
+
+    knobs:
+      mkldnn: [off, on]                     # a list is the choices
+      omp_runtime: [gnu, intel, llvm]
+      kmp_blocktime:
+        choices: [0, 1, 200]
+        when: {omp_runtime: intel}          # sampled only when the condition holds
+      instances: {low: 1, high: max}        # integer range; max = usable physical cores
+      omp_threads: {low: 1, high: max, log: false, step: 1}
+
+Knobs with a built-in condition (kmp_* need omp_runtime=intel, omp_proc_bind needs gnu/llvm)
+get it without writing `when`; so do values with one (precision=int8 needs backend=inductor): where
+the condition fails the value is not offered, and the knob is sampled as its own Optuna parameter
+named after the values left, e.g. `precision (fp32/bf16)` (Optuna keeps one set of choices per
+name). `omp_threads x instances` never exceeds the usable physical cores: the range of omp_threads
+shrinks with the sampled instances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from autotune.base.errors import AutotuneError
+from autotune.child.envfile import value_text
+from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, conditions, knob
+from autotune.host.libs import LIBRARIES
+
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
+# Parents before children: conditions look at knobs sampled earlier; threads after instances.
+SAMPLE_ORDER = ("omp_runtime", "kmp_affinity", "kmp_blocktime", "omp_proc_bind", "allocator",
+                "instances", "omp_threads", "backend", "mkldnn", "weight_cache", "memory_format", "precision",
+                "dataloader_workers")
+RANGE_KEYS = {"low", "high", "step", "log", "when"}
+CHOICE_KEYS = {"choices", "when"}
+ENUMERATE_LIMIT = 20_000  # a space with more configurations is not listed (nor exhausted)
+# Which library each choice needs, so a machine without it never samples it.
+NEEDS = {("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
+         ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
+         ("precision", "bf16"): "bf16", ("precision", "int8"): "int8"}
+# What is missing when a need is not met, and what to do about it.
+MISSING = {**{name: f"{name} is not installed ({spec.install})" for name, spec in LIBRARIES.items()},
+           "bf16": "this CPU has neither avx512_bf16 nor AMX",
+           "int8": "this CPU has neither VNNI (avx512_vnni, avx_vnni) nor AMX"}
+
+
+class SpaceError(AutotuneError):
+    """A search space file that cannot be used: names the file, the key and what is allowed."""
+
+
+class Suggester(Protocol):
+    """The part of an Optuna trial that sampling uses (a fake in tests)."""
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
+
+
+@dataclass(frozen=True)
+class KnobRange:
+    """One knob's search range: choices, or an integer range whose high may be `max`."""
+
+    name: str
+    choices: tuple[KnobValue, ...] = ()
+    low: int = 0
+    high: int | str = 0
+    step: int = 1
+    log: bool = False
+    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def is_range(self) -> bool:
+        return not self.choices
+
+    def applies(self, sampled: Mapping[str, KnobValue]) -> bool:
+        return _holds(self.when, sampled)
+
+    def offered(self, sampled: Mapping[str, KnobValue]) -> tuple[KnobValue, ...]:
+        """The choices whose own condition holds for what `sampled` holds (precision=int8 needs
+        backend=inductor)."""
+        return tuple(c for c in self.choices if _holds(VALUE_CONDITIONS.get((self.name, value_text(c)), ()), sampled))
+
+    def param(self, sampled: Mapping[str, KnobValue]) -> str:
+        """The Optuna parameter that samples this knob: its name, or, when a value's condition
+        leaves fewer choices, a name of its own for those (`precision (fp32/bf16)`)."""
+        offered = self.offered(sampled)
+        if offered == self.choices:
+            return self.name
+        return f"{self.name} ({'/'.join(value_text(c) for c in offered)})"
+
+
+def _holds(when: tuple[tuple[str, tuple[str, ...]], ...], sampled: Mapping[str, KnobValue]) -> bool:
+    return all(value_text(sampled.get(k, KNOBS[k].default)) in allowed for k, allowed in when)
+
+
+def knob_of_param(param: str) -> str:
+    """The knob an Optuna parameter samples (`precision (fp32/bf16)` samples precision)."""
+    return param.partition(" (")[0]
+
+
+def config_of_params(params: Mapping[str, Any]) -> Config:
+    """The configuration a trial's Optuna parameters sample (the batch size is no knob)."""
+    return Config.from_mapping({knob_of_param(k): v for k, v in params.items() if k != BATCH_PARAM})
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    source: str
+    knobs: tuple[KnobRange, ...]
+    notes: tuple[str, ...] = ()
+    cores: int = 0  # usable physical cores, once adapted to a machine
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.knobs)
+
+    def get(self, name: str) -> KnobRange | None:
+        return next((k for k in self.knobs if k.name == name), None)
+
+    def sample(self, trial: Suggester, only: Config | None = None) -> Config:
+        """A configuration by construction valid: conditions hold, threads x instances fit. With
+        `only`, just the knobs it sets are suggested (a recipe: the others stay at their defaults),
+        each with the distribution a sampled trial would give it."""
+        sampled: dict[str, KnobValue] = {}
+        for rng in self._applicable(only.as_dict() if only is not None else sampled):
+            if only is not None and rng.name not in only.as_dict():
+                continue
+            if rng.choices:
+                labels = [value_text(c) for c in rng.offered(sampled)]
+                sampled[rng.name] = knob(rng.name).parse(trial.suggest_categorical(rng.param(sampled), labels))
+            else:
+                low, high = rng.low, self._dynamic_high(rng, sampled)
+                sampled[rng.name] = trial.suggest_int(rng.name, low, high, step=rng.step, log=rng.log)
+        return Config.from_mapping(sampled)
+
+    def _applicable(self, sampled: Mapping[str, KnobValue]) -> Iterator[KnobRange]:
+        """The knobs to sample, in order; each one's condition is read from what `sampled` holds by then."""
+        for name in SAMPLE_ORDER:
+            rng = self.get(name)
+            if rng is not None and rng.applies(sampled) and (rng.is_range or rng.offered(sampled)):
+                yield rng
+
+    def configurations(self, limit: int = ENUMERATE_LIMIT) -> list[Config] | None:
+        """Every configuration `sample` can return, in sampling order; None when there are more
+        than `limit` (a space too large to list, which a search never exhausts)."""
+        found: list[Config] = []
+        pending: list[dict[str, KnobValue]] = [{}]
+        while pending:
+            partial = pending.pop()
+            rng = next((r for r in self._applicable(partial) if r.name not in partial), None)
+            if rng is None:
+                found.append(Config.from_mapping(partial))
+                if len(found) > limit:
+                    return None
+                continue
+            options: Sequence[KnobValue] = rng.offered(partial) if rng.choices else range(
+                rng.low, self._dynamic_high(rng, partial) + 1, rng.step)
+            pending.extend({**partial, rng.name: value} for value in reversed(options))
+        return found
+
+    def lacks(self, config: Config) -> str:
+        """The first knob value of `config` this space does not offer ("" when it offers them all)."""
+        values = config.as_dict()
+        for name, value in config.values:
+            rng = self.get(name)
+            offered = rng is not None and rng.applies(values) and (
+                value in rng.offered(values) if rng.choices else
+                rng.low <= int(value) <= self._dynamic_high(rng, values) and (int(value) - rng.low) % rng.step == 0)
+            if not offered:
+                return f"{name}={value_text(value)}"
+        return ""
+
+    def as_run(self, config: Config) -> Config | None:
+        """`config` with every knob this space samples set: a knob it leaves unset at its default,
+        or its `unset_as` value (what runs then, or the closest), as a sampled trial would hold it.
+        None when the space does not offer such a value. A recipe sets only its authors' knobs; a
+        sampler that sees them so can tell where in the space the recipe lies."""
+        filled = config.as_dict()
+        for rng in self._applicable(filled):
+            if rng.name in filled:
+                continue
+            spec = KNOBS[rng.name]
+            value = spec.default if spec.default is not None else spec.unset_as
+            if value == "max":
+                value = self._dynamic_high(rng, filled)
+            if value is None:
+                return None
+            filled[rng.name] = value
+        complete = Config.from_mapping(filled)
+        return None if self.lacks(complete) else complete
+
+    def params(self, config: Config) -> dict[str, KnobValue]:
+        """The Optuna parameters that make a trial sample exactly `config` (choices as their labels)."""
+        params: dict[str, KnobValue] = {}
+        values = config.as_dict()
+        for name, value in config.values:
+            rng = self.get(name)
+            if rng is not None:
+                params[rng.param(values) if rng.choices else name] = value_text(value) if rng.choices else value
+        return params
+
+    def _dynamic_high(self, rng: KnobRange, sampled: Mapping[str, KnobValue]) -> int:
+        high = int(rng.high)
+        if rng.name == "omp_threads" and "instances" in sampled:
+            high = min(high, max(rng.low, self.cores // int(sampled["instances"])))
+        return high
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "knobs": {
+            k.name: ({"choices": [value_text(c) for c in k.choices]} if k.choices else
+                     {"low": k.low, "high": k.high, "step": k.step, "log": k.log})
+            | ({"when": {n: list(v) for n, v in k.when}} if k.when else {})
+            for k in self.knobs}}
+
+
+CORE_BOUND = ("omp_threads", "instances")  # knobs whose highest value `adapt` caps at a machine's cores
+
+
+def recorded_differs(recorded: Mapping[str, Any], mine: Mapping[str, Any], cores_may_differ: bool = False) -> str:
+    """How this host's space (`to_json`) differs from the one a study recorded: "" when it may
+    resume the study. A host of another class (`--allow-mixed`) may cap the core-bound knobs at
+    its own cores; its choices must still be the study's (Optuna keeps one set per parameter)."""
+    theirs, ours = dict(recorded["knobs"]), dict(mine["knobs"])
+    if cores_may_differ:
+        for knobs in (theirs, ours):
+            for name in CORE_BOUND:
+                if name in knobs:
+                    knobs[name] = {k: v for k, v in knobs[name].items() if k != "high"}
+    if theirs == ours:
+        return ""
+    for name in sorted(set(theirs) | set(ours)):
+        if theirs.get(name) != ours.get(name):
+            return (f"{name} is {_shown_knob(theirs.get(name))} in the study and {_shown_knob(ours.get(name))} "
+                    f"on this host")
+    return "the knobs differ"
+
+
+def _shown_knob(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "not searched"
+    if "choices" in entry:
+        return "/".join(entry["choices"])
+    return f"{entry.get('low')}..{entry.get('high', 'its cores')}"
+
+
+def find(spec: str) -> Path:
+    """`--space` by path, or by name in ./search_spaces or the project's search_spaces/."""
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    for folder in (Path("search_spaces"), SPACES_DIR):
+        candidate = folder / f"{spec}.yaml"
+        if candidate.is_file():
+            return candidate
+    names = sorted({p.stem for d in (Path("search_spaces"), SPACES_DIR) for p in d.glob("*.yaml")})
+    raise SpaceError(f"no search space {spec!r}; give a .yaml path or one of: {', '.join(names)}")
+
+
+def load(path: Path) -> SearchSpace:
+    """Read and validate a space file; every problem names the file and the key."""
+    where = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SpaceError(f"cannot read search space {where}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpaceError(f"cannot read search space {where}: not a text file; give a YAML file like "
+                         "search_spaces/default.yaml") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpaceError(f"{where}: not valid YAML{at}: {problem}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("knobs"), dict) or not raw["knobs"]:
+        raise SpaceError(f"{where}: expected a mapping `knobs:` with at least one knob, as in "
+                         f"search_spaces/default.yaml")
+    extra = set(raw) - {"knobs", "description"}
+    if extra:
+        raise SpaceError(f"{where}: unknown top-level key {sorted(extra)[0]!r}; allowed: knobs, description")
+    ranges = tuple(_knob_range(where, str(name), spec) for name, spec in raw["knobs"].items())
+    space = SearchSpace(source=where, knobs=ranges)
+    _check_conditions(where, space)
+    return space
+
+
+def _knob_range(where: str, name: str, spec: object) -> KnobRange:
+    try:
+        definition = knob(name)
+    except AutotuneError as exc:
+        raise SpaceError(f"{where}: knobs.{name}: {exc}") from None
+    if isinstance(spec, list):
+        spec = {"choices": spec}
+    if not isinstance(spec, dict):
+        raise SpaceError(f"{where}: knobs.{name}: expected a list of choices or a mapping with "
+                         f"choices or low/high")
+    when = _when(where, name, spec.get("when"), definition)
+    if "choices" in spec and name in ("omp_threads", "instances"):
+        raise SpaceError(f"{where}: knobs.{name}: give low/high (they are fitted to the cores), not choices")
+    if "choices" in spec:
+        _only_keys(where, name, spec, CHOICE_KEYS)
+        return KnobRange(name, _choices(where, name, spec["choices"], definition), when=when)
+    _only_keys(where, name, spec, RANGE_KEYS)
+    if definition.kind != "int":
+        raise SpaceError(f"{where}: knobs.{name}: takes choices, not low/high; use "
+                         f"choices: [{definition.allowed()}]")
+    return _int_range(where, name, spec, definition, when)
+
+
+def _only_keys(where: str, name: str, spec: Mapping[str, object], allowed: set[str]) -> None:
+    extra = sorted(set(spec) - allowed)
+    if extra:
+        raise SpaceError(f"{where}: knobs.{name}.{extra[0]}: unknown key; allowed: "
+                         f"{', '.join(sorted(allowed))}")
+
+
+def _choices(where: str, name: str, raw: object, definition: Knob) -> tuple[KnobValue, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise SpaceError(f"{where}: knobs.{name}.choices: expected a non-empty list of "
+                         f"{definition.allowed()}")
+    try:
+        values = tuple(definition.parse(v) for v in raw)
+    except AutotuneError as exc:
+        raise SpaceError(f"{where}: knobs.{name}.choices: {exc}") from None
+    return tuple(dict.fromkeys(values))
+
+
+def _int_range(where: str, name: str, spec: Mapping[str, Any], definition: Knob,
+               when: tuple[tuple[str, tuple[str, ...]], ...]) -> KnobRange:
+    key = f"{where}: knobs.{name}"
+    low, high, step = spec.get("low", definition.low), spec.get("high"), spec.get("step", 1)
+    if high is None:
+        raise SpaceError(f"{key}.high: missing; give an integer or max")
+    for field, value in (("low", low), ("high", high), ("step", step)):
+        if not (isinstance(value, int) and not isinstance(value, bool)) and not (field == "high"
+                                                                             and value == "max"):
+            raise SpaceError(f"{key}.{field}: {value!r} is not an integer" +
+                             (" or max" if field == "high" else ""))
+    if not definition.low <= low <= definition.high or (
+            high != "max" and not definition.low <= high <= definition.high):
+        raise SpaceError(f"{key}: low/high must be {definition.allowed()}")
+    if high != "max" and low > high:
+        raise SpaceError(f"{key}: low {low} is above high {high}")
+    if step < 1 or not isinstance(spec.get("log", False), bool):
+        raise SpaceError(f"{key}: step must be 1 or more and log true or false")
+    if spec.get("log") and (step != 1 or low < 1):
+        raise SpaceError(f"{key}: log: true needs step 1 and low 1 or more")
+    return KnobRange(name, low=low, high=high, step=step, log=spec.get("log", False), when=when)
+
+
+def _when(where: str, name: str, raw: object, definition: Knob) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    conditions = dict(definition.only_when)
+    if raw is None:
+        return tuple(conditions.items())
+    if not isinstance(raw, dict):
+        raise SpaceError(f"{where}: knobs.{name}.when: expected a mapping like {{omp_runtime: intel}}")
+    for other, values in raw.items():
+        if other not in KNOBS or other == name:
+            raise SpaceError(f"{where}: knobs.{name}.when: condition names unknown knob {other!r}; "
+                             f"knobs are: {', '.join(KNOBS)}")
+        listed = values if isinstance(values, list) else [values]
+        try:
+            allowed = tuple(value_text(knob(other).parse(v)) for v in listed)
+        except AutotuneError as exc:
+            raise SpaceError(f"{where}: knobs.{name}.when.{other}: {exc}") from None
+        builtin = conditions.get(other)
+        conditions[other] = tuple(v for v in allowed if builtin is None or v in builtin)
+        if not conditions[other]:
+            raise SpaceError(f"{where}: knobs.{name}.when.{other}: {name} applies only with "
+                             f"{other}={'/'.join(builtin or ())}")
+    return tuple(conditions.items())
+
+
+def _check_conditions(where: str, space: SearchSpace) -> None:
+    for rng in space.knobs:
+        for other, allowed in rng.when:
+            parent = space.get(other)
+            possible = ({value_text(c) for c in parent.choices} if parent and parent.choices else
+                        {value_text(KNOBS[other].default)} if parent is None else set(allowed))
+            if not possible & set(allowed):
+                raise SpaceError(f"{where}: knobs.{rng.name}: can never be sampled: it needs "
+                                 f"{other}={'/'.join(allowed)}, which the space never picks; add "
+                                 f"{other} to the space or remove {rng.name}")
+
+
+def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> SearchSpace:
+    """Fit a space to a machine: drop choices whose library is missing, cap ranges at the cores."""
+    notes: list[str] = []
+    adapted = []
+    for rng in space.knobs:
+        if rng.choices:
+            keep = tuple(c for c in rng.choices if available.get(NEEDS.get((rng.name, value_text(c)), ""), True))
+            for dropped in (value_text(c) for c in rng.choices if c not in keep):
+                notes.append(f"{rng.name}={dropped} dropped: {MISSING[NEEDS[(rng.name, dropped)]]}")
+            if not keep:
+                raise SpaceError(f"{space.source}: knobs.{rng.name}: no choice is available on this "
+                                 f"machine ({'; '.join(notes)}); install one or remove the knob")
+            adapted.append(replace(rng, choices=keep))
+        else:
+            adapted.append(_cap(space.source, rng, cores))
+    capped = _fit_instances(tuple(adapted), cores)
+    return SearchSpace(space.source, capped, tuple(notes), cores)
+
+
+def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool]) -> SearchSpace:
+    """The adapted space with each pinned knob fixed to its value (added where the space lacks it),
+    and the knobs its condition depends on narrowed to the values that keep it applying, so that
+    every sampled configuration holds the pins. A pin the machine or the space cannot honour is
+    one error naming it."""
+    if not pins.values:
+        return space
+    for name, value in pins.values:
+        _check_pin_fits_machine(name, value, space.cores, available)
+    ranges = {rng.name: rng for rng in space.knobs}
+    for name, value in pins.values:
+        ranges[name] = _pinned_range(space, name, value)
+    for name, value in pins.values:
+        for other, allowed in conditions(name, value):
+            if other not in pins.as_dict() and other in ranges:
+                ranges[other] = _narrowed(space.source, ranges[other], allowed, f"{name}={pins.text(name)}")
+    _check_pinned_cores(pins, ranges, space.cores)
+    ordered = tuple(ranges[name] for name in SAMPLE_ORDER if name in ranges)
+    note = f"pinned: {pins.describe()} (searched in every trial but the baseline, which stays PyTorch's defaults)"
+    return SearchSpace(space.source, _fit_instances(ordered, space.cores), (*space.notes, note), space.cores)
+
+
+def _check_pin_fits_machine(name: str, value: KnobValue, cores: int, available: Mapping[str, bool]) -> None:
+    need = NEEDS.get((name, value_text(value)))
+    if need and not available.get(need, True):
+        raise SpaceError(f"--set {name}={value_text(value)} cannot run here: {MISSING[need]}; drop that --set")
+    if name in ("omp_threads", "instances") and int(value) > cores:
+        raise SpaceError(f"--set {name}={value} is above the {cores} usable physical cores of this machine; "
+                         f"use at most {cores}")
+
+
+def _pinned_range(space: SearchSpace, name: str, value: KnobValue) -> KnobRange:
+    rng = space.get(name)
+    definition = knob(name)
+    if rng is not None and not _offers(rng, value):
+        offered = "/".join(value_text(c) for c in rng.choices) if rng.choices else f"{rng.low}..{rng.high}"
+        raise SpaceError(f"--set {name}={value_text(value)} is outside the search space {space.source}, which "
+                         f"offers {name} {offered}; pin one of those, or widen the space (--space)")
+    when = rng.when if rng is not None else definition.only_when
+    if definition.kind == "int" and name in ("omp_threads", "instances"):
+        return KnobRange(name, low=int(value), high=int(value), when=when)
+    return KnobRange(name, choices=(value,), when=when)
+
+
+def _offers(rng: KnobRange, value: KnobValue) -> bool:
+    if rng.choices:
+        return value in rng.choices
+    return rng.low <= int(value) <= int(rng.high) and (int(value) - rng.low) % rng.step == 0
+
+
+def _narrowed(source: str, rng: KnobRange, allowed: tuple[str, ...], because: str) -> KnobRange:
+    if rng.is_range:
+        return rng
+    keep = tuple(c for c in rng.choices if value_text(c) in allowed)
+    if not keep:
+        raise SpaceError(f"--set {because} needs {rng.name}={'/'.join(allowed)}, which the search space "
+                         f"{source} never picks; pin {rng.name} too, or drop that --set")
+    return replace(rng, choices=keep)
+
+
+def _check_pinned_cores(pins: Config, ranges: Mapping[str, KnobRange], cores: int) -> None:
+    """Pinned threads x instances (a pinned one with the other's smallest value) must fit the cores."""
+    pinned = pins.as_dict()
+    if "omp_threads" not in pinned and "instances" not in pinned:
+        return
+    threads, instances = (int(pinned[n]) if n in pinned else (ranges[n].low if n in ranges else 1)
+                          for n in ("omp_threads", "instances"))
+    if threads * instances > cores:
+        raise SpaceError(f"--set {pins.describe()}: {instances} instance(s) x {threads} thread(s) need more than "
+                         f"the {cores} usable physical cores of this machine; pin fewer")
+
+
+def _cap(source: str, rng: KnobRange, cores: int) -> KnobRange:
+    if rng.name not in CORE_BOUND:
+        return replace(rng, high=int(rng.high) if rng.high != "max" else KNOBS[rng.name].high)
+    if rng.low > cores:
+        raise SpaceError(f"{source}: knobs.{rng.name}.low: {rng.low} is above the {cores} usable "
+                         f"physical cores of this machine; use at most {cores}")
+    high = cores if rng.high == "max" else min(int(rng.high), cores)
+    return replace(rng, high=high)
+
+
+def _fit_instances(ranges: tuple[KnobRange, ...], cores: int) -> tuple[KnobRange, ...]:
+    """Instances never so many that the smallest thread count no longer fits."""
+    threads = next((r for r in ranges if r.name == "omp_threads"), None)
+    if threads is None:
+        return ranges
+    return tuple(replace(r, high=max(r.low, min(int(r.high), cores // threads.low)))
+                 if r.name == "instances" else r for r in ranges)

@@ -1,0 +1,285 @@
+"""What the cache folder holds, whether this torch and CPU can still use it, and pruning it.
+
+A cache folder (`--cache-dir`, default studies/cache) holds compiled artifacts in `artifacts/`
+(an AOTInductor package or a TorchScript file, each with a `.json` description, see
+`child.convert`), inductor's kernel cache in `inductor/<torch version>/`, and the eager outputs
+that let a process load an artifact without building the model in `references/<torch version>/`. An export folder
+(`autotune export --artifacts DIR`) holds artifacts directly. Exported env files in the current
+folder that point at an artifacts folder (AUTOTUNE_ARTIFACTS) keep the artifacts they would load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.base.errors import AutotuneError
+from autotune.child import cpu, deploy, references
+from autotune.child.artifacts import ARTIFACT_FORMAT, GRAPH_KIND, installed_torch_version
+from autotune.child.convert import ModelKnobs
+from autotune.child.envfile import value_text
+from autotune.child.errors import ApplyError
+
+ARTIFACT_SUFFIXES = (".pt2", ".pt")
+REFERENCES = "eager outputs"  # child.references: what a process that only loads an artifact checks it with
+UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
+
+
+@dataclass(frozen=True)
+class Here:
+    """What decides whether a cached entry can still be used: this torch and this CPU."""
+
+    torch: str
+    isa: tuple[str, ...]
+
+    @staticmethod
+    def now() -> Here:
+        return Here(installed_torch_version(), cpu.isa())
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # "inductor artifact", "torchscript artifact", "inductor kernels", "unfinished"
+    path: Path  # the artifact file, or the kernel folder
+    model: str
+    config: str
+    size: int  # bytes
+    last_used: float  # epoch seconds
+    unusable: str  # "" when this torch and CPU can use it, else why not
+    kept_by: tuple[str, ...] = ()  # env files in the current folder that point to it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path), "model": self.model, "config": self.config,
+                "size_bytes": self.size, "last_used": self.last_used, "usable": not self.unusable,
+                "unusable_reason": self.unusable, "kept_by": list(self.kept_by)}
+
+
+@dataclass(frozen=True)
+class Export:
+    """An exported env file that loads artifacts from `folder` for these model knobs."""
+
+    name: str
+    folder: Path
+    knobs: dict[str, Any]
+    threads: int | None
+
+
+def scan(cache_dir: Path, here: Here, exports: Sequence[Export] = ()) -> list[Entry]:
+    """Every entry of the cache folder, artifacts first, each marked with the env files keeping it."""
+    found = [*artifacts(cache_dir / "artifacts", here), *artifacts(cache_dir, here),
+             *kernels(cache_dir / "inductor", here), *per_torch(cache_dir / references.FOLDER, here, REFERENCES)]
+    return [_kept(entry, exports) for entry in found]
+
+
+def artifacts(folder: Path, here: Here) -> list[Entry]:
+    if not folder.is_dir():
+        return []
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    entries = [_artifact(p, here) for p in files if p.suffix in ARTIFACT_SUFFIXES and not p.name.startswith(".")]
+    orphans = [_orphan(p) for p in files if _is_description(p) and not Path(str(p)[:-5]).exists()]
+    unfinished = [_unfinished(p) for p in files if p.name.startswith(".") and ".tmp" in p.name]
+    return entries + orphans + [u for u in unfinished if u is not None]
+
+
+def _is_description(path: Path) -> bool:
+    return path.name.endswith(tuple(f"{s}.json" for s in ARTIFACT_SUFFIXES)) and not path.name.startswith(".")
+
+
+def _artifact(path: Path, here: Here) -> Entry:
+    described = Path(f"{path}.json")
+    meta = _read_meta(described)
+    kind = _kind(path)
+    if meta is None:
+        return Entry(kind, path, "?", "?", _size(path), _mtime(path), "it has no readable description (.json)")
+    return Entry(kind, path, str(meta.get("model", "?")), _config(meta), _size(path) + _size(described),
+                 _mtime(described), unusable(meta, here))
+
+
+def _kind(path: Path) -> str:
+    """What an artifact file is; int8's quantized graph, from which each thread count's artifact is
+    compiled, is no artifact an env file loads (so none keeps it)."""
+    if path.name.startswith(f"{GRAPH_KIND}-"):
+        return "int8 quantized graph"
+    return "inductor artifact" if path.suffix == ".pt2" else "torchscript artifact"
+
+
+def _read_meta(path: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def unusable(meta: dict[str, Any], here: Here) -> str:
+    """Why this torch and CPU can no longer load the artifact ("" when they can): the rule
+    `child.convert.artifact_meta` keys artifacts by."""
+    if meta.get("format") != ARTIFACT_FORMAT:
+        return f"made in format {meta.get('format')}, this autotune reads {ARTIFACT_FORMAT}"
+    if meta.get("torch") != here.torch:
+        return f"built for torch {meta.get('torch')}, this is {here.torch}"
+    if tuple(meta.get("isa") or ()) != here.isa:
+        return "built for a CPU with other instruction sets"
+    return ""
+
+
+def _config(meta: dict[str, Any]) -> str:
+    """The knobs that differ from PyTorch's defaults, the thread count and the input layout."""
+    knobs = meta.get("knobs") if isinstance(meta.get("knobs"), dict) else {}
+    default = asdict(ModelKnobs())
+    parts = [f"{k}={value_text(v)}" for k, v in (knobs or {}).items() if default.get(k) != v]
+    parts += [f"threads={meta['threads']}"] if "threads" in meta else []
+    parts += [f"inputs {' '.join(map(str, meta.get('inputs') or []))}"]
+    return " ".join(parts)
+
+
+def _orphan(described: Path) -> Entry:
+    return Entry("description", described, "?", "?", _size(described), _mtime(described),
+                 "its artifact file is missing")
+
+
+def _unfinished(path: Path) -> Entry | None:
+    """A temporary file left by a compile that was killed; young ones may be a compile running now."""
+    if time.time() - _mtime(path) < UNFINISHED_AFTER_S:
+        return None
+    return Entry("unfinished", path, "?", "?", _size(path), _mtime(path), "left by a compile that was stopped")
+
+
+def kernels(folder: Path, here: Here) -> list[Entry]:
+    """Inductor's kernel cache: one entry per torch version folder, plus what older autotunes left
+    directly in the folder (not attributable to a torch version)."""
+    if not folder.is_dir():
+        return []
+    entries = per_torch(folder, here, "inductor kernels")
+    versioned = [entry.path for entry in entries]
+    loose = [p for p in folder.iterdir() if p not in versioned]
+    if loose:
+        entries.append(Entry("inductor kernels", folder, "any", "torch unknown", sum(_tree_size(p) for p in loose),
+                             max(_tree_mtime(p) for p in loose), "made before kernels were kept per torch version"))
+    return entries
+
+
+def per_torch(folder: Path, here: Here, kind: str) -> list[Entry]:
+    """One entry per torch version folder: what that torch made, usable by that torch only."""
+    if not folder.is_dir():
+        return []
+    versioned = [p for p in sorted(folder.iterdir()) if p.is_dir() and _looks_like_version(p.name)]
+    return [Entry(kind, p, "any", f"torch {p.name}", _tree_size(p), _tree_mtime(p),
+                  "" if p.name == here.torch else f"built by torch {p.name}, this is {here.torch}")
+            for p in versioned]
+
+
+def _looks_like_version(name: str) -> bool:
+    return name[:1].isdigit() and "." in name
+
+
+def _kept(entry: Entry, exports: Sequence[Export]) -> Entry:
+    if not entry.kind.endswith("artifact"):
+        return entry
+    meta = _read_meta(Path(f"{entry.path}.json")) or {}
+    names = tuple(e.name for e in exports if _points_to(e, entry.path, meta))
+    return replace(entry, kept_by=names) if names else entry
+
+
+def _points_to(export: Export, path: Path, meta: dict[str, Any]) -> bool:
+    """The env file would load this artifact: same folder and model knobs (and thread count for
+    inductor); inputs and weights are not in an env file, so every such artifact is kept."""
+    if _resolved(export.folder) != _resolved(path.parent) or meta.get("knobs") != export.knobs:
+        return False
+    return "threads" not in meta or export.threads is None or meta["threads"] == export.threads
+
+
+def _resolved(path: Path) -> Path:
+    with contextlib.suppress(OSError):
+        return path.resolve()
+    return path.absolute()
+
+
+def exports_in(folder: Path) -> tuple[list[Export], list[str]]:
+    """The exported env files in `folder` that load artifacts, and a note per env file that
+    cannot be read (it keeps nothing then; say so rather than guess)."""
+    from autotune.deploy import export
+
+    found, notes = [], []
+    for path in sorted(folder.glob("*.env")):
+        try:
+            env = export.read(path).env
+            knobs = deploy.knobs_from_env(env, str(path))
+        except (AutotuneError, ApplyError) as exc:
+            if "is not an autotune env file" not in str(exc):
+                notes.append(f"{path.name} keeps nothing: {exc}")
+            continue
+        if env.get(deploy.ARTIFACTS_VAR):
+            threads = env.get("OMP_NUM_THREADS", "")
+            found.append(Export(path.name, Path(env[deploy.ARTIFACTS_VAR]), asdict(knobs),
+                                int(threads) if threads.isdigit() else None))
+    return found, notes
+
+
+def to_prune(entries: Iterable[Entry], older_than_s: float | None, now: float,
+             include_exported: bool) -> list[Entry]:
+    """Entries this torch or CPU cannot use, and entries unused for longer than `older_than_s`;
+    never one that an env file keeps unless `include_exported`."""
+    chosen = [e for e in entries if e.unusable or (older_than_s is not None and now - e.last_used > older_than_s)]
+    return [e for e in chosen if include_exported or not e.kept_by]
+
+
+def remove(entry: Entry) -> str:
+    """Delete one entry: the artifact before its description, so that a stop halfway leaves an
+    orphan description that the next prune removes, never an artifact that looks described.
+    Returns "" or why it could not be removed."""
+    try:
+        if entry.path.is_dir():
+            shutil.rmtree(entry.path) if entry.config != "torch unknown" else _remove_loose(entry.path)
+            return ""
+        entry.path.unlink(missing_ok=True)
+        if entry.kind.endswith("artifact"):
+            Path(f"{entry.path}.json").unlink(missing_ok=True)
+    except OSError as exc:
+        return f"cannot remove {entry.path}: {exc.strerror or exc}"
+    return ""
+
+
+def _remove_loose(folder: Path) -> None:
+    for path in list(folder.iterdir()):
+        if path.is_dir() and _looks_like_version(path.name):
+            continue
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _tree_files(folder: Path) -> list[Path]:
+    if folder.is_file():
+        return [folder]
+    found: list[Path] = []
+    for root, _, names in os.walk(folder):
+        found += [Path(root, n) for n in names]
+    return found
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(_size(p) for p in _tree_files(folder))
+
+
+def _tree_mtime(folder: Path) -> float:
+    return max([_mtime(p) for p in _tree_files(folder)] or [_mtime(folder)])

@@ -1,0 +1,271 @@
+"""Rendering a recorded trial as a bash env file, and reading such a file back for `autotune run`.
+
+What is exported is the plan the trial stored when it ran, never a recomputation.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Any, cast, get_args
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.base.errors import AutotuneError
+from autotune.child import deploy, envfile
+from autotune.child.envfile import quote, value_text
+from autotune.deploy.user_run import EnvFile
+from autotune.measure import requests
+from autotune.measure.objectives import speedup_attr
+from autotune.measure.plan import Binding, LaunchPlan, model_knobs
+from autotune.study import records
+
+# Variables an export sets only for some configurations; unset otherwise, so that sourcing one
+# file after another never keeps the first one's.
+OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS", deploy.TOLERANCE_VAR)
+# Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
+# that sourcing it reproduces the trial even in a shell that had them set. Nothing else is unset:
+# the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
+# the user's, even though a measured child did not inherit them.
+TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
+               "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD")
+
+
+class ExportError(AutotuneError):
+    """Nothing to export, or nowhere to write it."""
+
+
+def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
+    """The requested trial; else the confirmed winner (the baseline when nothing won); else the best."""
+    trials = study.get_trials(deepcopy=False)
+    if number is not None:
+        trial = next((t for t in trials if t.number == number), None)
+        if trial is None:
+            raise ExportError(f"study {study.study_name!r} has no trial {number}; it has trials "
+                              f"0 to {len(trials) - 1}")
+        if trial.state != TrialState.COMPLETE:
+            raise ExportError(f"trial {number} of {study.study_name!r} did not complete "
+                              f"({trial.state.name.lower()}: {trial.user_attrs.get('fail_reason', '')}); "
+                              f"pick a completed trial")
+        return trial
+    confirmation = study.user_attrs.get("confirmation")
+    if confirmation:
+        return next(t for t in trials if t.number == confirmation["winner_trial"])
+    best = records.best_trials(study)
+    if not best:
+        failed = sum(t.state == TrialState.FAIL for t in trials)
+        raise ExportError(f"study {study.study_name!r} has no completed trial ({len(trials)} trials, "
+                          f"{failed} failed); run `autotune search` first or fix what fails")
+    return best[0]
+
+
+def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = None) -> str:
+    """The trial's recorded plan as a file that `source`, `autotune run` and `autotune.apply` all
+    understand; `artifacts` is the folder of compiled artifacts that `apply` loads."""
+    plan = records.plan_of(trial)
+    attrs, sattrs = trial.user_attrs, study.user_attrs
+    shared = _shared_env([dict(i.env) for i in plan.instances])
+    lines = [
+        f"{envfile.HEADER}: study {study.study_name}, trial {trial.number}",
+        f"# model {sattrs.get('model')}, batch size {sattrs.get('batch_size')}, "
+        f"objective {sattrs.get('objective')}",
+        f"# knobs: {attrs.get('config', 'defaults')}",
+        f"# measured: p50 latency {attrs['latency_p50_ms']:.2f} ms, p90 {attrs['latency_p90_ms']:.2f} ms, "
+        f"throughput {attrs['throughput_ips']:.2f} items/s, peak RSS {attrs['peak_rss_mb']:.0f} MB",
+        f"# speedup over PyTorch defaults: latency {attrs.get('speedup_latency', 1):.2f}x, "
+        f"throughput {attrs.get('speedup_throughput', 1):.2f}x",
+        f"# host: {_host(sattrs.get('host', {}))}",
+        f"# for host class {host_class_of(trial)}: {_measured_on(trial, sattrs.get('confirmation'))}",
+        *_confirmation_lines(sattrs.get("confirmation"), trial.number),
+        *([f"# {line}"] if (line := versus_recipes(study, trial)) else []),
+        "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
+    ]
+    if len(records.best_trials(study)) > 1 and len(study.directions) > 1:
+        lines.append("# this study has several Pareto-optimal trials; pick another with --trial N")
+    unset = [v for v in TUNING_VARS if v not in shared]
+    unset += [v for v in OPTIONAL_VARS if v not in _knob_vars(plan) and not (artifacts and v == deploy.ARTIFACTS_VAR)]
+    if unset:
+        lines.append(f"unset {' '.join(unset)}")
+    lines += [_export_line(k, v) for k, v in shared.items()]
+    lines += ["# knobs that are not environment variables: autotune.apply(model, example_inputs) in your "
+              "program applies them"]
+    knob_vars = _knob_vars(plan) | ({deploy.ARTIFACTS_VAR: str(artifacts.resolve())} if artifacts else {})
+    lines += [_export_line(k, v) for k, v in knob_vars.items()]
+    lines.append("# launch lines, as the trial ran them:")
+    for inst in plan.instances:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst.env.items())
+        lines.append(f"#   instance {inst.index}: {' '.join(filter(None, (env, shlex.join(inst.command))))}")
+    return "\n".join(envfile.comment(line) if line.startswith("#") else line for line in lines) + "\n"
+
+
+def recipe_comparison(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
+    """`trial` against the best expert recipe the study ran, in the search's own measurements:
+    both speedups over the baseline and their ratio (None when no recipe completed)."""
+    speedup = speedup_attr(study.user_attrs.get("objective", "latency"))
+    recipe = records.best_recipe(study, speedup)
+    if recipe is None or speedup not in trial.user_attrs:
+        return None
+    mine, theirs = float(trial.user_attrs[speedup]), float(recipe.user_attrs[speedup])
+    return {"metric": "throughput" if speedup == "speedup_throughput" else "latency", "trial": trial.number,
+            "speedup": mine, "recipe": recipe.user_attrs["recipe"], "recipe_trial": recipe.number,
+            "recipe_speedup": theirs, "ratio": mine / theirs}
+
+
+def versus_recipes(study: optuna.Study, trial: FrozenTrial) -> str:
+    """`recipe_comparison` in words ("" when no recipe completed)."""
+    found = recipe_comparison(study, trial)
+    return recipe_words(found) if found else ""
+
+
+def recipe_words(found: dict[str, Any]) -> str:
+    """A `recipe_comparison` said in one line."""
+    what, mine = found["metric"], found["speedup"]
+    if found["recipe_trial"] == found["trial"]:
+        return f"this is the best expert recipe the study ran ({found['recipe']}, {what} {mine:.2f}x)"
+    return (f"best expert recipe: trial {found['recipe_trial']} ({found['recipe']}), {what} "
+            f"{found['recipe_speedup']:.2f}x; trial {found['trial']} is {found['ratio']:.2f}x that (search "
+            f"measurements; confirmation re-measures against the baseline only)")
+
+
+def _export_line(name: str, value: str) -> str:
+    try:
+        return f"export {name}={quote(value)}"
+    except envfile.EnvFileError as exc:
+        raise ExportError(f"cannot export {name}: {exc}; rename what holds it and search again") from None
+
+
+def confirmation_status(confirmation: dict[str, Any] | None, number: int) -> str:
+    """In a few words, what the study's confirmation says of trial `number`."""
+    if not confirmation:
+        return "not confirmed"
+    if confirmation["winner_trial"] != number:
+        return f"not chosen: confirmation chose trial {confirmation['winner_trial']}"
+    return "confirmed" if confirmation["significant"] else "baseline kept"
+
+
+def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:
+    status = confirmation_status(confirmation, number)
+    if not confirmation:
+        return [f"# {status}: this is the search's best single estimate; `autotune confirm` re-measures "
+                "it against the baseline in interleaved rounds"]
+    if confirmation["winner_trial"] != number:
+        return [f"# note: confirmation chose trial {confirmation['winner_trial']}; this file is trial {number}"]
+    if confirmation["significant"]:
+        return [f"# confirmed: {confirmation['message']}"]
+    return [f"# baseline exported: {confirmation['message']}"]
+
+
+def _shared_env(envs: list[dict[str, str]]) -> dict[str, str]:
+    """Variables every instance got with the same value (per-instance ones stay in launch lines)."""
+    first = envs[0] if envs else {}
+    return {k: v for k, v in first.items() if all(e.get(k) == v for e in envs)}
+
+
+def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
+    config, bench, instances = plan.config, plan.bench, plan.instances
+    return {
+        "AUTOTUNE_MODEL": bench.model,
+        "AUTOTUNE_KNOBS": " ".join(f"{k}={value_text(v)}" for k, v in config.values),
+        "AUTOTUNE_BATCH_SIZE": str(bench.batch_size),
+        "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape)),
+        **({"AUTOTUNE_EXAMPLE_INPUTS": bench.example_inputs} if bench.example_inputs else {}),
+        **({deploy.TOLERANCE_VAR: str(bench.tolerance)} if bench.tolerance is not None else {}),
+        **({deploy.CALIBRATION_VAR: str(bench.calibration_batches)}
+           if bench.calibration_batches is not None and config.text("precision") == "int8" else {}),
+        **deploy.to_env(model_knobs(config)),
+        "AUTOTUNE_DATALOADER_WORKERS": config.text("dataloader_workers"),
+        "AUTOTUNE_INSTANCES": str(len(instances)),
+        "AUTOTUNE_BINDING": plan.binding,
+        "AUTOTUNE_INSTANCE_CPUS": ";".join(",".join(map(str, i.cpus)) for i in instances),
+        "AUTOTUNE_INSTANCE_NUMA_NODES": ";".join("" if i.numa_node is None else str(i.numa_node)
+                                                 for i in instances),
+    }
+
+
+def host_class_of(trial: FrozenTrial) -> str:
+    """The class id of the host that measured the trial (machine.class_id), the class its env
+    file is for; "unknown" in a study recorded before host classes."""
+    return str(trial.user_attrs.get(records.HOST_CLASS, "unknown"))
+
+
+def _measured_on(trial: FrozenTrial, confirmation: dict[str, Any] | None) -> str:
+    said = f"trial {trial.number} was measured on host {trial.user_attrs.get('host', 'unknown')}"
+    if confirmation and confirmation["winner_trial"] == trial.number and "host" in confirmation:
+        said += f", confirmed on host {confirmation['host']} (class {confirmation['host_class']})"
+    return said + "; on hosts of another class, search there"
+
+
+def _host(host: dict[str, Any]) -> str:
+    if not host:
+        return "unknown"
+    return (f"{host.get('cpu_model')}, {host.get('usable_physical_cores')} usable physical cores, "
+            f"torch {host.get('torch')}, autotune {host.get('autotune')}")
+
+
+def write(path: Path, text: str) -> None:
+    """Atomically: the file is complete or not there at all."""
+    if path.is_dir():
+        raise ExportError(f"cannot write {path}: it is a directory; give a file name like best.env")
+    try:
+        write_atomically(path, text)
+    except OSError as exc:
+        raise ExportError(f"cannot write {path}: {exc.strerror}; choose a writable location") from None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` into `path`, complete or not at all: a temporary file beside it, renamed over it
+    (removed again when anything fails). A symbolic link's target is written, not replaced by a
+    file; a device, pipe or socket is refused (renamed over, it would be gone). Raises OSError."""
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        raise OSError(errno.EINVAL, "not a regular file (a device, pipe or socket)")
+    folder = path.parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read(path: Path) -> EnvFile:
+    """Parse a file written by `render` (export and unset lines; comments ignored)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise ExportError(f"cannot read {path}: {reason}; give a file made by `autotune export`") from None
+    if not text.startswith(envfile.HEADER):
+        raise ExportError(f"{path} is not an autotune env file; make one with `autotune export {path}`")
+    try:
+        parsed = envfile.parse(text)
+    except envfile.EnvFileError as exc:
+        raise ExportError(f"{path} {exc}; export it again") from None
+    try:
+        requests.exported_request(parsed.env)
+    except AutotuneError as exc:
+        raise ExportError(f"{path}: {exc}") from None
+    return _env_file(path, parsed.env, parsed.unset)
+
+
+def _env_file(path: Path, env: dict[str, str], unset: tuple[str, ...]) -> EnvFile:
+    try:
+        count = int(env.get("AUTOTUNE_INSTANCES", "1"))
+        cpus = tuple(tuple(int(c) for c in group.split(",") if c)
+                     for group in env.get("AUTOTUNE_INSTANCE_CPUS", "").split(";"))
+        nodes = tuple(int(n) if n else None for n in env.get("AUTOTUNE_INSTANCE_NUMA_NODES", "").split(";"))
+    except ValueError:
+        raise ExportError(f"{path}: AUTOTUNE_INSTANCE_* values are damaged; export it again") from None
+    if len(cpus) != count or len(nodes) != count:
+        raise ExportError(f"{path}: AUTOTUNE_INSTANCES={count} does not match the CPU lists; export it again")
+    binding = env.get("AUTOTUNE_BINDING", "none")
+    if binding not in get_args(Binding):
+        raise ExportError(f"{path}: AUTOTUNE_BINDING={binding!r} is not a binding autotune makes; export it again")
+    return EnvFile(env, unset, count, cpus, nodes, cast(Binding, binding))

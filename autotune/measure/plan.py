@@ -1,0 +1,298 @@
+"""Knob values + topology + libraries -> a frozen `LaunchPlan`: what each instance will run.
+
+Pure: nothing here reads `os.environ`, spawns a process or imports torch. The same plan is printed
+by `autotune plan`, executed by the runner and stored with every result.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from autotune.base.errors import TopologyError
+from autotune.child import deploy
+from autotune.child.convert import ModelKnobs
+from autotune.config.knobs import Config
+from autotune.host.libs import Libraries
+from autotune.host.topology import PhysicalCore, Topology, format_cpus
+
+KMP_AFFINITY = {
+    "compact": "granularity=fine,compact,1,0",
+    "scatter": "granularity=fine,scatter",
+    "disabled": "disabled",
+}
+# jemalloc's own defaults return memory eagerly; PyTorch's launchers set this and without it
+# jemalloc measured about 2x slower than glibc here at batch size 1.
+JEMALLOC_CONF = (
+    "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+    "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+)
+# tcmalloc prints a report for every allocation above 1 GiB by default; large batches make many.
+TCMALLOC_REPORT_THRESHOLD = str(64 << 30)
+
+Binding = Literal["none", "numactl", "taskset", "sched_setaffinity"]
+
+# Variables a child inherits from the parent; everything else (OMP_*, KMP_*, LD_PRELOAD,
+# MALLOC_CONF, ...) is dropped so that only the plan decides how the benchmark runs.
+INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
+             "TMPDIR", "TEMP", "TMP", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX",
+             "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "TORCH_HOME", "SYSTEMROOT")
+INHERITED_PREFIXES = ("LC_", "XDG_")
+# Variables that change how PyTorch runs: shown by `plan` when the parent has them but the child won't.
+TUNING = re.compile(r"^(OMP_|KMP_|GOMP_|MKL_|DNNL_|ONEDNN_|MALLOC_|TCMALLOC_|LD_PRELOAD$|TORCH_|"
+                    r"ATEN_|OPENBLAS_)")
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """The measurement protocol inside one child.
+
+    Warmup runs until both `warmup` iterations and `warmup_s` seconds have passed (first-call
+    costs such as tracing are recorded apart and never timed); then samples are taken until both
+    `min_iterations` samples and `duration_s` seconds are reached.
+    """
+
+    warmup: int = 3
+    warmup_s: float = 1.0
+    duration_s: float = 2.0
+    min_iterations: int = 10
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What the benchmark child measures; independent of how it is launched."""
+
+    model: str
+    item_shape: tuple[int, ...]
+    batch_size: int = 1
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    cache_dir: str = "studies/cache"
+    tolerance: float | None = None  # relative error allowed against eager fp32; None: per precision
+    import_path: str = ""  # where a `pkg.module:factory` model is imported from
+    example_inputs: str = ""  # a torch.save file of the model's inputs, items along dim 0
+    calibration_batches: int | None = None  # precision=int8: batches observed; None: quantize.CALIBRATION_BATCHES
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """One benchmark process: where it runs, what it sees, what it executes."""
+
+    index: int
+    cpus: tuple[int, ...]
+    numa_node: int | None
+    env: Mapping[str, str]
+    command: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything the runner executes and the export reproduces, as plain data."""
+
+    config: Config
+    bench: BenchSpec
+    binding: Binding  # how each instance is pinned to its CPUs ("none": not at all)
+    instances: tuple[InstancePlan, ...]
+    cleared: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LaunchPlan:
+        """The plan a trial recorded, to run it again exactly (confirmation, compare)."""
+        bench = dict(data["bench"])
+        bench["item_shape"] = tuple(bench["item_shape"])
+        bench["measure"] = MeasureSettings(**bench["measure"])
+        if bench.get("tolerance") is not None and bench["tolerance"] < 0:
+            bench["tolerance"] = None  # recorded before it was optional: negative meant per precision
+        instances = tuple(
+            InstancePlan(i["index"], tuple(i["cpus"]), i["numa_node"], dict(i["env"]), tuple(i["command"]))
+            for i in data["instances"])
+        return cls(Config.from_mapping(data["config"]), BenchSpec(**bench), cast(Binding, data["binding"]), instances,
+                   tuple(data.get("cleared", ())))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config.as_dict(),
+            "bench": asdict(self.bench),
+            "binding": self.binding,
+            "cleared": list(self.cleared),
+            "instances": [
+                {"index": i.index, "cpus": list(i.cpus), "numa_node": i.numa_node,
+                 "env": dict(i.env), "command": list(i.command)}
+                for i in self.instances
+            ],
+        }
+
+
+def stretched(plan: LaunchPlan, parts: int, give_up_above_ms: Sequence[float] = ()) -> LaunchPlan:
+    """The same plan with a window `parts` times as long (and as many samples at least), to be cut
+    into `parts` consecutive windows of one warmed process (`RunResult.parts`). With
+    `give_up_above_ms`, each instance stops after its k-th part's worth (its time and samples)
+    when its median latency is above the k-th limit (`autotune.search.pruning.GiveUp`); only the windows
+    before the last are checked, since a stop after the last would save nothing."""
+    first = plan.bench.measure
+    measure = replace(first, duration_s=first.duration_s * parts, min_iterations=first.min_iterations * parts)
+    flags = {"--duration": str(measure.duration_s), "--min-iterations": str(measure.min_iterations)}
+    limits = tuple(give_up_above_ms)[:parts - 1]
+    give_up = () if not limits else (
+        "--give-up-above-ms", ",".join(repr(v) for v in limits), "--give-up-after", str(first.duration_s),
+        "--give-up-iterations", str(first.min_iterations))
+    instances = tuple(replace(i, command=(*_with_flags(i.command, flags), *give_up)) for i in plan.instances)
+    return replace(plan, bench=replace(plan.bench, measure=measure), instances=instances)
+
+
+def _with_flags(command: tuple[str, ...], flags: Mapping[str, str]) -> tuple[str, ...]:
+    """`command` with the value after each flag replaced."""
+    out = list(command)
+    for at, word in enumerate(command[:-1]):
+        if word in flags:
+            out[at + 1] = flags[word]
+    return tuple(out)
+
+
+def model_knobs(config: Config) -> ModelKnobs:
+    """The knobs that change the model itself, as `autotune.apply` and the child take them."""
+    return deploy.knobs_from_env({var: config.text(name) for name, var in deploy.KNOB_VARS.items()})
+
+
+def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
+    """The benchmark child's argv; the runner appends the per-run `--result` and `--ready-fd`."""
+    knobs = deploy.to_env(model_knobs(config))
+    return (
+        python, "-m", "autotune.child.worker",
+        "--model", bench.model,
+        "--item-shape", "x".join(map(str, bench.item_shape)),
+        "--batch-size", str(bench.batch_size),
+        *(arg for name, var in deploy.KNOB_VARS.items() for arg in (f"--{name.replace('_', '-')}", knobs[var])),
+        *(("--tolerance", str(bench.tolerance)) if bench.tolerance is not None else ()),
+        *(("--calibration-batches", str(bench.calibration_batches))
+          if bench.calibration_batches is not None and config.text("precision") == "int8" else ()),
+        "--dataloader-workers", config.text("dataloader_workers"),
+        "--warmup", str(bench.measure.warmup),
+        "--warmup-time", str(bench.measure.warmup_s),
+        "--duration", str(bench.measure.duration_s),
+        "--min-iterations", str(bench.measure.min_iterations),
+        "--cache-dir", bench.cache_dir,
+        *(("--import-path", bench.import_path) if bench.import_path else ()),
+        *(("--example-inputs", bench.example_inputs) if bench.example_inputs else ()),
+    )
+
+
+def plan_launch(
+    config: Config,
+    bench: BenchSpec,
+    topology: Topology,
+    libs: Libraries,
+    python: str,
+    binder: Binding | None = None,
+    parent_env: Mapping[str, str] | None = None,
+) -> LaunchPlan:
+    """The whole launch. `binder` forces a binding tool (e.g. numactl when planning elsewhere)."""
+    groups = _placement(config, topology)
+    binding: Binding = "none" if groups is None else (binder or best_binder(libs))
+    shared_env = _runtime_env(config, libs)
+    argv = worker_command(python, bench, config)
+    instances = []
+    for index, cores in enumerate(groups or [None]):
+        cpus = tuple(c.cpus[0] for c in cores) if cores else tuple(sorted(topology.allowed))
+        nodes = sorted({c.node for c in cores}) if cores else []
+        env = dict(shared_env)
+        if cores and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(cores))
+        prefix = bind_prefix(binding, libs, cpus, nodes)
+        instances.append(InstancePlan(index, cpus, nodes[0] if len(nodes) == 1 else None,
+                                      env, prefix + argv))
+    cleared = tuple(sorted(k for k in (parent_env or {}) if TUNING.match(k)))
+    return LaunchPlan(config, bench, binding, tuple(instances), cleared)
+
+
+def _runtime_env(config: Config, libs: Libraries) -> dict[str, str]:
+    env: dict[str, str] = {}
+    preload: list[Path] = []
+    threads = config.get("omp_threads")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    runtime = config.get("omp_runtime")
+    if config.is_set("omp_runtime") and runtime != "gnu":
+        preload.append(libs.require("libiomp5" if runtime == "intel" else "libomp"))
+    if config.is_set("kmp_affinity"):
+        env["KMP_AFFINITY"] = KMP_AFFINITY[str(config.get("kmp_affinity"))]
+    if config.is_set("kmp_blocktime"):
+        env["KMP_BLOCKTIME"] = str(config.get("kmp_blocktime"))
+    if config.is_set("omp_proc_bind"):
+        env["OMP_PROC_BIND"] = str(config.get("omp_proc_bind"))
+        if config.get("omp_proc_bind") != "false":
+            env["OMP_PLACES"] = "cores"
+    allocator = config.get("allocator")
+    if allocator == "jemalloc":
+        preload.append(libs.require("jemalloc"))
+        env["MALLOC_CONF"] = JEMALLOC_CONF
+    elif allocator == "tcmalloc":
+        preload.append(libs.require("tcmalloc"))
+        env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"] = TCMALLOC_REPORT_THRESHOLD
+    if preload:
+        env["LD_PRELOAD"] = ":".join(str(p) for p in preload)
+    return env
+
+
+def _placement(config: Config, topology: Topology) -> list[list[PhysicalCore]] | None:
+    """Disjoint whole physical cores per instance, or None when nothing asks for binding."""
+    cores = topology.usable_cores
+    threads = config.get("omp_threads")
+    count = config.get("instances")
+    total = int(threads or 1) * int(count or 1)
+    if total > len(cores):
+        what = f"omp_threads={threads or 1} x instances={count or 1} = {total} threads"
+        raise TopologyError(
+            f"{what} is above the {len(cores)} usable physical cores "
+            f"(CPUs {format_cpus(topology.allowed)}); lower omp_threads or instances"
+        )
+    if count is None:
+        return None
+    per = int(threads) if threads is not None else len(cores) // int(count)
+    return _first_fit(cores, int(count), per)
+
+
+def _first_fit(cores: Sequence[PhysicalCore], count: int, per: int) -> list[list[PhysicalCore]]:
+    """Fill NUMA nodes in order; an instance spans nodes only when no node has room for it whole."""
+    free: dict[int, list[PhysicalCore]] = {}
+    for core in cores:
+        free.setdefault(core.node, []).append(core)
+    groups = []
+    for _ in range(count):
+        node = next((n for n, left in free.items() if len(left) >= per), None)
+        if node is not None:
+            taken, free[node] = free[node][:per], free[node][per:]
+        else:
+            pool = [c for left in free.values() for c in left]
+            taken = pool[:per]
+            free = {n: [c for c in left if c not in taken] for n, left in free.items()}
+        groups.append(taken)
+    return groups
+
+
+def best_binder(libs: Libraries) -> Binding:
+    if libs.numactl_usable:
+        return "numactl"
+    return "taskset" if libs.taskset is not None else "sched_setaffinity"
+
+
+def bind_prefix(binding: Binding, libs: Libraries, cpus: Sequence[int], nodes: Sequence[int]) -> tuple[str, ...]:
+    """The argv prefix that binds a command to `cpus` (and their NUMA memory, with numactl)."""
+    cpu_list = format_cpus(cpus)
+    if binding == "numactl":
+        tool = str(libs.numactl or "numactl")
+        membind = (f"--membind={','.join(map(str, nodes))}",) if nodes else ()
+        return (tool, f"--physcpubind={cpu_list}", *membind)
+    if binding == "taskset":
+        return (str(libs.taskset or "taskset"), "-c", cpu_list)
+    return ()
+
+
+def child_environment(parent_env: Mapping[str, str], plan_env: Mapping[str, str]) -> dict[str, str]:
+    """The exact environment of a child: allow-listed parent variables plus the plan's."""
+    env = {k: v for k, v in parent_env.items()
+           if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
+    env.update(plan_env)
+    return env

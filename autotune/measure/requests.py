@@ -1,0 +1,169 @@
+"""One configuration, planned: a request becomes a `LaunchPlan` for a machine, and a user model is
+tried once (the probe) before anything is measured."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from autotune.base.errors import ConfigError, ModelError, RunFailed
+from autotune.child.deploy import CALIBRATION_VAR
+from autotune.child.envfile import has_control
+from autotune.child.errors import LOAD_FAILED
+from autotune.config import models
+from autotune.config.knobs import Config
+from autotune.host.machine import Machine, machine_has_bf16, machine_has_int8, memory_gib
+from autotune.measure.plan import (
+    BenchSpec,
+    Binding,
+    LaunchPlan,
+    MeasureSettings,
+    model_knobs,
+    plan_launch,
+    worker_command,
+)
+from autotune.measure.runner import run_plan
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """What the user asked for, converted once from flags."""
+
+    model: str
+    config: Config
+    batch_size: int = 1
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    cache_dir: Path = Path("studies/cache")
+    input_shape: str | None = None
+    example_inputs: str | None = None
+    tolerance: float | None = None  # None: per precision (convert.TOLERANCE)
+    calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES
+
+    @classmethod
+    def from_flags(cls, model: str, assignments: Iterable[str], batch_size: int,
+                   **options: object) -> BenchRequest:
+        if batch_size < 1:
+            raise ConfigError(f"--batch-size {batch_size} is not allowed; use 1 or more")
+        return cls(model=model, config=Config.from_assignments(assignments),
+                   batch_size=batch_size, **options)  # type: ignore[arg-type]
+
+
+def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
+    if request.config.get("precision") == "bf16" and not machine.described and not machine_has_bf16():
+        raise ConfigError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
+                          "use precision=fp32")
+    if request.config.get("precision") == "int8" and not machine.described and not machine_has_int8():
+        raise ConfigError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
+                          "none; use precision=fp32")
+    spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
+    check_batch_fits((request.batch_size,), spec.item_shape)
+    bench = BenchSpec(
+        model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,
+        measure=request.measure, cache_dir=str(request.cache_dir.resolve()), tolerance=request.tolerance,
+        import_path=spec.import_path, example_inputs=spec.example_inputs,
+        calibration_batches=request.calibration_batches,
+    )
+    binder: Binding | None = "numactl" if machine.described else None
+    return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
+                       binder=binder, parent_env=dict(os.environ))
+
+
+def check_batch_fits(batch_sizes: Iterable[int], item_shape: tuple[int, ...]) -> None:
+    """A batch whose float32 inputs alone outgrow this machine's memory is refused before
+    anything runs: measured, it would run until killed."""
+    total_gib = memory_gib()
+    for batch in batch_sizes:
+        need_gib = batch * math.prod(item_shape) * 4 / 2**30
+        if total_gib is not None and need_gib > total_gib:
+            shape = "x".join(map(str, item_shape))
+            raise ConfigError(f"--batch-size {batch}: one batch of {shape} float32 inputs needs {need_gib:,.0f} GiB "
+                              f"and this machine has {total_gib} GiB; give a smaller batch size")
+
+
+def plan_from_exported(env: Mapping[str, str], machine: Machine,
+                       measure: MeasureSettings | None = None) -> LaunchPlan:
+    """An exported configuration planned again for `machine` from its recorded knobs."""
+    return make_plan(exported_request(env, measure), machine)
+
+
+def exported_request(env: Mapping[str, str], measure: MeasureSettings | None = None) -> BenchRequest:
+    """The request an env file records (AUTOTUNE_MODEL, _BATCH_SIZE, _KNOBS, ...), checked: the
+    one validation of those variables, for `run` and `compare` alike."""
+    batch = env.get("AUTOTUNE_BATCH_SIZE", "1")
+    if not batch.strip().isdigit() or int(batch) < 1:
+        raise ConfigError(f"AUTOTUNE_BATCH_SIZE={batch!r} is not a batch size (1 or more); export again")
+    try:
+        tolerance = float(env["AUTOTUNE_TOLERANCE"]) if env.get("AUTOTUNE_TOLERANCE") else None
+    except ValueError:
+        raise ConfigError(f"AUTOTUNE_TOLERANCE={env['AUTOTUNE_TOLERANCE']!r} is not a number; export again") from None
+    saved = env.get("AUTOTUNE_EXAMPLE_INPUTS") or None
+    calibration = env.get(CALIBRATION_VAR, "")
+    if calibration and not (calibration.isdigit() and int(calibration) >= 1):
+        raise ConfigError(f"{CALIBRATION_VAR}={calibration!r} is not a number of batches (1 or more); export again")
+    return BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=int(batch),
+                        calibration_batches=int(calibration) if calibration else None,
+                        config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
+                        measure=measure or MeasureSettings(), example_inputs=saved,
+                        tolerance=None if tolerance is None else check_tolerance(tolerance, "AUTOTUNE_TOLERANCE="),
+                        input_shape=None if saved else env.get("AUTOTUNE_INPUT_SHAPE"))
+
+
+def check_tolerance(value: float, name: str) -> float:
+    """A relative error allowed against eager fp32: finite, 0 or more."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{name}{value:g} is not a tolerance; give a relative error of 0 or more, like 0.01 "
+                          f"(leave it out for the default per precision)")
+    return value
+
+
+def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600) -> None:
+    """A user model (factory, .pt, .pt2, or any --input-shape) is built and run once before
+    measuring; a model that cannot is a bad input (exit code 2), not a failed trial."""
+    spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
+    if not spec.needs_probe and request.input_shape is None:
+        return
+    plan = make_plan(BenchRequest(model=request.model, config=Config(), batch_size=1,
+                                  cache_dir=request.cache_dir, input_shape=request.input_shape,
+                                  example_inputs=request.example_inputs), machine)
+    reason = probe(plan, timeout_s)
+    if reason.startswith(LOAD_FAILED):
+        raise ModelError(reason)
+    if reason:
+        shape = "x".join(map(str, spec.item_shape))
+        raise ModelError(f"model {request.model} does not run on input shape {shape}: {reason}; check the model "
+                         f"and --input-shape")
+
+
+def probe(plan: LaunchPlan, timeout_s: float, *extra: str) -> str:
+    """Build the model and run one checked forward in an unbound child; '' when that works, else
+    the reason. Catches a broken user model before any measurement is spent on it; with
+    `--artifacts DIR` in `extra`, leaves the compiled artifacts there."""
+    first = plan.instances[0]
+    unbound = replace(first, command=(*worker_command(sys.executable, plan.bench, plan.config), "--probe", *extra))
+    trial = replace(plan, binding="none", instances=(unbound,))
+    return run_plan(trial, timeout_s).reason.removeprefix("instance 0: ")
+
+
+def build_artifacts(plan: LaunchPlan, folder: Path, timeout_s: float) -> bool:
+    """Compile a recorded configuration once into `folder`, where `autotune.apply` loads it;
+    False when the configuration compiles nothing (eager models are used as they are)."""
+    if not model_knobs(plan.config).compiled:
+        return False
+    if has_control(str(folder.resolve())):
+        raise ConfigError(f"--artifacts {str(folder)!r} holds a control character; choose another folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--artifacts {str(folder)!r} is not a writable folder ({exc.strerror}); "
+                          f"choose another") from None
+    reason = probe(plan, timeout_s, "--artifacts", str(folder.resolve()))
+    if reason:
+        raise RunFailed(f"could not build the artifacts for {plan.config.describe()}: {reason}")
+    return True

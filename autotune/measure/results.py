@@ -1,0 +1,142 @@
+"""What one execution of a plan produced: per-instance results and their aggregation.
+
+Aggregated metrics exist only when every instance succeeded; a failure is a result with a reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from autotune.measure.stats import median, percentile
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    index: int
+    ok: bool
+    reason: str
+    returncode: int | None
+    stderr_tail: str
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    def percentile(self, q: float) -> float:
+        return percentile(self.metrics["latencies_ms"], q)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One execution of a plan; aggregated metrics exist only when every instance succeeded."""
+
+    ok: bool
+    reason: str
+    instances: tuple[InstanceResult, ...]
+    wall_s: float
+    noise: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def latency_p50_ms(self) -> float:
+        return median([i.percentile(50) for i in self.instances])
+
+    @property
+    def latency_p90_ms(self) -> float:
+        return median([i.percentile(90) for i in self.instances])
+
+    @property
+    def throughput_ips(self) -> float:
+        return sum(float(i.metrics["throughput_ips"]) for i in self.instances)
+
+    @property
+    def peak_rss_mb(self) -> float:
+        """What serving holds: the instances' peaks over warmup and the timed loop, summed."""
+        return sum(float(i.metrics["peak_rss_mb"]) for i in self.instances)
+
+    @property
+    def setup_peak_rss_mb(self) -> float:
+        """What building and converting the models held at their peak, summed."""
+        return sum(float(i.metrics["setup_peak_rss_mb"]) for i in self.instances)
+
+    @property
+    def gave_up(self) -> bool:
+        """An instance stopped at one of its checks, its median latency above the limit it was
+        given (`launch.stretched`): what it measured is one run, not `count` parts of equal time."""
+        return any("gave_up_above_ms" in i.metrics for i in self.instances)
+
+    def windows(self, planned: int) -> int:
+        """How many of its `planned` consecutive windows this run's process measured: fewer when it
+        gave up (`gave_up_windows`); an instance that went on measured them all."""
+        return max((int(i.metrics.get("gave_up_windows", planned)) for i in self.instances), default=planned)
+
+    def parts(self, count: int) -> tuple[RunResult, ...]:
+        """The window cut into `count` consecutive windows of equal time, each a run of its own:
+        replicates inside one warmed process. Each instance is cut by its own clock (the sum of
+        its iteration times); process-wide figures (peak RSS, setup) stay with every part."""
+        if not self.ok or count <= 1 or self.gave_up:
+            return (self,)
+        cut = [_parts(i.metrics, count) for i in self.instances]
+        return tuple(RunResult(True, "", tuple(replace(i, metrics=pieces[n])
+                                               for i, pieces in zip(self.instances, cut, strict=True)),
+                               self.wall_s / count, self.noise) for n in range(count))
+
+    def summary(self) -> dict[str, Any]:
+        """Aggregated metrics, or the failure, as plain data for JSON and the study."""
+        out: dict[str, Any] = {"ok": self.ok, "reason": self.reason, "wall_s": round(self.wall_s, 3),
+                               "noise": dict(self.noise)}
+        if self.ok:
+            out.update(latency_p50_ms=self.latency_p50_ms, latency_p90_ms=self.latency_p90_ms,
+                       throughput_ips=self.throughput_ips, peak_rss_mb=self.peak_rss_mb,
+                       setup_peak_rss_mb=self.setup_peak_rss_mb)
+        out["instances"] = [instance_summary(i) for i in self.instances]
+        return out
+
+
+def _parts(metrics: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
+    """One instance's samples split where its iterations cross each 1/count of its window."""
+    iterations = list(metrics["iterations_ms"])
+    latencies = list(metrics["latencies_ms"])
+    total = sum(iterations) or 1.0
+    per_item = metrics["items"] / max(len(latencies), 1)
+    bounds: list[tuple[int, int]] = []
+    clock, start = 0.0, 0
+    for index, spent in enumerate(iterations):
+        clock += spent
+        if clock >= total * (len(bounds) + 1) / count and len(bounds) < count - 1:
+            bounds.append((start, index + 1))
+            start = index + 1
+    bounds.append((start, len(iterations)))
+    if any(low == high for low, high in bounds):  # one iteration crossed two cuts: cut by count instead
+        edges = [round(len(iterations) * n / count) for n in range(count + 1)]
+        bounds = list(itertools.pairwise(edges))
+    pieces = []
+    for low, high in bounds:
+        seconds = sum(iterations[low:high]) / 1e3
+        items = per_item * (high - low)
+        pieces.append({**metrics, "latencies_ms": latencies[low:high], "iterations_ms": iterations[low:high],
+                       "items": items, "window_s": seconds, "throughput_ips": items / seconds if seconds else 0.0,
+                       "cpu_s": float(metrics.get("cpu_s", 0.0)) * seconds * 1e3 / total})
+    return pieces
+
+
+def instance_summary(result: InstanceResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": result.index, "ok": result.ok, "reason": result.reason,
+                           "returncode": result.returncode}
+    if result.ok:
+        m = result.metrics
+        out.update(latency_p50_ms=result.percentile(50), latency_p90_ms=result.percentile(90),
+                   throughput_ips=m["throughput_ips"], peak_rss_mb=m["peak_rss_mb"],
+                   setup_peak_rss_mb=m["setup_peak_rss_mb"], peak_rss_note=m.get("peak_rss_note", ""),
+                   samples=len(m["latencies_ms"]), window=m.get("window"), window_s=m["window_s"],
+                   late_start_s=m.get("late_start_s"), setup=m.get("setup", {}), runtime=m.get("runtime", {}))
+    else:
+        out["stderr_tail"] = result.stderr_tail
+    return out
+
+
+def combine(results: tuple[InstanceResult, ...], wall_s: float,
+            noise: Mapping[str, float] | None = None) -> RunResult:
+    """The run's verdict: failed when any instance failed, naming the first."""
+    failed = [r for r in results if not r.ok]
+    reason = "" if not failed else f"instance {failed[0].index}: {failed[0].reason}"
+    return RunResult(ok=not failed, reason=reason, instances=results, wall_s=wall_s, noise=noise or {})

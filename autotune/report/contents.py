@@ -1,0 +1,395 @@
+"""What `autotune report` shows, gathered from a study as typed values (rendered by html_page).
+
+Pure reads of what the study recorded (records.py owns the attribute names): the history of each
+objective metric with the baseline and the best expert recipe, each knob's importance and
+marginal effect, the stored confirmation, latency against throughput, failures by reason, the
+study's context, and the profile traces saved beside it.
+
+Knob importance is fANOVA's (Optuna's FanovaImportanceEvaluator, fixed seed): on the studies we
+had it agreed with the marginal effects and was stable under resampling, where PED-ANOVA named a
+different top knob from one resample to the next (README, `autotune report`).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.base.errors import AutotuneError
+from autotune.config.knobs import KNOBS, Config
+from autotune.config.space import config_of_params
+from autotune.deploy import export
+from autotune.measure.objectives import Metric, lower_is_better, metric_of
+from autotune.study import records, storage
+
+PROFILES = "profiles"  # studies/profiles/<study name>/*.trace.json, written by `autotune profile`
+TRACE_GLOB = "*.trace.json"
+IMPORTANCE_EVALUATOR = "fANOVA"
+IMPORTANCE_SEED = 0  # fANOVA fits a random forest: a fixed seed makes the page reproducible
+MIN_IMPORTANCE_TRIALS = 3
+TOP_KNOBS = 3
+MEASURED = (TrialState.COMPLETE, TrialState.PRUNED)  # a pruned trial keeps the replicates it ran
+METRIC_LABELS: Mapping[Metric, str] = {"latency_p50_ms": "p50 latency (ms)", "throughput_ips": "throughput (items/s)"}
+NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")  # trial-specific numbers (pids, ms) inside failure reasons
+
+
+class ReportError(AutotuneError):
+    """Nothing to report on."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured trial on the history: its value, and the best value so far."""
+
+    trial: int
+    value: float
+    best_so_far: float | None  # None until a completed, feasible trial
+    pruned: bool
+    config: str
+    recipe: str | None = None
+
+
+@dataclass(frozen=True)
+class Line:
+    """A reference level on a history (the baseline, the best expert recipe)."""
+
+    label: str
+    trial: int
+    value: float
+
+
+@dataclass(frozen=True)
+class History:
+    metric: Metric
+    points: tuple[Point, ...]
+    baseline: Line | None
+    recipe: Line | None
+
+
+@dataclass(frozen=True)
+class Row:
+    """A measured trial as the importance and marginals see it: every knob's value as text."""
+
+    trial: int
+    knobs: Mapping[str, str]
+    values: Mapping[Metric, float]
+
+
+@dataclass(frozen=True)
+class Importance:
+    metric: Metric
+    knobs: tuple[tuple[str, float], ...]  # most important first; normalized to sum to 1
+    trials: int
+    note: str = ""  # why there is nothing to show
+
+
+@dataclass(frozen=True)
+class Marginal:
+    """The objective's values per value of one knob, values in the knob's own order."""
+
+    knob: str
+    metric: Metric
+    groups: tuple[tuple[str, tuple[float, ...]], ...]
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    trial: int
+    config: str
+    speedup: float | None
+    interval: tuple[float, float] | None
+    interval_label: str | None
+    p_value: float | None
+    significant: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Forest:
+    """The stored confirmation: each contender's speedup over the baseline with its interval."""
+
+    metric: Metric
+    rounds: int
+    min_effect: float
+    baseline_trial: int
+    winner_trial: int
+    significant: bool
+    message: str
+    rows: tuple[ForestRow, ...]
+
+
+@dataclass(frozen=True)
+class TradeoffPoint:
+    trial: int
+    latency_p50_ms: float
+    throughput_ips: float
+    instances: int
+    batch_size: int
+    config: str
+    pareto: bool
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    state: str  # "failed" or "pruned"
+    cause: str  # records' fail cause (error, killed, cut_short), or "pruned"
+    reason: str  # the first trial's reason, as recorded
+    trials: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Best:
+    trial: int
+    config: str
+    values: Mapping[Metric, float]
+    baseline: Mapping[Metric, float]
+    speedups: Mapping[Metric, float]
+    versus_recipes: str
+
+
+@dataclass(frozen=True)
+class Report:
+    name: str
+    metrics: tuple[Metric, ...]
+    counts: Mapping[str, int]
+    best: Best | None
+    histories: tuple[History, ...]
+    importances: tuple[Importance, ...]
+    marginals: tuple[Marginal, ...]
+    forest: Forest | None
+    tradeoff: tuple[TradeoffPoint, ...]
+    failures: tuple[FailureGroup, ...]
+    context: Mapping[str, Mapping[str, Any]]
+    traces: tuple[Path, ...]
+
+
+def gather(study: optuna.Study, studies_dir: Path) -> Report:
+    """Everything the page shows, read from the study; a study without a completed trial is refused."""
+    trials = study.get_trials(deepcopy=False)
+    if not any(t.state == TrialState.COMPLETE for t in trials):
+        failed = sum(t.state == TrialState.FAIL for t in trials)
+        raise ReportError(f"study {study.study_name!r} has no completed trial ({len(trials)} trials, {failed} "
+                          f"failed): nothing to report; run `autotune search` first or fix what fails")
+    metrics = metrics_of(str(study.user_attrs.get("objective", "latency")))
+    rows = design(study)
+    return Report(
+        name=study.study_name, metrics=metrics, counts=counts(trials), best=best(study, metrics),
+        histories=tuple(history(study, m) for m in metrics),
+        importances=tuple(importance(rows, m) for m in metrics),
+        marginals=tuple(x for m in metrics for x in marginals(rows, m)),
+        forest=forest(study.user_attrs.get("confirmation")), tradeoff=tradeoff(study),
+        failures=failures(trials), context=context(study.user_attrs), traces=traces(studies_dir, study.study_name))
+
+
+def metrics_of(objective: str) -> tuple[Metric, ...]:
+    """The metrics a study optimises, in the order of its objective values."""
+    return ("latency_p50_ms", "throughput_ips") if objective == "both" else (metric_of(objective),)
+
+
+def counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
+    found = {"trials": len(trials)}
+    for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING):
+        found[state.name.lower()] = sum(t.state == state for t in trials)
+    return found
+
+
+def _measured(study: optuna.Study, metric: Metric) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=MEASURED) if metric in t.user_attrs]
+
+
+def history(study: optuna.Study, metric: Metric) -> History:
+    """Trial number against the metric; the best so far counts completed, feasible trials only."""
+    points, best_value = [], None
+    better = min if lower_is_better(metric) else max
+    for t in _measured(study, metric):
+        value = float(t.user_attrs[metric])
+        counted = t.state == TrialState.COMPLETE and t.user_attrs.get("feasible", True)
+        best_value = (better(best_value, value) if best_value is not None else value) if counted else best_value
+        points.append(Point(t.number, value, best_value,
+                            t.state == TrialState.PRUNED, str(t.user_attrs.get("config", "")),
+                            t.user_attrs.get("recipe")))
+    return History(metric, tuple(points), _baseline_line(study, metric), _recipe_line(study, metric))
+
+
+def _baseline_line(study: optuna.Study, metric: Metric) -> Line | None:
+    base = records.baseline(study)
+    return None if base is None else Line("baseline (PyTorch defaults)", base.number, float(base.user_attrs[metric]))
+
+
+def _recipe_line(study: optuna.Study, metric: Metric) -> Line | None:
+    recipe = records.best_recipe(study, records.speedup_key(metric))
+    if recipe is None:
+        return None
+    return Line(f"best expert recipe: {recipe.user_attrs['recipe']}", recipe.number, float(recipe.user_attrs[metric]))
+
+
+def knob_values(trial: FrozenTrial) -> Config:
+    """The configuration a trial ran: its recorded plan's, else its parameters."""
+    plan = trial.user_attrs.get("plan")
+    return Config.from_mapping(plan["config"]) if plan else config_of_params(trial.params)
+
+
+def design(study: optuna.Study) -> tuple[Row, ...]:
+    """Measured trials (pruned ones with the replicates they ran; reused duplicates once), every
+    knob of the study's space as text: a knob left unset reads as its default."""
+    space = list(study.user_attrs.get("space", {}).get("knobs", {})) or list(KNOBS)
+    rows = []
+    for t in study.get_trials(deepcopy=False, states=MEASURED):
+        if records.is_duplicate(t) or "latency_p50_ms" not in t.user_attrs:
+            continue
+        config = knob_values(t)
+        values = {m: float(t.user_attrs[m]) for m in ("latency_p50_ms", "throughput_ips") if m in t.user_attrs}
+        rows.append(Row(t.number, {k: config.text(k) for k in space}, values))
+    return tuple(rows)
+
+
+def varying(rows: Sequence[Row]) -> list[str]:
+    """Knobs that took more than one value among the rows, in the space's order."""
+    knobs = list(rows[0].knobs) if rows else []
+    return [k for k in knobs if len({r.knobs[k] for r in rows}) > 1]
+
+
+def value_order(knob: str, text: str) -> tuple[int, float, str]:
+    """Default first, then numbers ascending, switches off before on, choices as the knob lists them."""
+    spec = KNOBS[knob]
+    if spec.kind == "int" and text.isdigit():
+        return (1, int(text), "")
+    if spec.kind == "bool":
+        return (1, float(text == "on"), "")
+    if text in spec.choices:
+        return (1, spec.choices.index(text), "")
+    return (0, 0, text)
+
+
+def importance(rows: Sequence[Row], metric: Metric) -> Importance:
+    """Each varying knob's share of the metric's variance, by fANOVA on the measured trials."""
+    used = [r for r in rows if metric in r.values]
+    knobs = varying(used)
+    if len(used) < MIN_IMPORTANCE_TRIALS or not knobs:
+        return Importance(metric, (), len(used), f"needs at least {MIN_IMPORTANCE_TRIALS} measured trials that "
+                                                 f"differ in a knob (this study has {len(used)})")
+    if len({r.values[metric] for r in used}) == 1:
+        return Importance(metric, (), len(used), "every measured trial gave the same value")
+    found = _fanova(used, knobs, metric)
+    ranked = sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))
+    return Importance(metric, tuple((k, round(v, 4)) for k, v in ranked), len(used))
+
+
+def _fanova(rows: Sequence[Row], knobs: Sequence[str], metric: Metric) -> dict[str, float]:
+    """fANOVA over an in-memory copy where every knob is a categorical of its values as text."""
+    distributions: dict[str, BaseDistribution] = {k: CategoricalDistribution(_values_of(rows, k)) for k in knobs}
+    with storage.quiet_optuna(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        copy = optuna.create_study()
+        copy.add_trials([optuna.trial.create_trial(params={k: r.knobs[k] for k in knobs},
+                                                   distributions=distributions, value=r.values[metric])
+                         for r in rows])
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
+        return optuna.importance.get_param_importances(copy, evaluator=evaluator, normalize=True)
+
+
+def _values_of(rows: Sequence[Row], knob: str) -> list[str]:
+    return sorted({r.knobs[knob] for r in rows}, key=lambda v: value_order(knob, v))
+
+
+def marginals(rows: Sequence[Row], metric: Metric) -> list[Marginal]:
+    """For each varying knob, the metric of every measured trial grouped by that knob's value."""
+    used = [r for r in rows if metric in r.values]
+    found = []
+    for knob in varying(used):
+        groups: dict[str, list[float]] = {}
+        for r in used:
+            groups.setdefault(r.knobs[knob], []).append(r.values[metric])
+        found.append(Marginal(knob, metric, tuple((v, tuple(groups[v])) for v in _values_of(used, knob))))
+    return found
+
+
+def forest(verdict: Mapping[str, Any] | None) -> Forest | None:
+    """The confirmation as confirm.decide stored it: its intervals and labels, never recomputed."""
+    if not verdict:
+        return None
+    rows = tuple(ForestRow(int(c["trial"]), str(c["config"]), c["speedup"], tuple(c["ci"]) if c["ci"] else None,
+                           c["ci_label"], c["p_value"], bool(c["significant"]), str(c.get("reason", "")))
+                 for c in verdict["candidates"])
+    return Forest(verdict["metric"], int(verdict["rounds"]), float(verdict["min_effect"]),
+                  int(verdict["baseline_trial"]), int(verdict["winner_trial"]), bool(verdict["significant"]),
+                  str(verdict["message"]), rows)
+
+
+def tradeoff(study: optuna.Study) -> tuple[TradeoffPoint, ...]:
+    """p50 latency against items/s of every completed trial; the Pareto front of a two-objective study."""
+    front = {t.number for t in study.best_trials} if len(study.directions) > 1 else set()
+    return tuple(TradeoffPoint(t.number, float(t.user_attrs["latency_p50_ms"]), float(t.user_attrs["throughput_ips"]),
+                               len(t.user_attrs.get("plan", {}).get("instances", [])) or 1,
+                               int(t.user_attrs.get("batch_size", 1)), str(t.user_attrs.get("config", "")),
+                               t.number in front)
+                 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if "latency_p50_ms" in t.user_attrs and "throughput_ips" in t.user_attrs)
+
+
+def failures(trials: Sequence[FrozenTrial]) -> tuple[FailureGroup, ...]:
+    """Failed and pruned trials grouped by cause and reason (numbers such as pids and times
+    masked so that one cause is one group), the largest group first."""
+    groups: dict[tuple[str, str, str], list[FrozenTrial]] = {}
+    for t in trials:
+        if t.state not in (TrialState.FAIL, TrialState.PRUNED):
+            continue
+        state = "failed" if t.state == TrialState.FAIL else "pruned"
+        cause = records.fail_cause(t) or state
+        groups.setdefault((state, cause, NUMBER.sub("N", records.end_reason(t))), []).append(t)
+    found = [FailureGroup(state, cause, records.end_reason(ts[0]), tuple(t.number for t in ts))
+             for (state, cause, _), ts in groups.items()]
+    return tuple(sorted(found, key=lambda g: (-len(g.trials), g.trials[0])))
+
+
+def context(attrs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The study's own description, the host, the measurement settings and the search accounting."""
+    study = {k: attrs[k] for k in ("model", "objective", "batch_size", "batch_sizes", "max_latency_ms",
+                                   "created_by", "created_at") if attrs.get(k) not in (None, "", [])}
+    return {"study": study, "host": dict(attrs.get("host", {})), "settings": dict(attrs.get("settings", {})),
+            "accounting": dict(attrs.get("accounting", {}))}
+
+
+def traces(studies_dir: Path, name: str) -> tuple[Path, ...]:
+    folder = studies_dir / PROFILES / name
+    return tuple(sorted(folder.glob(TRACE_GLOB))) if folder.is_dir() else ()
+
+
+def best(study: optuna.Study, metrics: Sequence[Metric]) -> Best | None:
+    """The search's best measured trial (first of a Pareto front) against the baseline."""
+    found = records.best_measured(study)
+    if not found:
+        return None
+    top, base = found[0], records.baseline(study)
+    return Best(top.number, str(top.user_attrs.get("config", "")),
+                {m: float(top.user_attrs[m]) for m in metrics},
+                {m: float(base.user_attrs[m]) for m in metrics} if base else {},
+                {m: float(top.user_attrs.get(records.speedup_key(m), 1.0)) for m in metrics},
+                export.versus_recipes(study, top))
+
+
+def summary(report: Report, output: Path) -> dict[str, Any]:
+    """The page's numbers for stdout and `--json`."""
+    return {
+        "study": report.name, "output": str(output), "metrics": list(report.metrics), "counts": dict(report.counts),
+        "best": None if report.best is None else {
+            "trial": report.best.trial, "config": report.best.config, "values": dict(report.best.values),
+            "baseline": dict(report.best.baseline), "speedups": dict(report.best.speedups),
+            "versus_recipes": report.best.versus_recipes},
+        "confirmation": None if report.forest is None else {
+            "significant": report.forest.significant, "winner_trial": report.forest.winner_trial,
+            "message": report.forest.message},
+        "importance": {imp.metric: {"evaluator": IMPORTANCE_EVALUATOR, "trials": imp.trials,
+                                    "knobs": dict(imp.knobs), "note": imp.note} for imp in report.importances},
+        "failures": [{"state": g.state, "cause": g.cause, "reason": g.reason, "trials": list(g.trials)}
+                     for g in report.failures],
+        "traces": [str(p) for p in report.traces],
+    }

@@ -1,0 +1,345 @@
+"""Confirmation: the top candidates and the baseline re-measured in interleaved rounds.
+
+A search's best trial is the minimum of many noisy estimates, biased toward luck. Here each
+contender runs once per round, every run a fresh process. The order within rounds is random but
+balanced (blocks of a Williams design: each contender in each position, and right after each
+other contender, equally often), seeded and recorded, so that a slow spell, a warming machine or
+the contender that ran just before hits everyone alike. Per round a candidate's ratio to the
+baseline is paired; the speedup is the median ratio with an order-statistic interval labelled
+with its real coverage, and a one-sided Wilcoxon signed-rank test asks whether the gain exceeds
+the minimum effect; Holm's step-down guards the family of candidates. A candidate with any failed
+run, or whose p90 latency in these rounds breaks the study's limit, cannot win.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.base.errors import AutotuneError
+from autotune.config.knobs import Config
+from autotune.measure import stats
+from autotune.measure.objectives import ALPHA, Metric, lower_is_better, metric_of, metric_value, min_rounds
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.replicates import SeriesRunner
+from autotune.measure.results import RunResult
+from autotune.measure.runner import run_series
+from autotune.measure.stats import PairedComparison
+from autotune.study import records
+
+
+class ConfirmError(AutotuneError):
+    """Nothing to confirm or compare."""
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One series of runs. Contenders are told apart by their position, never by their label:
+    a configuration compared with itself is two independent series."""
+
+    label: str
+    plan: LaunchPlan
+    trial: int | None = None
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    round: int
+    rounds: int
+    contender: Contender
+    result: RunResult
+
+
+@dataclass(frozen=True)
+class RoundRun:
+    """What one run of one contender gave: the metric, its p90 latency, or why it failed, and how
+    long its processes took from start to exit."""
+
+    value: float | None
+    p90_ms: float | None
+    reason: str = ""
+    wall_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """Every contender's runs, round by round, and the order they ran in."""
+
+    contenders: tuple[Contender, ...]
+    runs: tuple[tuple[RoundRun, ...], ...]  # [contender][round]
+    orders: tuple[tuple[int, ...], ...]  # [round]: contender positions in running order
+    seed: int
+
+    def values(self, position: int) -> list[float | None]:
+        return [r.value for r in self.runs[position]]
+
+
+def new_seed() -> int:
+    return random.SystemRandom().randrange(2**32)
+
+
+def williams(count: int) -> list[tuple[int, ...]]:
+    """A Williams design: each of `count` items in each position, and right after each other item,
+    equally often (`count` rows when even, `2 * count` when odd)."""
+    first, low, high = [0], 1, count - 1
+    for k in range(1, count):
+        first.append(low if k % 2 else high)
+        low, high = (low + 1, high) if k % 2 else (low, high - 1)
+    rows = [tuple((x + shift) % count for x in first) for shift in range(count)]
+    return rows + [row[::-1] for row in rows] if count % 2 else rows
+
+
+def schedule(count: int, rounds: int, seed: int) -> list[tuple[int, ...]]:
+    """Running orders for `rounds` rounds: Williams blocks, each relabelled and shuffled at random.
+    The balance is exact when `rounds` is a multiple of the block (count, or 2 * count if odd)."""
+    rng = random.Random(seed)
+    orders: list[tuple[int, ...]] = []
+    while len(orders) < rounds:
+        labels = rng.sample(range(count), count)
+        block = [tuple(labels[i] for i in row) for row in williams(count)]
+        rng.shuffle(block)
+        orders.extend(block)
+    return orders[:rounds]
+
+
+def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, timeout_s: float,
+               runner: SeriesRunner, on_run: Callable[[RunEvent], None], seed: int | None = None) -> Rounds:
+    """One fresh run per contender per round, in a balanced random order, as one series (the
+    runner may start a run before the last ended, never measure two at once); a failed run keeps
+    its reason."""
+    seed = new_seed() if seed is None else seed
+    orders = schedule(len(contenders), rounds, seed)
+    turns = [(number, position) for number, order in enumerate(orders) for position in order]
+    runs: list[list[RoundRun]] = [[] for _ in contenders]
+    with contextlib.closing(runner([contenders[p].plan for _, p in turns], timeout_s)) as results:
+        for (number, position), result in zip(turns, results, strict=True):
+            runs[position].append(_round_run(result, metric))
+            on_run(RunEvent(number, rounds, contenders[position], result))
+    return Rounds(tuple(contenders), tuple(tuple(r) for r in runs), tuple(orders), seed)
+
+
+def _round_run(result: RunResult, metric: Metric) -> RoundRun:
+    if not result.ok:
+        return RoundRun(None, None, result.reason, result.wall_s)
+    return RoundRun(metric_value(result, metric), result.latency_p90_ms, wall_s=result.wall_s)
+
+
+def paired(reference: Sequence[float | None], candidate: Sequence[float | None], metric: Metric,
+           min_effect: float) -> PairedComparison | None:
+    """Candidate vs reference over the rounds where both ran; > 1 means the candidate is better."""
+    ratios = speedups(reference, candidate, metric)
+    return stats.paired_speedup(ratios, min_effect) if len(ratios) >= 2 else None
+
+
+def speedups(reference: Sequence[float | None], candidate: Sequence[float | None], metric: Metric) -> list[float]:
+    """Per-round speedup of the candidate over the reference, over the rounds where both ran."""
+    pairs = [(r, c) for r, c in zip(reference, candidate, strict=True) if r is not None and c is not None]
+    return [r / c if lower_is_better(metric) else c / r for r, c in pairs]
+
+
+def compared(measured: Rounds, metric: Metric, min_effect: float) -> PairedComparison | None:
+    """`compare`: the second contender against the first, only when every run of both succeeded."""
+    if any(r.value is None for series in measured.runs for r in series):
+        return None
+    return paired(measured.values(0), measured.values(1), metric, min_effect)
+
+
+def distinct(contenders: Sequence[Contender]) -> list[Contender]:
+    """Labels a reader can tell apart: a configuration compared with itself is '#1' and '#2'."""
+    labels = [c.label for c in contenders]
+    if len(set(labels)) == len(labels):
+        return list(contenders)
+    return [replace(c, label=f"{c.label} #{i + 1}") for i, c in enumerate(contenders)]
+
+
+def check_rounds(rounds: int, candidates: int, flag: str = "--rounds", top_flag: str = "--top") -> None:
+    """Refuse a round count that can never be significant for this many candidates after Holm."""
+    needed = min_rounds(candidates)
+    if rounds < needed:
+        smallest = f"1/{2**rounds}"
+        raise ConfirmError(f"{flag} {rounds} can never reach significance for {candidates} candidate(s): the "
+                           f"smallest one-sided signed-rank p is {smallest}, and Holm's correction asks for "
+                           f"p < {ALPHA}/{candidates}; use {flag} {needed} or more, or a smaller {top_flag}")
+
+
+def candidates(study: optuna.Study, top: int) -> tuple[FrozenTrial, list[FrozenTrial]]:
+    """The baseline and the best `top` distinct completed configurations."""
+    base = records.baseline(study)
+    if base is None:
+        raise ConfirmError(f"study {study.study_name!r} has no completed baseline trial; run `autotune search`")
+    seen: set[str] = set()
+    chosen = []
+    for trial in records.best_measured(study):
+        config = str(trial.user_attrs.get("config"))
+        if trial.user_attrs.get("baseline") or config in seen:
+            continue
+        if trial.state == TrialState.COMPLETE and "plan" in trial.user_attrs:
+            seen.add(config)
+            chosen.append(trial)
+    return base, chosen[:top]
+
+
+def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeout_s: float,
+            on_run: Callable[[RunEvent], None], runner: SeriesRunner = run_series,
+            seed: int | None = None, ran_on: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Re-measure, decide, and store the verdict on the study (user attribute `confirmation`);
+    `ran_on` is the host that measured it (`machine.host_identity`), recorded in the verdict."""
+    check_rounds(rounds, top)
+    base, chosen = candidates(study, top)
+    metric = metric_of(str(study.user_attrs.get("objective", "latency")))
+    contenders = [Contender(f"trial {t.number}", records.plan_of(t), t.number) for t in chosen]
+    reference = Contender(f"trial {base.number} (baseline)", records.plan_of(base), base.number)
+    measured = interleave([reference, *contenders], rounds, metric, timeout_s, runner, on_run, seed) \
+        if contenders else None
+    limit = study.user_attrs.get("max_latency_ms")
+    verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None)
+    verdict.update(ran_on or {})
+    study.set_user_attr("confirmation", verdict)
+    return verdict
+
+
+def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | None, metric: Metric, rounds: int,
+           min_effect: float, max_latency_ms: float | None = None) -> dict[str, Any]:
+    """The verdict from the rounds: contender 0 is the baseline, then `chosen` in order."""
+    reference = measured.values(0) if measured else []
+    rows = [_row(trial, measured.runs[i + 1], reference, metric, min_effect, max_latency_ms)
+            for i, trial in enumerate(chosen)] if measured else []
+    _holm(rows)
+    winners = [r for r in rows if r["significant"]]
+    best = max(winners, key=lambda r: r["speedup"]) if winners else None
+    verdict: dict[str, Any] = {
+        "metric": metric, "rounds": rounds, "min_effect": min_effect, "alpha": ALPHA,
+        "baseline_trial": base.number, "candidates": rows, "significant": best is not None,
+        "baseline_median": _median([v for v in reference if v is not None]),
+        "baseline_failed_runs": sum(v is None for v in reference),
+        "baseline_process_wall_s": _process_wall(measured.runs[0]) if measured else None,
+        "winner_trial": best["trial"] if best else base.number,
+        "confirmed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if measured is not None:
+        verdict.update(order_seed=measured.seed,
+                       orders=[[measured.contenders[p].trial for p in order] for order in measured.orders])
+    if best is not None:
+        verdict.update(speedup=best["speedup"], ci=best["ci"], ci_label=best["ci_label"], p_value=best["p_value"])
+    verdict["message"] = _message(best, rows, rounds, min_effect)
+    return verdict
+
+
+def _message(best: dict[str, Any] | None, rows: Sequence[dict[str, Any]], rounds: int, min_effect: float) -> str:
+    if best is not None:
+        return (f"trial {best['trial']} ({best['config']}) is {best['speedup']:.3f}x the baseline "
+                f"({_ci(best)}, Wilcoxon p={best['p_value']:.3g}, {rounds} interleaved rounds)")
+    tested = [r for r in rows if r["speedup"] is not None]
+    if tested:
+        tried = max(tested, key=lambda r: r["speedup"])
+        return (f"no candidate beat the baseline by more than {min_effect:.0%} (Holm-adjusted p < {ALPHA}): the "
+                f"closest, trial {tried['trial']}, was {tried['speedup']:.3f}x ({_ci(tried)}, "
+                f"p={tried['p_value']:.3g}); PyTorch's defaults stay the recommendation")
+    if rows:
+        return "no candidate could win: " + "; ".join(f"trial {r['trial']} {r['reason']}" for r in rows)
+    return "no candidate to confirm (no completed trial besides the baseline)"
+
+
+def _ci(row: dict[str, Any]) -> str:
+    return f"{row['ci_label']} {row['ci'][0]:.3f}-{row['ci'][1]:.3f}"
+
+
+def _holm(rows: list[dict[str, Any]]) -> None:
+    """Several candidates tested against one baseline: Holm's step-down keeps the chance of any
+    false winner under ALPHA (each row keeps its raw p-value)."""
+    tested = sorted((r for r in rows if r["p_value"] is not None), key=lambda r: r["p_value"])
+    for rank, row in enumerate(tested):
+        row["significant"] = row["p_value"] < ALPHA / (len(tested) - rank)
+        if not row["significant"]:
+            for later in tested[rank:]:
+                later["significant"] = False
+            break
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return round(stats.median(values), 4) if values else None
+
+
+def _process_wall(runs: Sequence[RoundRun]) -> float | None:
+    """The median wall of a contender's runs, each a fresh process (or one per instance): what the
+    confirmation spent on it per round, for whoever sizes the next one. Runs are built two at a
+    time, so a run's wall is its share of the series (`runner.run_series`), not its
+    process's start to exit."""
+    walls = [r.wall_s for r in runs if r.wall_s is not None]
+    return round(stats.median(walls), 3) if walls else None
+
+
+def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float | None], metric: Metric,
+         min_effect: float, max_latency_ms: float | None) -> dict[str, Any]:
+    """One candidate's line of the verdict; only a candidate whose every run succeeded within the
+    study's latency limit is tested (`status` "ok"), the others say why they cannot win."""
+    ran = [r.value for r in runs if r.value is not None]
+    row: dict[str, Any] = {"trial": trial.number, "config": trial.user_attrs.get("config"),
+                           "failed_runs": len(runs) - len(ran), "median": _median(ran),
+                           "process_wall_s": _process_wall(runs),
+                           "status": "ok", "reason": "", "speedup": None, "ci": None, "ci_label": None,
+                           "ci_coverage": None, "p_value": None, "significant": False}
+    row.update(_disqualified(runs, max_latency_ms))
+    comparison = paired(reference, [r.value for r in runs], metric, min_effect)
+    if row["status"] == "ok" and comparison is not None:
+        interval = comparison.interval
+        row.update(speedup=round(comparison.speedup, 4), ci=[round(interval.low, 4), round(interval.high, 4)],
+                   ci_label=interval.label, ci_coverage=round(interval.coverage, 4), p_value=comparison.p_value)
+    return row
+
+
+def _disqualified(runs: Sequence[RoundRun], max_latency_ms: float | None) -> dict[str, str]:
+    failed = [r for r in runs if r.value is None]
+    if failed:
+        return {"status": "failed", "reason": f"failed {len(failed)} of {len(runs)} runs: {failed[0].reason}"}
+    p90 = stats.median([r.p90_ms for r in runs if r.p90_ms is not None]) if runs else 0.0
+    if max_latency_ms is not None and p90 > max_latency_ms:
+        return {"status": "over the latency limit",
+                "reason": f"had a p90 latency of {p90:.2f} ms in these rounds, over --max-latency-ms "
+                          f"{max_latency_ms:g}"}
+    return {}
+
+
+def is_configuration(spec: str) -> bool:
+    """A `compare` operand written as knobs: `defaults`, or `KNOB=VALUE` pairs joined by commas."""
+    return spec == "defaults" or ("=" in spec and not spec.endswith(".env") and "/" not in spec)
+
+
+def configuration(spec: str) -> Config:
+    """`defaults` or `backend=inductor,precision=bf16` as a Config (the same rules as `--set`)."""
+    return Config() if spec == "defaults" else Config.from_assignments(part for part in spec.split(",") if part)
+
+
+def contender_from(spec: str, study: Callable[[], optuna.Study],
+                   plan_env_file: Callable[[str], LaunchPlan],
+                   plan_config: Callable[[Config], LaunchPlan] | None = None) -> Contender:
+    """`compare` operands: a trial number of the study, knobs (`defaults`, `K=V,K=V`, planned by
+    `plan_config`), or an env file written by `autotune export`."""
+    if is_configuration(spec):
+        if plan_config is None:
+            raise ConfirmError(f"{spec!r} is a configuration; comparing configurations needs --model")
+        return Contender(spec, plan_config(configuration(spec)))
+    if spec.isdigit():
+        loaded = study()
+        trial = next((t for t in loaded.get_trials(deepcopy=False) if t.number == int(spec)), None)
+        if trial is None or "plan" not in trial.user_attrs or trial.state != TrialState.COMPLETE:
+            raise ConfirmError(f"trial {spec} of study {loaded.study_name!r} did not complete; compare completed "
+                               f"trials or env files")
+        return Contender(f"trial {spec}", records.plan_of(trial), trial.number)
+    return Contender(spec, plan_env_file(spec))
+
+
+def regression(measured: Rounds, metric: Metric, margin: float) -> stats.RegressionCheck | None:
+    """`compare --fail-if-slower`: the second contender against the first, two-sided, only when
+    every run of both succeeded (a failed run is no evidence either way)."""
+    if any(r.value is None for series in measured.runs for r in series):
+        return None
+    ratios = speedups(measured.values(0), measured.values(1), metric)
+    return stats.regression_check(ratios, margin) if len(ratios) >= 2 else None

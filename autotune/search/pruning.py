@@ -1,0 +1,254 @@
+"""Pruning: a trial whose replicates are all clearly worse than every replicate of the best trial
+stops before its last replicate.
+
+This is a stated rule, not a statistical test, and it prints no p-value: the values that really
+repeat are the replicates (fresh processes), and two or three of them cannot give a meaningful
+test at a strict level. The rule asks for separation instead: with at least `MIN_REPLICATES` runs,
+this trial's best replicate is worse by more than `MARGIN` than the best trial's worst replicate.
+A trial merely a hair behind stays for confirmation to judge.
+
+Each replicate reports, as the trial's intermediate value, the median of the replicates so far:
+the same number a completed trial stores as its value, so a pruned trial's value (Optuna keeps the
+last intermediate value) compares like with like in the study and its plots.
+
+Giving up: when a trial's replicates are windows of one warmed process (the search's default), the
+rule above can save nothing (the process runs its windows back to back). Instead the process
+itself checks after each window but its last: after the k-th, when the median latency so far is
+more than `GIVE_UP[k-1]` times worse than the best trial's value, it stops (`GiveUp`,
+`launch.stretched`), and the trial is pruned with what it measured. The first margin is wide on
+purpose: a first window can be slower than the windows after it (resnext101 at batch 1 on a 2-CPU
+AVX2 host: up to 1.50x its trial's value over a 50-trial search, README "What a search costs"), so
+a configuration given up on there is at least 2 / 1.5 = 1.33x worse than the best. Two windows
+agree better with their trial's value (their median at most 1.07x of it over the 46 three-window
+trials of two later searches), so after the second the margin is 1.5x: a configuration stopped
+there is about 1.4x worse than the best or more, never one the confirmation would have to judge
+(its finalists were within 1.14x of the best in both searches).
+
+Skipping a compile: with backend=inductor, a new (precision, memory format, thread count) is a
+new compile, 20-46 s on resnext101 at batch 1 on 2 cores, where the other trials take 5-10 s. In
+a latency search, a sampled configuration of a key no trial has measured is predicted from the
+keys that were: from each measured key's fastest trial, times, for each of the three that differs,
+that step's lowest ratio between two measured keys that differ by it alone (int8 at 1 thread over
+int8 at 2, to predict bf16 at 1 thread from bf16 at 2). Where no pair measured a step yet, it is
+taken as no change. The most hopeful of those predictions is kept; before any key is measured,
+the key compiles. Predicted more than `SKIP_COMPILE` times the best trial's value, the trial is
+pruned without running (`skip_compile`): that is the margin a trial gives up at after its last
+checked window, so it would most likely have paid the compile and the windows, then stopped. It
+takes no trial of --trials (`records.counts`). A measured key that gave up after its first
+window (at least 2x, its median of one window, which can read up to 1.5x its value) stands at
+1.33x the best or more, so a key skipped on it alone is at least that far behind unless a step
+between them gains; README "Skipping a compile" replays the rule on recorded searches
+(`benchmarks/skip_replay.py`). The baseline, the recipes and trials enqueued through Optuna
+always run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.base.errors import ConfigError
+from autotune.config.knobs import Config
+from autotune.config.space import SearchSpace, config_of_params
+from autotune.measure import stats
+from autotune.measure.objectives import Metric, Objective, lower_is_better, metric_of, metric_value
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.results import RunResult
+from autotune.study import records
+
+MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
+MIN_REPLICATES = 2  # one disturbed process alone never prunes
+GIVE_UP = (2.0, 1.5)  # after its k-th window, a warmed trial this many times worse than the best stops (GiveUp)
+SKIP_COMPILE = GIVE_UP[-1]  # a new compile predicted this many times worse than the best is not run
+CompileKey = tuple[str, str, int]  # what an inductor artifact is compiled for: precision, memory format, threads
+KEY_NAMES = ("precision", "memory_format", "omp_threads")
+
+
+def separated(mine: Sequence[float], best: Sequence[float], metric: Metric, margin: float = MARGIN) -> bool:
+    """True when every value of `mine` is worse than every value of `best` by more than `margin`."""
+    if lower_is_better(metric):
+        return min(mine) > max(best) * (1 + margin)
+    return max(mine) * (1 + margin) < min(best)
+
+
+class PruneCheck:
+    """After each replicate: report the running median and decide whether to stop."""
+
+    def __init__(self, study: optuna.Study, trial: optuna.Trial, objective: Objective) -> None:
+        self.study, self.trial, self.metric = study, trial, metric_of(objective)
+        self.single = len(study.directions) == 1  # Optuna prunes single-objective studies only
+        self.values: list[float] = []
+        self.reason = ""
+
+    def __call__(self, index: int, run: RunResult, more_planned: bool) -> bool:
+        if not self.single:
+            return False
+        self.values.append(metric_value(run, self.metric))
+        self.trial.report(stats.median(self.values), index)
+        if not more_planned or len(self.values) < MIN_REPLICATES:  # after the last one it would save nothing
+            return False
+        best = self._best()
+        if best is None or not separated(self.values, best[1], self.metric):
+            return False
+        self.reason = self._why(best[0], best[1])
+        return True
+
+    def _best(self) -> tuple[int, list[float]] | None:
+        """The best other trial's number and its replicates' values (as it recorded them)."""
+        for trial in records.best_trials(self.study):
+            values = records.replicate_values(trial, self.metric)
+            if trial.number != self.trial.number and values:
+                return trial.number, values
+        return None
+
+    def _why(self, best: int, theirs: Sequence[float]) -> str:
+        unit = "ms" if lower_is_better(self.metric) else "items/s"
+        return (f"all {len(self.values)} replicates more than {MARGIN:.0%} worse than every replicate of trial "
+                f"{best} ({_span(self.values)} vs {_span(theirs)} {unit})")
+
+
+def _span(values: Sequence[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The latencies above which each instance of a trial's one warmed process stops, one for each
+    window but the last: the best trial's value times GIVE_UP, as one instance's median latency
+    per batch."""
+
+    above_ms: tuple[float, ...]
+    best: int  # the best trial's number
+    best_value: float  # its value, in the metric's unit
+    metric: Metric
+
+    def reason(self, run: RunResult) -> str:
+        """Which instance gave up, after which window, at what median latency (with several, one is
+        enough: the run's windows cannot be cut into replicates any more)."""
+        stopped = next(i for i in run.instances if "gave_up_above_ms" in i.metrics)
+        window = int(stopped.metrics.get("gave_up_windows", 1))
+        after = f"gave up after its {_ordinal(window)} window"
+        seen = f"instance {stopped.index}'s median latency {stopped.percentile(50):.2f} ms"
+        margin = GIVE_UP[window - 1]
+        if lower_is_better(self.metric):
+            return f"{after}: {seen} is more than {margin:g}x trial {self.best}'s {self.best_value:.2f} ms"
+        return (f"{after}: {seen} is above {self.above_ms[window - 1]:.2f} ms, too slow for the instances "
+                f"together to reach 1/{margin:g} of trial {self.best}'s {self.best_value:.2f} items/s")
+
+
+def give_up(study: optuna.Study, objective: Objective, plan: LaunchPlan) -> GiveUp | None:
+    """Where this trial's process gives up, from the best trial so far; None without one, and in a
+    two-objective study (Optuna prunes single-objective studies only). For throughput each limit is
+    what each of the plan's instances may take per batch for their sum to stay within that margin
+    of the best: a forward call is part of an iteration, so with instances equally fast (one
+    configuration on equal CPUs) the limit never stops a trial that the rule would keep."""
+    if len(study.directions) != 1:
+        return None
+    metric = metric_of(objective)
+    best = next(iter(records.best_trials(study)), None)
+    if best is None or best.value is None or best.value <= 0:
+        return None
+    value = float(best.value)
+    per_batch_ms = value if lower_is_better(metric) else 1e3 * len(plan.instances) * plan.bench.batch_size / value
+    return GiveUp(tuple(margin * per_batch_ms for margin in GIVE_UP), best.number, value, metric)
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    value: float  # the latency (ms) the configuration is predicted at
+    near: int  # the trial of the measured key it is predicted from
+    # for each of the three that differs from that key: its name, and the two trials whose ratio
+    # gives that step (None: no pair measured it, the step counts as no change)
+    steps: tuple[tuple[str, tuple[int, int] | None], ...] = ()
+
+    def why(self) -> str:
+        """Where the prediction comes from, for the skipped trial's reason."""
+        measured = "".join(f" times trial {pair[0]} over trial {pair[1]}" for _, pair in self.steps if pair)
+        unmeasured = [STEP_NAMES[name] for name, pair in self.steps if pair is None]
+        return f"trial {self.near}{measured}" + (f", no {' or '.join(unmeasured)} step measured" if unmeasured else "")
+
+
+STEP_NAMES = {"precision": "precision", "memory_format": "layout", "omp_threads": "thread"}
+
+
+def compile_key(space: SearchSpace, config: Config) -> CompileKey | None:
+    """The artifact an inductor configuration compiles (None: not inductor, or not in the space)."""
+    full = space.as_run(config)
+    if full is None or full.get("backend") != "inductor":
+        return None
+    precision, layout, threads = (full.get(name) for name in KEY_NAMES)
+    return str(precision), str(layout), int(threads or 0)
+
+
+def predict_compile(space: SearchSpace, trials: Sequence[FrozenTrial], key: CompileKey) -> Prediction | None:
+    """`key`'s latency as predicted from the measured keys (module docstring); None when a trial
+    measured it already, or none was measured."""
+    seen = _fastest_per_key(space, trials)
+    if key in seen:
+        return None
+    predictions = []
+    for near, (value, number) in seen.items():
+        steps = []
+        for axis in (i for i in range(len(key)) if near[i] != key[i]):
+            step = _step(seen, axis, near[axis], key[axis])
+            value *= step[0] if step else 1.0
+            steps.append((KEY_NAMES[axis], step[1] if step else None))
+        predictions.append(Prediction(value, number, tuple(steps)))
+    # level predictions (routes through the same measurements) name the nearest key
+    return min(predictions, key=lambda p: (round(p.value, 6), len(p.steps)), default=None)
+
+
+def _fastest_per_key(space: SearchSpace, trials: Sequence[FrozenTrial]) -> dict[CompileKey, tuple[float, int]]:
+    """Each measured key's lowest latency and its trial: a completed trial's value, a pruned
+    one's last intermediate value (the median it had measured)."""
+    seen: dict[CompileKey, tuple[float, int]] = {}
+    for trial in trials:
+        if trial.state == TrialState.COMPLETE and trial.values:
+            value = float(trial.values[0])
+        elif trial.state == TrialState.PRUNED and trial.intermediate_values:
+            value = float(trial.intermediate_values[max(trial.intermediate_values)])
+        else:
+            continue
+        try:
+            key = compile_key(space, config_of_params(trial.params))
+        except ConfigError:  # a trial of a knob this autotune no longer knows
+            continue
+        if key is not None and (key not in seen or value < seen[key][0]):
+            seen[key] = (value, trial.number)
+    return seen
+
+
+def _step(seen: dict[CompileKey, tuple[float, int]], axis: int, start: object,
+          end: object) -> tuple[float, tuple[int, int]] | None:
+    """The lowest measured ratio of going from `start` to `end` along `axis`, between two
+    keys equal otherwise, with the two trials it comes from."""
+    ratios = [(seen[b][0] / seen[a][0], (seen[b][1], seen[a][1]))
+              for a in seen for b in seen
+              if a[axis] == start and b[axis] == end and all(a[i] == b[i] for i in range(len(a)) if i != axis)]
+    return min(ratios, key=lambda r: r[0], default=None)
+
+
+def skip_compile(study: optuna.Study, space: SearchSpace, objective: Objective, config: Config) -> str:
+    """Why this sampled configuration is not run ("" to run it): a latency search, a key no trial
+    measured, predicted more than SKIP_COMPILE times the best trial's value."""
+    if len(study.directions) != 1 or not lower_is_better(metric_of(objective)):
+        return ""
+    best = next(iter(records.best_trials(study)), None)
+    key = compile_key(space, config)
+    if best is None or best.value is None or key is None:
+        return ""
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    predicted = predict_compile(space, trials, key)
+    if predicted is None or predicted.value <= SKIP_COMPILE * float(best.value):
+        return ""
+    precision, layout, threads = key
+    return (f"not compiled: {precision} {layout} at {threads} thread(s) predicted at {predicted.value:.2f} ms "
+            f"({predicted.why()}), more than "
+            f"{SKIP_COMPILE:g}x trial {best.number}'s {float(best.value):.2f} ms")

@@ -1,0 +1,433 @@
+"""What a study and its trials record (Optuna user attributes), written here and read back here.
+
+The study records what it was made for and on which host; each trial records its configuration,
+the plan it ran, its metrics or the reason it failed. Readers (confirmation, export, display) ask
+this module, so an attribute's name and meaning have one owner.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shlex
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import __version__
+from autotune.base.errors import INTERRUPTED_BY
+from autotune.config.space import recorded_differs
+from autotune.host.machine import Machine, fingerprint, host_name
+from autotune.measure.objectives import Metric
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.replicates import Measurement
+from autotune.measure.results import RunResult
+from autotune.study import storage
+from autotune.study.storage import StudyError
+
+FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+STDERR_TAIL_KEPT = 2000
+# Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
+CUT_SHORT = "cut_short"  # the user or a killed autotune stopped it: says nothing, always run again
+KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run again once
+ERROR = "error"  # wrong answers, an exception, an exit code: the configuration's own, reused
+KILLED_RERUNS = 1
+LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fail_cause
+SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predicted to lose
+HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
+
+
+def baseline(study: optuna.Study, klass: str | None = None) -> FrozenTrial | None:
+    """The completed baseline trial (of host class `klass`, when given: one per class)."""
+    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get("baseline") and klass in (None, t.user_attrs.get(HOST_CLASS, klass))), None)
+
+
+def finished(study: optuna.Study) -> int:
+    """The trials that count toward --trials."""
+    return sum(counts(t) for t in study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def counts(trial: FrozenTrial) -> bool:
+    """A trial counts toward --trials once finished, unless cut short (Ctrl-C, a killed
+    autotune: it runs again) or pruned before compiling (`SKIPPED`): neither measured anything,
+    so neither takes a trial of --trials, as a proposal that repeats a measured configuration
+    never becomes one: --trials N runs N configurations."""
+    return trial.state in FINISHED and fail_cause(trial) != CUT_SHORT and not trial.user_attrs.get(SKIPPED)
+
+
+def best_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The best trial (single objective) or the Pareto front (two objectives), best first."""
+    if len(study.directions) > 1:
+        return sorted(study.best_trials, key=lambda t: t.values[0])
+    completed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if t.user_attrs.get("feasible", True)]
+    reverse = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(completed, key=lambda t: t.values[0], reverse=reverse)
+
+
+def best_measured(study: optuna.Study) -> list[FrozenTrial]:
+    """The best trials that measured their own configuration (no reused duplicates)."""
+    return [t for t in best_trials(study) if not is_duplicate(t)]
+
+
+def distinct_configs(study: optuna.Study) -> int:
+    """Distinct (configuration, batch size) among the trials that count toward --trials, the
+    baseline included."""
+    return len({(t.user_attrs.get("config"), t.user_attrs.get("batch_size"))
+                for t in study.get_trials(deepcopy=False, states=FINISHED) if "config" in t.user_attrs and counts(t)})
+
+
+def account(study: optuna.Study, session_s: float) -> dict[str, float]:
+    """What the study's searches cost and measured, over all their sessions: wall time, timed
+    seconds (the windows samples were taken in; a duplicate's reused ones once), their ratio,
+    distinct configurations, the trials that count toward --trials and those pruned before
+    compiling (which do not), and counted trials per hour. Stored as the study's `accounting`."""
+    before = study.user_attrs.get("accounting", {})
+    wall = float(before.get("wall_s", 0.0)) + session_s
+    trials = study.get_trials(deepcopy=False, states=FINISHED)
+    timed = sum(float(t.user_attrs.get("timed_s", 0.0)) for t in trials if not is_duplicate(t))
+    counted = sum(counts(t) for t in trials)
+    accounting = {"wall_s": round(wall, 2), "timed_s": round(timed, 2),
+                  "efficiency": round(timed / wall, 3) if wall else 0.0,
+                  "distinct_configurations": distinct_configs(study), "trials": counted,
+                  "not_compiled": not_compiled(trials),
+                  "trials_per_hour": round(counted / wall * 3600, 1) if wall else 0.0,
+                  "sessions": int(before.get("sessions", 0)) + 1}
+    study.set_user_attr("accounting", accounting)
+    return accounting
+
+
+def wall_per_trial(study: optuna.Study) -> float | None:
+    """Wall seconds per finished trial over the study's earlier searches (None before any)."""
+    before = study.user_attrs.get("accounting", {})
+    trials = int(before.get("trials", 0))
+    return float(before["wall_s"]) / trials if trials and "wall_s" in before else None
+
+
+def record_end(study: optuna.Study, ended: dict[str, Any]) -> None:
+    """What ended a search before `--trials` (the time budget), with its numbers: `ended_by`."""
+    study.set_user_attr("ended_by", dict(ended))
+
+
+def speedup_key(metric: Metric) -> str:
+    """The trial attribute holding its speedup over the baseline in `metric`."""
+    return "speedup_latency" if metric == "latency_p50_ms" else "speedup_throughput"
+
+
+def best_recipe(study: optuna.Study, speedup: str) -> FrozenTrial | None:
+    """The completed recipe trial with the largest `speedup` attribute (speedup_latency or
+    speedup_throughput), or None when no recipe completed."""
+    ran = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+           if t.user_attrs.get("recipe") and speedup in t.user_attrs]
+    return max(ran, key=lambda t: float(t.user_attrs[speedup]), default=None)
+
+
+def is_duplicate(trial: FrozenTrial) -> bool:
+    return "duplicate_of" in trial.user_attrs
+
+
+def replicate_values(trial: FrozenTrial, metric: Metric) -> list[float]:
+    """The metric of each replicate (fresh process) the trial ran, as it recorded them."""
+    key = "replicate_p50_ms" if metric == "latency_p50_ms" else "replicate_throughput_ips"
+    return [float(v) for v in trial.user_attrs.get(key, [])]
+
+
+def plan_of(trial: FrozenTrial) -> LaunchPlan:
+    """The plan a trial ran, exactly as it recorded it."""
+    return LaunchPlan.from_json(trial.user_attrs["plan"])
+
+
+def host_fingerprint(machine: Machine) -> dict[str, Any]:
+    """Where the study was made, for people: the host's name beside what makes timings comparable."""
+    import torch
+
+    return {"hostname": host_name(), **fingerprint(machine), "torch": torch.__version__, "autotune": __version__}
+
+
+def claim(study: optuna.Study, wanted: Mapping[str, Any], space: dict[str, Any],
+          description: Mapping[str, Any], other_class: bool = False) -> None:
+    """A new study gets what it was made for; an existing one must have been made for the same.
+    A host of `other_class` (admitted by --allow-mixed) may search up to its own cores."""
+    attrs = study.user_attrs
+    if "model" not in attrs:  # new (fleet.claim_class may have written the host class already)
+        for key, value in {**wanted, "space": space, **description}.items():
+            study.set_user_attr(key, value)
+        return
+    check_wanted(study, wanted)
+    differs = recorded_differs(attrs.get("space", space), space, cores_may_differ=other_class)
+    if differs and other_class:
+        raise StudyError(f"study {study.study_name!r} cannot take this host's trials: {differs} (--allow-mixed "
+                         f"lets only the thread and instance counts follow a host's cores); install what this host "
+                         f"lacks, or start a study per host class with another --study name")
+    if differs:
+        raise StudyError(f"study {study.study_name!r} was made with another search space (or this machine's "
+                         f"libraries or cores changed since); use another --study name or the same --space")
+
+
+def check_wanted(study: optuna.Study, wanted: Mapping[str, Any]) -> None:
+    """An existing study must have been made for the same model, batch, objective and pins."""
+    attrs = study.user_attrs
+    for key, value in wanted.items():
+        if attrs.get(key, value) != value:
+            raise StudyError(f"study {study.study_name!r} was made for {key}={attrs.get(key)}, not "
+                             f"{value}; use another --study name or the same {key}")
+
+
+def claim_settings(study: optuna.Study, settings: Mapping[str, Any], flags: Mapping[str, str],
+                   mixed: Collection[str] = ()) -> list[str]:
+    """A study is resumed only under the settings it was measured with; `flags` names the option
+    behind each setting, `mixed` those that may differ (a host class `--allow-mixed` lets in). A
+    study from before settings were recorded adopts today's, and says so."""
+    recorded = study.user_attrs.get("settings")
+    if recorded is None:
+        study.set_user_attr("settings", dict(settings))
+        study.set_user_attr("settings_digest", settings_digest(settings))
+        return [f"study {study.study_name} was made before autotune recorded its measurement settings "
+                f"(input shape, timing, replicates, tolerance, torch, this machine); it now records today's, "
+                f"and its earlier trials are measured again rather than reused"]
+    for key, value in json.loads(json.dumps(dict(settings))).items():
+        if key in recorded and recorded[key] != value and key not in mixed:
+            raise StudyError(f"study {study.study_name!r} was measured with {key}={_shown(recorded[key])}, not "
+                             f"{_shown(value)}; use another --study name{_same(key, flags)}")
+    return []
+
+
+def _shown(value: Any) -> str:
+    return "the default" if value is None else str(value)
+
+
+def _same(key: str, flags: Mapping[str, str]) -> str:
+    if key in flags:
+        return f" or the same {flags[key]}"
+    return " (measurements from another machine or torch do not mix)"
+
+
+def settings_digest(settings: Mapping[str, Any]) -> str:
+    """Names the settings a trial was measured under: only a trial with the same digest is reused."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def claim_trial(trial: optuna.Trial, klass: str) -> None:
+    """Who runs this trial (host and its class); its heartbeat (storage.heartbeat) tells another
+    autotune it is alive. A retry of a dead worker's trial starts without the failure it copied."""
+    system = trial.study._storage.get_trial_system_attrs(trial._trial_id)
+    if "failed_trial" in system:  # by optuna's RetryFailedTrialCallback
+        trial.set_user_attr("retry_of", system["failed_trial"])
+        trial.set_user_attr("status", "running")
+        trial.set_user_attr("fail_reason", "")
+        trial.set_user_attr("fail_cause", "")
+    trial.set_user_attr("host", host_name())
+    trial.set_user_attr(HOST_CLASS, klass)
+    trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("heartbeat_s", storage.HEARTBEAT_INTERVAL_S)
+    storage.first_beat(trial)
+
+
+def abandon_stale_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[int]:
+    """RUNNING trials (of `trials`, the study as just read) whose autotune stopped beating (killed,
+    on any host) become FAIL, never left dangling. A trial of an autotune older than heartbeats has
+    none: it is stale once it is older than the grace period."""
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    stale_ids = storage.stale_trial_ids(study) if running else set()
+    stale = [t for t in running if t._trial_id in stale_ids or _stale_without_heartbeat(t)]
+    return [t.number for t in stale if _fail_stale(study, t)]
+
+
+def _stale_without_heartbeat(trial: FrozenTrial) -> bool:
+    started = trial.datetime_start
+    return ("heartbeat_s" not in trial.user_attrs and started is not None
+            and (datetime.datetime.now() - started).total_seconds() > storage.GRACE_PERIOD_S)
+
+
+def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """What optuna.storages.fail_stale_trials does (fail it, then the storage's callback retries
+    it), with the reason recorded first (a finished trial's attributes cannot change). False when
+    another worker got it first."""
+    backend = study._storage
+    reason = (f"left running by an autotune process (pid {trial.user_attrs.get('pid')}) that was killed: "
+              f"no heartbeat for over {storage.GRACE_PERIOD_S}s")
+    try:
+        backend.set_trial_user_attr(trial._trial_id, "status", "failed")
+        backend.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+        backend.set_trial_user_attr(trial._trial_id, "fail_cause", CUT_SHORT)
+        backend.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:  # another autotune got it first
+        return False
+    storage.after_stale(study, trial._trial_id)
+    return True
+
+
+def same_config(study: optuna.Study, number: int, config: str, batch: int, digest: str) -> FrozenTrial | None:
+    """The earlier trial whose result this configuration reuses (None: measure it). Only trials that
+    measured it under the same settings count, never one cut short; a killed one counts once it
+    was run again KILLED_RERUNS times, and then the latest outcome is reused."""
+    finished = study.get_trials(deepcopy=False, states=FINISHED)
+    ran = [t for t in _measured(finished, digest) if t.user_attrs.get("config") == config and t.number != number
+           and t.user_attrs.get("batch_size", batch) == batch]
+    return _reused(ran)
+
+
+def measured_configs(trials: Sequence[FrozenTrial], digest: str) -> set[tuple[str, int]]:
+    """(config, batch size) of every configuration among `trials` whose result a new trial would
+    reuse: a search never proposes these again. The same rule as `same_config`."""
+    groups: dict[tuple[str, int], list[FrozenTrial]] = {}
+    for t in _measured(trials, digest):
+        key = (str(t.user_attrs.get("config")), int(t.user_attrs.get("batch_size", 0)))
+        groups.setdefault(key, []).append(t)
+    return {key for key, ran in groups.items() if _reused(ran) is not None}
+
+
+def _measured(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
+    """Finished trials that measured a configuration under these settings, not cut short."""
+    return [t for t in trials if t.state in FINISHED
+            and t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
+            and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT]
+
+
+def _reused(ran: list[FrozenTrial]) -> FrozenTrial | None:
+    """Among trials of one configuration: the settled one, or the last once killed runs were retried."""
+    settled = [t for t in ran if fail_cause(t) != KILLED]
+    if settled:
+        return settled[0]
+    return ran[-1] if len(ran) > KILLED_RERUNS else None
+
+
+def fail_cause(trial: FrozenTrial) -> str | None:
+    """CUT_SHORT, KILLED or ERROR for a failed trial (None otherwise); read from the text for
+    trials recorded before causes were."""
+    if trial.state != TrialState.FAIL:
+        return None
+    if "fail_cause" in trial.user_attrs:
+        return str(trial.user_attrs["fail_cause"])
+    return CUT_SHORT if str(trial.user_attrs.get("fail_reason", "")).startswith(LEGACY_CUT_SHORT) else ERROR
+
+
+def copy_result(trial: optuna.Trial, duplicate: FrozenTrial) -> None:
+    """A duplicate trial carries the earlier one's records and intermediate values."""
+    for key, value in duplicate.user_attrs.items():
+        if key not in ("host", "pid", "baseline", HOST_CLASS, "retry_of"):
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", duplicate.number)
+    for step, value in duplicate.intermediate_values.items():
+        trial.report(value, step)
+
+
+def end_reason(trial: FrozenTrial) -> str:
+    return str(trial.user_attrs.get("prune_reason") or trial.user_attrs.get("fail_reason", ""))
+
+
+def record_plan(trial: optuna.Trial, plan: LaunchPlan) -> None:
+    trial.set_user_attr("plan", plan.to_json())
+    for inst in plan.instances:  # readable in optuna-dashboard, which truncates long JSON values
+        trial.set_user_attr(f"instance_{inst.index}_env", " ".join(f"{k}={v}" for k, v in inst.env.items()))
+        trial.set_user_attr(f"instance_{inst.index}_command", shlex.join(inst.command))
+
+
+def record_failure(trial: optuna.Trial, reason: str, cause: str, stderr_tail: str = "") -> None:
+    trial.set_user_attr("status", "failed")
+    trial.set_user_attr("fail_reason", reason)
+    trial.set_user_attr("fail_cause", cause)
+    if stderr_tail:
+        trial.set_user_attr("stderr_tail", stderr_tail[-STDERR_TAIL_KEPT:])
+
+
+def record_failed_run(trial: optuna.Trial, measurement: Measurement) -> None:
+    failed = next(r for r in measurement.runs if not r.ok)
+    tail = next((i.stderr_tail for i in failed.instances if not i.ok and i.stderr_tail), "")
+    record_failure(trial, measurement.reason, _run_cause(failed), tail)
+    trial.set_user_attr("instances", failed.summary()["instances"])
+
+
+def _run_cause(failed: RunResult) -> str:
+    """KILLED when every failed instance died of a signal (the orchestrator kills a timed-out or
+    stopped instance with SIGKILL); an exit code, an error result or a failed start is ERROR."""
+    codes = [i.returncode for i in failed.instances if not i.ok]
+    return KILLED if codes and all(code is not None and code < 0 for code in codes) else ERROR
+
+
+def restore_kept(study: optuna.Study, path: Path, max_latency_ms: float | None) -> int | None:
+    """A trial's measurement kept aside while the study was locked, recorded now on that trial if
+    it is still RUNNING (then the file is removed); its number, or None when there was nothing to do."""
+    data = json.loads(path.read_text())
+    frozen = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number == data.get("trial")), None)
+    if frozen is None:
+        return None
+    trial = optuna.Trial(study, frozen._trial_id)
+    state = TrialState[data["state"]]
+    for key, value in data.get("summary", {}).items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("restored_from", str(path))
+    if state == TrialState.FAIL:
+        record_failure(trial, data["reason"], data.get("cause", ERROR))
+    elif state == TrialState.PRUNED:
+        record_pruned(trial, data["reason"])
+    else:
+        trial.set_user_attr("status", "ok")
+        if max_latency_ms is not None:
+            record_constraint(trial, float(data["summary"]["latency_p90_ms"]) - max_latency_ms)
+    study.tell(trial, data["values"] if state == TrialState.COMPLETE else None, state=state)
+    path.unlink()
+    return frozen.number
+
+
+def failure_cause(measurement: Measurement) -> str:
+    """KILLED or ERROR for a measurement with a failed run."""
+    return _run_cause(next(r for r in measurement.runs if not r.ok))
+
+
+def record_pruned(trial: optuna.Trial, reason: str) -> None:
+    trial.set_user_attr("status", "pruned")
+    trial.set_user_attr("prune_reason", reason)
+
+
+def not_compiled(trials: Sequence[FrozenTrial]) -> int:
+    """How many of `trials` were pruned before compiling (`record_skipped`)."""
+    return sum(bool(t.user_attrs.get(SKIPPED)) for t in trials)
+
+
+def record_skipped(trial: optuna.Trial, reason: str) -> None:
+    """Pruned before it ran: its compile was predicted to lose (pruning.skip_compile)."""
+    record_pruned(trial, reason)
+    trial.set_user_attr(SKIPPED, True)
+
+
+def record_constraint(trial: optuna.Trial, over_ms: float) -> None:
+    """p90 latency over a limit, as an Optuna constraint and mirrored in user attributes
+    (optuna-dashboard 0.21 does not show Optuna 5 constraints)."""
+    trial.set_constraint("latency_p90_over_limit_ms", over_ms)  # duplicates too: no constraint reads as feasible
+    trial.set_user_attr("constraint_latency_p90_over_limit_ms", round(over_ms, 4))
+    trial.set_user_attr("feasible", over_ms <= 0)
+
+
+def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Mapping[str, float] | None) -> None:
+    """The trial's metrics, and its speedups over `reference`: its own host's baseline (None: the
+    trial is that baseline)."""
+    summary = measurement.summary()
+    trial.set_user_attr("status", "ok")
+    for key, value in summary.items():
+        trial.set_user_attr(key, value)
+    speedups = (1.0, 1.0) if reference is None else (
+        reference["latency_p50_ms"] / measurement.latency_p50_ms,
+        measurement.throughput_ips / reference["throughput_ips"])
+    trial.set_user_attr("speedup_latency", round(speedups[0], 4))
+    trial.set_user_attr("speedup_throughput", round(speedups[1], 4))
+    trial.set_user_attr("instances", measurement.runs[-1].summary()["instances"])
+    trial.set_user_attr("first_call_s", first_call(measurement))
+
+
+def first_call(measurement: Measurement) -> dict[str, float]:
+    """Set-up costs never mixed into latency: build, convert, trace, first forward (worst instance)."""
+    costs: dict[str, float] = {}
+    for run in measurement.runs:
+        for inst in run.instances:
+            for key, value in inst.metrics.get("setup", {}).items():
+                if key.endswith("_s") and isinstance(value, (int, float)):
+                    costs[key] = round(max(costs.get(key, 0.0), float(value)), 3)
+    return costs
