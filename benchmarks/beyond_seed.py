@@ -17,10 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from autotune.child.settings import MeasureSettings
 from autotune.config import space
 from autotune.host import machine
 from autotune.measure import stats
-from autotune.measure.plan import LaunchPlan, MeasureSettings
+from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.runner import run_series
 from autotune.search import confirm, loop

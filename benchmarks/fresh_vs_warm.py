@@ -22,10 +22,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host import machine
 from autotune.measure import requests
-from autotune.measure.plan import MeasureSettings
 from autotune.measure.replicates import ReplicatePolicy, measure_replicates
 from autotune.measure.runner import run_plan
 from autotune.measure.stats import median

@@ -32,10 +32,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host import machine
 from autotune.measure import requests
-from autotune.measure.plan import LaunchPlan, MeasureSettings
+from autotune.measure.plan import LaunchPlan
 from autotune.measure.runner import run_plan
 from autotune.measure.stats import median
 

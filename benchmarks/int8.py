@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.child.settings import MeasureSettings
 from autotune.host import machine
 from autotune.measure import requests, stats
 from autotune.measure.objectives import Metric
-from autotune.measure.plan import MeasureSettings
 from autotune.measure.runner import run_plan
 from autotune.search import confirm
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import optuna
 
+from autotune.child.settings import MeasureSettings
 from autotune.config import space
 from autotune.config.knobs import Config
 from autotune.deploy import export
 from autotune.host import machine
 from autotune.measure import requests, stats
-from autotune.measure.plan import MeasureSettings
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.runner import run_plan
 from autotune.search import confirm, loop

@@ -36,11 +36,11 @@ from typing import Any
 
 import optuna
 
+from autotune.child.settings import MeasureSettings
 from autotune.config import recipes, space
 from autotune.config.knobs import KNOBS, Config
 from autotune.host import machine
 from autotune.measure import requests
-from autotune.measure.plan import MeasureSettings
 from autotune.measure.replicates import BUSY_MACHINE
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan

@@ -15,9 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from autotune.child.settings import MeasureSettings
 from autotune.host import machine
 from autotune.measure import requests, stats
-from autotune.measure.plan import MeasureSettings
 from autotune.measure.runner import run_plan
 
 SEED_RECIPE = ["mkldnn=on", "weight_cache=on", "omp_runtime=intel", "allocator=jemalloc",

@@ -18,10 +18,10 @@ import argparse
 import random
 from pathlib import Path
 
+from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host import machine
 from autotune.measure import requests
-from autotune.measure.plan import MeasureSettings
 from autotune.measure.runner import run_plan
 from autotune.measure.stats import median
 

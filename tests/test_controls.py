@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from autotune.base.errors import ConfigError
+from autotune.child.settings import MeasureSettings
 from autotune.config import recipes, space
 from autotune.config.knobs import Config
 from autotune.config.space import SpaceError
 from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
-from autotune.measure.plan import MeasureSettings
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.search import budget, loop
 from autotune.study.storage import StudyError

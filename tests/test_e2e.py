@@ -177,10 +177,10 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
 
 
 def test_a_series_of_real_children_builds_two_at_a_time_and_measures_each_alone(tmp_path: Path) -> None:
+    from autotune.child.settings import MeasureSettings
     from autotune.config.knobs import Config
     from autotune.host import machine
     from autotune.measure import requests
-    from autotune.measure.plan import MeasureSettings
     from autotune.measure.runner import run_series
 
     here = machine.this_machine()

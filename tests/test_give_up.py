@@ -14,11 +14,12 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.child import worker
+from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host.libs import Libraries
 from autotune.host.machine import Machine, this_machine
 from autotune.measure import replicates, requests
-from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings, worker_command
+from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, worker_command
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan

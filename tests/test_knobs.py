@@ -57,3 +57,44 @@ def test_layout_knobs_follow_the_backend_and_mkldnn() -> None:
         Config.from_assignments(["mkldnn=on", "precision=bf16"])
     config = Config.from_assignments(["backend=torchscript", "memory_format=channels_last", "precision=bf16"])
     assert config.describe() == "backend=torchscript memory_format=channels_last precision=bf16"
+
+
+def test_the_model_knobs_types_and_defaults_are_the_tables() -> None:
+    """ModelKnobs's fields and their Literal types say what `child.knobs.KNOBS` says, knob by knob."""
+    from dataclasses import fields
+    from typing import get_args
+
+    from autotune.child.convert import Backend, MemoryFormat, ModelKnobs, Precision
+    from autotune.child.knobs import KNOBS, MODEL_KNOBS
+
+    assert {f.name for f in fields(ModelKnobs)} == set(MODEL_KNOBS)
+    assert {name: getattr(ModelKnobs(), name) for name in MODEL_KNOBS} == {n: KNOBS[n].default for n in MODEL_KNOBS}
+    assert [get_args(t) for t in (Backend, Precision, MemoryFormat)] == [
+        KNOBS["backend"].choices, KNOBS["precision"].choices, KNOBS["memory_format"].choices]
+
+
+def test_the_child_flags_take_the_knobs_values_and_the_protocol_defaults() -> None:
+    from autotune.child.knobs import KNOBS, MODEL_KNOBS
+    from autotune.child.settings import CACHE_DIR, MeasureSettings
+    from autotune.child.worker import parse_args
+
+    args = parse_args(["--model", "resnet18", "--item-shape", "3x8x8", "--result", "r.json"])
+    assert (args.backend, args.precision, args.mkldnn, args.cache_dir) == ("eager", "fp32", "off", CACHE_DIR)
+    assert (args.warmup, args.warmup_time, args.duration, args.min_iterations) == tuple(vars(MeasureSettings()).values())
+    for name in MODEL_KNOBS:
+        for value in KNOBS[name].spellings():
+            flag = f"--{name.replace('_', '-')}"
+            assert getattr(parse_args(["--model", "m", "--item-shape", "1", "--result", "r", flag, value]),
+                           name) == value
+
+
+def test_apply_and_the_harness_refuse_a_broken_condition_in_the_same_words() -> None:
+    from autotune.child.convert import ModelKnobs
+    from autotune.child.errors import ApplyError
+
+    with pytest.raises(ConfigError) as harness:
+        Config.from_assignments(["backend=inductor", "mkldnn=on"])
+    with pytest.raises(ApplyError) as child:
+        ModelKnobs(backend="inductor", mkldnn=True).check()
+    assert str(harness.value) == str(child.value) == (
+        "mkldnn applies only with backend=eager (here backend=inductor); set backend or drop mkldnn")

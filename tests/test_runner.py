@@ -9,9 +9,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host import libs
-from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, MeasureSettings
+from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan
 from autotune.measure.results import RunResult
 from autotune.measure.runner import built_beside, ignored_preload, run_plan, run_series
 from autotune.measure.stats import percentile

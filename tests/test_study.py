@@ -14,11 +14,12 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.base.errors import RunFailed
+from autotune.child.settings import MeasureSettings
 from autotune.config import space
 from autotune.config.space import SpaceError
 from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
-from autotune.measure.plan import LaunchPlan, MeasureSettings
+from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement, ReplicatePolicy
 from autotune.measure.results import InstanceResult, RunResult
 from autotune.search import loop

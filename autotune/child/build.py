@@ -15,8 +15,8 @@ from typing import Any
 from autotune.child import deploy, quantize, references
 from autotune.child.convert import ModelKnobs, call, explain, leaves
 from autotune.child.deploy import Deployment
-from autotune.child.envfile import SWITCH
 from autotune.child.errors import LOAD_FAILED, ApplyError
+from autotune.child.knobs import KNOBS, MODEL_KNOBS
 
 
 class SyntheticImages:
@@ -201,8 +201,7 @@ def _load_file(spec: str) -> Any:
 
 def knobs_of(args: argparse.Namespace) -> ModelKnobs:
     """The model knobs the plan gave this child, as `autotune.apply` takes them."""
-    return ModelKnobs(backend=args.backend, precision=args.precision, memory_format=args.memory_format,
-                      mkldnn=SWITCH[args.mkldnn], weight_cache=SWITCH[args.weight_cache])
+    return ModelKnobs.from_values({name: KNOBS[name].parse(getattr(args, name)) for name in MODEL_KNOBS})
 
 
 def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],

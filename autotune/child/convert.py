@@ -13,7 +13,7 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,13 +31,12 @@ from autotune.child.artifacts import (
 )
 from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError, WrongAnswers
+from autotune.child.knobs import KNOBS, MODEL_KNOBS, KnobValue, broken_condition
 
+# The model knobs' values as types; what each takes is `knobs.KNOBS` (a test holds the two together).
 Backend = Literal["eager", "torchscript", "inductor"]
 Precision = Literal["fp32", "bf16", "int8"]
 MemoryFormat = Literal["contiguous", "channels_last"]
-BACKENDS: tuple[Backend, ...] = ("eager", "torchscript", "inductor")
-PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8")
-MEMORY_FORMATS: tuple[MemoryFormat, ...] = ("contiguous", "channels_last")
 # What `--tolerance` allows against eager fp32, per precision: fp32 and bf16, the relative error on
 # the same input; int8, the share of inputs whose top-1 answer may change, and how far below 1 any
 # input's cosine similarity may fall (quantize.agreement_guard).
@@ -81,19 +80,20 @@ class ModelKnobs:
         changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}
         return " ".join(f"{k}={value_text(v)}" for k, v in changed.items()) or "defaults"
 
+    @classmethod
+    def from_values(cls, values: Mapping[str, KnobValue]) -> ModelKnobs:
+        """The model knobs among `values` (typed as `knobs.Knob.parse` gives them); the rest keep their defaults."""
+        return cls(**{name: values[name] for name in MODEL_KNOBS if name in values})  # type: ignore[arg-type]
+
     def check(self) -> None:
-        """Combinations the conversions cannot honour, and what this machine cannot run."""
-        if (self.mkldnn or self.weight_cache) and self.backend != "eager":
-            raise ApplyError(f"mkldnn and weight_cache apply to backend=eager only, not backend={self.backend}")
-        if self.mkldnn and (self.precision != "fp32" or self.memory_format != "contiguous"):
-            raise ApplyError("mkldnn=on has its own layout and runs fp32: use precision=fp32 and "
-                             "memory_format=contiguous with it")
+        """Combinations the conversions cannot honour (the knobs' conditions), and what this machine cannot run."""
+        values = asdict(self)
+        problem = broken_condition(values, [name for name in MODEL_KNOBS if values[name] != KNOBS[name].default])
+        if problem:
+            raise ApplyError(problem)
         if self.precision == "bf16" and not cpu.has_bf16():
             raise ApplyError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
                              "use precision=fp32 (search again on this machine)")
-        if self.precision == "int8" and self.backend != "inductor":
-            raise ApplyError(f"precision=int8 runs through AOTInductor only: use backend=inductor with it, not "
-                             f"backend={self.backend}")
         if self.precision == "int8" and not cpu.has_int8():
             raise ApplyError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
                              "none; use precision=fp32 (search again on this machine)")

@@ -25,9 +25,6 @@ from typing import Any, TypeVar
 
 from autotune.child import artifacts, envfile, quantize
 from autotune.child.convert import (
-    BACKENDS,
-    MEMORY_FORMATS,
-    PRECISIONS,
     ModelKnobs,
     Quantized,
     call,
@@ -37,13 +34,12 @@ from autotune.child.convert import (
     load_saved,
     prepare,
 )
-from autotune.child.envfile import SWITCH, value_text
+from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
+from autotune.child.knobs import KNOBS, MODEL_KNOBS, KnobValue, KnobValueError
 
 # The environment `autotune export` writes for the knobs that change the model itself.
-KNOB_VARS = {"mkldnn": "AUTOTUNE_MKLDNN", "weight_cache": "AUTOTUNE_WEIGHT_CACHE",
-             "backend": "AUTOTUNE_BACKEND", "memory_format": "AUTOTUNE_MEMORY_FORMAT",
-             "precision": "AUTOTUNE_PRECISION"}
+KNOB_VARS = {name: f"AUTOTUNE_{name.upper()}" for name in MODEL_KNOBS}
 TOLERANCE_VAR = "AUTOTUNE_TOLERANCE"
 CALIBRATION_VAR = "AUTOTUNE_CALIBRATION_BATCHES"  # what the study calibrated int8 on (its input batches)
 LISTED_VAR = "AUTOTUNE_KNOBS"  # every knob of the configuration, `k=v` pairs, as export writes them
@@ -90,13 +86,7 @@ def from_env(env: Mapping[str, str], source: str = "the environment") -> Deploym
 
 def knobs_from_env(env: Mapping[str, str], source: str = "the environment") -> ModelKnobs:
     """The model knobs of an environment; a variable that is absent keeps PyTorch's default."""
-    return ModelKnobs(
-        backend=_choice(env, "backend", BACKENDS, source),
-        precision=_choice(env, "precision", PRECISIONS, source),
-        memory_format=_choice(env, "memory_format", MEMORY_FORMATS, source),
-        mkldnn=SWITCH[_choice(env, "mkldnn", tuple(SWITCH), source)],
-        weight_cache=SWITCH[_choice(env, "weight_cache", tuple(SWITCH), source)],
-    )
+    return ModelKnobs.from_values({name: _value(env, name, source) for name in KNOB_VARS if KNOB_VARS[name] in env})
 
 
 def _same_as_listed(knobs: ModelKnobs, listed: str, source: str) -> None:
@@ -116,13 +106,12 @@ def to_env(knobs: ModelKnobs) -> dict[str, str]:
     return {var: value_text(values[name]) for name, var in KNOB_VARS.items()}
 
 
-def _choice(env: Mapping[str, str], name: str, allowed: tuple[T, ...], source: str) -> T:
-    text = env.get(KNOB_VARS[name], value_text(getattr(ModelKnobs(), name)))
-    for value in allowed:
-        if value == text:
-            return value
-    raise ApplyError(f"{KNOB_VARS[name]}={text!r} in {source} is not one of {', '.join(map(str, allowed))}; "
-                     f"export the env file again")
+def _value(env: Mapping[str, str], name: str, source: str) -> KnobValue:
+    try:
+        return KNOBS[name].parse(env[KNOB_VARS[name]])
+    except KnobValueError:
+        raise ApplyError(f"{KNOB_VARS[name]}={env[KNOB_VARS[name]]!r} in {source} is not one of "
+                         f"{KNOBS[name].allowed()}; export the env file again") from None
 
 
 def load_env_file(path: str | os.PathLike[str]) -> Deployment | None:

@@ -46,9 +46,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from autotune.child.artifacts import installed_torch_version
-from autotune.child.envfile import SWITCH
+from autotune.child.envfile import SWITCH, value_text
+from autotune.child.knobs import KNOBS, MODEL_KNOBS
 from autotune.child.quantize import CALIBRATION_BATCHES
+from autotune.child.settings import CACHE_DIR, MeasureSettings
 
+MEASURE = MeasureSettings()  # the defaults of the protocol's flags
 EXIT_BENCH_ERROR = 3  # a failure the worker understood and described in its result file
 
 
@@ -58,25 +61,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--item-shape", required=True)
     p.add_argument("--example-inputs", default="", help="a torch.save file of inputs, items along dim 0")
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--mkldnn", choices=("on", "off"), default="off")
-    p.add_argument("--weight-cache", choices=("on", "off"), default="off")
-    p.add_argument("--backend", choices=("eager", "torchscript", "inductor"), default="eager")
-    p.add_argument("--memory-format", choices=("contiguous", "channels_last"), default="contiguous")
-    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32")
+    for name in MODEL_KNOBS:
+        p.add_argument(f"--{name.replace('_', '-')}", choices=KNOBS[name].spellings(),
+                       default=value_text(KNOBS[name].default))
     p.add_argument("--calibration-batches", type=int, default=CALIBRATION_BATCHES, help="int8: batches observed")
     p.add_argument("--tolerance", type=float, default=-1.0, help="relative error allowed; <0: per precision")
     p.add_argument("--import-path", default="", help="folder to import a model factory from")
     p.add_argument("--probe", action="store_true", help="build, check one forward, write the result, exit")
     p.add_argument("--dataloader-workers", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--warmup-time", type=float, default=1.0)
-    p.add_argument("--duration", type=float, default=2.0)
-    p.add_argument("--min-iterations", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=MEASURE.warmup)
+    p.add_argument("--warmup-time", type=float, default=MEASURE.warmup_s)
+    p.add_argument("--duration", type=float, default=MEASURE.duration_s)
+    p.add_argument("--min-iterations", type=int, default=MEASURE.min_iterations)
     p.add_argument("--give-up-above-ms", type=limits, default=(), help="MS[,MS...]: stop early when the median "
                    "latency so far is above the k-th MS at the k-th check (none: never)")
     p.add_argument("--give-up-after", type=float, default=0.0, help="seconds between checks (a window's)")
     p.add_argument("--give-up-iterations", type=int, default=1, help="samples each check needs at least, per window")
-    p.add_argument("--cache-dir", default="studies/cache")
+    p.add_argument("--cache-dir", default=CACHE_DIR)
     p.add_argument("--artifacts", default="", help="where compiled artifacts are kept (default: CACHE_DIR/artifacts)")
     p.add_argument("--result", required=True)
     p.add_argument("--ready-fd", type=int, default=-1)

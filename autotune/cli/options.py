@@ -16,9 +16,11 @@ import click
 from autotune.base.errors import AutotuneError
 from autotune.child.convert import TOLERANCE
 from autotune.child.quantize import CALIBRATION_BATCHES
+from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.measure import requests
 from autotune.measure.objectives import MIN_EFFECT, MIN_ROUNDS, min_rounds
-from autotune.measure.plan import MeasureSettings
+
+MEASURE = MeasureSettings()  # the protocol's defaults, shown in --help
 
 MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
               "(importable from here), a TorchScript .pt or an exported .pt2 file.")
@@ -82,7 +84,7 @@ def no_wait_option(func: Any) -> Any:
 
 
 def cache_dir_option(func: Any) -> Any:
-    return click.option("--cache-dir", default=Path("studies/cache"), show_default=True,
+    return click.option("--cache-dir", default=Path(CACHE_DIR), show_default=True,
                         type=click.Path(path_type=Path, file_okay=False),
                         help="Where compiled artifacts (TorchScript, AOTInductor) and inductor kernels live.")(func)
 
@@ -95,13 +97,14 @@ def measure_options(func: Any) -> Any:
                              f"inputs whose top-1 answer may change and 1 - the lowest cosine similarity allowed "
                              f"(default {TOLERANCE['int8']:g}).")(func)
     func = calibration_option(func)
-    func = click.option("--min-iterations", default=10, show_default=True, type=click.IntRange(min=1),
+    func = click.option("--min-iterations", default=MEASURE.min_iterations, show_default=True,
+                        type=click.IntRange(min=1),
                         help="Timed samples at least, per process.")(func)
-    func = click.option("--duration", default=2.0, show_default=True, type=Finite(min=0.1),
+    func = click.option("--duration", default=MEASURE.duration_s, show_default=True, type=Finite(min=0.1),
                         help="Seconds of timed samples at least, per process (a common window).")(func)
-    func = click.option("--warmup-time", default=1.0, show_default=True, type=Finite(min=0),
+    func = click.option("--warmup-time", default=MEASURE.warmup_s, show_default=True, type=Finite(min=0),
                         help="Seconds of untimed warmup at least.")(func)
-    func = click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
+    func = click.option("--warmup", default=MEASURE.warmup, show_default=True, type=click.IntRange(min=0),
                         help="Untimed warmup iterations at least.")(func)
     return cache_dir_option(timeout_option(func))
 

@@ -30,7 +30,7 @@ import yaml
 
 from autotune.base.errors import AutotuneError
 from autotune.child.envfile import value_text
-from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, conditions, knob
+from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, conditions, knob, parse
 from autotune.host.libs import LIBRARIES
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -134,7 +134,7 @@ class SearchSpace:
                 continue
             if rng.choices:
                 labels = [value_text(c) for c in rng.offered(sampled)]
-                sampled[rng.name] = knob(rng.name).parse(trial.suggest_categorical(rng.param(sampled), labels))
+                sampled[rng.name] = parse(rng.name, trial.suggest_categorical(rng.param(sampled), labels))
             else:
                 low, high = rng.low, self._dynamic_high(rng, sampled)
                 sampled[rng.name] = trial.suggest_int(rng.name, low, high, step=rng.step, log=rng.log)
@@ -325,7 +325,7 @@ def _choices(where: str, name: str, raw: object, definition: Knob) -> tuple[Knob
         raise SpaceError(f"{where}: knobs.{name}.choices: expected a non-empty list of "
                          f"{definition.allowed()}")
     try:
-        values = tuple(definition.parse(v) for v in raw)
+        values = tuple(parse(name, v) for v in raw)
     except AutotuneError as exc:
         raise SpaceError(f"{where}: knobs.{name}.choices: {exc}") from None
     return tuple(dict.fromkeys(values))
@@ -366,7 +366,7 @@ def _when(where: str, name: str, raw: object, definition: Knob) -> tuple[tuple[s
                              f"knobs are: {', '.join(KNOBS)}")
         listed = values if isinstance(values, list) else [values]
         try:
-            allowed = tuple(value_text(knob(other).parse(v)) for v in listed)
+            allowed = tuple(value_text(parse(other, v)) for v in listed)
         except AutotuneError as exc:
             raise SpaceError(f"{where}: knobs.{name}.when.{other}: {exc}") from None
         builtin = conditions.get(other)

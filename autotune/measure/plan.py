@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 from autotune.base.errors import TopologyError
 from autotune.child import deploy
 from autotune.child.convert import ModelKnobs
+from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host.libs import Libraries
 from autotune.host.topology import PhysicalCore, Topology, format_cpus
@@ -47,21 +48,6 @@ TUNING = re.compile(r"^(OMP_|KMP_|GOMP_|MKL_|DNNL_|ONEDNN_|MALLOC_|TCMALLOC_|LD_
 
 
 @dataclass(frozen=True)
-class MeasureSettings:
-    """The measurement protocol inside one child.
-
-    Warmup runs until both `warmup` iterations and `warmup_s` seconds have passed (first-call
-    costs such as tracing are recorded apart and never timed); then samples are taken until both
-    `min_iterations` samples and `duration_s` seconds are reached.
-    """
-
-    warmup: int = 3
-    warmup_s: float = 1.0
-    duration_s: float = 2.0
-    min_iterations: int = 10
-
-
-@dataclass(frozen=True)
 class BenchSpec:
     """What the benchmark child measures; independent of how it is launched."""
 
@@ -69,7 +55,7 @@ class BenchSpec:
     item_shape: tuple[int, ...]
     batch_size: int = 1
     measure: MeasureSettings = field(default_factory=MeasureSettings)
-    cache_dir: str = "studies/cache"
+    cache_dir: str = CACHE_DIR
     tolerance: float | None = None  # relative error allowed against eager fp32; None: per precision
     import_path: str = ""  # where a `pkg.module:factory` model is imported from
     example_inputs: str = ""  # a torch.save file of the model's inputs, items along dim 0
@@ -153,7 +139,7 @@ def _with_flags(command: tuple[str, ...], flags: Mapping[str, str]) -> tuple[str
 
 def model_knobs(config: Config) -> ModelKnobs:
     """The knobs that change the model itself, as `autotune.apply` and the child take them."""
-    return deploy.knobs_from_env({var: config.text(name) for name, var in deploy.KNOB_VARS.items()})
+    return ModelKnobs.from_values(config.as_dict())
 
 
 def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from autotune.base.errors import ConfigError, ModelError, RunFailed
 from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.child.errors import LOAD_FAILED
+from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models
 from autotune.config.knobs import Config
 from autotune.host.machine import Machine, machine_has_bf16, machine_has_int8, memory_gib
@@ -22,7 +23,6 @@ from autotune.measure.plan import (
     BenchSpec,
     Binding,
     LaunchPlan,
-    MeasureSettings,
     model_knobs,
     plan_launch,
     worker_command,
@@ -38,7 +38,7 @@ class BenchRequest:
     config: Config
     batch_size: int = 1
     measure: MeasureSettings = field(default_factory=MeasureSettings)
-    cache_dir: Path = Path("studies/cache")
+    cache_dir: Path = Path(CACHE_DIR)
     input_shape: str | None = None
     example_inputs: str | None = None
     tolerance: float | None = None  # None: per precision (convert.TOLERANCE)

@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError, RunFailed
+from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models, recipes, space
 from autotune.config.knobs import Config
 from autotune.host.machine import (
@@ -34,7 +35,7 @@ from autotune.host.machine import (
 )
 from autotune.measure import requests
 from autotune.measure.objectives import OBJECTIVES, Objective, parse_objective, values_of
-from autotune.measure.plan import LaunchPlan, MeasureSettings
+from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement, PlanRunner, ReplicatePolicy, measure_replicates
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
@@ -67,7 +68,7 @@ class SearchRequest:
     storage: str | None = None
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     replicates: ReplicatePolicy = field(default_factory=ReplicatePolicy)
-    cache_dir: Path = Path("studies/cache")
+    cache_dir: Path = Path(CACHE_DIR)
     studies_dir: Path = Path("studies")
     seed: int | None = None
     input_shape: str | None = None

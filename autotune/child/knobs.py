@@ -1,0 +1,144 @@
+"""The knobs, defined once: the names users type, their values, defaults and when each applies.
+
+Everything else derives from this table: the search-space loader and `--set` (`autotune.config.knobs`),
+the measuring child's flags (`worker.parse_args`), `apply`'s reading of an env file and its check of
+a configuration (`convert.ModelKnobs`). It lives in the child's layer because the child and a user's
+program must read the same rules as the harness and import nothing of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from autotune.child.envfile import SWITCH, value_text
+
+KnobValue = bool | int | str
+KnobKind = Literal["bool", "int", "choice"]
+Condition = tuple[tuple[str, tuple[str, ...]], ...]  # (knob, the values it must have), all must hold
+
+_TRUE = {"on", "true", "yes", "1"}
+_FALSE = {"off", "false", "no", "0"}
+
+
+class KnobValueError(ValueError):
+    """A value a knob does not take; the message names the knob and what it takes."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable setting; `only_when` names the (knob, allowed values) it depends on."""
+
+    name: str
+    kind: KnobKind
+    help: str
+    choices: tuple[str, ...] = ()
+    low: int = 0
+    high: int = 0
+    default: KnobValue | None = None
+    only_when: Condition = ()
+    # For a knob without a default: the value whose launch is what leaving it unset runs, or comes
+    # closest ("max": the most its range offers). How a sampler sees a recipe, which sets few knobs.
+    unset_as: KnobValue | None = None
+    model: bool = False  # changes the module itself (apply's business); the others are the process's
+
+    def allowed(self) -> str:
+        if self.kind == "bool":
+            return ", ".join(SWITCH)
+        if self.kind == "int":
+            return f"an integer from {self.low} to {self.high}"
+        return ", ".join(self.choices)
+
+    def spellings(self) -> tuple[str, ...]:
+        """The values as a user types them (a switch's on/off): the child's flags take these."""
+        return tuple(SWITCH) if self.kind == "bool" else self.choices
+
+    def parse(self, raw: object) -> KnobValue:
+        """Turn text (CLI, YAML, study params, env files) into this knob's typed value, or say why not."""
+        text = value_text(raw).strip().lower()
+        if self.kind == "bool" and text in _TRUE | _FALSE:
+            return text in _TRUE
+        if self.kind == "int":
+            try:
+                number = int(text)
+            except ValueError:
+                number = None
+            if number is not None and self.low <= number <= self.high:
+                return number
+        if self.kind == "choice" and text in self.choices:
+            return text
+        raise KnobValueError(f"{self.name}={raw} is not allowed; use {self.allowed()}")
+
+
+def _knob_table() -> dict[str, Knob]:
+    intel = (("omp_runtime", ("intel",)),)
+    not_intel = (("omp_runtime", ("gnu", "llvm")),)
+    eager = (("backend", ("eager",)),)
+    dense = (("mkldnn", ("off",)),)
+    knobs = [
+        Knob("backend", "choice", "eager; torchscript = trace + freeze (saved, cached on disk) + "
+             "optimize_for_inference; inductor = AOTInductor package with freezing, compiled once and loaded",
+             choices=("eager", "torchscript", "inductor"), default="eager", model=True),
+        Knob("mkldnn", "bool", "convert model and input to the mkldnn (oneDNN) layout (eager only)",
+             default=False, only_when=eager, model=True),
+        Knob("weight_cache", "bool", "the seed's recipe 2.c for eager models: trace (script with "
+             "mkldnn), freeze, save and load, cached on disk", default=False, only_when=eager, model=True),
+        Knob("memory_format", "choice", "model weights and inputs in this layout",
+             choices=("contiguous", "channels_last"), default="contiguous", only_when=dense, model=True),
+        Knob("precision", "choice", "fp32; bf16 autocast (offered where the CPU has avx512_bf16 or AMX); int8 = "
+             "static quantization, calibrated (backend=inductor only; offered where the CPU has VNNI or AMX)",
+             choices=("fp32", "bf16", "int8"), default="fp32", only_when=dense, model=True),
+        Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance", low=1, high=4096,
+             unset_as="max"),
+        Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
+             "(libiomp5 preloaded), llvm (libomp preloaded)", choices=("gnu", "intel", "llvm"),
+             default="gnu"),
+        Knob("kmp_affinity", "choice", "KMP_AFFINITY of Intel OpenMP: compact = "
+             "granularity=fine,compact,1,0; scatter = granularity=fine,scatter",
+             choices=("compact", "scatter", "disabled"), only_when=intel, unset_as="disabled"),
+        Knob("kmp_blocktime", "int", "KMP_BLOCKTIME of Intel OpenMP, in ms", low=0, high=1000,
+             only_when=intel, unset_as=200),
+        Knob("omp_proc_bind", "choice", "OMP_PROC_BIND of GNU/LLVM OpenMP (OMP_PLACES=cores "
+             "unless false)", choices=("false", "true", "close", "spread"), only_when=not_intel,
+             unset_as="false"),
+        Knob("allocator", "choice", "malloc by LD_PRELOAD, with the tuning env its users set",
+             choices=("default", "jemalloc", "tcmalloc"), default="default"),
+        Knob("instances", "int", "concurrent benchmark processes, each bound to its own "
+             "physical cores", low=1, high=4096, unset_as=1),
+        Knob("dataloader_workers", "int", "DataLoader num_workers feeding the benchmark",
+             low=0, high=64, default=0),
+    ]
+    return {k.name: k for k in knobs}
+
+
+KNOBS: Mapping[str, Knob] = _knob_table()
+MODEL_KNOBS = tuple(name for name, k in KNOBS.items() if k.model)
+# Conditions of one value rather than of the whole knob: int8 is quantized through torch.export and
+# AOTInductor, so it exists only with backend=inductor.
+VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = {
+    ("precision", "int8"): (("backend", ("inductor",)),),
+}
+
+
+def conditions(name: str, value: KnobValue) -> Condition:
+    """What must hold for `name=value`: the knob's own condition, and its value's."""
+    return KNOBS[name].only_when + VALUE_CONDITIONS.get((name, value_text(value)), ())
+
+
+def shown(value: KnobValue | None) -> str:
+    """A value as a user types it; "default" where the runtime decides (no value)."""
+    return "default" if value is None else value_text(value)
+
+
+def broken_condition(values: Mapping[str, KnobValue], set_names: Iterable[str]) -> str | None:
+    """The first condition that a knob of `set_names` breaks, said as what to do; None when all hold.
+    `values` holds the set knobs; a knob it lacks is at its default."""
+    for name in (n for n in KNOBS if n in set(set_names)):
+        for other, allowed in conditions(name, values[name]):
+            here = shown(values.get(other, KNOBS[other].default))
+            if here not in allowed:
+                what = name if (other, allowed) in KNOBS[name].only_when else f"{name}={value_text(values[name])}"
+                return (f"{what} applies only with {other}={'/'.join(allowed)} (here {other}={here}); "
+                        f"set {other} or drop {name}")
+    return None
