@@ -94,8 +94,8 @@ def test_check_fails_wrong_answers_beyond_the_tolerance() -> None:
         ({"AUTOTUNE_BACKEND": "tensorrt"}, "AUTOTUNE_BACKEND='tensorrt' in the environment is not one of eager, "
                                            "torchscript, inductor; export the env file again"),
         ({"AUTOTUNE_MKLDNN": "maybe"}, "AUTOTUNE_MKLDNN='maybe' in the environment is not one of on, off"),
-        ({"AUTOTUNE_BACKEND": "inductor", "AUTOTUNE_MKLDNN": "on"}, "mkldnn applies only with backend=eager "
-                                                                    "(here backend=inductor); set backend or drop mkldnn"),
+        ({"AUTOTUNE_BACKEND": "inductor", "AUTOTUNE_MKLDNN": "on"},
+         "mkldnn applies only with backend=eager (here backend=inductor); set backend or drop mkldnn"),
         ({"AUTOTUNE_PRECISION": "bf16", "AUTOTUNE_TOLERANCE": "lots"}, "AUTOTUNE_TOLERANCE='lots' in the "
                                                                        "environment is not a number"),
     ],

@@ -143,7 +143,7 @@ def test_cli_export_finds_the_newest_study_and_run_applies_it(tmp_path: Path, se
     [
         (["export", "best.env", "--study", "nope"], "Error: no study 'nope' in studies/ (studies there: none)"),
         (["export", "best.env"], "Error: no study in studies/; run `autotune search --model M` first"),
-        (["run", "missing.env", "--", "true"], "Error: cannot read missing.env: No such file or directory"),
+        (["run", "missing.env", "--", "true"], "Error: cannot read env file missing.env: No such file or directory"),
     ],
 )
 def test_cli_errors_without_a_study(tmp_path: Path, args: list[str], message: str) -> None:

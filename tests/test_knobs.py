@@ -80,7 +80,8 @@ def test_the_child_flags_take_the_knobs_values_and_the_protocol_defaults() -> No
 
     args = parse_args(["--model", "resnet18", "--item-shape", "3x8x8", "--result", "r.json"])
     assert (args.backend, args.precision, args.mkldnn, args.cache_dir) == ("eager", "fp32", "off", CACHE_DIR)
-    assert (args.warmup, args.warmup_time, args.duration, args.min_iterations) == tuple(vars(MeasureSettings()).values())
+    protocol = (args.warmup, args.warmup_time, args.duration, args.min_iterations)
+    assert protocol == tuple(vars(MeasureSettings()).values())
     for name in MODEL_KNOBS:
         for value in KNOBS[name].spellings():
             flag = f"--{name.replace('_', '-')}"

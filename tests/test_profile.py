@@ -136,7 +136,7 @@ def test_a_child_that_fails_is_exit_1_with_its_reason_and_writes_nothing(
                            "pick a completed trial"),
         (["best.env", "--trial", "1"],
          "Error: give ENV_FILE or a study's trial (--trial, --study, --storage), not both"),
-        (["missing.env"], "Error: cannot read missing.env: No such file or directory; give a file made by "
+        (["missing.env"], "Error: cannot read env file missing.env: No such file or directory; give a file made by "
                           "`autotune export`"),
         (["--iterations", "0"], "Error: Invalid value for '--iterations': 0 is not in the range x>=1. "
                                 "(see `autotune profile --help`)"),

@@ -117,15 +117,9 @@ def _value(env: Mapping[str, str], name: str, source: str) -> KnobValue:
 def load_env_file(path: str | os.PathLike[str]) -> Deployment | None:
     """The deployment an env file written by `autotune export` describes."""
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not text"
-        raise ApplyError(f"cannot read env file {str(path)!r}: {reason}; give a file made by `autotune export`") \
-            from None
-    try:
-        parsed = envfile.parse(text)
+        parsed = envfile.read(path)
     except envfile.EnvFileError as exc:
-        raise ApplyError(f"{path}: {exc}; give a file made by `autotune export`") from None
+        raise ApplyError(str(exc)) from None
     return from_env(parsed.env, source=str(path))
 
 

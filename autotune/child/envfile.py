@@ -3,8 +3,10 @@ values single-quoted. Parsed without a shell, by the parent (`autotune run`) and
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 HEADER = "# autotune configuration"
 
@@ -45,6 +47,23 @@ def has_control(text: str) -> bool:
 def comment(text: str) -> str:
     """A comment line that stays one comment line: control characters are shown escaped."""
     return "".join(repr(c)[1:-1] if ord(c) < 32 or ord(c) == 127 else c for c in text)
+
+
+def read(path: str | os.PathLike[str]) -> Parsed:
+    """The env file at `path`, for `autotune run`, `compare`, `profile`, `cache` and `apply` alike;
+    the EnvFileError it raises names the file, what was wrong with it and what to do."""
+    name = os.fspath(path)
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise EnvFileError(f"cannot read env file {name}: {reason}; give a file made by `autotune export`") from None
+    if not text.startswith(HEADER):
+        raise EnvFileError(f"{name} is not an autotune env file; make one with `autotune export {name}`")
+    try:
+        return parse(text)
+    except EnvFileError as exc:
+        raise EnvFileError(f"{name}: {exc}; export it again") from None
 
 
 def parse(text: str) -> Parsed:

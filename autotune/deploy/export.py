@@ -238,16 +238,9 @@ def write_atomically(path: Path, text: str) -> None:
 def read(path: Path) -> EnvFile:
     """Parse a file written by `render` (export and unset lines; comments ignored)."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not text"
-        raise ExportError(f"cannot read {path}: {reason}; give a file made by `autotune export`") from None
-    if not text.startswith(envfile.HEADER):
-        raise ExportError(f"{path} is not an autotune env file; make one with `autotune export {path}`")
-    try:
-        parsed = envfile.parse(text)
+        parsed = envfile.read(path)
     except envfile.EnvFileError as exc:
-        raise ExportError(f"{path} {exc}; export it again") from None
+        raise ExportError(str(exc)) from None
     try:
         requests.exported_request(parsed.env)
     except AutotuneError as exc:
