@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.child.errors import ApplyError
+from autotune.child.files import replacing, write_atomically
 
 ARTIFACT_FORMAT = "autotune-artifact-v1"  # bumped when what a saved file holds changes
 
@@ -112,22 +113,16 @@ def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
 
 def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, Any]) -> None:
     """Atomically: the file and its description appear complete or not at all, whatever fails."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # aoti wants its .pt2 suffix
-    described = Path(f"{tmp}.json")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save(tmp)
-        described.write_text(json.dumps(meta, indent=1))
-        os.replace(described, f"{path}.json")
-        os.replace(tmp, path)
+        # the description first: no process finds an artifact without it
+        with replacing(path, suffix=path.suffix) as tmp:  # aoti wants its .pt2 suffix
+            save(tmp)
+            write_atomically(f"{path}.json", json.dumps(meta, indent=1))
     except OSError as exc:
         raise ApplyError(f"cannot save the compiled model into {path.parent}: {exc.strerror or exc}; point "
                          f"AUTOTUNE_ARTIFACTS at a writable folder, or unset it to compile in each process") \
             from None
-    finally:
-        for leftover in (tmp, described):
-            with contextlib.suppress(OSError):
-                leftover.unlink(missing_ok=True)
 
 
 def load(path: Path, backend: str) -> Any:
@@ -176,14 +171,7 @@ def remember_guard(path: Path, key: str, record: dict[str, Any]) -> None:
     """Add the guard's figures to the artifact's description, atomically; a description that
     cannot be written costs the next process only the time of guarding again."""
     described = Path(f"{path}.json")
-    tmp = described.with_name(f".{described.name}.{os.getpid()}.tmp")
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
         meta = json.loads(described.read_text())
         meta["guarded"] = {**meta.get("guarded", {}), key: record}
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, described)
-    except (OSError, ValueError, AttributeError, TypeError):
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        write_atomically(described, json.dumps(meta, indent=1))

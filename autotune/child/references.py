@@ -27,6 +27,7 @@ from typing import Any
 
 from autotune.child import cpu
 from autotune.child.artifacts import hash_tensor, installed_torch_version
+from autotune.child.files import replacing
 
 FOLDER = "references"  # under the cache folder, then one folder per torch version
 
@@ -79,16 +80,10 @@ def remember(path: Path, known: Known) -> None:
     """Keep `known` at `path`, atomically; a cache that cannot be written costs only time."""
     import torch
 
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"weights": known.weights, "outputs": known.outputs}, tmp)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        with replacing(path) as tmp:
+            torch.save({"weights": known.weights, "outputs": known.outputs}, tmp)
 
 
 def _torchvision_version() -> str:

@@ -47,6 +47,7 @@ from typing import Any, NoReturn
 
 from autotune.child.artifacts import installed_torch_version
 from autotune.child.envfile import SWITCH, value_text
+from autotune.child.files import write_atomically
 from autotune.child.knobs import KNOBS, MODEL_KNOBS
 from autotune.child.quantize import CALIBRATION_BATCHES
 from autotune.child.settings import CACHE_DIR, MeasureSettings
@@ -100,10 +101,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def write_json(path: str, payload: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(payload))
 
 
 def symbol_owner(symbol: str) -> str | None:

@@ -5,10 +5,7 @@ What is exported is the plan the trial stored when it ran, never a recomputation
 
 from __future__ import annotations
 
-import errno
-import os
 import shlex
-import tempfile
 from pathlib import Path
 from typing import Any, cast, get_args
 
@@ -18,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.base.errors import AutotuneError
 from autotune.child import deploy, envfile
 from autotune.child.envfile import quote, value_text
+from autotune.child.files import write_atomically
 from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
@@ -214,25 +212,6 @@ def write(path: Path, text: str) -> None:
         write_atomically(path, text)
     except OSError as exc:
         raise ExportError(f"cannot write {path}: {exc.strerror}; choose a writable location") from None
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """`text` into `path`, complete or not at all: a temporary file beside it, renamed over it
-    (removed again when anything fails). A symbolic link's target is written, not replaced by a
-    file; a device, pipe or socket is refused (renamed over, it would be gone). Raises OSError."""
-    path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file():
-        raise OSError(errno.EINVAL, "not a regular file (a device, pipe or socket)")
-    folder = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read(path: Path) -> EnvFile:

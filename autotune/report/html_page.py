@@ -21,7 +21,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from autotune.base.errors import AutotuneError
-from autotune.deploy.export import write_atomically
+from autotune.child.files import write_atomically
 from autotune.measure.objectives import Metric, lower_is_better
 from autotune.report.contents import (
     IMPORTANCE_EVALUATOR,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.base import tempdirs
 from autotune.base.errors import AutotuneError, RunFailed
+from autotune.child.files import write_atomically
 from autotune.config.knobs import Config
 from autotune.deploy import export
 from autotune.host.machine import Machine
@@ -253,9 +253,7 @@ def save(profiled: Sequence[Profiled], out: Path, document: Mapping[str, Any]) -
         out.mkdir(parents=True, exist_ok=True)
         for p in profiled:
             shutil.move(p.trace, out / p.trace.name)
-        partial = out / f".{SUMMARY_FILE}.tmp"
-        partial.write_text(json.dumps(document, indent=2, default=str) + "\n")
-        os.replace(partial, out / SUMMARY_FILE)
+        write_atomically(out / SUMMARY_FILE, json.dumps(document, indent=2, default=str) + "\n")
     except OSError as exc:
         raise ProfileError(f"cannot write the profile into {str(out)!r} ({exc.strerror}); choose another --out") \
             from None
