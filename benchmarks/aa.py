@@ -27,11 +27,11 @@ from collections.abc import Sequence
 
 from scipy import stats as scipy_stats
 
+from autotune.base.thresholds import ALPHA, MIN_EFFECT
 from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host import machine
 from autotune.measure import requests, stats
-from autotune.measure.objectives import ALPHA, MIN_EFFECT
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import SeriesRunner, one_by_one
 from autotune.measure.results import RunResult

@@ -36,6 +36,7 @@ from typing import Any
 
 import optuna
 
+from autotune.base import thresholds
 from autotune.child.settings import MeasureSettings
 from autotune.config import recipes, space
 from autotune.config.knobs import KNOBS, Config
@@ -262,14 +263,14 @@ def fidelity(args: argparse.Namespace, table: Table) -> None:
           "the optimum (recorded replicate costs), and how often a configuration within 3% was pruned\n")
     print("| first replicate | seconds to within 3%: median | IQR | never | near-optimal pruned | seconds per trial |")
     print("|---|---|---|---|---|---|")
-    labels = {"full": f"fresh processes, full (pruned from the 2nd replicate, {pruning.MARGIN:.0%})",
+    labels = {"full": f"fresh processes, full (pruned from the 2nd replicate, {thresholds.MARGIN:.0%})",
               "short": f"fresh processes, the 1st short ({SHORT:.0%} of the window, pruned when {SHORT_MARGIN:.0%} "
                        "worse)",
               "warm": "one warmed process, 3 windows (no pruning)",
               "give-up-first": f"one warmed process, stopped after its 1st window when more than "
-                               f"{pruning.GIVE_UP[0]:g}x worse than the best trial",
-              "give-up": f"one warmed process, stopped after its 1st window when more than {pruning.GIVE_UP[0]:g}x "
-                         f"worse than the best trial, after its 2nd when more than {pruning.GIVE_UP[1]:g}x "
+                               f"{thresholds.GIVE_UP[0]:g}x worse than the best trial",
+              "give-up": f"one warmed process, stopped after its 1st window when more than {thresholds.GIVE_UP[0]:g}x "
+                         f"worse than the best trial, after its 2nd when more than {thresholds.GIVE_UP[1]:g}x "
                          "(the default)"}
     for mode, label in labels.items():
         runs = [costed_replay(table, seed, args.trials, mode) for seed in range(args.seeds)]
@@ -317,7 +318,7 @@ def _replicates(reps: list[dict[str, Any]], best: list[float], mode: str) -> tup
     recorded replicates are reused in turn (a fourth draws the first). Warm: one process pays its
     start once and then two more windows; fresh replicates' values stand in for its windows. Give-up:
     warm, stopped after the k-th window (paying the first process and k - 1 more windows) when the
-    median of the values so far is more than pruning.GIVE_UP[k-1] times the best trial's (fresh
+    median of the values so far is more than thresholds.GIVE_UP[k-1] times the best trial's (fresh
     values stand in for windows, which agree better within a process; "give-up-first" checks after
     the first window only)."""
     def full(i: int) -> tuple[float, float]:
@@ -327,7 +328,7 @@ def _replicates(reps: list[dict[str, Any]], best: list[float], mode: str) -> tup
     cost, values = 0.0, []
     if mode in ("warm", "give-up", "give-up-first"):
         values = [full(i)[1] for i in range(3)]
-        margins = {"warm": (), "give-up-first": pruning.GIVE_UP[:1], "give-up": pruning.GIVE_UP}[mode]
+        margins = {"warm": (), "give-up-first": thresholds.GIVE_UP[:1], "give-up": thresholds.GIVE_UP}[mode]
         for seen, margin in enumerate(margins[:2], start=1):
             if best and median(values[:seen]) > margin * median(best):
                 return reps[0]["wall_s"] + (seen - 1) * reps[0]["window_s"], values[:seen], True

@@ -21,6 +21,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.base import thresholds
 from autotune.config import space
 from autotune.config.space import config_of_params
 from autotune.search import pruning
@@ -81,7 +82,7 @@ def main() -> None:
     p.add_argument("studies", nargs="+", type=Path)
     args = p.parse_args()
     searched = space.adapt(space.load(space.find("default")), os.cpu_count() or 1, {"bf16": True, "int8": True})
-    print(f"pruning.SKIP_COMPILE = {pruning.SKIP_COMPILE:g}\n")
+    print(f"thresholds.SKIP_COMPILE = {thresholds.SKIP_COMPILE:g}\n")
     for path in args.studies:
         with storage.quiet_optuna():
             name = optuna.get_all_study_names(f"sqlite:///{path}")[0]

@@ -1,5 +1,5 @@
 """Giving up on a hopeless configuration: a trial measured in one warmed process stops after its
-k-th window (but the last) when the median so far is more than pruning.GIVE_UP[k-1] times worse
+k-th window (but the last) when the median so far is more than thresholds.GIVE_UP[k-1] times worse
 than the best trial."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.base import thresholds
 from autotune.child import worker
 from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
@@ -160,14 +161,16 @@ def test_a_search_gives_up_on_what_is_far_worse_than_its_best(tmp_path: Path, he
             continue
         latency = t.intermediate_values[0]
         best = min((b.value for b in trials if b.state == TrialState.COMPLETE and b.number < t.number), default=None)
-        windows = next((k for k, margin in enumerate(pruning.GIVE_UP, start=1) if best and latency > margin * best), 0)
+        margins = enumerate(thresholds.GIVE_UP, start=1)
+        windows = next((k for k, margin in margins if best and latency > margin * best), 0)
         assert (t.state == TrialState.PRUNED) == (windows > 0), t.user_attrs["config"]
         if windows:
             windows_seen.add(windows)
             best_number = next(b.number for b in trials if b.value == best)
             assert t.user_attrs["prune_reason"] == (
                 f"gave up after its {('first', 'second')[windows - 1]} window: instance 0's median latency "
-                f"{latency:.2f} ms is more than {pruning.GIVE_UP[windows - 1]:g}x trial {best_number}'s {best:.2f} ms")
+                f"{latency:.2f} ms is more than {thresholds.GIVE_UP[windows - 1]:g}x trial {best_number}'s "
+                f"{best:.2f} ms")
             assert t.user_attrs["replicates"] == 1 and t.intermediate_values == {0: latency}
     assert windows_seen == {1, 2}
 

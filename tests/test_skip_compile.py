@@ -1,6 +1,6 @@
 """Skipping a compile: in a latency search, a sampled inductor configuration whose (precision,
 layout, threads) no trial measured is predicted from the keys that were, and pruned without
-running when the prediction is more than pruning.SKIP_COMPILE times the best trial's value (the
+running when the prediction is more than thresholds.SKIP_COMPILE times the best trial's value (the
 margin a trial gives up at after its last checked window). Fake runner, no processes."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
+from autotune.base import thresholds
 from autotune.cli import display
 from autotune.config import space
 from autotune.config.knobs import Config
@@ -109,7 +110,7 @@ def test_a_latency_search_skips_a_compile_predicted_to_lose_by_more_than_the_mar
     reason = pruning.skip_compile(study, DEFAULT, "latency", compiled("bf16", "channels_last", 1))
     assert reason == ("not compiled: bf16 channels_last at 1 thread(s) predicted at 86.30 ms (trial 2 times trial 4 "
                       "over trial 3), more than 1.5x trial 3's 33.50 ms")
-    assert pruning.SKIP_COMPILE == pruning.GIVE_UP[-1] == 1.5
+    assert thresholds.SKIP_COMPILE == thresholds.GIVE_UP[-1] == 1.5
     # after the recipes alone: fp32 contiguous from fp32 channels_last, no layout step measured
     recipes = optuna.create_study()
     recipes.add_trials(study.get_trials()[:4])

@@ -14,11 +14,12 @@ from typing import Any
 import click
 
 from autotune.base.errors import AutotuneError
+from autotune.base.thresholds import MIN_EFFECT
 from autotune.child.convert import TOLERANCE
 from autotune.child.quantize import CALIBRATION_BATCHES
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.measure import requests
-from autotune.measure.objectives import MIN_EFFECT, MIN_ROUNDS, min_rounds
+from autotune.measure.objectives import MIN_ROUNDS, min_rounds
 
 MEASURE = MeasureSettings()  # the protocol's defaults, shown in --help
 

@@ -1,4 +1,5 @@
-"""What a search optimises and what a verdict compares: objectives, metrics and verdict thresholds.
+"""What a search optimises and what a verdict compares: objectives, metrics, and the fewest rounds
+a verdict needs (from the thresholds in `autotune.base.thresholds`).
 
 One owner for these words, so that the study, pruning, confirmation and display agree on them.
 """
@@ -8,15 +9,13 @@ from __future__ import annotations
 from typing import Literal, Protocol
 
 from autotune.base.errors import AutotuneError
+from autotune.base.thresholds import ALPHA
 
 Objective = Literal["latency", "throughput", "both"]
 Metric = Literal["latency_p50_ms", "throughput_ips"]
 OBJECTIVES: tuple[Objective, ...] = ("latency", "throughput", "both")
 COMPARABLE: tuple[Objective, ...] = ("latency", "throughput")  # one number per run, so pairs compare
 
-# Verdicts (confirm, compare): named once, read by the statistics, the CLI's defaults and its help.
-ALPHA = 0.05  # significance level of every paired verdict
-MIN_EFFECT = 0.03  # smallest gain worth recommending, unless the user says otherwise
 
 
 def min_rounds(candidates: int = 1) -> int:

@@ -8,18 +8,13 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from autotune.base.thresholds import BUSY_MACHINE, NOISY, REMEASURE
 from autotune.measure import stats
 from autotune.measure.plan import LaunchPlan, stretched
 from autotune.measure.results import RunResult
 from autotune.measure.stats import median
 
-NOISY = 0.10  # IQR/median above this is flagged
-# Other processes' share of the CPUs above this in any replicate is flagged. A lone resnet18 bench
-# on a quiet 2-CPU machine showed 0.01-0.02 (the rest of the system, autotune's own parent 0.002);
-# two benches sharing the CPUs each see about 0.5 of them taken by the other, more on a busy host.
-BUSY_MACHINE = 0.25
 PERCENTILES = tuple(range(101))  # the stored summary of all samples: p0..p100, a fixed size
-REMEASURE = 0.25  # above this more replicates are taken, at most `max_extra` of them
 # A search's replicates are windows of one warmed process unless --fresh-replicates: measured by
 # benchmarks/fresh_vs_warm.py (README, "Fresh or warm replicates").
 WARM_SEARCH_DEFAULT = True

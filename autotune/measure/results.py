@@ -12,6 +12,8 @@ from typing import Any
 
 from autotune.measure.stats import median, percentile
 
+STDERR_TAIL_CHARS = 2000  # of a failed child's output: what a result carries and a trial keeps
+
 
 @dataclass(frozen=True)
 class InstanceResult:

@@ -38,9 +38,8 @@ import psutil
 from autotune.base import tempdirs
 from autotune.measure import noise
 from autotune.measure.plan import Binding, InstancePlan, LaunchPlan, child_environment
-from autotune.measure.results import InstanceResult, RunResult, combine
+from autotune.measure.results import STDERR_TAIL_CHARS, InstanceResult, RunResult, combine
 
-STDERR_TAIL_CHARS = 2000
 GO_LEAD_S = 0.1  # from sending `go` to the window's start: every child has read it by then
 # Plans of a series built at the same time (`run_series`): on this 2-CPU machine a process builds on
 # about one CPU (interpreter, imports, model), so two fill both CPUs; measured in the README.

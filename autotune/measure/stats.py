@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 from scipy import stats as scipy_stats
 
-from autotune.measure.objectives import ALPHA, MIN_EFFECT
-
-CONFIDENCE = 0.95  # of every interval printed as a CI
+from autotune.base.thresholds import ALPHA, CONFIDENCE, MIN_EFFECT
 
 
 def percentile(values: Sequence[float], q: float) -> float:

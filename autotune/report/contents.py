@@ -35,7 +35,6 @@ TRACE_GLOB = "*.trace.json"
 IMPORTANCE_EVALUATOR = "fANOVA"
 IMPORTANCE_SEED = 0  # fANOVA fits a random forest: a fixed seed makes the page reproducible
 MIN_IMPORTANCE_TRIALS = 3
-TOP_KNOBS = 3
 MEASURED = (TrialState.COMPLETE, TrialState.PRUNED)  # a pruned trial keeps the replicates it ran
 METRIC_LABELS: Mapping[Metric, str] = {"latency_p50_ms": "p50 latency (ms)", "throughput_ips": "throughput (items/s)"}
 NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")  # trial-specific numbers (pids, ms) inside failure reasons

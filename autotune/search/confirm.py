@@ -24,9 +24,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
+from autotune.base.thresholds import ALPHA
 from autotune.config.knobs import Config
 from autotune.measure import stats
-from autotune.measure.objectives import ALPHA, Metric, lower_is_better, metric_of, metric_value, min_rounds
+from autotune.measure.objectives import Metric, lower_is_better, metric_of, metric_value, min_rounds
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import SeriesRunner
 from autotune.measure.results import RunResult

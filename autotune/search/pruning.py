@@ -51,6 +51,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import ConfigError
+from autotune.base.thresholds import GIVE_UP, MARGIN, MIN_REPLICATES, SKIP_COMPILE
 from autotune.config.knobs import Config
 from autotune.config.space import SearchSpace, config_of_params
 from autotune.measure import stats
@@ -59,10 +60,6 @@ from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import RunResult
 from autotune.study import records
 
-MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
-MIN_REPLICATES = 2  # one disturbed process alone never prunes
-GIVE_UP = (2.0, 1.5)  # after its k-th window, a warmed trial this many times worse than the best stops (GiveUp)
-SKIP_COMPILE = GIVE_UP[-1]  # a new compile predicted this many times worse than the best is not run
 CompileKey = tuple[str, str, int]  # what an inductor artifact is compiled for: precision, memory format, threads
 KEY_NAMES = ("precision", "memory_format", "omp_threads")
 

@@ -26,12 +26,11 @@ from autotune.host.machine import Machine, fingerprint, host_name
 from autotune.measure.objectives import Metric
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement
-from autotune.measure.results import RunResult
+from autotune.measure.results import STDERR_TAIL_CHARS, RunResult
 from autotune.study import storage
 from autotune.study.storage import StudyError
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-STDERR_TAIL_KEPT = 2000
 # Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
 CUT_SHORT = "cut_short"  # the user or a killed autotune stopped it: says nothing, always run again
 KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run again once
@@ -334,7 +333,7 @@ def record_failure(trial: optuna.Trial, reason: str, cause: str, stderr_tail: st
     trial.set_user_attr("fail_reason", reason)
     trial.set_user_attr("fail_cause", cause)
     if stderr_tail:
-        trial.set_user_attr("stderr_tail", stderr_tail[-STDERR_TAIL_KEPT:])
+        trial.set_user_attr("stderr_tail", stderr_tail[-STDERR_TAIL_CHARS:])
 
 
 def record_failed_run(trial: optuna.Trial, measurement: Measurement) -> None:

@@ -147,10 +147,6 @@ def _root_reason(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def is_locked(exc: BaseException) -> bool:
-    return any(mark in _root_reason(exc) for mark in LOCKED)
-
-
 def patiently(url: str, action: Callable[[], T], note: Callable[[str], None] | None = None) -> T:
     """`action` (reads and writes of the study at `url`), retried with backoff while another
     process holds the database locked, up to LOCK_WAIT_S; one note says why it waits. Any other

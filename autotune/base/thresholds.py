@@ -1,0 +1,23 @@
+"""Every threshold a verdict or a flag rests on, named once: the statistics, pruning, the noise
+flags, the CLI's defaults and its help all read them here, so no two copies can drift apart."""
+
+from __future__ import annotations
+
+# Verdicts (confirm, compare, the regression gate).
+ALPHA = 0.05  # significance level of every paired verdict
+MIN_EFFECT = 0.03  # smallest gain worth recommending, unless the user says otherwise
+CONFIDENCE = 0.95  # of every interval printed as a CI
+
+# Stopping a trial early (search/pruning.py).
+MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
+MIN_REPLICATES = 2  # one disturbed process alone never prunes
+GIVE_UP = (2.0, 1.5)  # after its k-th window, a warmed trial this many times worse than the best stops (GiveUp)
+SKIP_COMPILE = GIVE_UP[-1]  # a new compile predicted this many times worse than the best is not run
+
+# Flags on a measurement (measure/replicates.py).
+NOISY = 0.10  # IQR/median above this is flagged
+# Other processes' share of the CPUs above this in any replicate is flagged. A lone resnet18 bench
+# on a quiet 2-CPU machine showed 0.01-0.02 (the rest of the system, autotune's own parent 0.002);
+# two benches sharing the CPUs each see about 0.5 of them taken by the other, more on a busy host.
+BUSY_MACHINE = 0.25
+REMEASURE = 0.25  # IQR/median above this takes more replicates, at most `max_extra` of them
