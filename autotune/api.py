@@ -10,8 +10,8 @@ nothing of the harness; this module is its public face. Importing it loads no to
 
 from __future__ import annotations
 
-from autotune.child.convert import ModelKnobs
 from autotune.child.deploy import Applied, Deployment, apply, load_env_file
 from autotune.child.errors import ApplyError, WrongAnswers
+from autotune.child.knobs import ModelKnobs
 
 __all__ = ["Applied", "ApplyError", "Deployment", "ModelKnobs", "WrongAnswers", "apply", "load_env_file"]

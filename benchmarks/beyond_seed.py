@@ -24,7 +24,7 @@ from autotune.measure import stats
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.runner import run_series
-from autotune.search import confirm, loop
+from autotune.search import confirm, loop, opening
 from autotune.search.confirm import Contender
 from autotune.study import records
 
@@ -57,11 +57,11 @@ def main() -> None:
 def best_of(args: argparse.Namespace, here: machine.Machine, objective: str, batch: int, space_name: str,
             measure: MeasureSettings, folder: Path) -> tuple[LaunchPlan, LaunchPlan, str]:
     """Search one space; return (baseline plan, best plan, best knobs)."""
-    request = loop.SearchRequest(model=args.model, trials=args.trials, space=space.find(space_name),
+    request = opening.SearchRequest(model=args.model, trials=args.trials, space=space.find(space_name),
                                   objective=objective, batch_size=batch, studies_dir=folder,
                                   study=f"{space_name}-{objective}", measure=measure,
                                   replicates=ReplicatePolicy(replicates=2, timeout_s=args.timeout), seed=0)
-    opened = loop.open_search(request, here)
+    opened = opening.open_search(request, here)
     loop.run_search(opened, here, lambda e: progress(space_name, objective, e))
     base = records.baseline(opened.study)
     best = records.best_trials(opened.study)[0]

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from autotune.child import deploy
 from autotune.child.build import load_model
-from autotune.child.convert import ModelKnobs
+from autotune.child.knobs import ModelKnobs
 
 model_name, memory_format, precision, folder, seconds = sys.argv[1:6]
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

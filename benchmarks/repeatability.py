@@ -27,7 +27,7 @@ from autotune.host import machine
 from autotune.measure import requests, stats
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.runner import run_plan
-from autotune.search import confirm, loop
+from autotune.search import confirm, loop, opening
 
 
 def main() -> None:
@@ -64,10 +64,10 @@ def spread(args: argparse.Namespace, here: machine.Machine, measure: MeasureSett
 
 def round_trip(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> None:
     with tempfile.TemporaryDirectory(prefix="autotune-repeat-") as tmp:
-        request = loop.SearchRequest(model=args.model, trials=args.trials, space=space.find(args.space),
+        request = opening.SearchRequest(model=args.model, trials=args.trials, space=space.find(args.space),
                                       studies_dir=Path(tmp), cache_dir=Path("studies/cache"), measure=measure,
                                       replicates=ReplicatePolicy(replicates=3), seed=0)
-        opened = loop.open_search(request, here)
+        opened = opening.open_search(request, here)
         loop.run_search(opened, here, lambda e: print(_line(e), file=sys.stderr) if e.kind == "done" else None)
         verdict = confirm.confirm(opened.study, 3, args.rounds, 0.03, 900, lambda e: None)
         trial = export.pick_trial(opened.study, None)

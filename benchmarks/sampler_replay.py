@@ -38,7 +38,7 @@ import optuna
 
 from autotune.base import thresholds
 from autotune.child.settings import MeasureSettings
-from autotune.config import recipes, space
+from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import KNOBS, Config
 from autotune.host import machine
 from autotune.measure import requests
@@ -46,7 +46,7 @@ from autotune.measure.replicates import BUSY_MACHINE
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
 from autotune.measure.stats import median
-from autotune.search import loop, proposals, pruning
+from autotune.search import opening, proposals, pruning
 from autotune.study import storage
 
 HERE = Path(__file__).resolve().parent
@@ -61,7 +61,7 @@ def table_path(model: str) -> Path:
 
 
 def replay_space(cores: int) -> space.SearchSpace:
-    return space.adapt(space.load(SPACE), cores, {})
+    return space_fit.adapt(space.load(SPACE), cores, {})
 
 
 def collect(args: argparse.Namespace) -> None:
@@ -160,12 +160,12 @@ def machine_recipes(table: Table) -> tuple[recipes.Recipe, ...]:
 Sampler = Callable[[int], optuna.samplers.BaseSampler]
 SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
     # name: (sampler for a seed, recipes first, trials proposed at a time)
-    "TPE as configured (multivariate, group, 8 startup)": (loop.sampler, False, 1),
+    "TPE as configured (multivariate, group, 8 startup)": (opening.sampler, False, 1),
     "TPE, Optuna defaults": (lambda seed: optuna.samplers.TPESampler(seed=seed), False, 1),
     "GPSampler": (lambda seed: optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False), False, 1),
     "random": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False, 1),
     "grid order": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False, 1),  # replaced below
-    "experts first, then TPE as configured": (loop.sampler, True, 1),
+    "experts first, then TPE as configured": (opening.sampler, True, 1),
     "experts first, then TPE with 4 startup": (lambda seed: optuna.samplers.TPESampler(
         multivariate=True, group=True, n_startup_trials=4, seed=seed), True, 1),
     "experts first, then GPSampler": (lambda seed: optuna.samplers.GPSampler(
@@ -174,9 +174,9 @@ SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
     # proposed before the first's result, the first's configuration excluded (as a fleet's workers
     # propose); with the constant liar, TPE also counts the running trial as bad. The search does
     # not do this: README "Which sampler" and benchmarks/trial_pairs.py say why.
-    "experts first, then TPE as configured, two at a time": (loop.sampler, True, 2),
+    "experts first, then TPE as configured, two at a time": (opening.sampler, True, 2),
     "experts first, then TPE as configured, two at a time, constant liar": (
-        lambda seed: loop.sampler(seed, constant_liar=True), True, 2),
+        lambda seed: opening.sampler(seed, constant_liar=True), True, 2),
 }
 
 
@@ -285,8 +285,8 @@ def costed_replay(table: Table, seed: int, trials: int, mode: str) -> tuple[floa
     screen, mean seconds per trial) for the default sampler, replicates drawn in random order."""
     rng = random.Random(seed)
     with storage.quiet_optuna():
-        study = optuna.create_study(sampler=loop.sampler(seed))
-    proposer = proposals.Proposer(table.space, (1,), loop.sampler, machine_recipes(table), seed)
+        study = optuna.create_study(sampler=opening.sampler(seed))
+    proposer = proposals.Proposer(table.space, (1,), opening.sampler, machine_recipes(table), seed)
     measured: set[proposals.Identity] = set()
     best: list[float] = []
     best_seen, spent, reached, lost, count = math.inf, 0.0, math.inf, False, 0

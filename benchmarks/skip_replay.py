@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base import thresholds
-from autotune.config import space
+from autotune.config import space, space_fit
 from autotune.config.space import config_of_params
 from autotune.search import pruning
 from autotune.study import records, storage
@@ -81,7 +81,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("studies", nargs="+", type=Path)
     args = p.parse_args()
-    searched = space.adapt(space.load(space.find("default")), os.cpu_count() or 1, {"bf16": True, "int8": True})
+    searched = space_fit.adapt(space.load(space.find("default")), os.cpu_count() or 1, {"bf16": True, "int8": True})
     print(f"thresholds.SKIP_COMPILE = {thresholds.SKIP_COMPILE:g}\n")
     for path in args.studies:
         with storage.quiet_optuna():

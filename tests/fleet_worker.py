@@ -38,8 +38,16 @@ from autotune.host.topology import from_lscpu_file  # noqa: E402
 from autotune.measure.plan import LaunchPlan  # noqa: E402
 from autotune.measure.replicates import ReplicatePolicy  # noqa: E402
 from autotune.measure.results import InstanceResult, RunResult  # noqa: E402
-from autotune.search import fleet, loop, proposals  # noqa: E402
-from autotune.study import records, storage  # noqa: E402
+from autotune.search import (  # noqa: E402
+    fleet,
+    loop,
+    opening,
+    proposals,
+)
+from autotune.study import (  # noqa: E402
+    claims,
+    storage,
+)
 
 FIXTURES = ROOT / "tests" / "fixtures"
 VERSIONS = {"torch": "2.14.1+fake", "onednn": "3.9", "mkldnn_available": "true"}
@@ -70,8 +78,8 @@ def without_torch() -> None:
     """The fake host reports fixed torch versions and knows resnet18 without importing torch (a
     worker stays ~100 MB instead of ~450 MB: 64 of them fit in memory)."""
     machine.torch_versions = lambda: dict(VERSIONS)  # type: ignore[assignment]
-    loop.torch_versions = machine.torch_versions  # type: ignore[attr-defined]
-    records.host_fingerprint = lambda m: {"hostname": machine.host_name(), **machine.fingerprint(m)}
+    opening.torch_versions = machine.torch_versions  # type: ignore[attr-defined]
+    claims.host_fingerprint = lambda m: {"hostname": machine.host_name(), **machine.fingerprint(m)}
     models.classification_models = lambda: ("resnet18",)  # type: ignore[assignment]  # not torchvision's
 
 
@@ -155,11 +163,11 @@ def main() -> int:
                                                                            "tcmalloc")},
                      numactl=Path("/usr/bin/numactl"), numactl_usable=True, taskset=Path("/usr/bin/taskset"))
     here = machine.Machine(from_lscpu_file(FIXTURES / "lscpu" / f"{args.lscpu}.txt"), libs)
-    request = loop.SearchRequest(model="resnet18", trials=args.trials, space=Path(args.space),
+    request = opening.SearchRequest(model="resnet18", trials=args.trials, space=Path(args.space),
                                         study=args.study, storage=args.url, allow_mixed=args.allow_mixed,
                                         replicates=ReplicatePolicy(replicates=1), studies_dir=Path("/nonexistent"))
     try:
-        opened = loop.open_search(request, here)
+        opened = opening.open_search(request, here)
         loop.run_search(opened, here, lambda event: None, runner=runner(args.seconds, args.speed))
     except AutotuneError as exc:
         print(f"Error: {exc}", file=sys.stderr)

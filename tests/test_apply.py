@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import autotune
-from autotune.child import artifacts, build, convert, cpu, deploy, envfile, worker
-from autotune.child.convert import ModelKnobs
+from autotune.child import artifacts, batches, build, convert, cpu, deploy, envfile, worker
+from autotune.child.knobs import ModelKnobs
 from tests.fixtures.models import tinynets
 
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
@@ -33,7 +33,7 @@ def env_of(knobs: ModelKnobs, **extra: str) -> dict[str, str]:
 
 def eager(model: Any, batch: Any) -> torch.Tensor:
     with torch.no_grad():
-        return convert.call(model, batch)
+        return batches.call(model, batch)
 
 
 def test_without_configuration_the_model_comes_back_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,7 +264,7 @@ def test_an_unwritable_artifacts_folder_is_one_clear_error(monkeypatch: pytest.M
 
 def test_a_long_error_is_quoted_up_to_its_last_whole_sentence() -> None:
     """Cut at a fixed length, torch's corrupt-file error ended '... transferred incorrectly, o;'."""
-    from autotune.child.convert import EXPLAINED, explain
+    from autotune.child.batches import EXPLAINED, explain
 
     long = RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory. "
                         + "This is an internal miniz error. " + "If you are seeing this error, " * 20)

@@ -17,7 +17,7 @@ import pytest
 from autotune.base.errors import AutotuneError
 from autotune.child import deploy, references
 from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
-from autotune.child.convert import ModelKnobs
+from autotune.child.knobs import ModelKnobs
 from autotune.cli.options import parse_duration
 from autotune.deploy import cache, export
 from tests.test_export import AUTOTUNE, searched  # noqa: F401 (a fixture)

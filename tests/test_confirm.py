@@ -19,7 +19,7 @@ from autotune.host.machine import Machine
 from autotune.measure.plan import BenchSpec, LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy, one_by_one
 from autotune.measure.results import InstanceResult, RunResult
-from autotune.search import confirm, loop
+from autotune.search import confirm, loop, opening
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_result, fake_runner
 
@@ -51,7 +51,7 @@ ENQUEUED = [{"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"},
 def searched(tmp_path: Path, here: Machine, runner: object, trials: int = 8) -> optuna.Study:
     """The baseline, then the enqueued configurations (so the test does not hang on sampling luck)."""
     for total in (1, trials):
-        opened = loop.open_search(loop.SearchRequest(
+        opened = opening.open_search(opening.SearchRequest(
             model="resnet18", trials=total, space=SPACE, studies_dir=tmp_path / "studies",
             replicates=ReplicatePolicy(replicates=3), seed=0), here)
         if total == 1:

@@ -9,13 +9,13 @@ import pytest
 
 from autotune.base.errors import ConfigError
 from autotune.child.settings import MeasureSettings
-from autotune.config import recipes, space
+from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.config.space import SpaceError
 from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.measure.replicates import ReplicatePolicy
-from autotune.search import budget, loop
+from autotune.search import budget, loop, opening
 from autotune.study.storage import StudyError
 from tests.conftest import lscpu
 from tests.test_proposals import DEFAULT, ok_runner
@@ -31,8 +31,8 @@ def pins(*assignments: str) -> Config:
     return Config.from_assignments(assignments)
 
 
-def searched(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> loop.Search:
-    opened = loop.open_search(request(tmp_path, trials, **kw), here)
+def searched(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> opening.Search:
+    opened = opening.open_search(request(tmp_path, trials, **kw), here)
     loop.run_search(opened, here, lambda event: None, runner=ok_runner)
     return opened
 
@@ -52,9 +52,9 @@ def test_resuming_with_other_pins_is_refused_and_with_the_same_ones_goes_on(tmp_
     refused = (r"^study 'resnet18-bs1-latency' was searched with --set allocator=jemalloc, not no --set pins; "
                r"give the same pins to resume it, or another --study name$")
     with pytest.raises(StudyError, match=refused):
-        loop.open_search(request(tmp_path, 4, space=SPACE), here)
+        opening.open_search(request(tmp_path, 4, space=SPACE), here)
     with pytest.raises(StudyError, match="searched with --set allocator=jemalloc, not --set allocator=default"):
-        loop.open_search(request(tmp_path, 4, space=SPACE, pins=pins("allocator=default")), here)
+        opening.open_search(request(tmp_path, 4, space=SPACE, pins=pins("allocator=default")), here)
     again = searched(tmp_path, here, 4, space=SPACE, pins=pins("allocator=jemalloc"))
     assert len(again.study.get_trials()) == 4
 
@@ -62,7 +62,7 @@ def test_resuming_with_other_pins_is_refused_and_with_the_same_ones_goes_on(tmp_
 def test_a_study_searched_without_pins_refuses_them(tmp_path: Path, here: Machine) -> None:
     searched(tmp_path, here, 2, space=SPACE)
     with pytest.raises(StudyError, match="was searched with no --set pins, not --set mkldnn=on"):
-        loop.open_search(request(tmp_path, 3, space=SPACE, pins=pins("mkldnn=on")), here)
+        opening.open_search(request(tmp_path, 3, space=SPACE, pins=pins("mkldnn=on")), here)
 
 
 @pytest.mark.parametrize(("assignments", "message"), [
@@ -76,27 +76,27 @@ def test_a_study_searched_without_pins_refuses_them(tmp_path: Path, here: Machin
 def test_a_pin_the_machine_or_the_space_cannot_honour_is_refused(tmp_path: Path, here: Machine,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  assignments: tuple[str, ...], message: str) -> None:
-    monkeypatch.setattr(loop, "machine_has_bf16", lambda: False)
+    monkeypatch.setattr(opening, "machine_has_bf16", lambda: False)
     with pytest.raises(SpaceError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        loop.open_search(request(tmp_path, 3, space=SPACE, pins=pins(*assignments)), here)
+        opening.open_search(request(tmp_path, 3, space=SPACE, pins=pins(*assignments)), here)
     assert not (tmp_path / "studies").exists() or not list((tmp_path / "studies").glob("*.db"))
 
 
 def test_a_pin_narrows_the_knobs_its_condition_needs() -> None:
-    adapted = space.adapt(space.load(DEFAULT), 2, {})
-    pinned = space.pin(adapted, pins("mkldnn=on"), {})
+    adapted = space_fit.adapt(space.load(DEFAULT), 2, {})
+    pinned = space_fit.pin(adapted, pins("mkldnn=on"), {})
     backend = pinned.get("backend")
     assert backend is not None and backend.choices == ("eager",)
     assert all(c.get("mkldnn") is True for c in pinned.configurations() or [])
     with pytest.raises(SpaceError, match="--set mkldnn=on needs backend=eager, which the search space .* never "
                                          "picks; pin backend too, or drop that --set"):
-        space.pin(space.pin(adapted, pins("backend=inductor"), {}), pins("mkldnn=on"), {})
+        space_fit.pin(space_fit.pin(adapted, pins("backend=inductor"), {}), pins("mkldnn=on"), {})
 
 
 def test_recipes_carry_the_pins_and_those_that_set_a_pinned_knob_otherwise_are_left_out(here: Machine) -> None:
-    adapted = space.adapt(space.load(DEFAULT), 8, {})
+    adapted = space_fit.adapt(space.load(DEFAULT), 8, {})
     pinned = pins("allocator=tcmalloc")
-    known, note = recipes.fitting(recipes.recipes(here.topology, "latency", True), space.pin(adapted, pinned, {}),
+    known, note = recipes.fitting(recipes.recipes(here.topology, "latency", True), space_fit.pin(adapted, pinned, {}),
                                   pinned)
     assert [r.name for r in known] == ["compile+channels_last", "compile+bf16+channels_last"]
     assert all(r.config.get("allocator") == "tcmalloc" for r in known)
@@ -130,8 +130,8 @@ def windows_runner(baseline_s: float = 3.0, other_s: float = 3.0, setup: dict[st
     return run
 
 
-def budgeted(tmp_path: Path, here: Machine, seconds: float, rounds: int, top: int) -> loop.Search:
-    return loop.open_search(request(tmp_path, 50, space=DEFAULT, time_budget_s=seconds, confirm_rounds=rounds,
+def budgeted(tmp_path: Path, here: Machine, seconds: float, rounds: int, top: int) -> opening.Search:
+    return opening.open_search(request(tmp_path, 50, space=DEFAULT, time_budget_s=seconds, confirm_rounds=rounds,
                                            confirm_top=top, measure=MeasureSettings(duration_s=1.0),
                                            replicates=ReplicatePolicy(in_process=True)), here)
 
@@ -200,12 +200,12 @@ def test_a_trial_that_gave_up_after_its_second_window_costs_a_process_of_one(tmp
 def test_the_trials_end_a_search_before_the_budget_and_a_resume_estimates_from_the_past(
         tmp_path: Path, here: Machine) -> None:
     clock = FakeClock(10.0)
-    opened = loop.open_search(request(tmp_path, 3, space=DEFAULT, time_budget_s=3600.0), here)
+    opened = opening.open_search(request(tmp_path, 3, space=DEFAULT, time_budget_s=3600.0), here)
     assert loop.run_search(opened, here, clock.on_event, runner=ok_runner, clock=clock) == ""
     assert opened.study.user_attrs["ended_by"] == {"by": "trials"}
     # The accounting says what a trial cost before: a resume with no room stops before its first trial.
     opened.study.set_user_attr("accounting", {"wall_s": 300.0, "trials": 3})
-    again = loop.open_search(request(tmp_path, 10, space=DEFAULT, time_budget_s=50.0), here)
+    again = opening.open_search(request(tmp_path, 10, space=DEFAULT, time_budget_s=50.0), here)
     stopped = loop.run_search(again, here, lambda event: None, runner=ok_runner, clock=FakeClock(0))
     assert len(again.study.get_trials()) == 3 and "about 100 s each" in stopped
 
@@ -302,6 +302,6 @@ def test_the_budget_reserves_for_the_candidates_it_would_confirm(tmp_path: Path,
 def test_pinning_int8_needs_its_backend_pinned_too() -> None:
     with pytest.raises(ConfigError, match="precision=int8 applies only with backend=inductor"):
         pins("precision=int8")
-    adapted = space.adapt(space.load(DEFAULT), 2, {})
-    pinned = space.pin(adapted, pins("backend=inductor", "precision=int8"), {})
+    adapted = space_fit.adapt(space.load(DEFAULT), 2, {})
+    pinned = space_fit.pin(adapted, pins("backend=inductor", "precision=int8"), {})
     assert {(c.get("backend"), c.get("precision")) for c in pinned.configurations() or []} == {("inductor", "int8")}

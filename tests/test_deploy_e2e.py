@@ -16,7 +16,7 @@ import torch
 
 import autotune
 from autotune.child import deploy, envfile
-from autotune.child.convert import ModelKnobs
+from autotune.child.knobs import ModelKnobs
 from tests.conftest import NEEDS_BF16
 from tests.fixtures.models import tinynets
 

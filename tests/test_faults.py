@@ -30,7 +30,7 @@ from autotune.measure import runner
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import PlanRunner, ReplicatePolicy
 from autotune.measure.results import RunResult
-from autotune.search import loop
+from autotune.search import loop, opening
 from autotune.study import records, storage
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_runner, request
@@ -74,7 +74,7 @@ def locking_runner(db: Path, seconds: float, at_call: int, holders: list[subproc
 
 def test_a_study_locked_during_a_trial_waits_and_loses_nothing(tmp_path: Path, here: Machine,
                                                                capfd: pytest.CaptureFixture[str]) -> None:
-    opened = loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    opened = opening.open_search(request(tmp_path, 3, replicates=_one()), here)
     db = tmp_path / "studies" / f"{opened.name}.db"
     holders: list[subprocess.Popen[str]] = []
     loop.run_search(opened, here, lambda e: None, runner=locking_runner(db, 6.5, 2, holders))
@@ -91,7 +91,7 @@ def test_a_study_locked_during_a_trial_waits_and_loses_nothing(tmp_path: Path, h
 def test_a_lock_past_the_wait_keeps_the_measurement_and_the_next_start_records_it(
         tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage, "LOCK_WAIT_S", 1.0)
-    opened = loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    opened = opening.open_search(request(tmp_path, 3, replicates=_one()), here)
     db = tmp_path / "studies" / f"{opened.name}.db"
     holders: list[subprocess.Popen[str]] = []
     with pytest.raises(storage.StudyLocked) as info:
@@ -105,7 +105,7 @@ def test_a_lock_past_the_wait_keeps_the_measurement_and_the_next_start_records_i
     assert saved["summary"].get("latency_p50_ms") == (saved["values"] or [None])[0]
     holders[0].kill()
     holders[0].wait()
-    again = loop.open_search(request(tmp_path, 3, replicates=_one()), here)
+    again = opening.open_search(request(tmp_path, 3, replicates=_one()), here)
     restored = again.study.get_trials()[1]
     assert restored.state == TrialState[saved["state"]] and not kept.exists()
     assert restored.values == (saved["values"] or None) and restored.user_attrs["restored_from"] == str(kept)
@@ -138,7 +138,7 @@ def damage_pages(db: Path, seed: int = 1, pages: int = 3) -> None:
 
 @pytest.fixture
 def damaged_study(tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> Path:
-    opened = loop.open_search(request(tmp_path, 6), here)
+    opened = opening.open_search(request(tmp_path, 6), here)
     loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     db = tmp_path / "studies" / f"{opened.name}.db"
     damage_pages(db)
@@ -274,7 +274,7 @@ def test_an_interrupted_trial_records_what_stopped_it_and_runs_again(
             raise stop
         return fake_runner(plan, timeout_s)
 
-    opened = loop.open_search(request(tmp_path, 2, seed=3), here)
+    opened = opening.open_search(request(tmp_path, 2, seed=3), here)
     with pytest.raises(KeyboardInterrupt):
         loop.run_search(opened, here, lambda e: None, runner=interrupted)
     cut = opened.study.get_trials()[-1]
@@ -283,7 +283,7 @@ def test_an_interrupted_trial_records_what_stopped_it_and_runs_again(
 
 
 def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -> None:
-    opened = loop.open_search(request(tmp_path, 2), here)
+    opened = opening.open_search(request(tmp_path, 2), here)
     loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     trial = copy.deepcopy(export.pick_trial(opened.study, 0))
     plan = trial.user_attrs["plan"]
@@ -295,7 +295,7 @@ def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -
 
 
 def test_run_keeps_the_shells_variables_that_source_keeps(tmp_path: Path, here: Machine) -> None:
-    opened = loop.open_search(request(tmp_path, 2), here)
+    opened = opening.open_search(request(tmp_path, 2), here)
     loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     path = tmp_path / "best.env"
     export.write(path, export.render(opened.study, export.pick_trial(opened.study, 0)))
@@ -350,7 +350,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
     """A folder with a finished study, a good env file and damaged copies of it, and odd files."""
     root = tmp_path_factory.mktemp("work")
     here = Machine(lscpu("amd_1s_smt"), fake_libs_module)
-    opened = loop.open_search(loop.SearchRequest(
+    opened = opening.open_search(opening.SearchRequest(
         model="resnet18", trials=4, space=SPACE, studies_dir=root / "studies", seed=0), here)
     loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     good = export.render(opened.study, export.pick_trial(opened.study, 0))

@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.host import machine
 from autotune.host.libs import Libraries
-from autotune.search import fleet, loop
+from autotune.search import fleet, opening
 from autotune.study import records, storage
 from tests.conftest import lscpu
 from tests.pg import free_port, server
@@ -101,10 +101,10 @@ def test_opening_a_study_waits_for_the_worker_claiming_a_trial(pg_url: str, tmp_
     proposal, and two new hosts of different classes both claimed a new study."""
     here = machine.Machine(lscpu("amd_1s_smt"), fake_libs)
     asked = request(tmp_path, 1, storage=pg_url, study="locked")
-    first = loop.open_search(asked, here)
-    opened: list[loop.Search] = []
+    first = opening.open_search(asked, here)
+    opened: list[opening.Search] = []
     with storage.exclusive(first.study):
-        opener = threading.Thread(target=lambda: opened.append(loop.open_search(asked, here)))
+        opener = threading.Thread(target=lambda: opened.append(opening.open_search(asked, here)))
         opener.start()
         opener.join(3)
         assert opener.is_alive() and not opened
@@ -116,7 +116,7 @@ def test_one_worker_confirms_the_study_the_last_to_stop(pg_url: str, tmp_path: P
     """Every worker ran its own confirmation, one of them while others still measured, each
     writing over the others' verdict."""
     here = machine.Machine(lscpu("amd_1s_smt"), fake_libs)
-    opened = loop.open_search(request(tmp_path, 3, storage=pg_url, study="confirming"), here)
+    opened = opening.open_search(request(tmp_path, 3, storage=pg_url, study="confirming"), here)
     claimed = fleet.claim(opened.worker())
     assert isinstance(claimed, fleet.Claimed)
     assert not fleet.claim_confirmation(opened.study, pg_url)  # a trial still runs

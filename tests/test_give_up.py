@@ -24,7 +24,7 @@ from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, worker_co
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
-from autotune.search import loop, pruning
+from autotune.search import loop, opening, pruning
 from tests.conftest import lscpu
 from tests.fixtures.models import tinynets
 from tests.test_study import fake_result, request
@@ -151,7 +151,7 @@ def honest_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
 def test_a_search_gives_up_on_what_is_far_worse_than_its_best(tmp_path: Path, here: Machine) -> None:
     """Each trial stops where the rule says, from the best before it: mkldnn (300 ms) after its
     first window, Intel OpenMP with the default allocator (160 ms: 1.6x 100, 2x 80) after its second."""
-    opened = loop.open_search(request(tmp_path, 8, replicates=WARM), here)
+    opened = opening.open_search(request(tmp_path, 8, replicates=WARM), here)
     loop.run_search(opened, here, lambda event: None, runner=honest_runner)
     trials = opened.study.get_trials()
     assert {t.state for t in trials} == {TrialState.COMPLETE, TrialState.PRUNED}
@@ -182,7 +182,7 @@ def test_fresh_replicates_keep_their_own_pruning_and_get_no_limit(tmp_path: Path
         commands.append(plan.instances[0].command)
         return honest_runner(plan, timeout_s)
 
-    opened = loop.open_search(request(tmp_path, 6, replicates=ReplicatePolicy(in_process=False)), here)
+    opened = opening.open_search(request(tmp_path, 6, replicates=ReplicatePolicy(in_process=False)), here)
     loop.run_search(opened, here, lambda event: None, runner=runner)
     assert commands and not any("--give-up-above-ms" in c for c in commands)
 

@@ -13,13 +13,13 @@ import pytest
 
 from autotune.base.errors import ConfigError
 from autotune.child import cpu
-from autotune.child.convert import ModelKnobs
 from autotune.child.errors import ApplyError
-from autotune.config import space
+from autotune.child.knobs import ModelKnobs
+from autotune.config import space, space_fit
 from autotune.config.knobs import Config
 from autotune.host import machine
 from autotune.measure import requests
-from autotune.search import loop
+from autotune.search import opening
 from tests.conftest import FIXTURES, NEEDS_INT8
 from tests.test_cli import run_cli
 from tests.test_space import FakeTrial
@@ -31,8 +31,8 @@ VNNI = ("Intel(R) Xeon(R) Gold 6248", frozenset({"avx2", "fma", "avx512f", "avx5
 
 def search_space(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, frozenset[str]]) -> space.SearchSpace:
     monkeypatch.setattr(cpu, "cpuinfo", lambda: flags)
-    request = loop.SearchRequest(model="resnet18", trials=2, space=space.find("default"))
-    return loop.validate(request, machine.described_machine(XEON))[1]
+    request = opening.SearchRequest(model="resnet18", trials=2, space=space.find("default"))
+    return opening.validate(request, machine.described_machine(XEON))[1]
 
 
 def test_int8_is_not_offered_on_a_cpu_without_vnni_or_amx(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,7 +59,7 @@ def test_int8_is_offered_with_vnni_and_only_with_backend_inductor(monkeypatch: p
 
 def test_precision_is_its_own_optuna_parameter_where_int8_is_not_offered() -> None:
     """Optuna refuses other choices under one parameter name across trials."""
-    adapted = space.adapt(space.load(space.find("default")), cores=2, available={"bf16": True, "int8": True})
+    adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={"bf16": True, "int8": True})
     eager = FakeTrial()
     adapted.sample(_Fixed(eager, backend="eager"))
     assert eager.asked["precision (fp32/bf16)"] == ["fp32", "bf16"] and "precision" not in eager.asked

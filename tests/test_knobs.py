@@ -64,8 +64,7 @@ def test_the_model_knobs_types_and_defaults_are_the_tables() -> None:
     from dataclasses import fields
     from typing import get_args
 
-    from autotune.child.convert import Backend, MemoryFormat, ModelKnobs, Precision
-    from autotune.child.knobs import KNOBS, MODEL_KNOBS
+    from autotune.child.knobs import KNOBS, MODEL_KNOBS, Backend, MemoryFormat, ModelKnobs, Precision
 
     assert {f.name for f in fields(ModelKnobs)} == set(MODEL_KNOBS)
     assert {name: getattr(ModelKnobs(), name) for name in MODEL_KNOBS} == {n: KNOBS[n].default for n in MODEL_KNOBS}
@@ -90,8 +89,8 @@ def test_the_child_flags_take_the_knobs_values_and_the_protocol_defaults() -> No
 
 
 def test_apply_and_the_harness_refuse_a_broken_condition_in_the_same_words() -> None:
-    from autotune.child.convert import ModelKnobs
     from autotune.child.errors import ApplyError
+    from autotune.child.knobs import ModelKnobs
 
     with pytest.raises(ConfigError) as harness:
         Config.from_assignments(["backend=inductor", "mkldnn=on"])

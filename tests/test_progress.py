@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from autotune.child import worker
-from autotune.cli import display
+from autotune.cli import display, live
 from autotune.config.knobs import Config
 from autotune.host.machine import Machine
-from autotune.measure.runner import MEASURING, WAITING, run_plan
-from autotune.search import loop
+from autotune.measure.children import MEASURING, WAITING
+from autotune.measure.runner import run_plan
+from autotune.search import loop, opening
 from tests.fixtures.models import tinynets
 from tests.test_faults import here  # noqa: F401 (a fixture)
 from tests.test_runner import plan_of
@@ -26,15 +27,15 @@ def event(finished: int, finished_before: int, elapsed_s: float, total: int = 12
 
 def test_the_eta_after_a_resume_counts_only_this_sessions_trials() -> None:
     # 9 trials ran in an earlier session; this one ran 1 in 60 s: 2 more take about 2 minutes
-    assert display._remaining(event(10, 9, 60.0)) == "elapsed 1:00, ~2:00 left"
-    assert display._remaining(event(9, 9, 5.0)) == "elapsed 0:05"  # nothing finished here yet: no guess
+    assert live._remaining(event(10, 9, 60.0)) == "elapsed 1:00, ~2:00 left"
+    assert live._remaining(event(9, 9, 5.0)) == "elapsed 0:05"  # nothing finished here yet: no guess
 
 
 def test_a_resumed_search_tells_the_display_what_ran_before(tmp_path: Path, here: Machine) -> None:  # noqa: F811
-    first = loop.open_search(request(tmp_path, 2), here)
+    first = opening.open_search(request(tmp_path, 2), here)
     loop.run_search(first, here, lambda e: None, runner=fake_runner)
     events: list[loop.TrialEvent] = []
-    again = loop.open_search(request(tmp_path, 3), here)
+    again = opening.open_search(request(tmp_path, 3), here)
     loop.run_search(again, here, events.append, runner=fake_runner)
     assert [(e.kind, e.finished, e.finished_before) for e in events] == [("start", 2, 2), ("done", 3, 2)]
 
@@ -88,7 +89,7 @@ class FakeTerminal:
 def test_the_status_line_shows_the_replicate_and_what_it_does(monkeypatch: pytest.MonkeyPatch) -> None:
     terminal = FakeTerminal()
     monkeypatch.setattr(display, "err", terminal)
-    progress = display.SearchProgress("latency", replicates=3)
+    progress = live.SearchProgress("latency", replicates=3)
     progress(event(10, 9, 60.0))
     for _ in range(4):  # three replicates, then one more for a noisy trial
         progress.run_started()
@@ -103,13 +104,13 @@ def test_the_status_line_shows_the_replicate_and_what_it_does(monkeypatch: pytes
 
 
 def test_warm_replicates_are_one_run_then_extra_ones() -> None:
-    assert display._replicate(1, 3, warm=True) == "replicates 1-3 (one warmed process):"
-    assert display._replicate(2, 3, warm=True) == "replicate 4 (extra: noisy):"
+    assert live._replicate(1, 3, warm=True) == "replicates 1-3 (one warmed process):"
+    assert live._replicate(2, 3, warm=True) == "replicate 4 (extra: noisy):"
 
 
 def test_nothing_reaches_stderr_when_it_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     assert not display.err.is_terminal
-    progress = display.SearchProgress("latency", replicates=3)
+    progress = live.SearchProgress("latency", replicates=3)
     progress(event(10, 9, 60.0))
     progress.run_started()
     progress.phase(0, "compiling")

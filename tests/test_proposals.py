@@ -13,13 +13,13 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.config import recipes, space
+from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import RunResult
-from autotune.search import fleet, loop, proposals
+from autotune.search import fleet, loop, opening, proposals
 from autotune.study import records
 from tests.conftest import lscpu
 from tests.test_study import SPACE, fake_result, fake_runner, request
@@ -32,9 +32,9 @@ def here(fake_libs: Libraries) -> Machine:
     return Machine(lscpu("amd_1s_smt"), fake_libs)
 
 
-def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[loop.Search, str]:
+def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[opening.Search, str]:
     runner = kw.pop("runner", fake_runner)
-    opened = loop.open_search(request(tmp_path, trials, **kw), here)
+    opened = opening.open_search(request(tmp_path, trials, **kw), here)
     stopped = loop.run_search(opened, here, lambda event: None, runner=runner)
     return opened, stopped
 
@@ -45,7 +45,7 @@ def ok_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
 
 
 def test_configurations_lists_exactly_what_sampling_can_return(here: Machine) -> None:
-    adapted = space.adapt(space.load(DEFAULT), 2, {})
+    adapted = space_fit.adapt(space.load(DEFAULT), 2, {})
     listed = adapted.configurations()
     assert listed is not None and len(listed) == len(set(listed))
 
@@ -60,10 +60,10 @@ def test_configurations_lists_exactly_what_sampling_can_return(here: Machine) ->
 
     drawn = {adapted.sample(Random()) for _ in range(3000)}
     assert drawn <= set(listed)
-    small = space.adapt(space.load(SPACE), 8, {})
+    small = space_fit.adapt(space.load(SPACE), 8, {})
     assert len(small.configurations() or []) == 8  # 2 x 2 x 2, no conditions
     assert adapted.configurations(limit=100) is None  # too many to list
-    assert space.adapt(space.load(DEFAULT), 8, {}).configurations() is None
+    assert space_fit.adapt(space.load(DEFAULT), 8, {}).configurations() is None
 
 
 def test_n_trials_are_n_distinct_configurations(tmp_path: Path, here: Machine) -> None:
@@ -97,7 +97,7 @@ class Stubborn(optuna.samplers.BaseSampler):
 
 
 def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measured(here: Machine) -> None:
-    small = space.adapt(space.load(SPACE), 8, {})
+    small = space_fit.adapt(space.load(SPACE), 8, {})
     study = optuna.create_study()
     stubborn = Stubborn({"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"})
     proposer = proposals.Proposer(small, (1,), lambda seed: stubborn, seed=0)
@@ -116,7 +116,7 @@ def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measur
 
 def test_recipes_run_right_after_the_baseline_and_are_named(tmp_path: Path, here: Machine,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop, "machine_has_bf16", lambda: True)  # its recipe is among them, on any CPU
+    monkeypatch.setattr(opening, "machine_has_bf16", lambda: True)  # its recipe is among them, on any CPU
     opened, _ = run(tmp_path, here, 6, space=DEFAULT, runner=ok_runner)
     trials = opened.study.get_trials()
     assert opened.proposer is not None
@@ -145,7 +145,7 @@ def test_throughput_adds_one_instance_per_node_and_bf16_only_where_supported() -
 
 
 def test_recipes_the_space_cannot_express_are_left_out_with_one_note(tmp_path: Path, here: Machine) -> None:
-    opened = loop.open_search(request(tmp_path, 2, space=SPACE), here)
+    opened = opening.open_search(request(tmp_path, 2, space=SPACE), here)
     assert opened.proposer is not None and opened.proposer.recipes == ()
     [note] = [n for n in opened.notes if n.startswith("recipes not run")]
     assert note.startswith(f"recipes not run, since {SPACE} does not offer a knob value they set: seed "
@@ -157,7 +157,7 @@ def test_a_trial_enqueued_through_optuna_is_run_as_enqueued(tmp_path: Path, here
     samples the rest, never having seen the in-memory copies proposals are asked on."""
     opened, _ = run(tmp_path, here, 10, space=DEFAULT, runner=ok_runner)
     opened.study.enqueue_trial({"backend": "eager", "mkldnn": "on", "omp_runtime": "intel", "allocator": "default"})
-    again = loop.open_search(request(tmp_path, 12, space=DEFAULT), here)
+    again = opening.open_search(request(tmp_path, 12, space=DEFAULT), here)
     loop.run_search(again, here, lambda event: None, runner=ok_runner)
     enqueued = again.study.get_trials()[10]
     assert enqueued.user_attrs["proposed_by"] == "enqueued"
@@ -169,7 +169,7 @@ def test_a_trial_enqueued_through_optuna_is_run_as_enqueued(tmp_path: Path, here
 def test_the_baseline_never_takes_a_trial_enqueued_before_it(tmp_path: Path, here: Machine) -> None:
     """Optuna's ask takes the oldest enqueued trial: the baseline took a user's configuration (or a
     dead worker's retry) and measured the defaults in its place."""
-    made = loop.open_search(request(tmp_path, 1, space=DEFAULT), here)
+    made = opening.open_search(request(tmp_path, 1, space=DEFAULT), here)
     made.study.enqueue_trial({"backend": "eager", "mkldnn": "on", "omp_runtime": "intel", "allocator": "default"})
     opened, _ = run(tmp_path, here, 2, space=DEFAULT, runner=ok_runner)
     enqueued, baseline = opened.study.get_trials()  # numbered as made: the enqueued one first
@@ -180,7 +180,7 @@ def test_the_baseline_never_takes_a_trial_enqueued_before_it(tmp_path: Path, her
 
 def test_the_baseline_takes_the_retry_of_a_dead_workers_baseline_and_nothing_else(tmp_path: Path,
                                                                                    here: Machine) -> None:
-    opened = loop.open_search(request(tmp_path, 3, space=DEFAULT), here)
+    opened = opening.open_search(request(tmp_path, 3, space=DEFAULT), here)
     dead = fleet.claim(opened.worker())
     assert isinstance(dead, fleet.Claimed) and dead.proposal == "baseline"
     opened.study.enqueue_trial({"mkldnn": "on"})  # a user's, waiting before the retry
@@ -221,7 +221,7 @@ def test_a_retried_ask_does_not_enqueue_its_proposal_twice(tmp_path: Path, here:
 
 
 def test_the_space_says_what_it_lacks_and_the_params_that_sample_a_config() -> None:
-    small = space.adapt(space.load(SPACE), 8, {})
+    small = space_fit.adapt(space.load(SPACE), 8, {})
     assert small.lacks(Config.from_mapping({"mkldnn": True, "allocator": "jemalloc"})) == ""
     assert small.lacks(Config.from_mapping({"allocator": "tcmalloc"})) == "allocator=tcmalloc"
     assert small.lacks(Config.from_mapping({"backend": "inductor"})) == "backend=inductor"
@@ -237,7 +237,7 @@ def test_warm_or_fresh_replicates_are_a_recorded_setting_a_resume_must_keep(tmp_
     with pytest.raises(StudyError, match=r"^study 'resnet18-bs1-latency' was measured with warm_replicates=True, "
                                          r"not False; use another --study name or the same "
                                          r"--warm-replicates/--fresh-replicates$"):
-        loop.open_search(request(tmp_path, 3, space=SPACE, replicates=ReplicatePolicy(in_process=False)), here)
+        opening.open_search(request(tmp_path, 3, space=SPACE, replicates=ReplicatePolicy(in_process=False)), here)
 
 
 def test_the_winner_is_compared_with_the_best_recipe(tmp_path: Path, here: Machine) -> None:
@@ -281,7 +281,7 @@ def test_a_configuration_that_finishes_while_the_next_is_chosen_is_not_proposed_
     finished between them was neither, and another worker measured it again (a fleet race)."""
     for after in range(1, 10):
         run(tmp_path / str(after), here, 1, space=DEFAULT, runner=ok_runner)  # the baseline
-        opened = loop.open_search(request(tmp_path / str(after), 5, space=DEFAULT), here)
+        opened = opening.open_search(request(tmp_path / str(after), 5, space=DEFAULT), here)
         claimed = fleet.claim(opened.worker())
         assert isinstance(claimed, fleet.Claimed) and isinstance(claimed.proposal, proposals.Proposal)
         assert claimed.proposal.recipe == "seed"
@@ -298,7 +298,7 @@ def test_a_trial_that_finishes_while_trials_are_counted_counts_once(tmp_path: Pa
     of --trials left to run."""
     for after in range(1, 4):
         run(tmp_path / str(after), here, 1, space=DEFAULT, runner=ok_runner)
-        opened = loop.open_search(request(tmp_path / str(after), 3, space=DEFAULT), here)
+        opened = opening.open_search(request(tmp_path / str(after), 3, space=DEFAULT), here)
         claimed = fleet.claim(opened.worker())
         assert isinstance(claimed, fleet.Claimed)
         watched = dataclasses.replace(opened.worker(), storage="postgresql://fleet/study",
@@ -313,7 +313,7 @@ def test_a_claim_reads_the_study_once_and_its_ask_once_more(tmp_path: Path, here
     choice (stale trials, --trials, baseline, enqueued, proposal, the sampler's copy); the ask
     reads what waits again, since a retry after a lock must see what it enqueued."""
     run(tmp_path, here, 1, space=DEFAULT, runner=ok_runner)  # the baseline
-    opened = loop.open_search(request(tmp_path, 5, space=DEFAULT), here)
+    opened = opening.open_search(request(tmp_path, 5, space=DEFAULT), here)
     backend = opened.study._storage
     reads: list[tuple[Any, ...]] = []
     read = backend.get_all_trials
@@ -329,7 +329,7 @@ def test_a_claim_reads_the_study_once_and_its_ask_once_more(tmp_path: Path, here
 
 
 def test_a_recipe_as_run_sets_every_knob_of_the_space_at_what_runs() -> None:
-    adapted = space.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
+    adapted = space_fit.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
     baseline = adapted.as_run(Config())
     assert baseline is not None and baseline.describe() == (
         "backend=eager mkldnn=off memory_format=contiguous precision=fp32 omp_threads=2 omp_runtime=gnu "
@@ -340,10 +340,10 @@ def test_a_recipe_as_run_sets_every_knob_of_the_space_at_what_runs() -> None:
         "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")
     two = adapted.as_run(Config.from_mapping({"instances": 2}))
     assert two is not None and two.get("omp_threads") == 1  # all the cores an instance has
-    small = space.adapt(space.load(SPACE), 8, {})
+    small = space_fit.adapt(space.load(SPACE), 8, {})
     assert all(small.as_run(c) == c for c in small.configurations() or [])  # a sampled one: as it was
     # what runs unset is not offered: the space says nothing of where the configuration lies
-    assert space.pin(small, Config.from_mapping({"allocator": "jemalloc"}), {}).as_run(Config()) is None
+    assert space_fit.pin(small, Config.from_mapping({"allocator": "jemalloc"}), {}).as_run(Config()) is None
     assert adapted.as_run(Config.from_mapping({"omp_runtime": "intel"})) is None  # KMP_AFFINITY unset: not offered
 
 
@@ -362,7 +362,7 @@ def test_the_sampler_sees_the_recipes_threads_and_follows_the_best_ones() -> Non
     """The search at eb0ec4e (README "Which sampler"): the recipes that won set no threads; TPE saw
     them without those knobs, its best trials said nothing about threads, and the trials it had
     seen lose (the seed's, the launcher's: 2 threads) pushed it to one-thread instances: 34 of 50."""
-    adapted = space.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
+    adapted = space_fit.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     _told(study, adapted, Config(), 117.0, recipe=True)
     for recipe, value in zip(recipes.recipes(lscpu("amd_1s_smt"), "latency", bf16=True, int8=True),
@@ -379,7 +379,7 @@ def test_the_sampler_sees_the_recipes_threads_and_follows_the_best_ones() -> Non
     trials = study.get_trials()
     threads = []
     for seed in range(20):
-        proposer = proposals.Proposer(adapted, (1,), loop.sampler, seed=seed)
+        proposer = proposals.Proposer(adapted, (1,), opening.sampler, seed=seed)
         proposal = proposer.next(study, trials, set())
         assert proposal is not None
         threads.append(proposal.config.get("omp_threads"))

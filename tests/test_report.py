@@ -17,7 +17,7 @@ from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.report import contents, html_page
-from autotune.search import confirm, loop
+from autotune.search import confirm, loop, opening
 from autotune.search.confirm import Contender, RoundRun, Rounds
 from tests.conftest import lscpu
 from tests.test_cli import run_cli
@@ -40,7 +40,7 @@ def here(fake_libs: Libraries) -> Machine:
 
 def searched(studies: Path, here: Machine, objective: str = "latency", trials: int = 5) -> optuna.Study:
     for total in (1, trials):
-        opened = loop.open_search(loop.SearchRequest(
+        opened = opening.open_search(opening.SearchRequest(
             model="resnet18", trials=total, space=SPACE, studies_dir=studies, objective=objective,  # type: ignore[arg-type]
             replicates=ReplicatePolicy(replicates=3), seed=0), here)
         if total == 1:

@@ -12,9 +12,10 @@ import pytest
 from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host import libs
+from autotune.measure.children import ignored_preload
 from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan
 from autotune.measure.results import RunResult
-from autotune.measure.runner import built_beside, ignored_preload, run_plan, run_series
+from autotune.measure.runner import built_beside, run_plan, run_series
 from autotune.measure.stats import percentile
 
 FAKE = str(Path(__file__).parent / "fake_worker.py")

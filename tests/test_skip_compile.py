@@ -15,18 +15,18 @@ from optuna.trial import TrialState
 
 from autotune.base import thresholds
 from autotune.cli import display
-from autotune.config import space
+from autotune.config import space, space_fit
 from autotune.config.knobs import Config
 from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import RunResult
-from autotune.search import loop, pruning
+from autotune.search import loop, opening, pruning
 from autotune.study import records
 from tests.conftest import lscpu
 from tests.test_study import fake_result, request
 
-DEFAULT = space.adapt(space.load(space.find("default")), 2, {"bf16": True, "int8": True})
+DEFAULT = space_fit.adapt(space.load(space.find("default")), 2, {"bf16": True, "int8": True})
 COMPILED = Path(__file__).parent / "fixtures" / "spaces" / "compiled.yaml"
 
 
@@ -161,10 +161,10 @@ def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
     script = {3: {"precision": "bf16", "omp_threads": 1}, 4: {"precision": "fp32", "omp_threads": 1},
               5: {"precision": "bf16", "omp_threads": 2}, 6: {"precision": "fp32", "omp_threads": 2,
                                                               "allocator": "jemalloc"}}
-    monkeypatch.setattr(loop, "sampler", lambda seed, constant_liar=False: Scripted(script))
-    monkeypatch.setattr(loop, "machine_has_bf16", lambda: True)
+    monkeypatch.setattr(opening, "sampler", lambda seed, constant_liar=False: Scripted(script))
+    monkeypatch.setattr(opening, "machine_has_bf16", lambda: True)
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
-    opened = loop.open_search(request(tmp_path, 6, space=COMPILED), here)
+    opened = opening.open_search(request(tmp_path, 6, space=COMPILED), here)
     loop.run_search(opened, here, lambda event: None, runner=runner)
     trials = opened.study.get_trials()
     assert [t.user_attrs.get("recipe") for t in trials[:3]] == [None, "compile+channels_last",
@@ -191,14 +191,14 @@ def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
     by_hand = Config.from_mapping({"backend": "inductor", "memory_format": "channels_last", "precision": "fp32",
                                    "omp_threads": 1, "allocator": "jemalloc"})
     opened.study.enqueue_trial(opened.space.params(by_hand))
-    again = loop.open_search(request(tmp_path, 7, space=COMPILED), here)
+    again = opening.open_search(request(tmp_path, 7, space=COMPILED), here)
     loop.run_search(again, here, lambda event: None, runner=runner)
     enqueued = again.study.get_trials()[7]
     assert enqueued.user_attrs["proposed_by"] == "enqueued" and records.SKIPPED not in enqueued.user_attrs
     assert by_hand.describe() in ran
 
     # once the space is exhausted, what was not compiled is said apart from what ran
-    rest = loop.open_search(request(tmp_path, 20, space=COMPILED), here)
+    rest = opening.open_search(request(tmp_path, 20, space=COMPILED), here)
     stopped = loop.run_search(rest, here, lambda event: None, runner=runner)
     assert stopped.startswith("every configuration of the space has run (")
     assert stopped.endswith(" distinct, baseline included, and 1 more were not compiled, predicted to lose); widen the "

@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.config import space
+from autotune.config import space, space_fit
 from autotune.config.space import SpaceError
 
 ALL_LIBS = {"libiomp5": True, "libomp": True, "jemalloc": True, "tcmalloc": True}
@@ -78,7 +78,7 @@ def test_unreadable_and_unknown_spaces(tmp_path: Path) -> None:
 
 def test_adapt_drops_missing_libraries_and_caps_ranges() -> None:
     loaded = space.load(space.find("default"))
-    adapted = space.adapt(loaded, cores=2, available={**ALL_LIBS, "libomp": False, "tcmalloc": False})
+    adapted = space_fit.adapt(loaded, cores=2, available={**ALL_LIBS, "libomp": False, "tcmalloc": False})
     assert adapted.get("omp_runtime").choices == ("gnu", "intel")  # type: ignore[union-attr]
     assert adapted.get("allocator").choices == ("default", "jemalloc")  # type: ignore[union-attr]
     assert adapted.get("instances").high == 2  # type: ignore[union-attr]
@@ -88,18 +88,18 @@ def test_adapt_drops_missing_libraries_and_caps_ranges() -> None:
 
 
 def test_bf16_is_dropped_on_a_cpu_without_it() -> None:
-    adapted = space.adapt(space.load(space.find("default")), cores=2, available={**ALL_LIBS, "bf16": False})
+    adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={**ALL_LIBS, "bf16": False})
     assert adapted.get("precision").choices == ("fp32", "int8")  # type: ignore[union-attr]  # int8 needs VNNI, not bf16
     assert "precision=bf16 dropped: this CPU has neither avx512_bf16 nor AMX" in adapted.notes
 
 
 def test_a_host_of_another_class_may_cap_only_the_core_bound_knobs_at_its_cores() -> None:
     loaded = space.load(space.find("default"))
-    small, big = (space.adapt(loaded, cores, ALL_LIBS).to_json() for cores in (2, 48))
+    small, big = (space_fit.adapt(loaded, cores, ALL_LIBS).to_json() for cores in (2, 48))
     assert space.recorded_differs(big, small) == "instances is 1..48 in the study and 1..2 on this host"
     assert space.recorded_differs(big, small, cores_may_differ=True) == ""
     assert space.recorded_differs(small, small) == ""
-    no_tcmalloc = space.adapt(loaded, 48, {**ALL_LIBS, "tcmalloc": False}).to_json()
+    no_tcmalloc = space_fit.adapt(loaded, 48, {**ALL_LIBS, "tcmalloc": False}).to_json()
     assert space.recorded_differs(big, no_tcmalloc, cores_may_differ=True) == (
         "allocator is default/jemalloc/tcmalloc in the study and default/jemalloc on this host")
 
@@ -107,10 +107,10 @@ def test_a_host_of_another_class_may_cap_only_the_core_bound_knobs_at_its_cores(
 def test_adapt_refuses_what_no_install_can_provide(tmp_path: Path) -> None:
     path = write(tmp_path, "knobs:\n  instances: {low: 4, high: max}\n")
     with pytest.raises(SpaceError, match=r"knobs.instances.low: 4 is above the 2 usable physical cores"):
-        space.adapt(space.load(path), cores=2, available=ALL_LIBS)
+        space_fit.adapt(space.load(path), cores=2, available=ALL_LIBS)
     only = write(tmp_path, "knobs:\n  allocator: [jemalloc]\n")
     with pytest.raises(SpaceError, match="knobs.allocator: no choice is available on this machine"):
-        space.adapt(space.load(only), cores=2, available={**ALL_LIBS, "jemalloc": False})
+        space_fit.adapt(space.load(only), cores=2, available={**ALL_LIBS, "jemalloc": False})
 
 
 class FakeTrial:
@@ -129,7 +129,7 @@ class FakeTrial:
 
 
 def test_sampling_respects_conditions_and_the_core_budget() -> None:
-    adapted = space.adapt(space.load(space.find("default")), cores=8, available={**ALL_LIBS, "bf16": True})
+    adapted = space_fit.adapt(space.load(space.find("default")), cores=8, available={**ALL_LIBS, "bf16": True})
     trial = FakeTrial()
     config = adapted.sample(trial)
     assert config.get("omp_runtime") == "llvm"
@@ -143,7 +143,7 @@ def test_sampling_respects_conditions_and_the_core_budget() -> None:
 
 
 def test_every_optuna_sample_is_a_valid_configuration() -> None:
-    adapted = space.adapt(space.load(space.find("default")), cores=4, available={**ALL_LIBS, "bf16": True})
+    adapted = space_fit.adapt(space.load(space.find("default")), cores=4, available={**ALL_LIBS, "bf16": True})
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(200):

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from autotune.cli.display import JSON_SCHEMA_VERSION
 from autotune.host.machine import Machine
-from autotune.search import loop
+from autotune.search import loop, opening
 from autotune.study import storage
 from tests.test_cli import run_cli
 from tests.test_faults import damage_pages, here, hold_lock  # noqa: F401 (a fixture)
@@ -18,7 +18,7 @@ from tests.test_study import fake_runner, request
 
 
 def searched(tmp_path: Path, here: Machine, trials: int, **kw: object) -> str:  # noqa: F811
-    opened = loop.open_search(request(tmp_path, trials, **kw), here)
+    opened = opening.open_search(request(tmp_path, trials, **kw), here)
     loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     return opened.name
 

@@ -22,7 +22,7 @@ from autotune.host.machine import Machine
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement, ReplicatePolicy
 from autotune.measure.results import InstanceResult, RunResult
-from autotune.search import loop
+from autotune.search import loop, opening
 from autotune.study import records, storage
 from tests.conftest import lscpu
 
@@ -51,13 +51,13 @@ def fake_result(latencies: list[float]) -> RunResult:
     return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), 1.0)
 
 
-def request(tmp_path: Path, trials: int, **kw: object) -> loop.SearchRequest:
-    return loop.SearchRequest(**{"model": "resnet18", "trials": trials, "space": SPACE,  # type: ignore[arg-type]
+def request(tmp_path: Path, trials: int, **kw: object) -> opening.SearchRequest:
+    return opening.SearchRequest(**{"model": "resnet18", "trials": trials, "space": SPACE,  # type: ignore[arg-type]
                                         "studies_dir": tmp_path / "studies", "cache_dir": tmp_path / "cache", **kw})
 
 
 def search(tmp_path: Path, here: Machine, trials: int, **kw: object) -> optuna.Study:
-    opened = loop.open_search(request(tmp_path, trials, **kw), here)
+    opened = opening.open_search(request(tmp_path, trials, **kw), here)
     loop.run_search(opened, here, lambda event: None, runner=fake_runner)
     return opened.study
 
@@ -107,7 +107,7 @@ def test_running_trials_are_told_apart_by_heartbeat_not_hostname(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage, "HEARTBEAT_INTERVAL_S", 1)
     monkeypatch.setattr(storage, "GRACE_PERIOD_S", 2)
-    opened = loop.open_search(request(tmp_path, 1, replicates=ReplicatePolicy(1, 0)), here)
+    opened = opening.open_search(request(tmp_path, 1, replicates=ReplicatePolicy(1, 0)), here)
     dead = storage.ask(opened.study)
     records.claim_trial(dead, "")  # this host and a live pid (ours): neither tells whether it runs
     with storage.heartbeat(opened.study, dead):
@@ -134,7 +134,7 @@ def test_a_trial_whose_autotune_was_killed_before_its_first_beat_is_found_stale(
     """Claiming writes the first heartbeat: Optuna tells a stale trial only by its heartbeat, and a
     trial that never beat would stay RUNNING, counted as another worker's for good."""
     monkeypatch.setattr(storage, "GRACE_PERIOD_S", 1)
-    opened = loop.open_search(request(tmp_path, 1), here)
+    opened = opening.open_search(request(tmp_path, 1), here)
     dead = storage.ask(opened.study)
     records.claim_trial(dead, "")  # then killed, before its heartbeat thread started
     assert abandon(opened.study) == []
@@ -165,7 +165,7 @@ def test_a_trial_failed_by_another_autotune_while_measured_is_left_to_its_retry(
                                                                                 here: Machine) -> None:
     """A worker whose beats did not reach the database for the grace period finds its trial failed
     and retried by another: it says so and goes on (it stopped with an error, its measurement lost)."""
-    opened = loop.open_search(request(tmp_path, 3, replicates=ReplicatePolicy(1, 0)), here)
+    opened = opening.open_search(request(tmp_path, 3, replicates=ReplicatePolicy(1, 0)), here)
     taken: list[int] = []
 
     def slow(plan: LaunchPlan, timeout_s: float) -> RunResult:
@@ -190,7 +190,7 @@ def test_a_trial_failed_by_another_autotune_while_measured_is_left_to_its_retry(
 def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_grace_period(
         tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage, "GRACE_PERIOD_S", 1)
-    opened = loop.open_search(request(tmp_path, 1), here)
+    opened = opening.open_search(request(tmp_path, 1), here)
     legacy = storage.ask(opened.study)
     legacy.set_user_attr("host", "another-container")
     legacy.set_user_attr("pid", 2**22 + 12345)
@@ -204,7 +204,7 @@ def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_gr
 def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine) -> None:
     search(tmp_path, here, trials=1, study="mine")
     with pytest.raises(storage.StudyError, match="study 'mine' was made for model=resnet18, not resnet50"):
-        loop.open_search(loop.SearchRequest(model="resnet50", trials=1, space=SPACE, study="mine",
+        opening.open_search(opening.SearchRequest(model="resnet50", trials=1, space=SPACE, study="mine",
                                               studies_dir=tmp_path / "studies"), here)
 
 
@@ -213,12 +213,12 @@ def test_allow_mixed_lets_a_smaller_host_in_but_not_one_lacking_a_choice(tmp_pat
     default = space.find("default")  # with the core-bound knobs
     search(tmp_path, here, trials=2, study="mixed", space=default)
     smaller = Machine(lscpu("cloud_vm_gaps"), fake_libs)  # 4 cores, the study's host 8
-    opened = loop.open_search(request(tmp_path, 3, study="mixed", allow_mixed=True, space=default), smaller)
+    opened = opening.open_search(request(tmp_path, 3, study="mixed", allow_mixed=True, space=default), smaller)
     assert opened.space.get("omp_threads").high == 4  # type: ignore[union-attr]
     lacking = Machine(lscpu("cloud_vm_gaps"), replace(fake_libs, paths={**fake_libs.paths, "jemalloc": None}))
     before = storage.load("mixed", storage.storage_url("mixed", None, tmp_path / "studies")).user_attrs
     with pytest.raises(storage.StudyError) as refused:
-        loop.open_search(request(tmp_path, 3, study="mixed", allow_mixed=True, space=default), lacking)
+        opening.open_search(request(tmp_path, 3, study="mixed", allow_mixed=True, space=default), lacking)
     assert str(refused.value) == (
         "study 'mixed' cannot take this host's trials: allocator is default/jemalloc/tcmalloc in the study and "
         "default/tcmalloc on this host (--allow-mixed lets only the thread and instance counts follow a host's "
@@ -244,14 +244,14 @@ def test_resuming_with_other_measurement_settings_is_refused(tmp_path: Path, her
                                                              message: str) -> None:
     search(tmp_path, here, trials=2, study="mine")
     with pytest.raises(storage.StudyError) as refused:
-        loop.open_search(request(tmp_path, 3, study="mine", **change), here)
+        opening.open_search(request(tmp_path, 3, study="mine", **change), here)
     assert str(refused.value) == f"study 'mine' was measured with {message}"
     assert records.finished(storage.load("mine", f"sqlite:///{tmp_path}/studies/mine.db")) == 2
 
 
 @pytest.mark.parametrize(("where", "key", "other"), [
-    (loop, "torch_versions", {"torch": "9.9.9", "onednn": "3.7.1"}),
-    (loop, "fingerprint", {"cpu_model": "Another CPU", "memory_gib": 1}),
+    (opening, "torch_versions", {"torch": "9.9.9", "onednn": "3.7.1"}),
+    (opening, "fingerprint", {"cpu_model": "Another CPU", "memory_gib": 1}),
 ])
 def test_resuming_on_another_machine_or_torch_is_refused(tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch,
                                                          where: object, key: str, other: dict[str, object]) -> None:
@@ -261,7 +261,7 @@ def test_resuming_on_another_machine_or_torch_is_refused(tmp_path: Path, here: M
     with pytest.raises(storage.StudyError, match=r"^study 'mine' was measured with (torch|cpu_model)=.*, not "
                                                  r"(9\.9\.9|Another CPU); use another --study name \(measurements "
                                                  r"from another machine or torch do not mix\)$"):
-        loop.open_search(request(tmp_path, 3, study="mine"), here)
+        opening.open_search(request(tmp_path, 3, study="mine"), here)
 
 
 def test_the_study_records_settings_and_each_trial_their_digest(tmp_path: Path, here: Machine) -> None:
@@ -285,7 +285,7 @@ def test_a_study_from_before_settings_adopts_todays_and_measures_its_trials_agai
         legacy.add_trial(optuna.trial.create_trial(
             value=latency, user_attrs={"config": config, "baseline": config == "defaults", "batch_size": 1,
                                        "latency_p50_ms": latency, "throughput_ips": 1000 / latency}))
-    opened = loop.open_search(request(tmp_path, 3, study="old"), here)
+    opened = opening.open_search(request(tmp_path, 3, study="old"), here)
     assert opened.notes[-1] == ("study old was made before autotune recorded its measurement settings (input shape, "
                                 "timing, replicates, tolerance, torch, this machine); it now records today's, and "
                                 "its earlier trials are measured again rather than reused")
@@ -320,7 +320,7 @@ def test_bad_requests_write_nothing(tmp_path: Path, here: Machine, change: dict[
                                     message: str) -> None:
     fields = {"model": "resnet18", "trials": 2, "space": SPACE, "studies_dir": tmp_path / "studies", **change}
     with pytest.raises(storage.StudyError if "model" not in change else Exception, match=message):
-        loop.open_search(loop.SearchRequest(**fields), here)  # type: ignore[arg-type]
+        opening.open_search(opening.SearchRequest(**fields), here)  # type: ignore[arg-type]
     assert not (tmp_path / "studies").exists()
 
 
@@ -328,7 +328,7 @@ def test_a_bad_space_writes_nothing(tmp_path: Path, here: Machine) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("knobs:\n  omp_runtime: [gnu]\n  kmp_blocktime: [1]\n")
     with pytest.raises(SpaceError):
-        loop.open_search(loop.SearchRequest(model="resnet18", trials=2, space=bad,
+        opening.open_search(opening.SearchRequest(model="resnet18", trials=2, space=bad,
                                               studies_dir=tmp_path / "studies"), here)
     assert not (tmp_path / "studies").exists()
 
@@ -338,7 +338,7 @@ def test_a_failing_baseline_stops_the_search(tmp_path: Path, here: Machine) -> N
         bad = InstanceResult(0, False, "exited with code 1: out of memory", 1, "")
         return RunResult(False, "instance 0: exited with code 1: out of memory", (bad,), 1.0)
 
-    opened = loop.open_search(request(tmp_path, 3), here)
+    opened = opening.open_search(request(tmp_path, 3), here)
     with pytest.raises(RunFailed, match=r"the baseline \(PyTorch defaults\) failed: instance 0: exited"):
         loop.run_search(opened, here, lambda e: None, runner=broken)
     assert [t.state for t in opened.study.get_trials()] == [TrialState.FAIL]
@@ -353,7 +353,7 @@ def test_ctrl_c_mid_trial_records_it_failed_and_loses_nothing(tmp_path: Path, he
             raise KeyboardInterrupt
         return fake_runner(plan, timeout_s)
 
-    opened = loop.open_search(request(tmp_path, 6), here)
+    opened = opening.open_search(request(tmp_path, 6), here)
     with pytest.raises(KeyboardInterrupt):
         loop.run_search(opened, here, lambda e: None, runner=interrupted)
     states = [t.state for t in opened.study.get_trials()]
@@ -371,7 +371,7 @@ def test_a_study_whose_trials_were_all_cut_short_goes_on(tmp_path: Path, here: M
         raise KeyboardInterrupt
 
     for _ in range(3):
-        opened = loop.open_search(request(tmp_path, 3), here)
+        opened = opening.open_search(request(tmp_path, 3), here)
         with pytest.raises(KeyboardInterrupt):
             loop.run_search(opened, here, lambda e: None, runner=stopped)
     resumed = search(tmp_path, here, trials=3)
@@ -421,7 +421,7 @@ def test_a_failure_by_a_signal_or_timeout_is_measured_once_more_a_deterministic_
     space = tmp_path / "mkldnn.yaml"
     space.write_text(ONLY_MKLDNN)
     calls, runner = failing_mkldnn(*failures)
-    opened = loop.open_search(request(tmp_path, 5, space=space, replicates=ReplicatePolicy(1, 0)), here)
+    opened = opening.open_search(request(tmp_path, 5, space=space, replicates=ReplicatePolicy(1, 0)), here)
     stopped = loop.run_search(opened, here, lambda event: None, runner=runner)
     trials = opened.study.get_trials()
     assert len(calls) == measured
@@ -438,7 +438,7 @@ def test_a_run_stopped_because_another_instance_exited_is_a_deterministic_failur
                                                                                  here: Machine) -> None:
     stopped = InstanceResult(0, False, "stopped because instance 1 failed", -9, "")
     exited = InstanceResult(1, False, "exited with code 1: out of memory", 1, "")
-    opened = loop.open_search(request(tmp_path, 1), here)
+    opened = opening.open_search(request(tmp_path, 1), here)
     trial = storage.ask(opened.study)
     records.record_failed_run(trial, Measurement((RunResult(False, "instance 0: stopped", (stopped, exited), 1.0),)))
     assert trial.user_attrs["fail_cause"] == "error"

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.child import deploy, quantize, references
-from autotune.child.convert import ModelKnobs, call, explain, leaves
+from autotune.child.batches import call, explain, leaves
 from autotune.child.deploy import Deployment
 from autotune.child.errors import LOAD_FAILED, ApplyError
-from autotune.child.knobs import KNOBS, MODEL_KNOBS
+from autotune.child.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
 
 
 class SyntheticImages:

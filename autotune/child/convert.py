@@ -8,15 +8,14 @@ so what is measured is what a user's program runs.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from autotune.child import cpu
 from autotune.child.artifacts import (
@@ -29,14 +28,10 @@ from autotune.child.artifacts import (
     save_artifact,
     stale_artifacts,
 )
-from autotune.child.envfile import value_text
+from autotune.child.batches import autocast, call, dense, explain, inputs, layout, split
 from autotune.child.errors import ApplyError, WrongAnswers
-from autotune.child.knobs import KNOBS, MODEL_KNOBS, KnobValue, broken_condition
+from autotune.child.knobs import ModelKnobs, Precision
 
-# The model knobs' values as types; what each takes is `knobs.KNOBS` (a test holds the two together).
-Backend = Literal["eager", "torchscript", "inductor"]
-Precision = Literal["fp32", "bf16", "int8"]
-MemoryFormat = Literal["contiguous", "channels_last"]
 # What `--tolerance` allows against eager fp32, per precision: fp32 and bf16, the relative error on
 # the same input; int8, the share of inputs whose top-1 answer may change, and how far below 1 any
 # input's cosine similarity may fall (quantize.agreement_guard).
@@ -51,58 +46,6 @@ class Quantized:
     export: Callable[[Any, Any], Any]  # (model, example) -> ExportedProgram
     calibration: str
     load: Callable[[Path], Any]  # a quantized graph `torch.export.save`d -> ExportedProgram
-
-
-@dataclass(frozen=True)
-class ModelKnobs:
-    """The knobs that change the model itself rather than its process (those are environment)."""
-
-    backend: Backend = "eager"
-    precision: Precision = "fp32"
-    memory_format: MemoryFormat = "contiguous"
-    mkldnn: bool = False
-    weight_cache: bool = False
-
-    @property
-    def is_default(self) -> bool:
-        return self == ModelKnobs()
-
-    @property
-    def saved_as_torchscript(self) -> bool:
-        return self.backend == "torchscript" or self.weight_cache
-
-    @property
-    def compiled(self) -> bool:
-        """A configuration whose converted model is saved as an artifact and loaded back."""
-        return self.saved_as_torchscript or self.backend == "inductor"
-
-    def describe(self) -> str:
-        changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}
-        return " ".join(f"{k}={value_text(v)}" for k, v in changed.items()) or "defaults"
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, KnobValue]) -> ModelKnobs:
-        """The model knobs among `values` (typed as `knobs.Knob.parse` gives them); the rest keep their defaults."""
-        return cls(**{name: values[name] for name in MODEL_KNOBS if name in values})  # type: ignore[arg-type]
-
-    def check(self) -> None:
-        """Combinations the conversions cannot honour (the knobs' conditions), and what this machine cannot run."""
-        values = asdict(self)
-        problem = broken_condition(values, [name for name in MODEL_KNOBS if values[name] != KNOBS[name].default])
-        if problem:
-            raise ApplyError(problem)
-        if self.precision == "bf16" and not cpu.has_bf16():
-            raise ApplyError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
-                             "use precision=fp32 (search again on this machine)")
-        if self.precision == "int8" and not cpu.has_int8():
-            raise ApplyError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
-                             "none; use precision=fp32 (search again on this machine)")
-        if self.mkldnn:
-            import torch
-
-            if not torch.backends.mkldnn.is_available():
-                raise ApplyError("mkldnn=on needs a torch built with oneDNN (mkldnn), and this one is not; "
-                                 "use mkldnn=off")
 
 
 def _quiet(phase: str) -> None:
@@ -168,68 +111,6 @@ def _forward(model: Any, knobs: ModelKnobs) -> Callable[[Any], Any]:
         return dense(output) if knobs.mkldnn else output
 
     return forward
-
-
-def call(model: Any, batch: Any) -> Any:
-    """A batch is one tensor, a list/tuple of positional inputs, or a dict of keyword inputs."""
-    if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, (list, tuple)):
-        return model(*batch)
-    return model(batch)
-
-
-def inputs(batch: Any, knobs: ModelKnobs) -> Any:
-    """Floating-point inputs in the layout the knobs chose; integer inputs (token ids) untouched."""
-    import torch
-    from torch.utils import _pytree
-
-    def convert(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
-        if not x.is_floating_point():
-            return x.contiguous()
-        if knobs.mkldnn:
-            return x.to_mkldnn()
-        if knobs.memory_format == "channels_last" and x.dim() == 4:
-            return x.contiguous(memory_format=torch.channels_last)
-        return x.contiguous()
-
-    return _pytree.tree_map(convert, batch)
-
-
-def dense(output: Any) -> Any:
-    import torch
-    from torch.utils import _pytree
-
-    return _pytree.tree_map(lambda x: x.to_dense() if isinstance(x, torch.Tensor) and x.is_mkldnn else x, output)
-
-
-@contextlib.contextmanager
-def autocast(precision: Precision) -> Iterator[None]:
-    if precision == "bf16":
-        import torch
-
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            yield
-    else:
-        yield
-
-
-def leaves(output: Any) -> list[Any]:
-    """The tensors of a model output (a tensor, a tuple, a dict, a namedtuple ...)."""
-    import torch
-    from torch.utils import _pytree
-
-    found = [x for x in _pytree.tree_leaves(output) if isinstance(x, torch.Tensor)]
-    if not found:
-        raise ApplyError(f"the model returned {type(output).__name__} with no tensor in it")
-    return found
-
-
-def batch_size(batch: Any) -> int:
-    """Items in a batch: dim 0 of its first tensor."""
-    return int(leaves(batch)[0].shape[0])
 
 
 def guard(reference: list[Any], output: list[Any], precision: Precision, tolerance: float,
@@ -427,23 +308,6 @@ class ShapeChecked:
         return self.compiled(*args, **kwargs)
 
 
-def layout(batch: Any) -> list[str]:
-    """Shape, dtype and layout of each input tensor (dict inputs by name): what a compiled model
-    was made for."""
-    if isinstance(batch, dict):
-        return [f"{name}={entry}" for name in sorted(batch) for entry in layout(batch[name])]
-    return [f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}:{_format(t)}" for t in leaves(batch)]
-
-
-def _format(tensor: Any) -> str:
-    import torch
-
-    if tensor.is_mkldnn:
-        return "mkldnn"
-    return "channels_last" if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last) \
-        and not tensor.is_contiguous() else "contiguous"
-
-
 def _export(model: Any, example: Any, precision: Precision) -> Any:
     import torch
 
@@ -463,31 +327,10 @@ def _export(model: Any, example: Any, precision: Precision) -> Any:
         return torch.export.export(Autocast(model), args, kwargs)
 
 
-def split(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """A batch as torch.export takes it: positional inputs, keyword inputs."""
-    if isinstance(batch, dict):
-        return (), batch
-    return (tuple(batch) if isinstance(batch, (list, tuple)) else (batch,)), {}
-
-
 def _jit_compiled(model: Any) -> Any:
     import torch
 
     return torch.compile(model, backend="inductor", options={"freezing": True})
-
-
-EXPLAINED = 300  # characters of an exception's first line that an error line quotes
-
-
-def explain(exc: BaseException) -> str:
-    """One line for a failure inside torch or the model: its type and the first line of its
-    message, a long one cut after its last whole sentence (or word) that fits."""
-    first = (str(exc).strip().splitlines() or [""])[0]
-    if len(first) > EXPLAINED:
-        cut = first[:EXPLAINED]
-        end = cut.rfind(". ")
-        first = cut[:end + 1] if end >= EXPLAINED // 3 else cut.rsplit(" ", 1)[0] + " ..."
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _trace(model: Any, example: Any) -> Any:

@@ -24,19 +24,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from autotune.child import artifacts, envfile, quantize
-from autotune.child.convert import (
-    ModelKnobs,
-    Quantized,
-    call,
-    guard,
-    inputs,
-    leaves,
-    load_saved,
-    prepare,
-)
+from autotune.child.batches import call, inputs, leaves
+from autotune.child.convert import Quantized, guard, load_saved, prepare
 from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
-from autotune.child.knobs import KNOBS, MODEL_KNOBS, KnobValue, KnobValueError
+from autotune.child.knobs import KNOBS, MODEL_KNOBS, KnobValue, KnobValueError, ModelKnobs
 
 # The environment `autotune export` writes for the knobs that change the model itself.
 KNOB_VARS = {name: f"AUTOTUNE_{name.upper()}" for name in MODEL_KNOBS}

@@ -2,17 +2,19 @@
 
 Everything else derives from this table: the search-space loader and `--set` (`autotune.config.knobs`),
 the measuring child's flags (`worker.parse_args`), `apply`'s reading of an env file and its check of
-a configuration (`convert.ModelKnobs`). It lives in the child's layer because the child and a user's
+a configuration (`ModelKnobs`, below). It lives in the child's layer because the child and a user's
 program must read the same rules as the harness and import nothing of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
+from autotune.child import cpu
 from autotune.child.envfile import SWITCH, value_text
+from autotune.child.errors import ApplyError
 
 KnobValue = bool | int | str
 KnobKind = Literal["bool", "int", "choice"]
@@ -142,3 +144,65 @@ def broken_condition(values: Mapping[str, KnobValue], set_names: Iterable[str]) 
                 return (f"{what} applies only with {other}={'/'.join(allowed)} (here {other}={here}); "
                         f"set {other} or drop {name}")
     return None
+
+
+# The model knobs' values as types; what each takes is `knobs.KNOBS` (a test holds the two together).
+Backend = Literal["eager", "torchscript", "inductor"]
+
+
+Precision = Literal["fp32", "bf16", "int8"]
+
+
+MemoryFormat = Literal["contiguous", "channels_last"]
+
+
+@dataclass(frozen=True)
+class ModelKnobs:
+    """The knobs that change the model itself rather than its process (those are environment)."""
+
+    backend: Backend = "eager"
+    precision: Precision = "fp32"
+    memory_format: MemoryFormat = "contiguous"
+    mkldnn: bool = False
+    weight_cache: bool = False
+
+    @property
+    def is_default(self) -> bool:
+        return self == ModelKnobs()
+
+    @property
+    def saved_as_torchscript(self) -> bool:
+        return self.backend == "torchscript" or self.weight_cache
+
+    @property
+    def compiled(self) -> bool:
+        """A configuration whose converted model is saved as an artifact and loaded back."""
+        return self.saved_as_torchscript or self.backend == "inductor"
+
+    def describe(self) -> str:
+        changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}
+        return " ".join(f"{k}={value_text(v)}" for k, v in changed.items()) or "defaults"
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, KnobValue]) -> ModelKnobs:
+        """The model knobs among `values` (typed as `knobs.Knob.parse` gives them); the rest keep their defaults."""
+        return cls(**{name: values[name] for name in MODEL_KNOBS if name in values})  # type: ignore[arg-type]
+
+    def check(self) -> None:
+        """Combinations the conversions cannot honour (the knobs' conditions), and what this machine cannot run."""
+        values = asdict(self)
+        problem = broken_condition(values, [name for name in MODEL_KNOBS if values[name] != KNOBS[name].default])
+        if problem:
+            raise ApplyError(problem)
+        if self.precision == "bf16" and not cpu.has_bf16():
+            raise ApplyError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
+                             "use precision=fp32 (search again on this machine)")
+        if self.precision == "int8" and not cpu.has_int8():
+            raise ApplyError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
+                             "none; use precision=fp32 (search again on this machine)")
+        if self.mkldnn:
+            import torch
+
+            if not torch.backends.mkldnn.is_available():
+                raise ApplyError("mkldnn=on needs a torch built with oneDNN (mkldnn), and this one is not; "
+                                 "use mkldnn=off")

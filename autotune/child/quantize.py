@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.child.artifacts import hash_tensor
-from autotune.child.convert import TOLERANCE, call, explain, split
+from autotune.child.batches import call, explain, split
+from autotune.child.convert import TOLERANCE
 from autotune.child.errors import ApplyError, WrongAnswers
 
 CALIBRATION_BATCHES = 4  # default `--calibration-batches`: batches of the example inputs observed

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from autotune.base.errors import AutotuneError
-from autotune.cli import display, options
+from autotune.cli import display, live, options
 from autotune.cli.common import EXIT_FAILED, STUDIES, emit, holding
 from autotune.config import knobs
 from autotune.host import machine
@@ -20,6 +20,7 @@ from autotune.measure import requests
 from autotune.measure.objectives import COMPARABLE, metric_of, min_rounds_two_sided, parse_objective
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import WARM_SEARCH_DEFAULT
+from autotune.search import opening
 
 
 @click.command()
@@ -82,7 +83,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
     if confirm_top:
         check_rounds(confirm_rounds, confirm_top, "--confirm-rounds", "--confirm-top")
     sizes = _batch_sizes(batch_size)
-    request = loop.SearchRequest(
+    request = opening.SearchRequest(
         model=model, trials=trials, space=space.find(space_spec), objective=parse_objective(objective),
         batch_size=sizes[0], batch_sizes=sizes if len(sizes) > 1 else (), max_latency_ms=max_latency_ms,
         study=study_name, storage=storage, measure=options.settings(**measure),
@@ -93,12 +94,12 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,
         confirm_rounds=confirm_rounds if confirm_top else 0, confirm_top=confirm_top)
     here = machine.this_machine()
-    loop.validate(request, here)  # a bad input is said at once, not after waiting for the machine
+    opening.validate(request, here)  # a bad input is said at once, not after waiting for the machine
     with holding("search", no_wait):
-        opened = loop.open_search(request, here, check=requests.check_model)
+        opened = opening.open_search(request, here, check=requests.check_model)
         for note in opened.notes:
             display.err.print(f"note: {note}", markup=False)
-        progress = display.SearchProgress(request.objective, replicates=replicates, warm=warm_replicates)
+        progress = live.SearchProgress(request.objective, replicates=replicates, warm=warm_replicates)
         try:
             stopped = loop.run_search(opened, here, progress, _reporting(progress))
         finally:
@@ -128,7 +129,7 @@ def _search_body(opened: Any, stopped: str, confirmed_now: bool) -> dict[str, An
     return summaries.search(opened.study, opened.storage, best_measured(opened.study)[:5], stopped, confirmed_now)
 
 
-def _reporting(progress: display.SearchProgress) -> Any:
+def _reporting(progress: live.SearchProgress) -> Any:
     """The search's runner, telling the progress line each run and its processes' phases."""
     from autotune.measure.runner import run_plan
 

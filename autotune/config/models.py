@@ -106,8 +106,8 @@ def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: st
 
 def _example_inputs(text: str) -> tuple[tuple[int, ...], str]:
     """One item's shape (of the first tensor) and the absolute path of a checked inputs file."""
+    from autotune.child.batches import leaves
     from autotune.child.build import load_examples
-    from autotune.child.convert import leaves
     from autotune.child.errors import ApplyError
 
     path = str(Path(text).expanduser().resolve())

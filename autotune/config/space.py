@@ -22,7 +22,7 @@ shrinks with the sampled instances.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,10 +30,10 @@ import yaml
 
 from autotune.base.errors import AutotuneError
 from autotune.child.envfile import value_text
-from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, conditions, knob, parse
-from autotune.host.libs import LIBRARIES
+from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, knob, parse
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+CORE_BOUND = ("omp_threads", "instances")  # knobs whose highest value `adapt` caps at a machine's cores
 BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
 # Parents before children: conditions look at knobs sampled earlier; threads after instances.
 SAMPLE_ORDER = ("omp_runtime", "kmp_affinity", "kmp_blocktime", "omp_proc_bind", "allocator",
@@ -42,14 +42,6 @@ SAMPLE_ORDER = ("omp_runtime", "kmp_affinity", "kmp_blocktime", "omp_proc_bind",
 RANGE_KEYS = {"low", "high", "step", "log", "when"}
 CHOICE_KEYS = {"choices", "when"}
 ENUMERATE_LIMIT = 20_000  # a space with more configurations is not listed (nor exhausted)
-# Which library each choice needs, so a machine without it never samples it.
-NEEDS = {("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
-         ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
-         ("precision", "bf16"): "bf16", ("precision", "int8"): "int8"}
-# What is missing when a need is not met, and what to do about it.
-MISSING = {**{name: f"{name} is not installed ({spec.install})" for name, spec in LIBRARIES.items()},
-           "bf16": "this CPU has neither avx512_bf16 nor AMX",
-           "int8": "this CPU has neither VNNI (avx512_vnni, avx_vnni) nor AMX"}
 
 
 class SpaceError(AutotuneError):
@@ -220,9 +212,6 @@ class SearchSpace:
             for k in self.knobs}}
 
 
-CORE_BOUND = ("omp_threads", "instances")  # knobs whose highest value `adapt` caps at a machine's cores
-
-
 def recorded_differs(recorded: Mapping[str, Any], mine: Mapping[str, Any], cores_may_differ: bool = False) -> str:
     """How this host's space (`to_json`) differs from the one a study recorded: "" when it may
     resume the study. A host of another class (`--allow-mixed`) may cap the core-bound knobs at
@@ -389,111 +378,3 @@ def _check_conditions(where: str, space: SearchSpace) -> None:
                                  f"{other} to the space or remove {rng.name}")
 
 
-def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> SearchSpace:
-    """Fit a space to a machine: drop choices whose library is missing, cap ranges at the cores."""
-    notes: list[str] = []
-    adapted = []
-    for rng in space.knobs:
-        if rng.choices:
-            keep = tuple(c for c in rng.choices if available.get(NEEDS.get((rng.name, value_text(c)), ""), True))
-            for dropped in (value_text(c) for c in rng.choices if c not in keep):
-                notes.append(f"{rng.name}={dropped} dropped: {MISSING[NEEDS[(rng.name, dropped)]]}")
-            if not keep:
-                raise SpaceError(f"{space.source}: knobs.{rng.name}: no choice is available on this "
-                                 f"machine ({'; '.join(notes)}); install one or remove the knob")
-            adapted.append(replace(rng, choices=keep))
-        else:
-            adapted.append(_cap(space.source, rng, cores))
-    capped = _fit_instances(tuple(adapted), cores)
-    return SearchSpace(space.source, capped, tuple(notes), cores)
-
-
-def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool]) -> SearchSpace:
-    """The adapted space with each pinned knob fixed to its value (added where the space lacks it),
-    and the knobs its condition depends on narrowed to the values that keep it applying, so that
-    every sampled configuration holds the pins. A pin the machine or the space cannot honour is
-    one error naming it."""
-    if not pins.values:
-        return space
-    for name, value in pins.values:
-        _check_pin_fits_machine(name, value, space.cores, available)
-    ranges = {rng.name: rng for rng in space.knobs}
-    for name, value in pins.values:
-        ranges[name] = _pinned_range(space, name, value)
-    for name, value in pins.values:
-        for other, allowed in conditions(name, value):
-            if other not in pins.as_dict() and other in ranges:
-                ranges[other] = _narrowed(space.source, ranges[other], allowed, f"{name}={pins.text(name)}")
-    _check_pinned_cores(pins, ranges, space.cores)
-    ordered = tuple(ranges[name] for name in SAMPLE_ORDER if name in ranges)
-    note = f"pinned: {pins.describe()} (searched in every trial but the baseline, which stays PyTorch's defaults)"
-    return SearchSpace(space.source, _fit_instances(ordered, space.cores), (*space.notes, note), space.cores)
-
-
-def _check_pin_fits_machine(name: str, value: KnobValue, cores: int, available: Mapping[str, bool]) -> None:
-    need = NEEDS.get((name, value_text(value)))
-    if need and not available.get(need, True):
-        raise SpaceError(f"--set {name}={value_text(value)} cannot run here: {MISSING[need]}; drop that --set")
-    if name in ("omp_threads", "instances") and int(value) > cores:
-        raise SpaceError(f"--set {name}={value} is above the {cores} usable physical cores of this machine; "
-                         f"use at most {cores}")
-
-
-def _pinned_range(space: SearchSpace, name: str, value: KnobValue) -> KnobRange:
-    rng = space.get(name)
-    definition = knob(name)
-    if rng is not None and not _offers(rng, value):
-        offered = "/".join(value_text(c) for c in rng.choices) if rng.choices else f"{rng.low}..{rng.high}"
-        raise SpaceError(f"--set {name}={value_text(value)} is outside the search space {space.source}, which "
-                         f"offers {name} {offered}; pin one of those, or widen the space (--space)")
-    when = rng.when if rng is not None else definition.only_when
-    if definition.kind == "int" and name in ("omp_threads", "instances"):
-        return KnobRange(name, low=int(value), high=int(value), when=when)
-    return KnobRange(name, choices=(value,), when=when)
-
-
-def _offers(rng: KnobRange, value: KnobValue) -> bool:
-    if rng.choices:
-        return value in rng.choices
-    return rng.low <= int(value) <= int(rng.high) and (int(value) - rng.low) % rng.step == 0
-
-
-def _narrowed(source: str, rng: KnobRange, allowed: tuple[str, ...], because: str) -> KnobRange:
-    if rng.is_range:
-        return rng
-    keep = tuple(c for c in rng.choices if value_text(c) in allowed)
-    if not keep:
-        raise SpaceError(f"--set {because} needs {rng.name}={'/'.join(allowed)}, which the search space "
-                         f"{source} never picks; pin {rng.name} too, or drop that --set")
-    return replace(rng, choices=keep)
-
-
-def _check_pinned_cores(pins: Config, ranges: Mapping[str, KnobRange], cores: int) -> None:
-    """Pinned threads x instances (a pinned one with the other's smallest value) must fit the cores."""
-    pinned = pins.as_dict()
-    if "omp_threads" not in pinned and "instances" not in pinned:
-        return
-    threads, instances = (int(pinned[n]) if n in pinned else (ranges[n].low if n in ranges else 1)
-                          for n in ("omp_threads", "instances"))
-    if threads * instances > cores:
-        raise SpaceError(f"--set {pins.describe()}: {instances} instance(s) x {threads} thread(s) need more than "
-                         f"the {cores} usable physical cores of this machine; pin fewer")
-
-
-def _cap(source: str, rng: KnobRange, cores: int) -> KnobRange:
-    if rng.name not in CORE_BOUND:
-        return replace(rng, high=int(rng.high) if rng.high != "max" else KNOBS[rng.name].high)
-    if rng.low > cores:
-        raise SpaceError(f"{source}: knobs.{rng.name}.low: {rng.low} is above the {cores} usable "
-                         f"physical cores of this machine; use at most {cores}")
-    high = cores if rng.high == "max" else min(int(rng.high), cores)
-    return replace(rng, high=high)
-
-
-def _fit_instances(ranges: tuple[KnobRange, ...], cores: int) -> tuple[KnobRange, ...]:
-    """Instances never so many that the smallest thread count no longer fits."""
-    threads = next((r for r in ranges if r.name == "omp_threads"), None)
-    if threads is None:
-        return ranges
-    return tuple(replace(r, high=max(r.low, min(int(r.high), cores // threads.low)))
-                 if r.name == "instances" else r for r in ranges)

@@ -23,9 +23,9 @@ from typing import Any
 from autotune.base.errors import AutotuneError
 from autotune.child import cpu, deploy, references
 from autotune.child.artifacts import ARTIFACT_FORMAT, GRAPH_KIND, installed_torch_version
-from autotune.child.convert import ModelKnobs
 from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
+from autotune.child.knobs import ModelKnobs
 
 ARTIFACT_SUFFIXES = (".pt2", ".pt")
 REFERENCES = "eager outputs"  # child.references: what a process that only loads an artifact checks it with

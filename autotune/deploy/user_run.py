@@ -20,12 +20,12 @@ from pathlib import Path
 from autotune.base import tempdirs
 from autotune.base.errors import AutotuneError
 from autotune.child import deploy
-from autotune.child.convert import ModelKnobs
 from autotune.child.errors import ApplyError
+from autotune.child.knobs import ModelKnobs
 from autotune.host.libs import Libraries
 from autotune.host.topology import Topology, format_cpus
+from autotune.measure.children import kill_group
 from autotune.measure.plan import Binding, best_binder, bind_prefix
-from autotune.measure.runner import kill_group
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 
 from autotune.base.errors import TopologyError
 from autotune.child import deploy
-from autotune.child.convert import ModelKnobs
+from autotune.child.knobs import ModelKnobs
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host.libs import Libraries

@@ -56,7 +56,7 @@ class Worker:
     space: SearchSpace
     proposer: proposals.Proposer
     batch_sizes: tuple[int, ...]  # the first is the baseline's; more than one are searched
-    digest: str  # records.settings_digest of the measurement settings
+    digest: str  # claims.settings_digest of the measurement settings
     klass: str  # machine.class_id of this host
 
     def patiently(self, action: Callable[[], T]) -> T:

@@ -12,77 +12,30 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError, RunFailed
-from autotune.child.settings import CACHE_DIR, MeasureSettings
-from autotune.config import models, recipes, space
 from autotune.config.knobs import Config
 from autotune.host.machine import (
     Machine,
-    class_id,
-    fingerprint,
-    host_class,
     host_name,
-    machine_has_bf16,
-    machine_has_int8,
-    torch_versions,
 )
 from autotune.measure import requests
-from autotune.measure.objectives import OBJECTIVES, Objective, parse_objective, values_of
+from autotune.measure.objectives import values_of
 from autotune.measure.plan import LaunchPlan
-from autotune.measure.replicates import Measurement, PlanRunner, ReplicatePolicy, measure_replicates
+from autotune.measure.replicates import Measurement, PlanRunner, measure_replicates
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
-from autotune.search import budget, confirm, fleet, proposals, pruning
+from autotune.search import budget, confirm, fleet, opening, proposals, pruning
+from autotune.search.opening import Search, SearchRequest
 from autotune.study import records, storage
-from autotune.study.storage import StudyError, StudyLocked
+from autotune.study.storage import StudyLocked
 
-MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE
-DIRECTIONS: dict[Objective, list[optuna.study.StudyDirection]] = {
-    "latency": [MIN], "throughput": [MAX], "both": [MIN, MAX]}
-STARTUP_TRIALS = 8  # random trials before TPE models the space
 T = TypeVar("T")
-# The option behind each recorded measurement setting (the others are the machine and torch).
-SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
-                 "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
-                 "warm_replicates": "--warm-replicates/--fresh-replicates",
-                 "timeout_s": "--timeout", "tolerance": "--tolerance", "calibration_batches": "--calibration-batches"}
-
-
-@dataclass(frozen=True)
-class SearchRequest:
-    """`autotune search` flags, converted once."""
-
-    model: str
-    trials: int
-    space: Path
-    objective: Objective = "latency"
-    batch_size: int = 1
-    study: str | None = None
-    storage: str | None = None
-    measure: MeasureSettings = field(default_factory=MeasureSettings)
-    replicates: ReplicatePolicy = field(default_factory=ReplicatePolicy)
-    cache_dir: Path = Path(CACHE_DIR)
-    studies_dir: Path = Path("studies")
-    seed: int | None = None
-    input_shape: str | None = None
-    example_inputs: str | None = None
-    tolerance: float | None = None  # None: per precision
-    calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES (not recorded)
-    max_latency_ms: float | None = None
-    batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
-    command_line: str = ""
-    pins: Config = field(default_factory=Config)  # knobs fixed in every trial but the baseline (`--set`)
-    time_budget_s: float | None = None  # `--time-budget`: no new trial once it cannot fit
-    confirm_rounds: int = 0  # of the confirmation that follows, for the budget; 0 without one
-    confirm_top: int = 0  # candidates that confirmation takes at most
-    allow_mixed: bool = False  # `--allow-mixed`: hosts of another class than the study's may join it
 
 
 @dataclass(frozen=True)
@@ -110,158 +63,6 @@ class TrialEvent:
     best: FrozenTrial | None = None
     recipe: str = ""
     finished_before: int = 0  # finished when this session started: the ETA counts only this session's
-
-
-@dataclass
-class Search:
-    """An opened study with everything a search needs, validated before anything is written."""
-
-    request: SearchRequest
-    study: optuna.Study
-    space: space.SearchSpace
-    model: models.ModelSpec
-    name: str
-    storage: str
-    notes: tuple[str, ...] = field(default=())
-    finished_before: int = 0
-    settings_digest: str = ""
-    proposer: proposals.Proposer | None = None
-    klass: str = ""  # this host's class id (machine.class_id)
-
-    def worker(self) -> fleet.Worker:
-        """What claiming this search's next trial needs (fleet.claim)."""
-        assert self.proposer is not None
-        sizes = self.request.batch_sizes if len(self.request.batch_sizes) > 1 else (self.request.batch_size,)
-        return fleet.Worker(self.study, self.storage, self.request.trials, self.space, self.proposer, sizes,
-                            self.settings_digest, self.klass)
-
-    def should_confirm(self, top: int) -> bool:
-        """Confirm when asked and something new ran, or when the study holds no verdict yet."""
-        new = self.finished_before < self.request.trials
-        return top > 0 and (new or "confirmation" not in self.study.user_attrs)
-
-
-def study_name(request: SearchRequest, model: models.ModelSpec) -> str:
-    batch = "-".join(map(str, request.batch_sizes)) if len(request.batch_sizes) > 1 else str(request.batch_size)
-    limit = f"-p90max{request.max_latency_ms:g}ms" if request.max_latency_ms else ""
-    stem = storage.safe_name(Path(model.name).stem if model.kind in ("torchscript", "exported") else model.name)
-    return storage.check_name(request.study if request.study is not None else
-                              f"{stem}-bs{batch}-{request.objective}{limit}")
-
-
-def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec, space.SearchSpace]:
-    """Everything that can be wrong with the request, checked before the study is touched."""
-    parse_objective(request.objective, OBJECTIVES, StudyError)
-    if request.trials < 1:
-        raise StudyError(f"--trials {request.trials} is not allowed; use 1 or more")
-    if request.batch_size < 1 or any(b < 1 for b in request.batch_sizes):
-        raise StudyError("--batch-size must be 1 or more (a list like 1,2,4,8 is searched with --objective "
-                         "throughput)")
-    if len(request.batch_sizes) > 1 and request.objective != "throughput":
-        raise StudyError(f"a list of batch sizes is searched only with --objective throughput; with "
-                         f"{request.objective} give one --batch-size")
-    if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
-        raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
-    model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
-    requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
-    available = {name: path is not None for name, path in machine.libs.paths.items()}
-    available["bf16"] = machine_has_bf16()
-    available["int8"] = machine_has_int8()
-    adapted = space.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
-    return model, space.pin(adapted, request.pins, available)
-
-
-def open_search(request: SearchRequest, machine: Machine,
-                check: Callable[[requests.BenchRequest, Machine], None] | None = None) -> Search:
-    """Validate everything (and, with `check`, run a user model once) before the study is touched;
-    then create or resume it, failing the trials a killed autotune left running."""
-    model, adapted = validate(request, machine)
-    if check is not None:
-        check(_bench_request(request, Config()), machine)
-    name = study_name(request, model)
-    url = storage.storage_url(name, request.storage, request.studies_dir)
-    liar = storage.is_server(url)  # workers on a server: TPE counts the running trials of the others
-    study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed, liar),
-                           optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
-    settings, cls = _settings(request, model, machine), host_class(machine)
-    found = recipes.recipes(machine.topology, request.objective, machine_has_bf16(), machine_has_int8())
-    known, left_out = recipes.fitting(found, adapted, request.pins)
-    # In one worker at a time, as claiming a trial (fleet.claim): two hosts of different classes
-    # would both claim a new study, and a dead worker's trial failed here would be retried under a claimer.
-    with storage.exclusive(study):
-        _check_pins(study, request.pins)
-        records.check_wanted(study, _wanted(request, model))  # what was asked first, then where it runs
-        mixed = fleet.claim_class(study, cls, request.allow_mixed)
-        records.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings),
-                      other_class=bool(mixed))
-        notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
-                 *records.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
-                 *_restore_kept(study, url, request),
-                 *(f"trial {n} was left running by a killed autotune; marked failed"
-                   for n in records.abandon_stale_trials(study, study.get_trials(deepcopy=False)))]
-    done = records.finished(study)
-    if done >= request.trials:
-        notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
-    proposer = proposals.Proposer(adapted, request.batch_sizes or (request.batch_size,),
-                                  functools.partial(sampler, constant_liar=liar), known, request.seed)
-    return Search(request, study, adapted, model, name, url, tuple(notes), done, records.settings_digest(settings),
-                  proposer, class_id(cls))
-
-
-def _check_pins(study: optuna.Study, pins: Config) -> None:
-    """A study is resumed only with the pins it was searched with (none before pins existed)."""
-    wanted = pins.describe() if pins.values else ""
-    recorded = study.user_attrs.get("pins", "" if study.user_attrs else wanted)
-    if recorded != wanted:
-        def said(text: str) -> str:
-            return f"--set {text.replace(' ', ' --set ')}" if text else "no --set pins"
-
-        raise StudyError(f"study {study.study_name!r} was searched with {said(recorded)}, not {said(wanted)}; "
-                         f"give the same pins to resume it, or another --study name")
-
-
-def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list[str]:
-    """Measurements a locked database kept out of the study last time are recorded now."""
-    notes = []
-    for path in storage.kept_aside(url, request.studies_dir, study.study_name):
-        number = records.restore_kept(study, path, request.max_latency_ms)
-        if number is not None:
-            notes.append(f"trial {number}'s measurement, kept in {path} while the study was locked, is recorded now")
-    return notes
-
-
-def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
-    wanted = {"model": model.name, "batch_size": request.batch_size, "objective": request.objective,
-              "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms,
-              "pins": request.pins.describe() if request.pins.values else ""}
-    return wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
-
-
-def _description(request: SearchRequest, machine: Machine, settings: dict[str, Any]) -> dict[str, Any]:
-    return {"host": records.host_fingerprint(machine), "created_by": request.command_line,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": settings,
-            "settings_digest": records.settings_digest(settings)}
-
-
-def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine) -> dict[str, Any]:
-    """Everything besides the configuration that a measurement depends on, as plain JSON values."""
-    versions = torch_versions()
-    return {"input_shape": "x".join(map(str, model.item_shape)), **asdict(request.measure),
-            "replicates": request.replicates.replicates, "timeout_s": request.replicates.timeout_s,
-            "warm_replicates": request.replicates.in_process,
-            "tolerance": request.tolerance, "torch": versions["torch"], "onednn": versions["onednn"],
-            **({"calibration_batches": request.calibration_batches} if request.calibration_batches else {}),
-            **fingerprint(machine)}
-
-
-def sampler(seed: int | None, constant_liar: bool = False) -> optuna.samplers.BaseSampler:
-    """The search's sampler; its settings were chosen with benchmarks/sampler_replay.py (README).
-    `constant_liar` for workers sharing a study: other workers' running trials count as bad, so
-    that parallel workers spread out instead of proposing the same region."""
-    with storage.quiet_optuna():
-        # group=True keeps conditional knobs (kmp_* only with Intel OpenMP) in their own groups.
-        return optuna.samplers.TPESampler(multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
-                                          seed=seed, constant_liar=constant_liar)
 
 
 def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],
@@ -411,7 +212,7 @@ def _host_baseline(search: Search, machine: Machine, runner: PlanRunner) -> dict
     known = _patiently(search, lambda: fleet.host_baseline(search.study, host))
     if known is not None:
         return known
-    plan = requests.make_plan(_bench_request(search.request, Config()), machine)
+    plan = requests.make_plan(opening.bench_request(search.request, Config()), machine)
     measured = measure_replicates(plan, search.request.replicates, runner)
     if not measured.ok:
         raise RunFailed(f"this host's baseline (PyTorch defaults) failed: {measured.reason}; autotune needs it to "
@@ -441,7 +242,7 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
         _patiently(search, lambda: records.record_skipped(trial, skipped))
         return Outcome(TrialState.PRUNED, reason=skipped)
     try:
-        plan = requests.make_plan(_bench_request(request, config, batch), machine)
+        plan = requests.make_plan(opening.bench_request(request, config, batch), machine)
     except AutotuneError as exc:
         reason = str(exc)
         _patiently(search, lambda: records.record_failure(trial, reason, records.ERROR))
@@ -523,12 +324,6 @@ def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome,
     else:
         search.study.tell(trial, state=outcome.state, skip_if_finished=True)
 
-
-def _bench_request(request: SearchRequest, config: Config, batch: int | None = None) -> requests.BenchRequest:
-    return requests.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
-                                 measure=request.measure, cache_dir=request.cache_dir,
-                                 input_shape=request.input_shape, example_inputs=request.example_inputs,
-                                 tolerance=request.tolerance, calibration_batches=request.calibration_batches)
 
 
 def _reuse(search: Search, trial: optuna.Trial, duplicate: FrozenTrial) -> Outcome:

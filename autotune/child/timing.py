@@ -1,0 +1,112 @@
+"""The timed part of a measurement: warmup, the samples inside the common window, and the checks
+that give up early on a hopeless configuration (`--give-up-above-ms`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its children so far (DataLoader workers included)."""
+    import psutil
+
+    me = psutil.Process()
+    total = float(sum(me.cpu_times()[:2]))
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a worker that just exited
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+def warm_up(args: argparse.Namespace, forward: Any, batches: Any) -> int:
+    """Untimed iterations until both the count and the time are reached."""
+    count = 0
+    deadline = time.perf_counter() + args.warmup_time
+    while count < args.warmup or time.perf_counter() < deadline:
+        forward(next(batches))
+        count += 1
+    return count
+
+
+@dataclass(frozen=True)
+class Window:
+    """The common measuring window, in CLOCK_MONOTONIC seconds."""
+
+    start: float
+    end: float
+
+
+def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Window) -> dict[str, Any]:
+    """Timed loop over the common window: forward latency per batch, end-to-end items per second
+    of this instance's own time in the window (from START, or later if it heard `go` late)."""
+    import torch
+
+    from autotune.child.batches import batch_size
+
+    latencies_ms: list[float] = []
+    iterations_ms: list[float] = []
+    items = 0
+    with torch.no_grad():
+        cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
+        time.sleep(max(window.start - time.monotonic(), 0.0))
+        start = time.monotonic()
+        checks = GiveUpChecks(start, args.give_up_after, args.give_up_iterations, args.give_up_above_ms)
+        while time.monotonic() < window.end or len(latencies_ms) < args.min_iterations:
+            t_fetch = time.perf_counter()
+            batch = next(batches)
+            t0 = time.perf_counter()
+            forward(batch)
+            t1 = time.perf_counter()
+            latencies_ms.append((t1 - t0) * 1e3)
+            iterations_ms.append((t1 - t_fetch) * 1e3)
+            items += batch_size(batch)
+            if checks.stop(latencies_ms):
+                break
+        elapsed = time.monotonic() - start
+        cpu_s = cpu_seconds() - cpu_before
+    result = {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
+              "window": {"start": window.start, "end": window.end}, "late_start_s": start - window.start,
+              "window_s": elapsed, "throughput_ips": items / elapsed, "cpu_s": cpu_s}
+    return result | checks.verdict()
+
+
+def limits(text: str) -> tuple[float, ...]:
+    """`--give-up-above-ms`: positive milliseconds, comma-separated."""
+    values = tuple(float(v) for v in text.split(",") if v.strip())
+    if any(not v > 0 for v in values):  # NaN too
+        raise argparse.ArgumentTypeError(f"not positive milliseconds: {text!r}")
+    return values
+
+
+class GiveUpChecks:
+    """Step 3's early stop: the k-th check comes once k windows' time (`every_s` each) and samples
+    (`every_n` each) are in, and stops the loop when the median of all samples so far is above the
+    k-th limit. A window whose check passes just goes on into the next one."""
+
+    def __init__(self, start: float, every_s: float, every_n: int, above_ms: tuple[float, ...]) -> None:
+        self.start, self.every_s, self.every_n, self.above_ms = start, every_s, every_n, above_ms
+        self.passed = 0  # checks passed so far
+        self.gave_up = False
+
+    def stop(self, latencies_ms: list[float]) -> bool:
+        """After each sample: is this a check, and does it stop the loop?"""
+        if self.passed >= len(self.above_ms):
+            return False
+        due = self.passed + 1
+        if time.monotonic() < self.start + due * self.every_s or len(latencies_ms) < due * self.every_n:
+            return False
+        self.gave_up = statistics.median(latencies_ms) > self.above_ms[self.passed]
+        self.passed += not self.gave_up
+        return self.gave_up
+
+    def verdict(self) -> dict[str, Any]:
+        """For the result: the limit crossed and after how many windows, when one was."""
+        if not self.gave_up:
+            return {}
+        return {"gave_up_above_ms": self.above_ms[self.passed], "gave_up_windows": self.passed + 1}
