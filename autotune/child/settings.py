@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CACHE_DIR = "studies/cache"  # compiled artifacts (artifacts/) and inductor's kernels, shared by every study
+STUDIES_DIR = "studies"  # where studies live by default, relative to where autotune runs
+CACHE_DIR = f"{STUDIES_DIR}/cache"  # compiled artifacts (artifacts/) and inductor's kernels, shared by every study
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ from typing import Any
 
 import click
 
+from autotune.child.settings import STUDIES_DIR
 from autotune.cli import display
 from autotune.host.lock import machine_lock
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
-STUDIES = Path("studies")
+STUDIES = Path(STUDIES_DIR)
 
 
 def holding(command: str, no_wait: bool) -> AbstractContextManager[None]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from autotune.child.settings import CACHE_DIR, MeasureSettings
+from autotune.child.settings import CACHE_DIR, STUDIES_DIR, MeasureSettings
 from autotune.config import models, recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.host.machine import (
@@ -61,7 +61,7 @@ class SearchRequest:
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     replicates: ReplicatePolicy = field(default_factory=ReplicatePolicy)
     cache_dir: Path = Path(CACHE_DIR)
-    studies_dir: Path = Path("studies")
+    studies_dir: Path = Path(STUDIES_DIR)
     seed: int | None = None
     input_shape: str | None = None
     example_inputs: str | None = None
