@@ -17,7 +17,7 @@ from autotune.base import tempdirs
 from autotune.base.errors import AutotuneError, Interrupted, RunFailed
 from autotune.child.errors import ApplyError
 from autotune.cli import cmd_machine, cmd_result, cmd_search
-from autotune.cli.common import EXIT_FAILED, EXIT_USAGE
+from autotune.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             raise
         code = _fail(f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
                      "rerun with --debug for the traceback and report it", EXIT_FAILED)
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
 def _help_hint(exc: click.ClickException) -> str:
