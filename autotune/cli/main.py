@@ -16,8 +16,8 @@ import click
 from autotune.base import tempdirs
 from autotune.base.errors import AutotuneError, Interrupted, RunFailed
 from autotune.child.errors import ApplyError
-from autotune.cli import cmd_machine, cmd_result, cmd_search
-from autotune.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from autotune.cli import cmd_machine, cmd_result, cmd_search, crash
+from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,11 +66,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = _fail(str(exc), EXIT_USAGE)
     except RunFailed as exc:
         code = _fail(str(exc), EXIT_FAILED)
-    except Exception as exc:  # a bug or an unexpected outside failure: still one line, unless --debug
+    except Exception as exc:  # a bug or an unexpected outside failure: one line naming its report, unless --debug
         if "--debug" in args:
             raise
-        code = _fail(f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-                     "rerun with --debug for the traceback and report it", EXIT_FAILED)
+        code = _fail(crash.error_line(exc, args), EXIT_INTERNAL)
     sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
