@@ -16,6 +16,7 @@ import pytest
 import autotune
 from autotune.base import tempdirs
 from autotune.cli import crash, display
+from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 from autotune.cli.main import cli, main
 from tests.conftest import FIXTURES
 
@@ -130,6 +131,15 @@ def test_the_installed_command_exits_2_without_traceback() -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error: unknown model 'nosuchmodel'")
     assert proc.stdout == ""
+
+
+def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--help")
+    codes = out.split("Exit codes:\n", 1)[1]
+    lines = [f"    {value:<7}{meaning}" for value, meaning in [
+        (EXIT_OK, "success"), (EXIT_FAILED, "a measured result failed"), (EXIT_USAGE, "bad input"),
+        (EXIT_INTERNAL, "an internal error"), ("128+N", "stopped by signal N")]]
+    assert code == 0 and all(line in codes for line in lines), codes
 
 
 def _boom(*_: object) -> None:
