@@ -1,14 +1,22 @@
-"""The CLI's contract: every command has --help; every bad input is one `Error:` line, exit code 2."""
+"""The CLI's contract: every command has --help; every bad input is one `Error:` line, exit code 2;
+an internal error is one `Error:` line naming its saved traceback, exit code 3."""
 
 from __future__ import annotations
 
 import json
+import re
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+import autotune
+from autotune.base import tempdirs
+from autotune.cli import crash, display
+from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 from autotune.cli.main import cli, main
 from tests.conftest import FIXTURES
 
@@ -123,3 +131,69 @@ def test_the_installed_command_exits_2_without_traceback() -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error: unknown model 'nosuchmodel'")
     assert proc.stdout == ""
+
+
+def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--help")
+    codes = out.split("Exit codes:\n", 1)[1]
+    lines = [f"    {value:<7}{meaning}" for value, meaning in [
+        (EXIT_OK, "success"), (EXIT_FAILED, "a measured result failed"), (EXIT_USAGE, "bad input"),
+        (EXIT_INTERNAL, "an internal error"), ("128+N", "stopped by signal N")]]
+    assert code == 0 and all(line in codes for line in lines), codes
+
+
+def _boom(*_: object) -> None:
+    raise RuntimeError("boom\nsecond line")
+
+
+@pytest.fixture
+def broken_knobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`autotune knobs` with a bug in it, and a temporary folder of the test's own."""
+    monkeypatch.setattr(display, "knobs", _boom)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_an_internal_error_is_exit_3_and_one_line_naming_its_traceback(
+        broken_knobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "knobs")
+    assert (code, out) == (3, "")
+    found = re.fullmatch(r"Error: internal error \(RuntimeError: boom\); the traceback is in (\S+); please report it\n",
+                         err)
+    assert found, err
+    saved = Path(found[1])
+    assert saved.parent == broken_knobs and saved.name.startswith("autotune-crash-") and saved.suffix == ".txt"
+    text = saved.read_text()
+    assert "Traceback (most recent call last):" in text and "in _boom" in text and "RuntimeError: boom" in text
+    assert "command: autotune knobs\n" in text and f"autotune: {autotune.__version__}\n" in text
+    assert "\npython: CPython " in text and "\nplatform: " in text
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600  # a traceback may show what only this user may see
+    tempdirs.remove_orphans(broken_knobs)  # the next start keeps it
+    assert saved.exists()
+
+
+def test_an_internal_error_whose_traceback_cannot_be_saved_is_still_one_line_and_exit_3(
+        broken_knobs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(broken_knobs / "missing"))
+    code, out, err = run_cli(capsys, "knobs")
+    assert (code, out) == (3, "")
+    assert err.startswith("Error: internal error (RuntimeError: boom); its traceback could not be saved "
+                          "(FileNotFoundError: ")
+    assert err.endswith("); rerun with --debug and please report it\n") and err.count("\n") == 1
+
+
+def test_debug_shows_an_internal_error_as_a_traceback_and_saves_nothing(broken_knobs: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["--debug", "knobs"])
+    assert not list(broken_knobs.glob(f"{crash.PREFIX}*"))
+
+
+def test_a_saved_traceback_shows_no_password() -> None:
+    try:
+        raise RuntimeError("cannot reach postgresql+psycopg://me:secretpw@127.0.0.1:1/db")
+    except RuntimeError as exc:
+        text = crash.report(exc, ["studies", "--storage", "postgresql+psycopg://me:secretpw@127.0.0.1:1/db"])
+        line = crash.summary(exc)
+    assert "secretpw" not in text + line
+    assert "command: autotune studies --storage postgresql+psycopg://me:***@127.0.0.1:1/db\n" in text
+    assert line == "RuntimeError: cannot reach postgresql+psycopg://me:***@127.0.0.1:1/db"

@@ -54,6 +54,20 @@ def test_a_failed_run_fails_the_gate(monkeypatch: pytest.MonkeyPatch, capsys: py
     assert got == 1 and "FAIL: no verdict without every run" in out
 
 
+def test_a_comparison_a_failed_run_prevented_exits_1(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the gate too: a contender that failed is a measured result that failed, not a bad input."""
+    def crashing(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        return RunResult(False, "instance 0: crashed with SIGSEGV", (), 1.0)
+
+    monkeypatch.setattr(runner, "run_series", one_by_one(crashing))
+    got, out, _ = run_cli(capsys, "compare", "defaults", "allocator=jemalloc", "--model", "resnet18", "--rounds", "5",
+                          "--json")
+    data = json.loads(out)
+    assert got == 1 and data["comparison"] is None
+    assert data["reason"] == "a run failed (instance 0: crashed with SIGSEGV)"
+
+
 GIVE = "give a percentage from 0 to 100, like 5%"
 
 

@@ -13,7 +13,8 @@ from autotune.child.settings import STUDIES_DIR
 from autotune.cli import display
 from autotune.host.lock import machine_lock
 
-EXIT_FAILED, EXIT_USAGE = 1, 2
+# the exit codes, named once: 0 success; 1 a measured result failed; 2 bad input; 3 a bug in autotune
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 STUDIES = Path(STUDIES_DIR)
 
 

@@ -1,7 +1,11 @@
 """The `autotune` command: flags in, one function call, output and exit code out.
 
-Exit codes: 0 success; 1 a benchmark ran and failed; 2 bad input (one `Error:` line);
-128 + the signal when stopped: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
+Exit codes (named in `common.py`), so that a CI job can tell a slower model from a broken tool:
+0 success; 1 a measured result failed (a benchmark that ran and failed, a `compare --fail-if-slower`
+FAIL, a comparison a failed run prevented); 2 bad input (one `Error:` line); 3 an internal error
+(one `Error:` line naming the file in the temporary folder that holds its traceback, `crash.py`;
+`--debug` raises it instead); 128 + the signal when stopped: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
+`autotune run` exits with the code of the program it ran.
 The commands live by what they are about: `cmd_machine.py`, `cmd_search.py`, `cmd_result.py`.
 """
 
@@ -16,8 +20,8 @@ import click
 from autotune.base import tempdirs
 from autotune.base.errors import AutotuneError, Interrupted, RunFailed
 from autotune.child.errors import ApplyError
-from autotune.cli import cmd_machine, cmd_result, cmd_search
-from autotune.cli.common import EXIT_FAILED, EXIT_USAGE
+from autotune.cli import cmd_machine, cmd_result, cmd_search, crash
+from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,6 +34,17 @@ def cli(debug: bool) -> None:
       autotune doctor
       autotune plan --model resnext101 --set instances=2
       autotune bench --model resnet18 --set allocator=jemalloc
+
+    \b
+    Exit codes:
+      0      success
+      1      a measured result failed: a benchmark that ran and failed,
+             a `compare --fail-if-slower` FAIL, a comparison a failed run prevented
+      2      bad input: one `Error:` line says what to fix
+      3      an internal error: one `Error:` line names the file in the
+             temporary folder that holds its traceback; please report it
+      128+N  stopped by signal N: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
+      `autotune run` exits with the code of the program it ran.
     """
 
 
@@ -47,7 +62,7 @@ def _raise_interrupt(signum: int, frame: object) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Entry point: one `Error:` line and exit code 2 for every bad input; `--debug` re-raises."""
+    """Entry point: every failure as one `Error:` line and its exit code; `--debug` re-raises."""
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)  # a closed terminal stops the children too
@@ -66,12 +81,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = _fail(str(exc), EXIT_USAGE)
     except RunFailed as exc:
         code = _fail(str(exc), EXIT_FAILED)
-    except Exception as exc:  # a bug or an unexpected outside failure: still one line, unless --debug
+    except Exception as exc:  # a bug or an unexpected outside failure: one line naming its report, unless --debug
         if "--debug" in args:
             raise
-        code = _fail(f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-                     "rerun with --debug for the traceback and report it", EXIT_FAILED)
-    sys.exit(code if isinstance(code, int) else 0)
+        code = _fail(crash.error_line(exc, args), EXIT_INTERNAL)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
 def _help_hint(exc: click.ClickException) -> str:

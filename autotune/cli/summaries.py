@@ -11,6 +11,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.child import envfile
+from autotune.cli.common import EXIT_FAILED, EXIT_OK
 from autotune.deploy import export
 from autotune.measure.objectives import Metric, unit_of
 from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, median
@@ -69,10 +70,10 @@ def _interval(interval: Interval) -> dict[str, Any]:
 
 def gate(check: RegressionCheck | None, margin: float) -> dict[str, Any]:
     """`compare --fail-if-slower`: the two-sided verdict and its numbers (None: a run failed)."""
-    verdict = {"margin": margin, "failed": check is None or check.slower_than_margin, "exit_code": 1}
+    verdict = {"margin": margin, "failed": check is None or check.slower_than_margin, "exit_code": EXIT_FAILED}
     if check is None:
         return verdict | {"reason": "a run failed, so there is no verdict"}
-    return verdict | {"exit_code": 1 if check.slower_than_margin else 0, "speedup": check.speedup,
+    return verdict | {"exit_code": EXIT_FAILED if check.slower_than_margin else EXIT_OK, "speedup": check.speedup,
                       "p_value": check.p_value, "difference_p_value": check.difference_p, "rounds": check.rounds,
                       "test": "two-sided Wilcoxon signed-rank, H0: the second is exactly `margin` slower",
                       "interval": _interval(check.interval)}
