@@ -121,7 +121,7 @@ def second_over_first(ran: Sequence[RunResult]) -> list[float]:
 
 
 def position_effect(ratios: Sequence[float]) -> str:
-    """The A/A rounds' second run against their first: a line for the README."""
+    """The A/A rounds' second run against their first: a line for benchmarks/RESULTS.md."""
     if len(ratios) < 2:
         return "position effect: too few A/A pairs built together"
     interval = stats.median_ci(sorted(ratios))

@@ -10,7 +10,7 @@ the most workers asked (CONNECTIONS_PER_WORKER each, unless --max-connections sa
     python benchmarks/fleet_scale.py --workers 64 --trials 1000 --seconds 30 --stop-after 1500
 
 --seconds takes one duration, or one per worker count. Each run prints one JSON line, then its
-README table row. A worker that fails (e.g. refused a connection: "too many clients") counts in
+RESULTS.md table row. A worker that fails (e.g. refused a connection: "too many clients") counts in
 `failed_workers` with its last stderr line, and the others go on; --stop-after S interrupts a
 run's workers after S seconds (their trials so far are kept and the row says "stopped"). The
 connection watcher holds one connection of its own from before the workers start, so a full
@@ -247,7 +247,7 @@ def _rate_by_size(done: list[dict[str, float]]) -> dict[str, float]:
 
 
 def row(result: dict[str, Any]) -> str:
-    """The README's table row."""
+    """The table row of benchmarks/RESULTS.md."""
     workers = f"{result['workers']} ({result['seconds_per_trial']:g} s trials)"
     if result["failed_workers"]:
         workers += f", {result['failed_workers']} failed"

@@ -7,7 +7,7 @@ seconds of skipped trials that gave up are what it saves.
 
 The replay keeps the study's path: in a search under today's rule the sampler would have seen the
 skipped trials as pruned and drawn others after them. The space is the default one, adapted to
-this machine's cores with bf16 and int8 (the searches of README "What a search costs").
+this machine's cores with bf16 and int8 (the searches of benchmarks/RESULTS.md, "What a search costs").
 
     .venv/bin/python benchmarks/skip_replay.py STUDY.db [STUDY.db ...]
 """

@@ -1,7 +1,7 @@
 """Does building two trials' processes side by side save time, and does waiting for its turn change
 what a process measures? A search could claim two trials at a time and build both processes
 together, as the confirmation does (tried at 39bd215 and withdrawn on this benchmark's answer,
-README "What a search costs"); two whole searches cannot show what that saves, since each takes
+benchmarks/RESULTS.md, "What a search costs"); two whole searches cannot show what that saves, since each takes
 its own path (which configurations, how many compile, how many give up). This replays the trials
 of a kept study instead, each as the search ran it (its recorded plan, its three windows in one
 warmed process, no giving up), in study order: every block of `--block` trials is run twice, once

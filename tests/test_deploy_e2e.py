@@ -121,7 +121,7 @@ def test_run_warns_when_the_program_never_applies_the_knobs(tmp_path: Path) -> N
     assert ignored.returncode == 0 and ignored.stdout == "served\n"
     assert ignored.stderr.strip().splitlines() == [
         "warning: the program never called autotune.apply(model, example_inputs), so backend=torchscript "
-        "precision=bf16 were not applied there; see the README, 'Using the result in your program'"]
+        "precision=bf16 were not applied there; see docs/deploying.md, 'Using the result in your program'"]
     program = "import torch, torchvision, autotune; autotune.apply(torch.nn.Linear(4, 2), torch.randn(1, 4))"
     applied = autotune_cli(tmp_path, "run", str(env), "--", sys.executable, "-c", program)
     assert applied.returncode == 0 and "warning" not in applied.stderr, applied.stderr

@@ -309,7 +309,7 @@ def test_a_trial_that_finishes_while_trials_are_counted_counts_once(tmp_path: Pa
 def test_a_claim_reads_the_study_once_and_its_ask_once_more(tmp_path: Path, here: Machine,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Each read fetches every unfinished trial from the server again: in a large fleet that was
-    most of the time a claim holds the study's lock (README "Scaling"). One read serves every
+    most of the time a claim holds the study's lock (docs/fleets.md, "Scaling"). One read serves every
     choice (stale trials, --trials, baseline, enqueued, proposal, the sampler's copy); the ask
     reads what waits again, since a retry after a lock must see what it enqueued."""
     run(tmp_path, here, 1, space=DEFAULT, runner=ok_runner)  # the baseline
@@ -359,7 +359,7 @@ def _told(study: optuna.Study, adapted: space.SearchSpace, config: Config, value
 
 
 def test_the_sampler_sees_the_recipes_threads_and_follows_the_best_ones() -> None:
-    """The search at eb0ec4e (README "Which sampler"): the recipes that won set no threads; TPE saw
+    """The search at eb0ec4e (benchmarks/RESULTS.md, "Which sampler"): the recipes that won set no threads; TPE saw
     them without those knobs, its best trials said nothing about threads, and the trials it had
     seen lose (the seed's, the launcher's: 2 threads) pushed it to one-thread instances: 34 of 50."""
     adapted = space_fit.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})

@@ -49,7 +49,7 @@ from autotune.search import opening
               help="Measurements per trial; more are added (up to 2, fresh processes) while a trial stays noisy.")
 @click.option("--warm-replicates/--fresh-replicates", default=WARM_SEARCH_DEFAULT, show_default=True,
               help="A trial's replicates as consecutive windows of one warmed process (one start, build and "
-                   "warmup: see README for what that saves and risks), or each in a fresh process. "
+                   "warmup: docs/noise.md says what that saves and risks), or each in a fresh process. "
                    "Confirmation always uses fresh processes.")
 @click.option("--confirm-top", default=3, show_default=True, type=click.IntRange(min=0),
               help="Candidates re-measured against the baseline at the end (0: skip).")

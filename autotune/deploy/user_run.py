@@ -111,7 +111,7 @@ def unapplied(knobs: ModelKnobs, instances: int, report: Path) -> str:
         return ""
     who = "the program never called" if not applied else f"only {len(applied)} of {instances} processes called"
     return (f"warning: {who} autotune.apply(model, example_inputs), so {knobs.describe()} "
-            f"{'was' if ' ' not in knobs.describe() else 'were'} not applied there; see the README, "
+            f"{'was' if ' ' not in knobs.describe() else 'were'} not applied there; see docs/deploying.md, "
             f"'Using the result in your program'")
 
 

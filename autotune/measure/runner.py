@@ -52,7 +52,8 @@ from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import InstanceResult, RunResult, combine
 
 # Plans of a series built at the same time (`run_series`): on this 2-CPU machine a process builds on
-# about one CPU (interpreter, imports, model), so two fill both CPUs; measured in the README.
+# about one CPU (interpreter, imports, model), so two fill both CPUs; measured in
+# benchmarks/RESULTS.md ("Building two at a time").
 SIDE_BY_SIDE = 2
 # The share of the available memory that plans built together may hold at their peaks, added: the
 # rest is for the page cache, autotune and whatever else the machine runs.

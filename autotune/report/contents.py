@@ -7,7 +7,7 @@ study's context, and the profile traces saved beside it.
 
 Knob importance is fANOVA's (Optuna's FanovaImportanceEvaluator, fixed seed): on the studies we
 had it agreed with the marginal effects and was stable under resampling, where PED-ANOVA named a
-different top knob from one resample to the next (README, `autotune report`).
+different top knob from one resample to the next (docs/report-and-profile.md).
 """
 
 from __future__ import annotations

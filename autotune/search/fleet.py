@@ -11,7 +11,7 @@ before the lock is let go, so no two workers take the baseline or the same confi
 A study is for one host class (`machine.host_class`): a worker of another class is refused, unless
 `--allow-mixed`. Every host measures PyTorch's defaults before its first trial (the host that runs
 the study's baseline trial uses that one), and every trial's speedup is over its own host's
-baseline (recorded for reading across hosts; the objective stays the raw metric, README "A fleet").
+baseline (recorded for reading across hosts; the objective stays the raw metric, docs/fleets.md).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def current_trials(study: optuna.Study) -> list[FrozenTrial]:
     failed (read again only when one was). Read in several snapshots, a trial another worker
     finished in between was in neither (proposed again, or counted twice); and each read fetches
     every unfinished trial from the server again, which is most of a claim's time in a large fleet
-    (README "Scaling")."""
+    (docs/fleets.md, "Scaling")."""
     trials = study.get_trials(deepcopy=False)
     if records.abandon_stale_trials(study, trials):
         trials = study.get_trials(deepcopy=False)

@@ -220,7 +220,8 @@ def _settings(request: SearchRequest, model: models.ModelSpec, machine: Machine)
 
 
 def sampler(seed: int | None, constant_liar: bool = False) -> optuna.samplers.BaseSampler:
-    """The search's sampler; its settings were chosen with benchmarks/sampler_replay.py (README).
+    """The search's sampler; its settings were chosen with benchmarks/sampler_replay.py
+    (benchmarks/RESULTS.md, "Which sampler").
     `constant_liar` for workers sharing a study: other workers' running trials count as bad, so
     that parallel workers spread out instead of proposing the same region."""
     with storage.quiet_optuna():

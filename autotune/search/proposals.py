@@ -159,7 +159,7 @@ def _as_sampled(trial: FrozenTrial, space: SearchSpace) -> tuple[dict[str, Any],
     recipes set few knobs; the rest run at their defaults. Shown to the sampler with only the knobs
     they set, they do not count for any group of knobs they leave out, and TPE's best trials (the
     recipes, often) would say nothing about threads, instances or the allocator: a latency search
-    on 2 cores then spent most of its trials on one-thread instances (README "Which sampler").
+    on 2 cores then spent most of its trials on one-thread instances (benchmarks/RESULTS.md, "Which sampler").
     As it was recorded when the space does not offer what runs (a space narrowed by hand)."""
     try:
         full = space.as_run(config_of_params(trial.params))
