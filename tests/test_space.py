@@ -76,6 +76,29 @@ def test_unreadable_and_unknown_spaces(tmp_path: Path) -> None:
         space.find("nope")
 
 
+def test_shipped_spaces_are_found_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a checkout the shipped spaces are the repository's search_spaces/ (a wheel's are inside
+    the package: tests/test_wheel.py), whatever the current folder."""
+    monkeypatch.chdir(tmp_path)
+    repository = Path(__file__).resolve().parents[1] / "search_spaces"
+    assert space.shipped_spaces().resolve() == repository
+    assert space.find("quick").resolve() == repository / "quick.yaml"
+    with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, quick, seed$"):
+        space.find("nope")
+
+
+def test_spaces_in_the_current_folder_come_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "search_spaces").mkdir()
+    (tmp_path / "search_spaces" / "quick.yaml").write_text("knobs:\n  mkldnn: [on]\n")
+    (tmp_path / "search_spaces" / "mine.yaml").write_text("knobs:\n  mkldnn: [off]\n")
+    assert space.find("quick") == Path("search_spaces/quick.yaml")
+    assert space.load(space.find("quick")).names() == ("mkldnn",)
+    assert space.find("default").resolve() == space.shipped_spaces().resolve() / "default.yaml"
+    with pytest.raises(SpaceError, match="one of: default, mine, quick, seed$"):
+        space.find("nope")
+
+
 def test_adapt_drops_missing_libraries_and_caps_ranges() -> None:
     loaded = space.load(space.find("default"))
     adapted = space_fit.adapt(loaded, cores=2, available={**ALL_LIBS, "libomp": False, "tcmalloc": False})

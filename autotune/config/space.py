@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ from autotune.base.errors import AutotuneError
 from autotune.child.envfile import value_text
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, knob, parse
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+USER_SPACES = Path("search_spaces")  # in the current folder: the user's own spaces, found before the shipped ones
 CORE_BOUND = ("omp_threads", "instances")  # knobs whose highest value `adapt` caps at a machine's cores
 BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
 # Parents before children: conditions look at knobs sampled earlier; threads after instances.
@@ -239,16 +240,27 @@ def _shown_knob(entry: Mapping[str, Any] | None) -> str:
     return f"{entry.get('low')}..{entry.get('high', 'its cores')}"
 
 
+def shipped_spaces() -> Path:
+    """The folder of the search spaces autotune comes with: search_spaces/ at the top of the
+    repository, which the wheel installs inside the package, as autotune/search_spaces/
+    (pyproject.toml maps the package autotune.search_spaces onto it). A checkout, installed
+    editable or only on sys.path, has no such folder in the package: there it is the repository's."""
+    package = Path(str(resources.files("autotune")))
+    installed = package / "search_spaces"
+    return installed if installed.is_dir() else package.parent / "search_spaces"
+
+
 def find(spec: str) -> Path:
-    """`--space` by path, or by name in ./search_spaces or the project's search_spaces/."""
+    """`--space` by path, or by name in ./search_spaces or the spaces autotune comes with."""
     path = Path(spec)
     if path.suffix in (".yaml", ".yml") or path.exists():
         return path
-    for folder in (Path("search_spaces"), SPACES_DIR):
+    folders = (USER_SPACES, shipped_spaces())
+    for folder in folders:
         candidate = folder / f"{spec}.yaml"
         if candidate.is_file():
             return candidate
-    names = sorted({p.stem for d in (Path("search_spaces"), SPACES_DIR) for p in d.glob("*.yaml")})
+    names = sorted({p.stem for d in folders for p in d.glob("*.yaml")})
     raise SpaceError(f"no search space {spec!r}; give a .yaml path or one of: {', '.join(names)}")
 
 
