@@ -11,8 +11,11 @@ import pytest
 from autotune.child import cpu
 from autotune.host.libs import Libraries
 from autotune.host.lock import LOCK_ENV
+from autotune.host.machine import Machine
 from autotune.host.topology import Topology, from_lscpu_file
-from tests.pg import NoServer, Server, server
+
+pytest.register_assert_rewrite("tests.support")  # before they are imported: their asserts explain failures too
+from tests.support.pg import NoServer, Server, server  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -51,6 +54,13 @@ def fake_libs() -> Libraries:
         numactl_usable=True,
         taskset=Path("/usr/bin/taskset"),
     )
+
+
+@pytest.fixture
+def here(fake_libs: Libraries) -> Machine:
+    """The machine a search without processes runs on: the 1-socket AMD with SMT (8 usable physical
+    cores), every library present."""
+    return Machine(lscpu("amd_1s_smt"), fake_libs)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -20,7 +20,8 @@ from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
 from autotune.child.knobs import ModelKnobs
 from autotune.cli.options import parse_duration
 from autotune.deploy import cache, export
-from tests.test_export import AUTOTUNE, searched  # noqa: F401 (a fixture)
+from tests.support.cli import AUTOTUNE
+from tests.test_export import searched  # noqa: F401 (a fixture; to tests/deploy/conftest.py with both files)
 
 HERE = cache.Here(torch="2.14.1+cu130", isa=("avx2", "avx512f"))
 DAY = 86400.0

@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli.main import cli, main
+from autotune.cli.main import cli
 from tests.conftest import FIXTURES
+from tests.support.cli import run_cli
 
 XEON = str(FIXTURES / "lscpu" / "xeon_2s_ht.txt")
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    captured = capsys.readouterr()
-    return int(info.value.code or 0), captured.out, captured.err
 
 
 @pytest.mark.parametrize("command", sorted(cli.commands))

@@ -14,14 +14,12 @@ from optuna.trial import TrialState
 
 from autotune.config.knobs import Config
 from autotune.deploy import export
-from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.measure.plan import BenchSpec, LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy, one_by_one
 from autotune.measure.results import InstanceResult, RunResult
 from autotune.search import confirm, loop, opening
-from tests.conftest import lscpu
-from tests.test_study import SPACE, fake_result, fake_runner
+from tests.support.studies import SPACE, fake_result, fake_runner
 
 SEED = 7
 JITTER = (-1.0, -0.6, -0.3, 0.0, 0.2, 0.5, 0.8, 1.0, 1.3, 1.6)
@@ -36,11 +34,6 @@ def slow_intel(plan: LaunchPlan, timeout_s: float) -> RunResult:
         return fake_runner(plan, timeout_s)
     fake_runner.calls.append(plan.config.describe())  # type: ignore[attr-defined]
     return fake_result([latency + j for j in JITTER])
-
-
-@pytest.fixture
-def here(fake_libs: Libraries) -> Machine:
-    return Machine(lscpu("amd_1s_smt"), fake_libs)
 
 
 ENQUEUED = [{"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"},

@@ -12,19 +12,11 @@ from autotune.child.settings import MeasureSettings
 from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.config.space import SpaceError
-from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.search import budget, loop, opening
 from autotune.study.storage import StudyError
-from tests.conftest import lscpu
-from tests.test_proposals import DEFAULT, ok_runner
-from tests.test_study import SPACE, fake_result, request
-
-
-@pytest.fixture
-def here(fake_libs: Libraries) -> Machine:
-    return Machine(lscpu("amd_1s_smt"), fake_libs)  # 8 usable physical cores
+from tests.support.studies import DEFAULT, SPACE, fake_result, ok_runner, request
 
 
 def pins(*assignments: str) -> Config:

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,10 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.support.cli import AUTOTUNE
+
 pytestmark = pytest.mark.e2e
 
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 QUICK = ["--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1", "--min-iterations", "3"]
 
 

@@ -20,9 +20,8 @@ from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.search import loop, opening
 from tests.conftest import lscpu
-from tests.test_study import SPACE, fake_runner
-
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+from tests.support.cli import AUTOTUNE
+from tests.support.studies import SPACE, fake_runner
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""One study shared by many workers on a real PostgreSQL server (tests/pg.py)."""
+"""One study shared by many workers on a real PostgreSQL server (tests/support/pg.py)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from autotune.host.libs import Libraries
 from autotune.search import fleet, opening
 from autotune.study import records, storage
 from tests.conftest import lscpu
-from tests.pg import free_port, server
-from tests.test_study import request
+from tests.support.pg import free_port, server
+from tests.support.studies import request
 
-WORKER = Path(__file__).parent / "fleet_worker.py"
-FAKE_CLI = Path(__file__).parent / "fake_cli.py"
+WORKER = Path(__file__).parent / "support" / "fleet_worker.py"
+FAKE_CLI = Path(__file__).parent / "support" / "fake_cli.py"
 QUICK_SPACE = Path(__file__).parent.parent / "search_spaces" / "quick.yaml"
 SCALE_BENCHMARK = Path(__file__).parent.parent / "benchmarks" / "fleet_scale.py"
 

@@ -12,8 +12,8 @@ from autotune.measure import runner
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import PlanRunner, one_by_one
 from autotune.measure.results import RunResult
-from tests.test_cli import run_cli
-from tests.test_study import fake_result
+from tests.support.cli import run_cli
+from tests.support.studies import fake_result
 
 
 def fake_pair(slow_knob: str, slowdown: float) -> PlanRunner:

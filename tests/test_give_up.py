@@ -17,7 +17,6 @@ from autotune.base import thresholds
 from autotune.child import worker
 from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
-from autotune.host.libs import Libraries
 from autotune.host.machine import Machine, this_machine
 from autotune.measure import replicates, requests
 from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, worker_command
@@ -25,16 +24,10 @@ from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
 from autotune.search import loop, opening, pruning
-from tests.conftest import lscpu
 from tests.fixtures.models import tinynets
-from tests.test_study import fake_result, request
+from tests.support.studies import fake_result, request
 
 WARM = ReplicatePolicy(replicates=3, max_extra=0, in_process=True)
-
-
-@pytest.fixture
-def here(fake_libs: Libraries) -> Machine:
-    return Machine(lscpu("amd_1s_smt"), fake_libs)
 
 
 def plan_of(instances: int = 1, batch: int = 1) -> LaunchPlan:

@@ -19,9 +19,9 @@ from autotune.cli.main import main
 from autotune.host import machine
 from autotune.measure import plan
 from autotune.study import storage
-from tests.fake_cli import fake_child
-from tests.test_cli import run_cli
-from tests.test_study import SPACE
+from tests.support.cli import run_cli
+from tests.support.fake_cli import fake_child
+from tests.support.studies import SPACE
 
 QUICK = ("--duration", "0.1", "--warmup-time", "0", "--replicates", "1", "--fresh-replicates")
 STUDY = "resnet18-bs1-latency"

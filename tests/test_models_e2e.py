@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import NEEDS_BF16
+from tests.support.cli import AUTOTUNE
 
 pytestmark = pytest.mark.e2e
 
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 TINY = Path(__file__).parent / "fixtures" / "models" / "tinynets.py"
 QUICK = ["--duration", "0.2", "--warmup", "1", "--warmup-time", "0", "--min-iterations", "3"]
 

@@ -18,9 +18,9 @@ from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan
 from autotune.report import profiling
 from autotune.report.profiling import Change, Op, OpTable
 from tests.conftest import lscpu
-from tests.test_cli import run_cli
-
-FAKE = str(Path(__file__).parent / "fake_worker.py")
+from tests.support.cli import run_cli
+from tests.support.plans import FAKE_WORKER
+from tests.support.studies import search
 
 
 def table(*ops: tuple[str, float], wall_ms: float = 10.0) -> OpTable:
@@ -53,14 +53,15 @@ def test_an_empty_table_has_no_share_instead_of_dividing_by_zero() -> None:
 
 
 def plan(*behaviours: str, config: Config | None = None) -> LaunchPlan:
-    instances = tuple(InstancePlan(i, (i,), None, {}, (sys.executable, FAKE, b)) for i, b in enumerate(behaviours))
+    instances = tuple(InstancePlan(i, (i,), None, {}, (sys.executable, FAKE_WORKER, b))
+                      for i, b in enumerate(behaviours))
     return LaunchPlan(config or Config(), BenchSpec("resnet18", (3, 224, 224)), "none", instances)
 
 
 def test_only_instance_0_is_told_to_profile() -> None:
     profiled = profiling.profiled_plan(plan("a", "b"), 7, Path("/tmp/x.trace.json"))
     assert profiled.instances[0].command[-4:] == ("--profile", "7", "--trace", "/tmp/x.trace.json")
-    assert profiled.instances[1].command == (sys.executable, FAKE, "b")
+    assert profiled.instances[1].command == (sys.executable, FAKE_WORKER, "b")
 
 
 def add(study: optuna.Study, value: float | None, **attrs: object) -> None:
@@ -165,8 +166,6 @@ def test_a_study_without_a_baseline_says_to_leave_it_out(capsys: pytest.CaptureF
 
 
 def test_an_env_file_is_profiled_beside_the_defaults_of_its_model(tmp_path: Path, fake_libs: Libraries) -> None:
-    from tests.test_study import search
-
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
     study = search(tmp_path, here, trials=4, seed=0)  # seeded: a random one may only draw crashing mkldnn=on
     chosen = next(t for t in study.get_trials() if t.user_attrs.get("config") not in (None, "defaults")

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import autotune
+
 pytestmark = pytest.mark.e2e
 
-BIN = Path(sys.executable).parent
 QUICK = ["--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1", "--min-iterations", "5"]
 # Trial 1 is certain: the only configuration this space holds (two bound instances, jemalloc).
 SPACE = "knobs:\n  instances: {low: 2, high: 2}\n  allocator: [jemalloc]\n"
 STUDY = "resnet18-bs1-latency"
-
-
-def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "autotune"), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,8 @@ from autotune.measure.children import MEASURING, WAITING
 from autotune.measure.runner import run_plan
 from autotune.search import loop, opening
 from tests.fixtures.models import tinynets
-from tests.test_faults import here  # noqa: F401 (a fixture)
-from tests.test_runner import plan_of
-from tests.test_study import fake_runner, request
+from tests.support.plans import plan_of
+from tests.support.studies import fake_runner, request
 
 
 def event(finished: int, finished_before: int, elapsed_s: float, total: int = 12) -> loop.TrialEvent:
@@ -31,7 +30,7 @@ def test_the_eta_after_a_resume_counts_only_this_sessions_trials() -> None:
     assert live._remaining(event(9, 9, 5.0)) == "elapsed 0:05"  # nothing finished here yet: no guess
 
 
-def test_a_resumed_search_tells_the_display_what_ran_before(tmp_path: Path, here: Machine) -> None:  # noqa: F811
+def test_a_resumed_search_tells_the_display_what_ran_before(tmp_path: Path, here: Machine) -> None:
     first = opening.open_search(request(tmp_path, 2), here)
     loop.run_search(first, here, lambda e: None, runner=fake_runner)
     events: list[loop.TrialEvent] = []

@@ -15,21 +15,11 @@ import pytest
 
 from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import Config
-from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
-from autotune.measure.plan import LaunchPlan
-from autotune.measure.results import RunResult
 from autotune.search import fleet, loop, opening, proposals
 from autotune.study import records
 from tests.conftest import lscpu
-from tests.test_study import SPACE, fake_result, fake_runner, request
-
-DEFAULT = space.find("default")
-
-
-@pytest.fixture
-def here(fake_libs: Libraries) -> Machine:
-    return Machine(lscpu("amd_1s_smt"), fake_libs)
+from tests.support.studies import DEFAULT, SPACE, fake_runner, ok_runner, request
 
 
 def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[opening.Search, str]:
@@ -37,11 +27,6 @@ def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[opening.
     opened = opening.open_search(request(tmp_path, trials, **kw), here)
     stopped = loop.run_search(opened, here, lambda event: None, runner=runner)
     return opened, stopped
-
-
-def ok_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
-    """Every configuration runs; faster the more knobs it sets (a deterministic landscape)."""
-    return fake_result([100.0 - len(plan.config.values) + j for j in (-0.5, 0.0, 0.5)])
 
 
 def test_configurations_lists_exactly_what_sampling_can_return(here: Machine) -> None:

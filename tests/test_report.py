@@ -13,15 +13,13 @@ import pytest
 from optuna.trial import TrialState, create_trial
 from plotly.offline import get_plotlyjs
 
-from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.report import contents, html_page
 from autotune.search import confirm, loop, opening
 from autotune.search.confirm import Contender, RoundRun, Rounds
-from tests.conftest import lscpu
-from tests.test_cli import run_cli
-from tests.test_study import SPACE, fake_runner
+from tests.support.cli import run_cli
+from tests.support.studies import SPACE, fake_runner
 
 NAME = "resnet18-bs1-latency"
 # The baseline, then configurations in a known order: 80 ms, 90 ms (pruned: >5% worse than 80
@@ -31,11 +29,6 @@ ENQUEUED = [{"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"},
             {"mkldnn": "off", "omp_runtime": "intel", "allocator": "jemalloc"},
             {"mkldnn": "on", "omp_runtime": "gnu", "allocator": "default"}]
 PLOTS = ("history", "importance", "marginals-latency_p50_ms", "forest", "tradeoff")
-
-
-@pytest.fixture
-def here(fake_libs: Libraries) -> Machine:
-    return Machine(lscpu("amd_1s_smt"), fake_libs)
 
 
 def searched(studies: Path, here: Machine, objective: str = "latency", trials: int = 5) -> optuna.Study:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_search_e2e import QUICK, autotune
+from tests.support.cli import QUICK_SEARCH, autotune
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +34,8 @@ def drawn(dom: str, div_id: str) -> bool:
 
 
 def test_the_report_of_a_real_search_draws_every_plot_in_a_browser(tmp_path: Path) -> None:
-    searched = autotune(tmp_path, "search", *QUICK, "--trials", "4", "--confirm-top", "1", "--confirm-rounds", "5")
+    searched = autotune(tmp_path, "search", *QUICK_SEARCH, "--trials", "4", "--confirm-top", "1",
+                        "--confirm-rounds", "5")
     assert searched.returncode == 0, searched.stderr
     made = autotune(tmp_path, "report", "-o", "report.html")
     assert made.returncode == 0, made.stderr

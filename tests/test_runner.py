@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from autotune.child.settings import MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host import libs
 from autotune.measure.children import ignored_preload
@@ -17,17 +15,7 @@ from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan
 from autotune.measure.results import RunResult
 from autotune.measure.runner import built_beside, run_plan, run_series
 from autotune.measure.stats import percentile
-
-FAKE = str(Path(__file__).parent / "fake_worker.py")
-WINDOW_S = 0.3
-
-
-def plan_of(*behaviours: str, env: dict[str, str] | None = None, window_s: float = WINDOW_S) -> LaunchPlan:
-    instances = tuple(
-        InstancePlan(i, (0,), 0, env or {}, (sys.executable, FAKE, b)) for i, b in enumerate(behaviours)
-    )
-    return LaunchPlan(Config(), BenchSpec("fake", (1,), measure=MeasureSettings(duration_s=window_s)), "none",
-                      instances)
+from tests.support.plans import WINDOW_S, plan_of
 
 
 def no_children_left() -> bool:

@@ -18,16 +18,11 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+from tests.support.cli import QUICK_SEARCH, autotune
+
 pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
-QUICK = ["--model", "resnet18", "--space", "quick", "--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1",
-         "--min-iterations", "5", "--replicates", "2"]
-
-
-def autotune(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "autotune"), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def load(cwd: Path, name: str) -> optuna.Study:
@@ -37,7 +32,7 @@ def load(cwd: Path, name: str) -> optuna.Study:
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     cwd = tmp_path_factory.mktemp("search")
-    return cwd, autotune(cwd, "search", *QUICK, "--trials", "4", "--confirm-top", "1", "--confirm-rounds", "5")
+    return cwd, autotune(cwd, "search", *QUICK_SEARCH, "--trials", "4", "--confirm-top", "1", "--confirm-rounds", "5")
 
 
 def test_search_makes_a_study_whose_trial_zero_is_the_baseline(
@@ -142,7 +137,7 @@ def _get(port: int, path: str) -> Any:
 
 
 def test_resume_after_ctrl_c_loses_nothing_and_leaves_no_running_trial(tmp_path: Path) -> None:
-    args = [str(BIN / "autotune"), "search", *QUICK, "--trials", "5", "--study", "resume", "--confirm-top", "0"]
+    args = [str(BIN / "autotune"), "search", *QUICK_SEARCH, "--trials", "5", "--study", "resume", "--confirm-top", "0"]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     db = tmp_path / "studies" / "resume.db"
     deadline = time.monotonic() + 300
@@ -163,7 +158,7 @@ def test_resume_after_ctrl_c_loses_nothing_and_leaves_no_running_trial(tmp_path:
             if t.state.is_finished() and t.user_attrs.get("fail_reason") != "interrupted by the user (Ctrl-C)"}
     assert len(kept) >= 2
     assert before[-1].user_attrs.get("fail_reason") == "interrupted by the user (Ctrl-C)"
-    again = autotune(tmp_path, "search", *QUICK, "--trials", "5", "--study", "resume", "--confirm-top", "0")
+    again = autotune(tmp_path, "search", *QUICK_SEARCH, "--trials", "5", "--study", "resume", "--confirm-top", "0")
     assert again.returncode == 0, again.stderr
     after = load(tmp_path, "resume").get_trials()
     counted = [t for t in after if t.state.is_finished() and t.user_attrs.get("fail_cause") != "cut_short"]

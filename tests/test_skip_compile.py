@@ -24,7 +24,7 @@ from autotune.measure.results import RunResult
 from autotune.search import loop, opening, pruning
 from autotune.study import records
 from tests.conftest import lscpu
-from tests.test_study import fake_result, request
+from tests.support.studies import fake_result, request
 
 DEFAULT = space_fit.adapt(space.load(space.find("default")), 2, {"bf16": True, "int8": True})
 COMPILED = Path(__file__).parent / "fixtures" / "spaces" / "compiled.yaml"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pytest
 
 from autotune.config import space, space_fit
 from autotune.config.space import SpaceError
+from tests.support.spaces import FakeTrial
 
 ALL_LIBS = {"libiomp5": True, "libomp": True, "jemalloc": True, "tcmalloc": True}
 
@@ -111,21 +111,6 @@ def test_adapt_refuses_what_no_install_can_provide(tmp_path: Path) -> None:
     only = write(tmp_path, "knobs:\n  allocator: [jemalloc]\n")
     with pytest.raises(SpaceError, match="knobs.allocator: no choice is available on this machine"):
         space_fit.adapt(space.load(only), cores=2, available={**ALL_LIBS, "jemalloc": False})
-
-
-class FakeTrial:
-    """Picks the last choice and the top of each range: the hardest case for the constraints."""
-
-    def __init__(self) -> None:
-        self.asked: dict[str, Any] = {}
-
-    def suggest_categorical(self, name: str, choices: Any) -> Any:
-        self.asked[name] = list(choices)
-        return choices[-1]
-
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
-        self.asked[name] = (low, high)
-        return high
 
 
 def test_sampling_respects_conditions_and_the_core_budget() -> None:

@@ -11,7 +11,7 @@ from autotune.config.knobs import Config
 from autotune.measure import replicates, stats
 from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, worker_command
 from autotune.measure.results import RunResult
-from tests.test_study import fake_result
+from tests.support.studies import fake_result
 
 PLAN = LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", ())
 

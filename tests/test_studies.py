@@ -12,18 +12,18 @@ from autotune.cli.display import JSON_SCHEMA_VERSION
 from autotune.host.machine import Machine
 from autotune.search import loop, opening
 from autotune.study import storage
-from tests.test_cli import run_cli
-from tests.test_faults import damage_pages, here, hold_lock  # noqa: F401 (a fixture)
-from tests.test_study import fake_runner, request
+from tests.support.cli import run_cli
+from tests.support.databases import damage_pages, hold_lock
+from tests.support.studies import fake_runner, request
 
 
-def searched(tmp_path: Path, here: Machine, trials: int, **kw: object) -> str:  # noqa: F811
+def searched(tmp_path: Path, here: Machine, trials: int, **kw: object) -> str:
     opened = opening.open_search(request(tmp_path, trials, **kw), here)
     loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     return opened.name
 
 
-def test_each_study_is_a_row_with_its_best_and_host(tmp_path: Path, here: Machine,  # noqa: F811
+def test_each_study_is_a_row_with_its_best_and_host(tmp_path: Path, here: Machine,
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     latency = searched(tmp_path, here, 4)
@@ -51,7 +51,7 @@ def test_each_study_is_a_row_with_its_best_and_host(tmp_path: Path, here: Machin
     assert code == 0 and latency in out and shown in out and "not yet" in out
 
 
-def test_a_damaged_or_locked_database_is_one_row_saying_so(tmp_path: Path, here: Machine,  # noqa: F811
+def test_a_damaged_or_locked_database_is_one_row_saying_so(tmp_path: Path, here: Machine,
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     good = searched(tmp_path, here, 2)
@@ -79,7 +79,7 @@ def test_an_empty_folder_says_how_to_make_a_study(tmp_path: Path, monkeypatch: p
     assert json.loads(run_cli(capsys, "studies", "--json")[1])["studies"] == []
 
 
-def test_one_storage_lists_the_studies_it_holds(tmp_path: Path, here: Machine,  # noqa: F811
+def test_one_storage_lists_the_studies_it_holds(tmp_path: Path, here: Machine,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     name = searched(tmp_path, here, 1)
     url = f"sqlite:///{tmp_path / 'studies' / name}.db"

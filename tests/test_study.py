@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,41 +24,7 @@ from autotune.measure.results import InstanceResult, RunResult
 from autotune.search import loop, opening
 from autotune.study import records, storage
 from tests.conftest import lscpu
-
-SPACE = Path(__file__).parent / "fixtures" / "spaces" / "small.yaml"
-
-
-@pytest.fixture
-def here(fake_libs: Libraries) -> Machine:
-    return Machine(lscpu("amd_1s_smt"), fake_libs)
-
-
-def fake_runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
-    """Latency 100 ms at defaults; jemalloc -20, intel -10; mkldnn crashes."""
-    config = plan.config
-    if config.get("mkldnn"):
-        bad = InstanceResult(0, False, "crashed with SIGSEGV", -11, "segfault in oneDNN\n")
-        return RunResult(False, "instance 0: crashed with SIGSEGV", (bad,), 1.0)
-    latency = 100.0 - 20 * (config.get("allocator") == "jemalloc") - 10 * (config.get("omp_runtime") == "intel")
-    return fake_result([latency + jitter for jitter in (-1.0, -0.5, 0.0, 0.5, 1.0)])
-
-
-def fake_result(latencies: list[float]) -> RunResult:
-    metrics = {"latencies_ms": latencies, "iterations_ms": [x + 1 for x in latencies],
-               "throughput_ips": 1000 / statistics.median(latencies), "peak_rss_mb": 500.0, "window_s": 1.0,
-               "items": len(latencies), "cpu_s": 0.9, "setup_peak_rss_mb": 600.0}
-    return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), 1.0)
-
-
-def request(tmp_path: Path, trials: int, **kw: object) -> opening.SearchRequest:
-    return opening.SearchRequest(**{"model": "resnet18", "trials": trials, "space": SPACE,  # type: ignore[arg-type]
-                                        "studies_dir": tmp_path / "studies", "cache_dir": tmp_path / "cache", **kw})
-
-
-def search(tmp_path: Path, here: Machine, trials: int, **kw: object) -> optuna.Study:
-    opened = opening.open_search(request(tmp_path, trials, **kw), here)
-    loop.run_search(opened, here, lambda event: None, runner=fake_runner)
-    return opened.study
+from tests.support.studies import SPACE, fake_result, fake_runner, request, search
 
 
 def abandon(study: optuna.Study) -> list[int]:

@@ -1,8 +1,8 @@
-"""The real CLI with the fake benchmark child (tests/fake_worker.py) in place of the real one, for
+"""The real CLI with the fake benchmark child (fake_worker.py, beside this file) in place of the real one, for
 tests that run `autotune` as a process of its own; everything else (flags, this machine, its host
 class, the study, exit codes) is the real thing.
 
-    python tests/fake_cli.py BEHAVIOUR AUTOTUNE_ARGS...      e.g. ok search --model resnet18 ...
+    python tests/support/fake_cli.py BEHAVIOUR AUTOTUNE_ARGS...      e.g. ok search --model resnet18 ...
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository, for `autotune` and `tests`
 sys.path.insert(0, str(ROOT))
 
 from autotune.config.knobs import Config  # noqa: E402

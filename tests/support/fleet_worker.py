@@ -1,9 +1,9 @@
 """One worker of a shared study, as `autotune search --storage URL --study S` runs it, with a fake
 measurement instead of the benchmark child: no torch, a fixed trial duration, and a latency that
-is a fixed function of the configuration times this host's speed. For tests/test_fleet.py and
+is a fixed function of the configuration times this host's speed. For tests/search/test_fleet.py and
 benchmarks/fleet_scale.py.
 
-    python tests/fleet_worker.py URL STUDY TRIALS [--seconds S] [--speed F] [--lscpu NAME]
+    python tests/support/fleet_worker.py URL STUDY TRIALS [--seconds S] [--speed F] [--lscpu NAME]
         [--space PATH] [--allow-mixed] [--timings FILE] [--heartbeat S]
 
 The host is named by AUTOTUNE_TEST_HOST_ID (the tests' host identity). Exit code 2 with one line
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
