@@ -17,10 +17,11 @@ from autotune.host.topology import Topology, from_lscpu_file
 pytest.register_assert_rewrite("tests.support")  # before they are imported: their asserts explain failures too
 from tests.support.pg import NoServer, Server, server  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 FIXTURES = Path(__file__).parent / "fixtures"
 
 # Tests that run bf16 or int8 in an autotune process need a CPU where autotune allows them (its
-# refusal elsewhere is tested with a made-up CPU: test_apply.py, test_int8.py, test_space.py).
+# refusal elsewhere is tested with a made-up CPU: child/test_deploy.py, test_int8.py, config/test_space.py).
 # The machines this suite runs on differ: an AMD EPYC with avx512_bf16 and VNNI, another with AVX2 only.
 NEEDS_BF16 = pytest.mark.skipif(not cpu.has_bf16(), reason=f"{cpu.cpuinfo()[0]} has neither avx512_bf16 nor AMX, "
                                                            f"where autotune refuses precision=bf16")

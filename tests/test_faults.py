@@ -31,7 +31,7 @@ from autotune.measure.replicates import PlanRunner, ReplicatePolicy
 from autotune.measure.results import RunResult
 from autotune.search import loop, opening
 from autotune.study import records, storage
-from tests.conftest import lscpu
+from tests.conftest import FIXTURES, lscpu
 from tests.support.cli import AUTOTUNE, run_cli
 from tests.support.databases import damage_pages, hold_lock
 from tests.support.plans import FAKE_WORKER, plan_of
@@ -274,7 +274,7 @@ import tinynets
 m = tinynets.cnn().train()
 torch.jit.save(torch.jit.script(m), sys.argv[1])
 """
-TINY = Path(__file__).parent / "fixtures" / "models"
+TINY = FIXTURES / "models"
 
 
 @pytest.fixture(scope="module")

@@ -16,21 +16,7 @@ import pytest
 from autotune.child import envfile
 from autotune.deploy import export
 from autotune.deploy.export import ExportError
-from autotune.host.libs import Libraries
-from autotune.host.machine import Machine
-from autotune.search import loop, opening
-from tests.conftest import lscpu
 from tests.support.cli import AUTOTUNE
-from tests.support.studies import SPACE, fake_runner
-
-
-@pytest.fixture
-def searched(tmp_path: Path, fake_libs: Libraries) -> optuna.Study:
-    here = Machine(lscpu("amd_1s_smt"), fake_libs)
-    opened = opening.open_search(opening.SearchRequest(
-        model="resnet18", trials=8, space=SPACE, studies_dir=tmp_path / "studies", seed=0), here)
-    loop.run_search(opened, here, lambda e: None, runner=fake_runner)
-    return opened.study
 
 
 def sourced(path: Path) -> dict[str, str]:

@@ -24,14 +24,14 @@ from autotune.host import machine
 from autotune.host.libs import Libraries
 from autotune.search import fleet, opening
 from autotune.study import records, storage
-from tests.conftest import lscpu
+from tests.conftest import ROOT, lscpu
 from tests.support.pg import free_port, server
 from tests.support.studies import request
 
-WORKER = Path(__file__).parent / "support" / "fleet_worker.py"
-FAKE_CLI = Path(__file__).parent / "support" / "fake_cli.py"
-QUICK_SPACE = Path(__file__).parent.parent / "search_spaces" / "quick.yaml"
-SCALE_BENCHMARK = Path(__file__).parent.parent / "benchmarks" / "fleet_scale.py"
+WORKER = ROOT / "tests" / "support" / "fleet_worker.py"
+FAKE_CLI = ROOT / "tests" / "support" / "fake_cli.py"
+QUICK_SPACE = ROOT / "search_spaces" / "quick.yaml"
+SCALE_BENCHMARK = ROOT / "benchmarks" / "fleet_scale.py"
 
 # Optuna's storages in this process keep pooled connections that only the garbage collector closes.
 pytestmark = [pytest.mark.postgres, pytest.mark.filterwarnings(

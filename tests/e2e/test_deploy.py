@@ -17,13 +17,12 @@ import torch
 import autotune
 from autotune.child import deploy, envfile
 from autotune.child.knobs import ModelKnobs
-from tests.conftest import NEEDS_BF16
+from tests.conftest import NEEDS_BF16, ROOT
 from tests.fixtures.models import tinynets
 from tests.support.cli import AUTOTUNE
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = Path(tinynets.__file__)
 QUICK = ["--duration", "0.2", "--warmup", "1", "--warmup-time", "0", "--min-iterations", "3"]
 BATCH = 2

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.support.cli import QUICK_SEARCH, autotune
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # git-ignored; CI keeps the folder
+ARTIFACTS = ROOT / "test-artifacts"  # git-ignored; CI keeps the folder
 PLOTS = ("history", "importance", "marginals-latency_p50_ms", "forest", "tradeoff")
 BROWSER_TIMEOUT_S = 120
 

@@ -15,10 +15,10 @@ from torchvision.transforms.v2 import functional as F
 
 import autotune
 from autotune.child import build, references, worker
+from tests.conftest import ROOT
 from tests.fixtures.models import tinynets
 
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def child_args(tmp_path: Path, *extra: str) -> Any:

@@ -21,7 +21,6 @@ from autotune.child.knobs import ModelKnobs
 from autotune.cli.options import parse_duration
 from autotune.deploy import cache, export
 from tests.support.cli import AUTOTUNE
-from tests.test_export import searched  # noqa: F401 (a fixture; to tests/deploy/conftest.py with both files)
 
 HERE = cache.Here(torch="2.14.1+cu130", isa=("avx2", "avx512f"))
 DAY = 86400.0
@@ -170,7 +169,7 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_prune_keeps_what_an_exported_env_file_points_to(tmp_path: Path,
-                                                            searched: optuna.Study) -> None:  # noqa: F811
+                                                            searched: optuna.Study) -> None:
     compiled = tmp_path / "compiled"
     trial = export.pick_trial(searched, None)
     export.write(tmp_path / "best.env", export.render(searched, trial, compiled))

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import NEEDS_BF16
+from tests.conftest import FIXTURES, NEEDS_BF16
 from tests.support.cli import AUTOTUNE
 
 pytestmark = pytest.mark.e2e
 
-TINY = Path(__file__).parent / "fixtures" / "models" / "tinynets.py"
+TINY = FIXTURES / "models" / "tinynets.py"
 QUICK = ["--duration", "0.2", "--warmup", "1", "--warmup-time", "0", "--min-iterations", "3"]
 
 

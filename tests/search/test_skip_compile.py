@@ -23,11 +23,11 @@ from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import RunResult
 from autotune.search import loop, opening, pruning
 from autotune.study import records
-from tests.conftest import lscpu
+from tests.conftest import FIXTURES, lscpu
 from tests.support.studies import fake_result, request
 
 DEFAULT = space_fit.adapt(space.load(space.find("default")), 2, {"bf16": True, "int8": True})
-COMPILED = Path(__file__).parent / "fixtures" / "spaces" / "compiled.yaml"
+COMPILED = FIXTURES / "spaces" / "compiled.yaml"
 
 
 def compiled(precision: str, layout: str, threads: int, **more: Any) -> Config:

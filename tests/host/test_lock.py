@@ -18,8 +18,8 @@ import pytest
 
 from autotune.cli.main import main
 from autotune.host.lock import LOCK_ENV, MachineBusy, lock_path, machine_lock
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 HOLD = ("import sys, time\n"
         "from autotune.host.lock import machine_lock\n"
         "with machine_lock(sys.argv[1], True, lambda line: None):\n"
