@@ -14,7 +14,6 @@ from autotune.measure.children import ignored_preload
 from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan
 from autotune.measure.results import RunResult
 from autotune.measure.runner import built_beside, run_plan, run_series
-from autotune.measure.stats import percentile
 from tests.support.plans import WINDOW_S, plan_of
 
 
@@ -138,12 +137,6 @@ def _gone(pid: int) -> None:
     while psutil.pid_exists(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-
-
-def test_percentile_interpolates() -> None:
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert percentile([5.0], 90) == 5.0
-    assert percentile([0.0, 10.0], 90) == 9.0
 
 
 def test_a_command_that_cannot_start_is_a_failed_result() -> None:

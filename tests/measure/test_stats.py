@@ -1,4 +1,5 @@
-"""The statistics and the measurement protocol, deterministic: fake sample times, fake runs."""
+"""The statistics of noisy timings, deterministic: percentiles, intervals of the median, paired tests,
+the regression gate (the measurement protocol that feeds them: test_replicates.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import random
 
 import pytest
 
-from autotune.config.knobs import Config
-from autotune.measure import replicates, stats
-from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, worker_command
-from autotune.measure.results import RunResult
-from tests.support.studies import fake_result
+from autotune.measure import stats
+from autotune.measure.stats import percentile
 
-PLAN = LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", ())
+
+def test_percentile_interpolates() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([5.0], 90) == 5.0
+    assert percentile([0.0, 10.0], 90) == 9.0
 
 
 def test_median_ci_uses_binomial_order_statistics() -> None:
@@ -70,109 +72,6 @@ def test_a_gain_below_the_minimum_effect_is_not_significant() -> None:
     ratios = [1.02 + 0.001 * i for i in range(10)]  # consistently 2% faster
     assert stats.paired_speedup(ratios, min_effect=0.0).significant
     assert not stats.paired_speedup(ratios, min_effect=0.03).significant
-
-
-def runs_of(*sample_lists: list[float]) -> replicates.PlanRunner:
-    queue = [fake_result(s) for s in sample_lists]
-
-    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
-        return queue.pop(0)
-
-    return runner
-
-
-def test_a_quiet_configuration_takes_the_planned_replicates() -> None:
-    quiet = [20.0, 20.1, 20.2, 19.9, 20.0]
-    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3),
-                                             runs_of(quiet, quiet, quiet, quiet))
-    assert len(measured.runs) == 3
-    summary = measured.summary()
-    assert summary["noisy"] is False and summary["replicates"] == 3 and summary["samples"] == 15
-    assert summary["latency_ci_ms"][0] <= summary["latency_p50_ms"] <= summary["latency_ci_ms"][1]
-
-
-def test_a_noisy_configuration_is_remeasured_then_flagged() -> None:
-    calm = [20.0, 20.1, 20.2, 19.9, 20.0]
-    spell = [60.0, 80.0, 70.0, 90.0, 75.0]
-    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=2, max_extra=2),
-                                runs_of(calm, spell, spell, calm, calm))
-    assert len(measured.runs) == 4  # 2 planned + 2 extra while IQR/median stayed above 25%
-    assert measured.summary()["noisy"] is True
-    off = [27.0] * 5
-    settled = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3, max_extra=2),
-                               runs_of(calm, calm, off, calm, calm))
-    assert len(settled.runs) == 4  # one extra replicate brought the spread under 25%
-    assert settled.summary()["noisy"] is False
-
-
-def test_a_failed_replicate_stops_the_measurement() -> None:
-    from autotune.measure.results import InstanceResult
-
-    crash = RunResult(False, "instance 0: crashed with SIGSEGV", (InstanceResult(0, False, "crashed", -11, ""),), 1)
-    calm = [20.0] * 5
-
-    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
-        return crash if runner.calls else fake_result(calm)  # type: ignore[attr-defined]
-
-    runner.calls = 0  # type: ignore[attr-defined]
-
-    def counted(plan: LaunchPlan, timeout_s: float) -> RunResult:
-        result = runner(plan, timeout_s)
-        runner.calls += 1  # type: ignore[attr-defined]
-        return result
-
-    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3), counted)
-    assert not measured.ok and measured.reason == "instance 0: crashed with SIGSEGV"
-    assert len(measured.runs) == 2
-
-
-def test_a_window_cut_into_parts_keeps_every_sample_in_order_and_splits_time_evenly() -> None:
-    run = fake_result([10.0] * 10 + [20.0] * 5)  # iterations of 11 and 21 ms: 215 ms in all
-    parts = run.parts(3)
-    assert len(parts) == 3 and all(p.ok for p in parts)
-    cut = [p.instances[0].metrics for p in parts]
-    assert [x for m in cut for x in m["latencies_ms"]] == run.instances[0].metrics["latencies_ms"]
-    assert [len(m["latencies_ms"]) for m in cut] == [7, 5, 3]  # each part ends where 1/3 of the time is crossed
-    for m in cut:
-        assert abs(m["window_s"] - 0.215 / 3) <= 0.021  # within one iteration of a third
-        assert m["throughput_ips"] == pytest.approx(m["items"] / m["window_s"])
-        assert m["peak_rss_mb"] == run.instances[0].metrics["peak_rss_mb"]  # the process's, in every part
-    assert sum(m["items"] for m in cut) == pytest.approx(15)
-    assert sum(p.wall_s for p in parts) == pytest.approx(run.wall_s)
-    assert run.parts(1) == (run,)
-
-
-def test_in_process_replicates_are_one_stretched_process_cut_into_windows() -> None:
-    seen: list[LaunchPlan] = []
-    told: list[tuple[int, bool]] = []
-
-    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
-        seen.append(plan)
-        return fake_result([20.0] * 30)
-
-    def after_each(index: int, run: RunResult, more: bool) -> bool:
-        told.append((index, more))
-        return True  # would prune: but the windows already ran
-
-    bench = BenchSpec("fake", (1,))
-    instance = InstancePlan(0, (0,), None, {}, worker_command("python", bench, Config()))
-    one = LaunchPlan(Config(), bench, "none", (instance,))
-    policy = replicates.ReplicatePolicy(replicates=3, max_extra=0, in_process=True)
-    measured = replicates.measure_replicates(one, policy, runner, after_each)
-    assert len(seen) == 1 and len(measured.runs) == 3 and not measured.stopped_early
-    [plan] = seen
-    base = PLAN.bench.measure
-    assert plan.bench.measure.duration_s == 3 * base.duration_s
-    assert plan.bench.measure.min_iterations == 3 * base.min_iterations
-    command = plan.instances[0].command
-    assert command[command.index("--duration") + 1] == str(3 * base.duration_s)
-    assert command[command.index("--min-iterations") + 1] == str(3 * base.min_iterations)
-    assert told == [(0, False), (1, False), (2, False)]
-
-
-def test_a_part_never_comes_out_empty() -> None:
-    run = fake_result([1.0, 1.0, 50.0, 1.0])  # the long iteration crosses two of the three cuts
-    assert [len(p.instances[0].metrics["latencies_ms"]) for p in run.parts(3)] == [1, 2, 1]
 
 
 def test_the_regression_gate_fails_a_real_slowdown_and_passes_what_stays_within_the_margin() -> None:

@@ -41,6 +41,14 @@ def fake_result(latencies: list[float]) -> RunResult:
     return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), 1.0)
 
 
+def run_with(latencies: list[float], other_cpu_share: float) -> RunResult:
+    """A good run whose window other processes kept `other_cpu_share` busy (the noise record)."""
+    metrics = {"latencies_ms": latencies, "iterations_ms": latencies, "throughput_ips": 100.0, "peak_rss_mb": 50.0,
+               "setup_peak_rss_mb": 80.0, "window_s": 2.0, "items": len(latencies), "cpu_s": 1.0}
+    return RunResult(True, "", (InstanceResult(0, True, "", 0, "", metrics),), 2.0,
+                     {"other_cpu_share": other_cpu_share})
+
+
 def request(tmp_path: Path, trials: int, **kw: object) -> opening.SearchRequest:
     return opening.SearchRequest(**{"model": "resnet18", "trials": trials, "space": SPACE,  # type: ignore[arg-type]
                                         "studies_dir": tmp_path / "studies", "cache_dir": tmp_path / "cache", **kw})
