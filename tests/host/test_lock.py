@@ -29,8 +29,12 @@ STARTED = r"started \d\d:\d\d"
 
 
 @pytest.fixture
-def holder() -> Iterator[subprocess.Popen[str]]:
-    """Another autotune search holding the machine, in its own process."""
+def holder(tmp_path_factory: pytest.TempPathFactory,
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[subprocess.Popen[str]]:
+    """Another autotune search holding the machine, in its own process, on a lock of this test's
+    own: the holder is killed at the end, and its stale entry in the session's lock would greet the
+    next test that takes that lock with a take-over note."""
+    monkeypatch.setenv(LOCK_ENV, str(tmp_path_factory.mktemp("lock") / "autotune.host.lock"))
     with subprocess.Popen([sys.executable, "-c", HOLD, "search"], cwd=ROOT, stdout=subprocess.PIPE,
                           text=True) as proc:
         try:
