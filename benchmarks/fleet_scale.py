@@ -2,8 +2,8 @@
 included) and recording, the sampler's and the study lock's time as the study grows, the server's
 connections, the workers' memory.
 
-Each worker is tests/fleet_worker.py (the search loop with a fake measurement: no torch, a fixed
-trial duration). A real server is started as in the tests (tests/pg.py), with max_connections for
+Each worker is tests/support/fleet_worker.py (the search loop with a fake measurement: no torch, a fixed
+trial duration). A real server is started as in the tests (tests/support/pg.py), with max_connections for
 the most workers asked (CONNECTIONS_PER_WORKER each, unless --max-connections says otherwise).
 
     python benchmarks/fleet_scale.py --workers 1,4,16 --trials 200,200,1000 --seconds 0.5
@@ -37,9 +37,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.pg import Server, server  # noqa: E402
+from tests.support.pg import Server, server  # noqa: E402
 
-WORKER = ROOT / "tests" / "fleet_worker.py"
+WORKER = ROOT / "tests" / "support" / "fleet_worker.py"
 SPACE = ROOT / "search_spaces" / "default.yaml"
 # A worker's main thread holds the study lock's connection and its storage's at once, its heartbeat
 # thread one more, and its pool keeps idle ones: 64 workers held 136 (2.1 each, at most 4 in one) at

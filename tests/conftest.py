@@ -11,13 +11,17 @@ import pytest
 from autotune.child import cpu
 from autotune.host.libs import Libraries
 from autotune.host.lock import LOCK_ENV
+from autotune.host.machine import Machine
 from autotune.host.topology import Topology, from_lscpu_file
-from tests.pg import NoServer, Server, server
 
+pytest.register_assert_rewrite("tests.support")  # before they are imported: their asserts explain failures too
+from tests.support.pg import NoServer, Server, server  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 FIXTURES = Path(__file__).parent / "fixtures"
 
 # Tests that run bf16 or int8 in an autotune process need a CPU where autotune allows them (its
-# refusal elsewhere is tested with a made-up CPU: test_apply.py, test_int8.py, test_space.py).
+# refusal elsewhere is tested with a made-up CPU: child/test_deploy.py, test_int8.py, config/test_space.py).
 # The machines this suite runs on differ: an AMD EPYC with avx512_bf16 and VNNI, another with AVX2 only.
 NEEDS_BF16 = pytest.mark.skipif(not cpu.has_bf16(), reason=f"{cpu.cpuinfo()[0]} has neither avx512_bf16 nor AMX, "
                                                            f"where autotune refuses precision=bf16")
@@ -51,6 +55,13 @@ def fake_libs() -> Libraries:
         numactl_usable=True,
         taskset=Path("/usr/bin/taskset"),
     )
+
+
+@pytest.fixture
+def here(fake_libs: Libraries) -> Machine:
+    """The machine a search without processes runs on: the 1-socket AMD with SMT (8 usable physical
+    cores), every library present."""
+    return Machine(lscpu("amd_1s_smt"), fake_libs)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -7,7 +7,6 @@ import contextlib
 import copy
 import json
 import os
-import random
 import signal
 import sqlite3
 import subprocess
@@ -32,31 +31,11 @@ from autotune.measure.replicates import PlanRunner, ReplicatePolicy
 from autotune.measure.results import RunResult
 from autotune.search import loop, opening
 from autotune.study import records, storage
-from tests.conftest import lscpu
-from tests.test_study import SPACE, fake_runner, request
-
-HOLD = """
-import sqlite3, sys, time
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN EXCLUSIVE")
-print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
-db.execute("COMMIT")
-"""
-
-
-@pytest.fixture
-def here(fake_libs: Libraries) -> Machine:
-    return Machine(lscpu("amd_1s_smt"), fake_libs)
-
-
-def hold_lock(db: Path, seconds: float) -> subprocess.Popen[str]:
-    """A second process holding BEGIN EXCLUSIVE on the study, as optuna-dashboard or sqlite3 can."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    with proc.stdout:
-        assert proc.stdout.readline().strip() == "locked"
-    return proc
+from tests.conftest import FIXTURES, lscpu
+from tests.support.cli import AUTOTUNE, run_cli
+from tests.support.databases import damage_pages, hold_lock
+from tests.support.plans import FAKE_WORKER, plan_of
+from tests.support.studies import SPACE, fake_runner, request
 
 
 def locking_runner(db: Path, seconds: float, at_call: int, holders: list[subprocess.Popen[str]]) -> PlanRunner:
@@ -118,24 +97,6 @@ def _one() -> ReplicatePolicy:
     return ReplicatePolicy(replicates=1, max_extra=0)
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from autotune.cli.main import main
-
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    captured = capsys.readouterr()
-    return int(info.value.code or 0), captured.out, captured.err
-
-
-def damage_pages(db: Path, seed: int = 1, pages: int = 3) -> None:
-    """Random bytes over whole pages in the middle of a valid file; the header stays intact."""
-    data = bytearray(db.read_bytes())
-    size, rng = 4096, random.Random(seed)
-    for page in rng.sample(range(2, len(data) // size), pages):
-        data[page * size:(page + 1) * size] = rng.randbytes(size)
-    db.write_bytes(bytes(data))
-
-
 @pytest.fixture
 def damaged_study(tmp_path: Path, here: Machine, monkeypatch: pytest.MonkeyPatch) -> Path:
     opened = opening.open_search(request(tmp_path, 6), here)
@@ -176,7 +137,6 @@ export AUTOTUNE_BINDING='none'
 export AUTOTUNE_INSTANCE_CPUS=''
 export AUTOTUNE_INSTANCE_NUMA_NODES=''
 """
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
 
 def start_run(tmp_path: Path, pidfile: Path) -> subprocess.Popen[str]:
@@ -245,8 +205,6 @@ def test_only_folders_of_dead_owners_are_removed(tmp_path: Path) -> None:
 
 
 def test_run_plan_names_its_folder_after_its_owner(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_runner import plan_of
-
     prefixes = []
     real = tempfile.TemporaryDirectory
 
@@ -316,7 +274,7 @@ import tinynets
 m = tinynets.cnn().train()
 torch.jit.save(torch.jit.script(m), sys.argv[1])
 """
-TINY = Path(__file__).parent / "fixtures" / "models"
+TINY = FIXTURES / "models"
 
 
 @pytest.fixture(scope="module")
@@ -650,8 +608,8 @@ def child_plan(*command: str) -> LaunchPlan:
 
 
 @pytest.mark.parametrize(("command", "timeout_s", "reason"), [
-    ((sys.executable, str(Path(__file__).parent / "fake_worker.py"), "crash-early"), 30, "crashed with SIGSEGV"),
-    ((sys.executable, str(Path(__file__).parent / "fake_worker.py"), "hang-late"), 3, "timed out after 3s"),
+    ((sys.executable, FAKE_WORKER, "crash-early"), 30, "crashed with SIGSEGV"),
+    ((sys.executable, FAKE_WORKER, "hang-late"), 3, "timed out after 3s"),
     ((sys.executable, "-c", OOM_CHILD), 30, "exited with code 1"),
 ])
 def test_a_failing_child_is_a_recorded_failure_and_leaves_nothing(

@@ -21,8 +21,8 @@ from autotune.host import machine
 from autotune.measure import requests
 from autotune.search import opening
 from tests.conftest import FIXTURES, NEEDS_INT8
-from tests.test_cli import run_cli
-from tests.test_space import FakeTrial
+from tests.support.cli import run_cli
+from tests.support.spaces import FakeTrial
 
 XEON = FIXTURES / "lscpu" / "xeon_2s_ht.txt"
 NO_VNNI = ("Intel(R) Xeon(R) CPU E5-2690 v4", frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}))

@@ -1,0 +1,193 @@
+"""The CLI's contract: every command has --help; every bad input is one `Error:` line, exit code 2;
+an internal error is one `Error:` line naming its saved traceback, exit code 3."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.base import tempdirs
+from autotune.cli import crash, display
+from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
+from autotune.cli.main import cli, main
+from tests.conftest import FIXTURES
+from tests.support.cli import run_cli
+
+XEON = str(FIXTURES / "lscpu" / "xeon_2s_ht.txt")
+
+
+@pytest.mark.parametrize("command", sorted(cli.commands))
+def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    code, out, _ = run_cli(capsys, command, "--help")
+    assert code == 0
+    assert "Example:" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--model", "resnet18", "--set", "omp_thread=2"],
+         "Error: unknown knob 'omp_thread'; did you mean omp_threads?"),
+        (["plan", "--model", "resnet18", "--set", "allocator=mimalloc"],
+         "Error: allocator=mimalloc is not allowed; use default, jemalloc, tcmalloc"),
+        (["plan", "--model", "resnet5"], "Error: unknown model 'resnet5'; did you mean resnet50"),
+        (["plan", "--model", "resnet18", "--lscpu", "/nonexistent/lscpu.txt"],
+         "Error: cannot read --lscpu file '/nonexistent/lscpu.txt': No such file or directory"),
+        (["plan", "--model", "resnet18", "--lscpu", XEON, "--set", "instances=9"],
+         "Error: omp_threads=1 x instances=9 = 9 threads is above the 8 usable physical cores"),
+        (["plan", "--model", "resnet18", "--batch-size", "0"],
+         "Error: --batch-size 0 is not allowed; use 1 or more"),
+        (["plan"], "Error: Missing option '--model'. (see `autotune plan --help`)"),
+        (["plna"], "Error: No such command 'plna'."),
+        (["bench", "--model", "resnet18", "--duration", "-1"], "Error: Invalid value for '--duration'"),
+        (["search", "--model", "resnet18", "--trials", "2", "--batch-size", "1,x"],
+         "Error: --batch-size '1,x' is not allowed; give a number like 8 or a list like 1,2,4,8"),
+        (["confirm", "--rounds", "3"], "Error: Invalid value for '--rounds': 3 is not in the range x>=5."),
+        (["confirm", "--rounds", "5", "--top", "3"], "Error: --rounds 5 can never reach significance for 3 "
+                                                     "candidate(s)"),
+        (["search", "--model", "resnet18", "--trials", "2", "--confirm-rounds", "5"],
+         "Error: --confirm-rounds 5 can never reach significance for 3 candidate(s): the smallest one-sided "
+         "signed-rank p is 1/32, and Holm's correction asks for p < 0.05/3; use --confirm-rounds 6 or more, or a "
+         "smaller --confirm-top"),
+        (["plan", "--model", "resnet18", "--set", "backend=inductor", "--set", "mkldnn=on"],
+         "Error: mkldnn applies only with backend=eager (here backend=inductor)"),
+        (["plan", "--model", "resnet18", "--example-inputs", "/nonexistent/inputs.pt"],
+         "Error: --example-inputs '/nonexistent/inputs.pt' is not a file; save your inputs with torch.save"),
+        (["plan", "--model", "resnet18", "--example-inputs", XEON],
+         "Error: --example-inputs: cannot load example inputs"),
+        (["plan", "--model", "resnet18", "--input-shape", "3x32x32", "--example-inputs", XEON],
+         "Error: give --input-shape or --example-inputs, not both"),
+        (["run", str(FIXTURES / "envs" / "unknown_backend.env"), "--", "true"],
+         "Error: AUTOTUNE_BACKEND='tensorrt' in "),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(capsys: pytest.CaptureFixture[str], args: list[str],
+                                               message: str) -> None:
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2
+    assert err.startswith(message)
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_plan_json_for_a_described_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "resnext101", "--lscpu", XEON, "--set",
+                           "instances=2", "--set", "omp_runtime=intel", "--set", "kmp_blocktime=1",
+                           "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert (data["kind"], data["schema_version"]) == ("plan", 1)
+    assert data["bench"]["model"] == "resnext101_32x8d"
+    assert [i["cpus"] for i in data["instances"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [i["numa_node"] for i in data["instances"]] == [0, 1]
+    inst = data["instances"][1]
+    assert inst["env"]["KMP_BLOCKTIME"] == "1" and inst["env"]["OMP_NUM_THREADS"] == "4"
+    assert inst["command"][1:3] == ["--physcpubind=4-7", "--membind=1"]
+
+
+def test_plan_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "resnet18", "--lscpu", XEON, "--set", "instances=2")
+    assert code == 0
+    assert "binding: numactl" in out and "OMP_NUM_THREADS=4" in out
+
+
+def test_doctor_json_lists_libraries_with_install_hints(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "doctor", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert (data["kind"], data["schema_version"]) == ("doctor", 1)
+    assert data["physical_cores"] >= 1 and data["usable_physical_cores"] >= 1
+    assert set(data["libraries"]) == {"libiomp5", "libomp", "jemalloc", "tcmalloc"}
+    for info in data["libraries"].values():
+        assert (info["path"] is None) != (info["install"] is None)
+    assert set(data["isa"]) >= {"avx512f", "avx512_bf16", "amx_tile"}
+    assert data["torch"].startswith("2.")
+
+
+def test_knobs_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "knobs")
+    assert code == 0
+    for name in ("mkldnn", "weight_cache", "kmp_blocktime", "omp_proc_bind", "dataloader_workers"):
+        assert name in out
+
+
+def test_the_installed_command_exits_2_without_traceback() -> None:
+    exe = Path(sys.executable).with_name("autotune")
+    proc = subprocess.run([str(exe), "plan", "--model", "nosuchmodel"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Error: unknown model 'nosuchmodel'")
+    assert proc.stdout == ""
+
+
+def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--help")
+    codes = out.split("Exit codes:\n", 1)[1]
+    lines = [f"    {value:<7}{meaning}" for value, meaning in [
+        (EXIT_OK, "success"), (EXIT_FAILED, "a measured result failed"), (EXIT_USAGE, "bad input"),
+        (EXIT_INTERNAL, "an internal error"), ("128+N", "stopped by signal N")]]
+    assert code == 0 and all(line in codes for line in lines), codes
+
+
+def _boom(*_: object) -> None:
+    raise RuntimeError("boom\nsecond line")
+
+
+@pytest.fixture
+def broken_knobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`autotune knobs` with a bug in it, and a temporary folder of the test's own."""
+    monkeypatch.setattr(display, "knobs", _boom)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_an_internal_error_is_exit_3_and_one_line_naming_its_traceback(
+        broken_knobs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "knobs")
+    assert (code, out) == (3, "")
+    found = re.fullmatch(r"Error: internal error \(RuntimeError: boom\); the traceback is in (\S+); please report it\n",
+                         err)
+    assert found, err
+    saved = Path(found[1])
+    assert saved.parent == broken_knobs and saved.name.startswith("autotune-crash-") and saved.suffix == ".txt"
+    text = saved.read_text()
+    assert "Traceback (most recent call last):" in text and "in _boom" in text and "RuntimeError: boom" in text
+    assert "command: autotune knobs\n" in text and f"autotune: {autotune.__version__}\n" in text
+    assert "\npython: CPython " in text and "\nplatform: " in text
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600  # a traceback may show what only this user may see
+    tempdirs.remove_orphans(broken_knobs)  # the next start keeps it
+    assert saved.exists()
+
+
+def test_an_internal_error_whose_traceback_cannot_be_saved_is_still_one_line_and_exit_3(
+        broken_knobs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(broken_knobs / "missing"))
+    code, out, err = run_cli(capsys, "knobs")
+    assert (code, out) == (3, "")
+    assert err.startswith("Error: internal error (RuntimeError: boom); its traceback could not be saved "
+                          "(FileNotFoundError: ")
+    assert err.endswith("); rerun with --debug and please report it\n") and err.count("\n") == 1
+
+
+def test_debug_shows_an_internal_error_as_a_traceback_and_saves_nothing(broken_knobs: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["--debug", "knobs"])
+    assert not list(broken_knobs.glob(f"{crash.PREFIX}*"))
+
+
+def test_a_saved_traceback_shows_no_password() -> None:
+    try:
+        raise RuntimeError("cannot reach postgresql+psycopg://me:secretpw@127.0.0.1:1/db")
+    except RuntimeError as exc:
+        text = crash.report(exc, ["studies", "--storage", "postgresql+psycopg://me:secretpw@127.0.0.1:1/db"])
+        line = crash.summary(exc)
+    assert "secretpw" not in text + line
+    assert "command: autotune studies --storage postgresql+psycopg://me:***@127.0.0.1:1/db\n" in text
+    assert line == "RuntimeError: cannot reach postgresql+psycopg://me:***@127.0.0.1:1/db"

@@ -1,0 +1,209 @@
+"""`autotune cache`: what is cached, whether this torch and CPU can use it, and pruning that never
+removes what an exported env file loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.base.errors import AutotuneError
+from autotune.child import deploy, references
+from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
+from autotune.child.knobs import ModelKnobs
+from autotune.cli.options import parse_duration
+from autotune.deploy import cache, export
+from tests.support.cli import AUTOTUNE
+
+HERE = cache.Here(torch="2.14.1+cu130", isa=("avx2", "avx512f"))
+DAY = 86400.0
+
+
+def artifact(folder: Path, name: str, knobs: ModelKnobs, age_s: float = 0.0, **meta: Any) -> Path:
+    """An artifact file and its description, as child.artifacts.save_artifact leaves them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(b"x" * 1000)
+    described = {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": ["1x3x64x64:float32:contiguous"],
+                 "torch": HERE.torch, "isa": list(HERE.isa), "weights": "w", "model": "resnet18"} | meta
+    Path(f"{path}.json").write_text(json.dumps(described))
+    then = time.time() - age_s
+    os.utime(f"{path}.json", (then, then))
+    return path
+
+
+INDUCTOR = ModelKnobs(backend="inductor", precision="bf16")
+
+
+def test_unusable_names_what_changed() -> None:
+    good = {"format": ARTIFACT_FORMAT, "torch": HERE.torch, "isa": list(HERE.isa)}
+    assert cache.unusable(good, HERE) == ""
+    assert cache.unusable(good | {"torch": "2.13.0"}, HERE) == "built for torch 2.13.0, this is 2.14.1+cu130"
+    assert cache.unusable(good | {"isa": ["avx2"]}, HERE) == "built for a CPU with other instruction sets"
+    assert cache.unusable(good | {"format": "v0"}, HERE).startswith("made in format v0")
+
+
+def test_the_torch_version_read_without_importing_torch_is_torchs_own() -> None:
+    import torch
+
+    assert installed_torch_version() == torch.__version__
+
+
+def test_scan_lists_artifacts_kernels_and_leftovers(tmp_path: Path) -> None:
+    folder = tmp_path / "artifacts"
+    fresh = artifact(folder, "inductor-a.pt2", INDUCTOR, threads=2)
+    old_torch = artifact(folder, "torchscript-b.pt", ModelKnobs(backend="torchscript"), torch="2.13.0")
+    (folder / "inductor-c.pt2.json").write_text("{}")  # its artifact is gone
+    leftover = folder / ".inductor-d.123.tmp.pt2"
+    leftover.write_bytes(b"x")
+    os.utime(leftover, (time.time() - 2 * cache.UNFINISHED_AFTER_S,) * 2)
+    (folder / ".inductor-e.124.tmp.pt2").write_bytes(b"x")  # young: maybe a compile running now
+    (tmp_path / "inductor" / HERE.torch / "fx").mkdir(parents=True)
+    (tmp_path / "inductor" / HERE.torch / "fx" / "k.so").write_bytes(b"k" * 10)
+    (tmp_path / "inductor" / "2.13.0").mkdir()
+    entries = {e.path.name: e for e in cache.scan(tmp_path, HERE)}
+    assert set(entries) == {fresh.name, old_torch.name, "inductor-c.pt2.json", leftover.name, HERE.torch, "2.13.0"}
+    assert entries[fresh.name].config == "backend=inductor precision=bf16 threads=2 inputs 1x3x64x64:float32:contiguous"
+    assert entries[fresh.name].unusable == "" and entries[fresh.name].model == "resnet18"
+    assert entries[fresh.name].size == 1000 + len(Path(f"{fresh}.json").read_bytes())
+    assert entries[old_torch.name].unusable == "built for torch 2.13.0, this is 2.14.1+cu130"
+    assert entries["inductor-c.pt2.json"].unusable == "its artifact file is missing"
+    assert entries[leftover.name].unusable == "left by a compile that was stopped"
+    assert entries[HERE.torch].unusable == "" and entries[HERE.torch].size == 10
+    assert entries["2.13.0"].unusable == "built by torch 2.13.0, this is 2.14.1+cu130"
+
+
+def test_the_kept_eager_outputs_are_entries_per_torch_version(tmp_path: Path) -> None:
+    """`child.references` keeps them per torch version: another torch's are unusable, and pruned."""
+    for version in (HERE.torch, "2.13.0", "2.12.0"):
+        folder = tmp_path / references.FOLDER / version
+        folder.mkdir(parents=True)
+        (folder / "k.pt").write_bytes(b"r" * 7)
+    os.utime(tmp_path / references.FOLDER / "2.12.0" / "k.pt", (time.time() - 40 * DAY,) * 2)
+    entries = {e.path.name: e for e in cache.scan(tmp_path, HERE)}
+    assert {e.kind for e in entries.values()} == {cache.REFERENCES}
+    assert entries[HERE.torch].unusable == "" and entries[HERE.torch].size == 7
+    assert entries["2.13.0"].unusable == "built by torch 2.13.0, this is 2.14.1+cu130"
+    assert entries["2.12.0"].last_used < time.time() - 39 * DAY
+    chosen = cache.to_prune(entries.values(), None, time.time(), False)
+    assert sorted(e.path.name for e in chosen) == ["2.12.0", "2.13.0"]
+    assert all(cache.remove(e) == "" for e in chosen)
+    assert [p.name for p in (tmp_path / references.FOLDER).iterdir()] == [HERE.torch]
+
+
+def test_prune_takes_the_unusable_and_the_unused_but_never_what_an_env_file_keeps(tmp_path: Path) -> None:
+    folder = tmp_path / "artifacts"
+    artifact(folder, "inductor-new.pt2", INDUCTOR)
+    artifact(folder, "inductor-old.pt2", INDUCTOR, age_s=40 * DAY)
+    artifact(folder, "inductor-kept.pt2", ModelKnobs(backend="inductor"), age_s=40 * DAY, threads=2)
+    artifact(folder, "torchscript-stale.pt", ModelKnobs(backend="torchscript"), torch="2.13.0")
+    keeper = cache.Export("best.env", folder, asdict(ModelKnobs(backend="inductor")), 2)
+    entries = cache.scan(tmp_path, HERE, [keeper])
+    names = lambda chosen: sorted(e.path.name for e in chosen)  # noqa: E731
+    assert names(cache.to_prune(entries, None, time.time(), False)) == ["torchscript-stale.pt"]
+    assert names(cache.to_prune(entries, 30 * DAY, time.time(), False)) == ["inductor-old.pt2", "torchscript-stale.pt"]
+    assert names(cache.to_prune(entries, 30 * DAY, time.time(), True)) == [
+        "inductor-kept.pt2", "inductor-old.pt2", "torchscript-stale.pt"]
+    other_threads = cache.Export("one.env", folder, asdict(ModelKnobs(backend="inductor")), 1)
+    assert not any(e.kept_by for e in cache.scan(tmp_path, HERE, [other_threads]))
+
+
+def test_an_int8_graph_is_listed_as_such_and_no_env_file_keeps_it(tmp_path: Path) -> None:
+    """The quantized graph each thread count's int8 artifact is compiled from: an entry of its own
+    kind, pruned by age even where an env file keeps the artifact made from it (it loads that)."""
+    folder = tmp_path / "artifacts"
+    int8 = ModelKnobs(backend="inductor", precision="int8")
+    graph = artifact(folder, "int8graph-a.pt2", int8, age_s=40 * DAY, calibration="c")
+    compiled = artifact(folder, "inductor-b.pt2", int8, age_s=40 * DAY, calibration="c", threads=1)
+    keeper = cache.Export("best.env", folder, asdict(int8), 1)
+    entries = {e.path.name: e for e in cache.scan(tmp_path, HERE, [keeper])}
+    assert entries[graph.name].kind == "int8 quantized graph" and entries[graph.name].kept_by == ()
+    assert entries[compiled.name].kind == "inductor artifact" and entries[compiled.name].kept_by == ("best.env",)
+    assert [e.path.name for e in cache.to_prune(entries.values(), 30 * DAY, time.time(), False)] == [graph.name]
+
+
+def test_a_guard_record_is_kept_in_the_description_and_a_damaged_one_is_no_record(tmp_path: Path) -> None:
+    from autotune.child.artifacts import guard_record, remember_guard
+
+    path = artifact(tmp_path / "artifacts", "inductor-a.pt2", ModelKnobs(backend="inductor", precision="int8"))
+    assert guard_record(path, "k") is None
+    remember_guard(path, "k", {"min_cosine": 0.99})
+    remember_guard(path, "j", {"min_cosine": 0.98})
+    assert guard_record(path, "k") == {"min_cosine": 0.99} and guard_record(path, "j") == {"min_cosine": 0.98}
+    assert json.loads(Path(f"{path}.json").read_text())["model"] == "resnet18"  # the description is kept
+    (entry,) = cache.scan(tmp_path, HERE)
+    assert entry.unusable == "" and entry.kind == "inductor artifact"
+    Path(f"{path}.json").write_text("[1, 2")
+    remember_guard(path, "k", {"min_cosine": 0.99})  # costs the next process a guard, nothing more
+    assert guard_record(path, "k") is None and Path(f"{path}.json").read_text() == "[1, 2"
+    assert [p.name for p in (tmp_path / "artifacts").iterdir() if p.name.startswith(".")] == []
+
+
+def test_remove_deletes_the_artifact_and_its_description(tmp_path: Path) -> None:
+    path = artifact(tmp_path / "artifacts", "inductor-a.pt2", INDUCTOR)
+    (entry,) = cache.scan(tmp_path, HERE)
+    assert cache.remove(entry) == ""
+    assert list((tmp_path / "artifacts").iterdir()) == [] and not path.exists()
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("20m", 1200), ("1.5h", 5400), ("7d", 604800)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text, "--older-than") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "m", "0", "90", "-1h", "3x", "inf", "nan", "infh"])
+def test_bad_durations_say_what_to_give(text: str) -> None:
+    with pytest.raises(AutotuneError, match=f"--older-than {text!r} is not a duration; give a positive number"):
+        parse_duration(text, "--older-than")
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([AUTOTUNE, "cache", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_cli_prune_keeps_what_an_exported_env_file_points_to(tmp_path: Path,
+                                                            searched: optuna.Study) -> None:
+    compiled = tmp_path / "compiled"
+    trial = export.pick_trial(searched, None)
+    export.write(tmp_path / "best.env", export.render(searched, trial, compiled))
+    env = export.read(tmp_path / "best.env").env
+    knobs = deploy.knobs_from_env(env)
+    threads = int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else 1
+    here = {"torch": installed_torch_version(), "isa": list(cache.Here.now().isa)}
+    kept = artifact(compiled, "inductor-kept.pt2", knobs, age_s=40 * DAY, threads=threads, **here)
+    other = ModelKnobs(backend="torchscript", precision="bf16" if knobs.precision == "fp32" else "fp32")
+    gone = artifact(compiled, "torchscript-gone.pt", other, age_s=40 * DAY, **here)
+    (tmp_path / "notes.env").write_text("FOO=1\n")  # another tool's .env file: ignored, not an error
+
+    proc = cli(tmp_path, "--cache-dir", "compiled", "--prune", "--older-than", "30d")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert kept.exists() and Path(f"{kept}.json").exists()
+    assert not gone.exists() and not Path(f"{gone}.json").exists()
+    listed = json.loads(cli(tmp_path, "--cache-dir", "compiled", "--json").stdout)
+    assert (listed["kind"], listed["schema_version"]) == ("cache", 1)
+    assert [(e["path"].rsplit("/", 1)[1], e["kept_by"]) for e in listed["entries"]] == [(kept.name, ["best.env"])]
+
+    proc = cli(tmp_path, "--cache-dir", "compiled", "--prune", "--older-than", "30d", "--include-exported")
+    assert proc.returncode == 0 and not kept.exists()
+
+
+def test_cli_dry_run_removes_nothing_and_bad_flags_are_one_line(tmp_path: Path) -> None:
+    stale = artifact(tmp_path / "studies" / "cache" / "artifacts", "inductor-a.pt2", INDUCTOR, torch="2.13.0")
+    proc = cli(tmp_path, "--prune", "--dry-run")
+    assert proc.returncode == 0 and stale.exists()
+    assert "would remove 1" in proc.stdout
+    proc = cli(tmp_path, "--older-than", "30d")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "Error: --older-than, --include-exported and --dry-run only apply with --prune; add --prune\n"
+    proc = cli(tmp_path, "--prune", "--older-than", "soon")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert stale.exists()
+    assert "nothing cached here" in cli(tmp_path, "--cache-dir", "elsewhere").stdout

@@ -1,0 +1,110 @@
+"""The measurement protocol, deterministic: replicates of fake runs, more of them while the spread
+is too wide, a failed one ending the measurement, a warmed process cut into windows, and what flags
+a measurement noisy."""
+
+from __future__ import annotations
+
+from autotune.config.knobs import Config
+from autotune.measure import replicates
+from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan, worker_command
+from autotune.measure.results import RunResult
+from tests.support.studies import fake_result, run_with
+
+PLAN = LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", ())
+
+
+def runs_of(*sample_lists: list[float]) -> replicates.PlanRunner:
+    queue = [fake_result(s) for s in sample_lists]
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        return queue.pop(0)
+
+    return runner
+
+
+def test_a_quiet_configuration_takes_the_planned_replicates() -> None:
+    quiet = [20.0, 20.1, 20.2, 19.9, 20.0]
+    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3),
+                                             runs_of(quiet, quiet, quiet, quiet))
+    assert len(measured.runs) == 3
+    summary = measured.summary()
+    assert summary["noisy"] is False and summary["replicates"] == 3 and summary["samples"] == 15
+    assert summary["latency_ci_ms"][0] <= summary["latency_p50_ms"] <= summary["latency_ci_ms"][1]
+
+
+def test_a_noisy_configuration_is_remeasured_then_flagged() -> None:
+    calm = [20.0, 20.1, 20.2, 19.9, 20.0]
+    spell = [60.0, 80.0, 70.0, 90.0, 75.0]
+    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=2, max_extra=2),
+                                runs_of(calm, spell, spell, calm, calm))
+    assert len(measured.runs) == 4  # 2 planned + 2 extra while IQR/median stayed above 25%
+    assert measured.summary()["noisy"] is True
+    off = [27.0] * 5
+    settled = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3, max_extra=2),
+                               runs_of(calm, calm, off, calm, calm))
+    assert len(settled.runs) == 4  # one extra replicate brought the spread under 25%
+    assert settled.summary()["noisy"] is False
+
+
+def test_a_failed_replicate_stops_the_measurement() -> None:
+    from autotune.measure.results import InstanceResult
+
+    crash = RunResult(False, "instance 0: crashed with SIGSEGV", (InstanceResult(0, False, "crashed", -11, ""),), 1)
+    calm = [20.0] * 5
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        return crash if runner.calls else fake_result(calm)  # type: ignore[attr-defined]
+
+    runner.calls = 0  # type: ignore[attr-defined]
+
+    def counted(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        result = runner(plan, timeout_s)
+        runner.calls += 1  # type: ignore[attr-defined]
+        return result
+
+    measured = replicates.measure_replicates(PLAN, replicates.ReplicatePolicy(replicates=3), counted)
+    assert not measured.ok and measured.reason == "instance 0: crashed with SIGSEGV"
+    assert len(measured.runs) == 2
+
+
+def test_in_process_replicates_are_one_stretched_process_cut_into_windows() -> None:
+    seen: list[LaunchPlan] = []
+    told: list[tuple[int, bool]] = []
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        seen.append(plan)
+        return fake_result([20.0] * 30)
+
+    def after_each(index: int, run: RunResult, more: bool) -> bool:
+        told.append((index, more))
+        return True  # would prune: but the windows already ran
+
+    bench = BenchSpec("fake", (1,))
+    instance = InstancePlan(0, (0,), None, {}, worker_command("python", bench, Config()))
+    one = LaunchPlan(Config(), bench, "none", (instance,))
+    policy = replicates.ReplicatePolicy(replicates=3, max_extra=0, in_process=True)
+    measured = replicates.measure_replicates(one, policy, runner, after_each)
+    assert len(seen) == 1 and len(measured.runs) == 3 and not measured.stopped_early
+    [plan] = seen
+    base = PLAN.bench.measure
+    assert plan.bench.measure.duration_s == 3 * base.duration_s
+    assert plan.bench.measure.min_iterations == 3 * base.min_iterations
+    command = plan.instances[0].command
+    assert command[command.index("--duration") + 1] == str(3 * base.duration_s)
+    assert command[command.index("--min-iterations") + 1] == str(3 * base.min_iterations)
+    assert told == [(0, False), (1, False), (2, False)]
+
+
+def test_other_processes_busy_on_the_cpus_flag_the_measurement_noisy() -> None:
+    steady = [10.0, 10.1, 10.0, 9.9, 10.0]
+    quiet = replicates.Measurement((run_with(steady, 0.1), run_with(steady, 0.2)))
+    assert not quiet.noisy and quiet.summary()["noisy_reason"] == ""
+    busy = replicates.Measurement((run_with(steady, 0.1), run_with(steady, 0.88)))
+    summary = busy.summary()
+    assert summary["noisy"] is True and summary["other_cpu_share_max"] == 0.88
+    assert summary["noisy_reason"] == "other processes used 88% of the CPUs > 25%"
+
+
+def test_both_reasons_are_recorded() -> None:
+    spread = replicates.Measurement((run_with([10.0, 20.0, 30.0, 40.0], 0.9),))
+    assert spread.noisy_reason == "IQR/median 60% > 10%; other processes used 90% of the CPUs > 25%"

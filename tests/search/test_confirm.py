@@ -1,0 +1,235 @@
+"""Pruning and confirmation with a fake benchmark: deterministic, no processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config.knobs import Config
+from autotune.deploy import export
+from autotune.host.machine import Machine
+from autotune.measure.plan import BenchSpec, LaunchPlan
+from autotune.measure.replicates import ReplicatePolicy, one_by_one
+from autotune.measure.results import InstanceResult, RunResult
+from autotune.search import confirm, loop, opening
+from tests.support.studies import SPACE, fake_result, fake_runner
+
+SEED = 7
+JITTER = (-1.0, -0.6, -0.3, 0.0, 0.2, 0.5, 0.8, 1.0, 1.3, 1.6)
+
+
+def slow_intel(plan: LaunchPlan, timeout_s: float) -> RunResult:
+    """jemalloc 2x faster than the defaults, Intel OpenMP 3x slower."""
+    config = plan.config
+    latency = 100.0 / (2 if config.get("allocator") == "jemalloc" else 1) * (3 if config.get("omp_runtime") == "intel"
+                                                                          else 1)
+    if config.get("mkldnn"):
+        return fake_runner(plan, timeout_s)
+    fake_runner.calls.append(plan.config.describe())  # type: ignore[attr-defined]
+    return fake_result([latency + j for j in JITTER])
+
+
+ENQUEUED = [{"mkldnn": "off", "omp_runtime": "gnu", "allocator": "jemalloc"},
+            {"mkldnn": "off", "omp_runtime": "intel", "allocator": "default"},
+            {"mkldnn": "off", "omp_runtime": "intel", "allocator": "jemalloc"}]
+
+
+def searched(tmp_path: Path, here: Machine, runner: object, trials: int = 8) -> optuna.Study:
+    """The baseline, then the enqueued configurations (so the test does not hang on sampling luck)."""
+    for total in (1, trials):
+        opened = opening.open_search(opening.SearchRequest(
+            model="resnet18", trials=total, space=SPACE, studies_dir=tmp_path / "studies",
+            replicates=ReplicatePolicy(replicates=3), seed=0), here)
+        if total == 1:
+            loop.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
+            for params in ENQUEUED:
+                opened.study.enqueue_trial(params)
+    loop.run_search(opened, here, lambda e: None, runner=runner)  # type: ignore[arg-type]
+    return opened.study
+
+
+def test_clearly_worse_configurations_are_pruned_after_two_replicates(tmp_path: Path, here: Machine) -> None:
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    pruned = [t for t in result.get_trials() if t.state == TrialState.PRUNED]
+    assert {t.number for t in pruned} >= {2, 3}, "3x slower than trial 1 (jemalloc): pruned"
+    for trial in pruned:
+        assert trial.user_attrs["replicates"] == 2  # one disturbed process alone never prunes
+        assert trial.user_attrs["status"] == "pruned"
+        assert trial.user_attrs["prune_reason"].startswith(
+            "all 2 replicates more than 5% worse than every replicate of trial 1 (")
+        assert "p=" not in trial.user_attrs["prune_reason"]  # a stated rule, not a test: no p-value
+        # Its value compares with completed trials': the median of its replicates' p50s, not a decile.
+        assert trial.value == pytest.approx(statistics.median(trial.user_attrs["replicate_p50_ms"]), rel=1e-3)
+    complete = [t for t in result.get_trials() if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+    assert all(t.user_attrs["replicates"] == 3 for t in complete)
+    assert result.get_trials()[1].state == TrialState.COMPLETE
+
+
+def test_confirmation_picks_a_clearly_faster_candidate(tmp_path: Path, here: Machine) -> None:
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    rounds = []
+    verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=rounds.append,
+                              runner=one_by_one(slow_intel))
+    assert verdict["significant"] is True
+    winner = result.get_trials()[verdict["winner_trial"]]
+    assert "allocator=jemalloc" in winner.user_attrs["config"]
+    assert verdict["speedup"] == pytest.approx(2.0, rel=0.05)
+    assert verdict["ci"][0] > 1.5 and verdict["ci_label"] == "95% CI"
+    assert len(rounds) == 6 * (len(verdict["candidates"]) + 1)
+    ran = [[e.contender.trial for e in rounds if e.round == n] for n in range(6)]
+    assert ran == verdict["orders"]  # the order that ran is the order recorded, with its seed
+    assert isinstance(verdict["order_seed"], int)
+    assert result.user_attrs["confirmation"]["winner_trial"] == winner.number
+    text = export.render(result, export.pick_trial(result, None))
+    assert f"trial {winner.number}" in text.splitlines()[0]
+    assert "# confirmed: trial" in text
+
+
+def test_no_significant_gain_exports_the_baseline_and_says_why(tmp_path: Path, here: Machine) -> None:
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+
+    def all_equal(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        return fake_result([100.0 + j for j in JITTER])
+
+    verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=one_by_one(all_equal))
+    assert verdict["significant"] is False
+    assert verdict["winner_trial"] == 0
+    assert verdict["message"].startswith("no candidate beat the baseline by more than 3% (Holm-adjusted p < 0.05)")
+    chosen = export.pick_trial(result, None)
+    assert chosen.number == 0
+    assert "# baseline exported: no candidate beat the baseline" in export.render(result, chosen)
+
+
+def test_too_few_rounds_and_no_baseline_are_errors(tmp_path: Path) -> None:
+    empty = optuna.create_study(study_name="empty")
+    with pytest.raises(confirm.ConfirmError, match="has no completed baseline trial"):
+        confirm.confirm(empty, top=3, rounds=10, min_effect=0.03, timeout_s=1, on_run=lambda e: None)
+    with pytest.raises(confirm.ConfirmError, match="--rounds 3 can never reach significance"):
+        confirm.confirm(empty, top=1, rounds=3, min_effect=0.03, timeout_s=1, on_run=lambda e: None)
+
+
+def test_rounds_that_cannot_survive_holm_for_the_top_asked_are_refused() -> None:
+    with pytest.raises(confirm.ConfirmError) as refused:
+        confirm.check_rounds(5, 3)
+    assert str(refused.value) == (
+        "--rounds 5 can never reach significance for 3 candidate(s): the smallest one-sided signed-rank p is "
+        "1/32, and Holm's correction asks for p < 0.05/3; use --rounds 6 or more, or a smaller --top")
+    confirm.check_rounds(5, 1)
+    confirm.check_rounds(6, 3)
+    with pytest.raises(confirm.ConfirmError, match="use --rounds 7 or more"):
+        confirm.check_rounds(6, 4)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5])
+def test_the_order_is_random_balanced_and_seeded(count: int) -> None:
+    block = count if count % 2 == 0 else 2 * count
+    orders = confirm.schedule(count, 3 * block, seed=11)
+    assert orders == confirm.schedule(count, 3 * block, seed=11)
+    assert orders != confirm.schedule(count, 3 * block, seed=12)
+    positions = Counter((who, where) for order in orders for where, who in enumerate(order))
+    follows = Counter((a, b) for order in orders for a, b in itertools.pairwise(order))
+    assert set(positions.values()) == {3 * block // count}  # everyone in every position equally often
+    assert len(follows) == count * (count - 1) and len(set(follows.values())) == 1  # and after everyone
+
+
+def test_a_candidate_with_a_failed_run_cannot_win(tmp_path: Path, here: Machine) -> None:
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    calls = Counter[str]()
+
+    def jemalloc_crashes_once(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        calls[plan.config.describe()] += 1
+        if plan.config.get("allocator") == "jemalloc" and calls[plan.config.describe()] == 3:
+            bad = InstanceResult(0, False, "crashed with SIGSEGV", -11, "")
+            return RunResult(False, "instance 0: crashed with SIGSEGV", (bad,), 1.0)
+        return slow_intel(plan, timeout_s)
+
+    verdict = confirm.confirm(result, top=1, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=one_by_one(jemalloc_crashes_once), seed=1)
+    row = verdict["candidates"][0]
+    assert "allocator=jemalloc" in row["config"]
+    assert (row["status"], row["failed_runs"], row["significant"]) == ("failed", 1, False)
+    assert row["reason"] == "failed 1 of 6 runs: instance 0: crashed with SIGSEGV"
+    assert verdict["significant"] is False and verdict["winner_trial"] == 0
+    assert verdict["message"] == f"no candidate could win: trial {row['trial']} {row['reason']}"
+
+
+def test_the_verdict_says_what_each_contenders_processes_took(tmp_path: Path, here: Machine) -> None:
+    """The median wall of its fresh processes, start to exit, a failed one included (it took its time)."""
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    calls = Counter[str]()
+
+    def walls(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        calls[plan.config.describe()] += 1
+        count = calls[plan.config.describe()]
+        if not plan.config.values:
+            return dataclasses.replace(slow_intel(plan, timeout_s), wall_s=12.0)
+        if count == 6:
+            return RunResult(False, "instance 0: timed out after 60s", (InstanceResult(0, False, "timed out", -9, ""),),
+                             60.0)
+        return dataclasses.replace(slow_intel(plan, timeout_s), wall_s=4.0 + count)
+
+    verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=one_by_one(walls))
+    assert verdict["baseline_process_wall_s"] == 12.0
+    rows = verdict["candidates"]
+    assert rows and [row["process_wall_s"] for row in rows] == [7.5] * len(rows)  # 5, 6, 7, 8, 9 and 60 s
+    assert result.user_attrs["confirmation"]["candidates"][0]["process_wall_s"] == 7.5
+
+
+def test_a_constrained_study_rechecks_the_latency_limit_in_confirmation(tmp_path: Path, here: Machine) -> None:
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    result.set_user_attr("max_latency_ms", 45.0)  # jemalloc's p90 is about 51 ms here
+    verdict = confirm.confirm(result, top=1, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=one_by_one(slow_intel))
+    row = verdict["candidates"][0]
+    assert row["status"] == "over the latency limit" and not verdict["significant"]
+    assert row["reason"].startswith("had a p90 latency of 51.") and row["reason"].endswith("over --max-latency-ms 45")
+
+
+def test_five_rounds_are_labelled_with_their_real_coverage(tmp_path: Path, here: Machine) -> None:
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    verdict = confirm.confirm(result, top=1, rounds=5, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=one_by_one(slow_intel))
+    assert verdict["significant"] and verdict["ci_label"] == "93.8% CI (full range)"
+    assert "(93.8% CI (full range) 1.99" in verdict["message"]
+
+
+def test_a_configuration_compared_with_itself_is_two_independent_series() -> None:
+    plan = LaunchPlan(Config(), BenchSpec("fake", (1,)), "none", ())
+    jitter = iter(range(1000))
+
+    def noisy(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        return fake_result([100.0 + (next(jitter) * 7 % 11) for _ in range(5)])
+
+    pair = confirm.distinct([confirm.Contender("trial 0", plan, 0), confirm.Contender("trial 0", plan, 0)])
+    assert [c.label for c in pair] == ["trial 0 #1", "trial 0 #2"]
+    measured = confirm.interleave(pair, 6, "latency_p50_ms", 60, one_by_one(noisy), lambda e: None, seed=3)
+    assert [len(series) for series in measured.runs] == [6, 6]  # 6 rounds asked, 6 rounds compared
+    comparison = confirm.compared(measured, "latency_p50_ms", 0.0)
+    assert comparison is not None and comparison.rounds == 6
+    assert comparison.speedup != 1.0  # two series, not one paired with itself
+
+
+def test_holm_keeps_a_borderline_second_candidate_from_winning() -> None:
+    rows = [{"p_value": 0.02, "significant": True}, {"p_value": 0.03, "significant": True},
+            {"p_value": None, "significant": False}]
+    confirm._holm(rows)
+    assert [r["significant"] for r in rows] == [True, True, False]  # 0.02 < 0.05/2, 0.03 < 0.05/1
+    rows = [{"p_value": 0.03, "significant": True}, {"p_value": 0.04, "significant": True}]
+    confirm._holm(rows)
+    assert [r["significant"] for r in rows] == [False, False]  # 0.03 > 0.05/2: neither, though both < 0.05

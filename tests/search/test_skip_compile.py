@@ -1,0 +1,206 @@
+"""Skipping a compile: in a latency search, a sampled inductor configuration whose (precision,
+layout, threads) no trial measured is predicted from the keys that were, and pruned without
+running when the prediction is more than thresholds.SKIP_COMPILE times the best trial's value (the
+margin a trial gives up at after its last checked window). Fake runner, no processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState
+
+from autotune.base import thresholds
+from autotune.cli import display
+from autotune.config import space, space_fit
+from autotune.config.knobs import Config
+from autotune.host.libs import Libraries
+from autotune.host.machine import Machine
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.results import RunResult
+from autotune.search import loop, opening, pruning
+from autotune.study import records
+from tests.conftest import FIXTURES, lscpu
+from tests.support.studies import fake_result, request
+
+DEFAULT = space_fit.adapt(space.load(space.find("default")), 2, {"bf16": True, "int8": True})
+COMPILED = FIXTURES / "spaces" / "compiled.yaml"
+
+
+def compiled(precision: str, layout: str, threads: int, **more: Any) -> Config:
+    return Config.from_mapping({"backend": "inductor", "memory_format": layout, "precision": precision,
+                                "omp_threads": threads, **more})
+
+
+def told(study: optuna.Study, config: Config, value: float, pruned: bool = False) -> None:
+    study.enqueue_trial(DEFAULT.params(config))
+    trial = study.ask()
+    DEFAULT.sample(trial, only=config)
+    if pruned:  # given up: its median so far is its last intermediate value
+        trial.report(value, 0)
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
+
+
+def searched() -> optuna.Study:
+    """The first ten trials of the search at e962306: the compiled recipes, then int8 on one
+    thread in both layouts."""
+    study = optuna.create_study()
+    told(study, Config(), 147.8)
+    told(study, Config.from_mapping({"backend": "inductor", "memory_format": "channels_last"}), 101.0)
+    told(study, Config.from_mapping({"backend": "inductor", "memory_format": "channels_last",
+                                     "precision": "bf16"}), 49.0)
+    told(study, Config.from_mapping({"backend": "inductor", "memory_format": "channels_last",
+                                     "precision": "int8"}), 33.5)
+    told(study, compiled("int8", "channels_last", 1, instances=2), 59.0, pruned=True)
+    told(study, compiled("int8", "contiguous", 1, instances=2), 60.0, pruned=True)
+    return study
+
+
+def test_the_key_of_a_recipe_is_what_it_runs_and_eager_has_none() -> None:
+    recipe = Config.from_mapping({"backend": "inductor", "memory_format": "channels_last", "precision": "int8"})
+    assert pruning.compile_key(DEFAULT, recipe) == ("int8", "channels_last", 2)  # all the cores
+    assert pruning.compile_key(DEFAULT, compiled("bf16", "contiguous", 1, instances=2)) == ("bf16", "contiguous", 1)
+    assert pruning.compile_key(DEFAULT, Config()) is None
+    assert pruning.compile_key(DEFAULT, Config.from_mapping({"backend": "torchscript"})) is None
+
+
+def test_a_key_is_predicted_from_a_measured_key_times_the_measured_steps() -> None:
+    trials = searched().get_trials()
+    # bf16 at 1 thread: bf16 at 2 (49.0, trial 2) times int8's 1 thread over 2 (59.0 / 33.5)
+    bf16 = pruning.predict_compile(DEFAULT, trials, ("bf16", "channels_last", 1))
+    assert bf16 == pruning.Prediction(pytest.approx(49.0 * 59.0 / 33.5), 2, (("omp_threads", (4, 3)),))
+    # the most hopeful route: fp32 contiguous from fp32 channels_last and int8's layout step
+    fp32 = pruning.predict_compile(DEFAULT, trials, ("fp32", "contiguous", 2))
+    assert fp32 == pruning.Prediction(pytest.approx(101.0 * 60.0 / 59.0), 1, (("memory_format", (5, 4)),))
+    # two steps away: fp32 contiguous at 1 thread, fp32 channels_last times both of int8's steps
+    far = pruning.predict_compile(DEFAULT, trials, ("fp32", "contiguous", 1))
+    assert far is not None and far.value == pytest.approx(101.0 * 59.0 / 33.5 * 60.0 / 59.0)
+    assert pruning.predict_compile(DEFAULT, trials, ("int8", "channels_last", 1)) is None  # measured
+    assert pruning.predict_compile(DEFAULT, [], ("int8", "channels_last", 1)) is None  # nothing measured
+
+
+def test_a_step_no_pair_measured_yet_counts_as_no_change() -> None:
+    recipes = searched().get_trials()[:4]
+    # the recipes' int8 at 1 thread: no thread step measured, so int8 at 2 threads' own value
+    assert pruning.predict_compile(DEFAULT, recipes, ("int8", "channels_last", 1)) == \
+        pruning.Prediction(33.5, 3, (("omp_threads", None),))
+    # bf16 contiguous at 1 thread: bf16 at 2 threads' 49.0, neither step measured; once int8's are
+    # (trials 4 and 5), 49.0 times both
+    assert pruning.predict_compile(DEFAULT, recipes, ("bf16", "contiguous", 1)) == \
+        pruning.Prediction(49.0, 2, (("memory_format", None), ("omp_threads", None)))
+    measured = pruning.predict_compile(DEFAULT, searched().get_trials(), ("bf16", "contiguous", 1))
+    assert measured is not None and measured.value == pytest.approx(49.0 * 59.0 / 33.5 * 60.0 / 59.0)
+
+
+def test_a_prediction_says_where_it_comes_from() -> None:
+    assert pruning.Prediction(86.3, 2, (("omp_threads", (4, 3)),)).why() == "trial 2 times trial 4 over trial 3"
+    assert pruning.Prediction(49.0, 2, (("memory_format", None), ("omp_threads", None))).why() == \
+        "trial 2, no layout or thread step measured"
+    assert pruning.Prediction(9.0, 1, (("precision", (2, 3)), ("memory_format", None))).why() == \
+        "trial 1 times trial 2 over trial 3, no layout step measured"
+
+
+def test_a_latency_search_skips_a_compile_predicted_to_lose_by_more_than_the_margin() -> None:
+    study = searched()
+    reason = pruning.skip_compile(study, DEFAULT, "latency", compiled("bf16", "channels_last", 1))
+    assert reason == ("not compiled: bf16 channels_last at 1 thread(s) predicted at 86.30 ms (trial 2 times trial 4 "
+                      "over trial 3), more than 1.5x trial 3's 33.50 ms")
+    assert thresholds.SKIP_COMPILE == thresholds.GIVE_UP[-1] == 1.5
+    # after the recipes alone: fp32 contiguous from fp32 channels_last, no layout step measured
+    recipes = optuna.create_study()
+    recipes.add_trials(study.get_trials()[:4])
+    reason = pruning.skip_compile(recipes, DEFAULT, "latency", compiled("fp32", "contiguous", 2))
+    assert reason == ("not compiled: fp32 contiguous at 2 thread(s) predicted at 101.00 ms (trial 1, no layout step "
+                      "measured), more than 1.5x trial 3's 33.50 ms")
+    # bf16 contiguous from bf16 channels_last at 49.0: 1.46x the best, under the margin, compiled
+    assert pruning.skip_compile(recipes, DEFAULT, "latency", compiled("bf16", "contiguous", 2)) == ""
+    # int8 contiguous at 2 threads, the winner of that search: predicted at 34.07 ms, compiled
+    assert pruning.skip_compile(study, DEFAULT, "latency", compiled("int8", "contiguous", 2)) == ""
+    # already compiled (another allocator): it runs, as does eager
+    assert pruning.skip_compile(study, DEFAULT, "latency", compiled("int8", "channels_last", 1,
+                                                                    allocator="jemalloc", instances=2)) == ""
+    assert pruning.skip_compile(study, DEFAULT, "latency", Config.from_mapping({"omp_threads": 1})) == ""
+    # throughput is not predicted from latencies
+    assert pruning.skip_compile(study, DEFAULT, "throughput", compiled("bf16", "channels_last", 1)) == ""
+
+
+class Scripted(optuna.samplers.BaseSampler):
+    """Proposes the values scripted for each trial number (the single choices otherwise)."""
+
+    def __init__(self, script: dict[int, dict[str, Any]]) -> None:
+        self.script = script
+
+    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
+        return {}
+
+    def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
+        first = distribution.low if isinstance(distribution, IntDistribution) else distribution.to_external_repr(0)
+        return self.script.get(trial.number, {}).get(name, first)
+
+
+def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
+        tmp_path: Path, fake_libs: Libraries, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    ran: list[str] = []
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        config = plan.config
+        ran.append(config.describe())
+        latency = {"fp32": 100.0, "bf16": 50.0}[str(config.get("precision") or "fp32")]
+        latency *= 1.8 if config.get("omp_threads") == 1 else 1.0
+        return fake_result([latency - 0.5, latency, latency + 0.5] if config.values else [150.0] * 3)
+
+    script = {3: {"precision": "bf16", "omp_threads": 1}, 4: {"precision": "fp32", "omp_threads": 1},
+              5: {"precision": "bf16", "omp_threads": 2}, 6: {"precision": "fp32", "omp_threads": 2,
+                                                              "allocator": "jemalloc"}}
+    monkeypatch.setattr(opening, "sampler", lambda seed, constant_liar=False: Scripted(script))
+    monkeypatch.setattr(opening, "machine_has_bf16", lambda: True)
+    here = Machine(lscpu("amd_1s_smt"), fake_libs)
+    opened = opening.open_search(request(tmp_path, 6, space=COMPILED), here)
+    loop.run_search(opened, here, lambda event: None, runner=runner)
+    trials = opened.study.get_trials()
+    assert [t.user_attrs.get("recipe") for t in trials[:3]] == [None, "compile+channels_last",
+                                                                 "compile+bf16+channels_last"]
+    skipped = trials[4]
+    assert skipped.state == TrialState.PRUNED and skipped.user_attrs[records.SKIPPED] is True
+    assert skipped.user_attrs["config"] == ("backend=inductor memory_format=channels_last precision=fp32 omp_threads=1 "
+                                            "allocator=default")
+    assert skipped.user_attrs["prune_reason"].startswith("not compiled: fp32 channels_last at 1 thread(s) predicted "
+                                                         "at 180.00 ms")
+    assert "plan" not in skipped.user_attrs and not skipped.intermediate_values
+    assert skipped.user_attrs["config"] not in ran
+    # the skipped trial measured nothing, so it took no trial of --trials 6: a seventh ran
+    assert len(set(ran)) == 6  # the baseline, the 2 recipes, the 3 other sampled
+    assert [records.SKIPPED in t.user_attrs for t in trials] == [False] * 4 + [True, False, False]
+    assert records.finished(opened.study) == 6
+    accounting = opened.study.user_attrs["accounting"]
+    assert accounting["not_compiled"] == 1 and accounting["trials"] == 6
+    assert accounting["distinct_configurations"] == 6
+    display.accounting(accounting)
+    assert "6 trials, 6 distinct configurations (and 1 more pruned before compiling)" in capsys.readouterr().out
+
+    # a configuration enqueued through Optuna runs, whatever its key is predicted at
+    by_hand = Config.from_mapping({"backend": "inductor", "memory_format": "channels_last", "precision": "fp32",
+                                   "omp_threads": 1, "allocator": "jemalloc"})
+    opened.study.enqueue_trial(opened.space.params(by_hand))
+    again = opening.open_search(request(tmp_path, 7, space=COMPILED), here)
+    loop.run_search(again, here, lambda event: None, runner=runner)
+    enqueued = again.study.get_trials()[7]
+    assert enqueued.user_attrs["proposed_by"] == "enqueued" and records.SKIPPED not in enqueued.user_attrs
+    assert by_hand.describe() in ran
+
+    # once the space is exhausted, what was not compiled is said apart from what ran
+    rest = opening.open_search(request(tmp_path, 20, space=COMPILED), here)
+    stopped = loop.run_search(rest, here, lambda event: None, runner=runner)
+    assert stopped.startswith("every configuration of the space has run (")
+    assert stopped.endswith(" distinct, baseline included, and 1 more were not compiled, predicted to lose); widen the "
+                            "space (--space) to search further")
+    assert records.finished(rest.study) < 20 and records.not_compiled(rest.study.get_trials()) == 1
