@@ -75,7 +75,7 @@ def gate(check: RegressionCheck | None, margin: float) -> dict[str, Any]:
         return verdict | {"reason": "a run failed, so there is no verdict"}
     return verdict | {"exit_code": EXIT_FAILED if check.slower_than_margin else EXIT_OK, "speedup": check.speedup,
                       "p_value": check.p_value, "difference_p_value": check.difference_p, "rounds": check.rounds,
-                      "test": "two-sided Wilcoxon signed-rank, H0: the second is exactly `margin` slower",
+                      "test": "two-sided exact sign test, H0: the second's median is exactly `margin` slower",
                       "interval": _interval(check.interval)}
 
 

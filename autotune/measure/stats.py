@@ -1,10 +1,15 @@
 """Statistics for noisy timings: percentiles, spread, distribution-free intervals, paired tests.
 
-No normality is assumed anywhere: intervals come from order statistics, tests are Wilcoxon's.
+No normality is assumed anywhere. Each paired verdict comes with the estimate and the interval of
+its own test, so that they cannot disagree: a confirmation's speedup is the Hodges-Lehmann estimate
+with the interval from inverting the exact Wilcoxon signed-rank test it reports; the regression
+gate's is the median with the order-statistic interval from inverting the exact sign test, which
+holds for skewed ratios too (the signed-rank test assumes the ratios symmetric about their centre).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,19 +45,21 @@ def relative_iqr(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Interval:
-    """A distribution-free interval for a median and the probability that it covers it."""
+    """A distribution-free interval and the probability that it covers what it estimates."""
 
     low: float
     high: float
     coverage: float
+    note: str = ""  # how it came to be, where that is not the usual: " (full range)", " (too few rounds)"
 
     @property
     def label(self) -> str:
-        """'95% CI' only when it covers at least 95%; below 6 values no such interval exists and
-        the full range is given with its real coverage (93.8% at 5 values, 75% at 3)."""
+        """'95% CI' when it covers at least 95%, else its real coverage: a median's interval below
+        6 values is the full range (93.8% at 5 values, 75% at 3); a paired verdict's is two-sided
+        at 1 - 2 alpha (about 90%), so that its low end is the one-sided test's bound."""
         if self.coverage >= CONFIDENCE:
-            return f"{CONFIDENCE:.0%} CI"
-        return f"{self.coverage:.1%} CI (full range)"
+            return f"{CONFIDENCE:.0%} CI{self.note}"
+        return f"{self.coverage:.1%} CI{self.note}"
 
     def describe(self, digits: int = 3) -> str:
         return f"{self.label} {self.low:.{digits}f}-{self.high:.{digits}f}"
@@ -60,19 +67,74 @@ class Interval:
 
 def median_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
     """Distribution-free interval for the median from order statistics (binomial ranks): the
-    tightest symmetric ranks that cover it with at least `confidence`, else the full range."""
+    tightest symmetric ranks that cover it with at least `confidence`, else the full range. It is
+    the inversion of the two-sided sign test at 1 - confidence (`sign_test_p`)."""
     ordered = sorted(values)
     n = len(ordered)
     low_rank = max(int(scipy_stats.binom.ppf((1 - confidence) / 2, n, 0.5)), 1)
     # Step outward until the symmetric ranks cover the median with the asked probability.
     while low_rank > 1 and _coverage(n, low_rank, n + 1 - low_rank) < confidence:
         low_rank -= 1
-    return Interval(ordered[low_rank - 1], ordered[n - low_rank], _coverage(n, low_rank, n + 1 - low_rank))
+    coverage = _coverage(n, low_rank, n + 1 - low_rank)
+    note = " (full range)" if low_rank == 1 and coverage < confidence else ""
+    return Interval(ordered[low_rank - 1], ordered[n - low_rank], coverage, note)
 
 
 def _coverage(n: int, low_rank: int, high_rank: int) -> float:
     """P(X_(low) <= median <= X_(high)) = P(low <= B <= high - 1), B ~ Binomial(n, 1/2)."""
     return float(scipy_stats.binom.cdf(high_rank - 1, n, 0.5) - scipy_stats.binom.cdf(low_rank - 1, n, 0.5))
+
+
+def sign_test_p(values: Sequence[float], center: float = 0.0) -> float:
+    """Exact two-sided sign test of H0 'the median is `center`' (values equal to it dropped)."""
+    above = sum(v > center for v in values)
+    n = above + sum(v < center for v in values)
+    if n == 0:
+        return 1.0
+    tail = min(scipy_stats.binom.cdf(above, n, 0.5), scipy_stats.binom.sf(above - 1, n, 0.5))
+    return float(min(1.0, 2 * tail))
+
+
+@functools.lru_cache(maxsize=64)
+def _signed_rank_cdf(n: int) -> tuple[float, ...]:
+    """P(W+ <= w) for w = 0 .. n(n+1)/2 under H0, exactly: W+ is the sum of a random subset of 1..n."""
+    most = n * (n + 1) // 2
+    ways = [1] + [0] * most
+    for rank in range(1, n + 1):
+        for total in range(most, rank - 1, -1):
+            ways[total] += ways[total - rank]
+    cdf, running = [], 0
+    for count in ways:
+        running += count
+        cdf.append(running / 2**n)
+    return tuple(cdf)
+
+
+def walsh_averages(values: Sequence[float]) -> list[float]:
+    """Every (x_i + x_j) / 2 with i <= j, sorted: W+ against a centre is how many exceed it."""
+    return sorted((values[i] + values[j]) / 2 for i in range(len(values)) for j in range(i, len(values)))
+
+
+def signed_rank_p(walsh: Sequence[float], rounds: int, center: float) -> float:
+    """Exact one-sided Wilcoxon signed-rank p of H0 'the pseudo-median is at most `center`', from
+    the sorted Walsh averages (or any increasing map of them) of `rounds` values: W+ is how many lie
+    above `center`. It agrees with `signed_rank_interval` of the same averages by construction."""
+    above = sum(a > center for a in walsh)
+    return 1.0 - _signed_rank_cdf(rounds)[above - 1] if above else 1.0
+
+
+def signed_rank_interval(walsh: Sequence[float], rounds: int, alpha: float = ALPHA) -> Interval:
+    """The centres the one-sided signed-rank test at `alpha` cannot reject, from either side: a
+    two-sided interval of coverage 1 - 2 P(W+ >= w) (about 1 - 2 alpha), whose low end L is such
+    that signed_rank_p(walsh, rounds, c) < alpha exactly when c < L. Unbounded when no W+ can reach
+    p < alpha (all of a few rounds on one side give p = 1/2**rounds)."""
+    cdf = _signed_rank_cdf(rounds)
+    most = rounds * (rounds + 1) // 2
+    needed = next((w for w in range(1, most + 1) if 1.0 - cdf[w - 1] < alpha), None)  # the least W+ that rejects
+    if needed is None:
+        return Interval(-math.inf, math.inf, 1.0, " (too few rounds)")
+    note = " (full range)" if needed == most else ""  # the lowest and highest round: nothing tighter holds
+    return Interval(walsh[most - needed], walsh[needed - 1], 1 - 2 * cdf[most - needed], note)
 
 
 @dataclass(frozen=True)
@@ -95,26 +157,31 @@ class PairedComparison:
 
 
 def paired_speedup(ratios: Sequence[float], min_effect: float = MIN_EFFECT) -> PairedComparison:
-    """Speedup from per-round ratios: median, order-statistic CI, and a one-sided Wilcoxon
-    signed-rank test of H0 'the gain is at most `min_effect`'."""
+    """Speedup from per-round ratios: the Hodges-Lehmann estimate (the median Walsh average of the
+    log ratios, as a ratio), the interval from inverting the exact signed-rank test, and its
+    one-sided p of H0 'the gain is at most `min_effect`'. Both are read off the same Walsh averages,
+    as ratios, so the gain is significant exactly when the interval's low end is above 1 + min_effect."""
     if not ratios:
         raise ValueError("no rounds to compare")
-    logs = [math.log(r) - math.log1p(min_effect) for r in ratios]
-    if len(ratios) < 2 or all(x == 0 for x in logs):
-        p_value = 1.0
-    else:
-        p_value = float(scipy_stats.wilcoxon(logs, alternative="greater", zero_method="zsplit").pvalue)
-    return PairedComparison(median(ratios), median_ci(ratios), p_value, len(ratios), min_effect)
+    walsh = [math.exp(a) for a in walsh_averages([math.log(r) for r in ratios])]  # exp keeps their order
+    interval = signed_rank_interval(walsh, len(ratios))
+    if math.isinf(interval.low):  # unbounded: as ratios, from 0 to infinity
+        interval = Interval(0.0, math.inf, interval.coverage, interval.note)
+    return PairedComparison(median(walsh), interval, signed_rank_p(walsh, len(ratios), 1 + min_effect),
+                            len(ratios), min_effect)
 
 
 @dataclass(frozen=True)
 class RegressionCheck:
     """`compare --fail-if-slower`: is the candidate slower than the reference by more than `margin`?
 
-    Two-sided: the Wilcoxon signed-rank test of H0 "the candidate is exactly `margin` slower" on
-    the per-round log ratios; the gate fails when that is rejected (p < ALPHA) in the slower
-    direction, so an A/A pair fails it at most ALPHA / 2 of the time. `difference_p` is the plain
-    two-sided test of "no difference at all", for the reader."""
+    Two-sided: the exact sign test of H0 "the candidate's median ratio is exactly `margin` slower";
+    the gate fails when that is rejected (p < ALPHA) in the slower direction. The sign test asks
+    nothing of the ratios' shape, so a candidate no slower than the margin fails at most ALPHA / 2
+    of the time even when its rounds are skewed (occasional slow rounds). `interval` is the
+    median's order-statistic interval at 1 - ALPHA, the same test inverted: the gate fails exactly
+    when its high end is below 1 / (1 + margin). `difference_p` is the plain two-sided test of "no
+    difference at all", for the reader."""
 
     speedup: float  # candidate over reference, median of the rounds; < 1 means slower
     interval: Interval
@@ -129,7 +196,7 @@ class RegressionCheck:
         return self.p_value < ALPHA and self.past_margin
 
     def describe(self) -> str:
-        return (f"{self.speedup:.3f}x ({self.interval.describe()}, {self.rounds} rounds; two-sided Wilcoxon p="
+        return (f"{self.speedup:.3f}x ({self.interval.describe()}, {self.rounds} rounds; two-sided sign test p="
                 f"{self.p_value:.3g} against a {self.margin:.0%} slowdown, p={self.difference_p:.3g} against "
                 f"no difference)")
 
@@ -138,13 +205,6 @@ def regression_check(ratios: Sequence[float], margin: float) -> RegressionCheck:
     """The gate's verdict from per-round ratios (candidate speed / reference speed)."""
     if not ratios:
         raise ValueError("no rounds to compare")
-    at_margin = [math.log(r) + math.log1p(margin) for r in ratios]
-    plain = [math.log(r) for r in ratios]
-    return RegressionCheck(median(ratios), median_ci(ratios), margin, _two_sided(at_margin), _two_sided(plain),
-                           len(ratios), median(at_margin) < 0)
-
-
-def _two_sided(logs: Sequence[float]) -> float:
-    if len(logs) < 2 or all(x == 0 for x in logs):
-        return 1.0
-    return float(scipy_stats.wilcoxon(logs, alternative="two-sided", zero_method="zsplit").pvalue)
+    at_margin = 1 / (1 + margin)
+    return RegressionCheck(median(ratios), median_ci(ratios, 1 - ALPHA), margin, sign_test_p(ratios, at_margin),
+                           sign_test_p(ratios, 1.0), len(ratios), median(ratios) < at_margin)

@@ -5,9 +5,11 @@ contender runs once per round, every run a fresh process. The order within round
 balanced (blocks of a Williams design: each contender in each position, and right after each
 other contender, equally often), seeded and recorded, so that a slow spell, a warming machine or
 the contender that ran just before hits everyone alike. Per round a candidate's ratio to the
-baseline is paired; the speedup is the median ratio with an order-statistic interval labelled
-with its real coverage, and a one-sided Wilcoxon signed-rank test asks whether the gain exceeds
-the minimum effect; Holm's step-down guards the family of candidates. A candidate with any failed
+baseline is paired; a one-sided exact Wilcoxon signed-rank test asks whether the gain exceeds
+the minimum effect, and the speedup beside it is the same test's Hodges-Lehmann estimate with the
+test inverted as its interval (labelled with its real coverage, so that a significant gain is one
+whose interval's low end clears the minimum effect); Holm's step-down guards the family of
+candidates. A candidate with any failed
 run, or whose p90 latency in these rounds breaks the study's limit, cannot win.
 """
 

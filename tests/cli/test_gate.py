@@ -41,7 +41,7 @@ def test_the_gate_exits_1_only_for_a_significant_slowdown_past_the_margin(
                             "--fail-if-slower", "5%", "--seed", "1")
     assert got == code, err
     assert verdict in out
-    assert "two-sided Wilcoxon p=" in out and "against a 5% slowdown" in out
+    assert "two-sided sign test p=" in out and "against a 5% slowdown" in out
 
 
 def test_a_failed_run_fails_the_gate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
