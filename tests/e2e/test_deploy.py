@@ -104,6 +104,29 @@ def test_export_compiles_artifacts_that_apply_loads(here: Path, tmp_path: Path) 
                                      "directory); choose another") and refused.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("preloaded", [("allocator=jemalloc",), ("allocator=tcmalloc",),
+                                       ("omp_runtime=intel", "allocator=jemalloc")])
+def test_export_builds_artifacts_for_a_configuration_that_preloads_libraries(
+        here: Path, tmp_path: Path, preloaded: tuple[str, ...]) -> None:
+    """The artifacts are built in a child launched as the configuration says (LD_PRELOAD included),
+    and the runner's check that every preloaded library was really used holds there too."""
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  backend: [torchscript]\n")
+    shutil.copy(here / "tinynets.py", tmp_path / "tinynets.py")
+    pins = [arg for knob in preloaded for arg in ("--set", knob)]
+    found = autotune_cli(tmp_path, "search", "--model", "tinynets:cnn", "--input-shape", "3x32x32", "--trials",
+                         "2", "--space", str(space), "--replicates", "1", "--confirm-top", "0", *QUICK, *pins)
+    assert found.returncode == 0, found.stderr
+    exported = autotune_cli(tmp_path, "export", "best.env", "--trial", "1", "--artifacts", "compiled")
+    assert exported.returncode == 0, exported.stderr
+    assert list((tmp_path / "compiled").glob("torchscript-*.pt"))
+    env = envfile.parse((tmp_path / "best.env").read_text()).env
+    assert all(f"{knob}" in env["AUTOTUNE_KNOBS"] for knob in preloaded)
+    libraries = {"allocator=jemalloc": "libjemalloc", "allocator=tcmalloc": "libtcmalloc",
+                 "omp_runtime=intel": "libiomp5"}
+    assert all(libraries[knob] in env["LD_PRELOAD"] for knob in preloaded)
+
+
 def _env_file(path: Path, knobs: ModelKnobs) -> Path:
     lines = [f"{envfile.HEADER}: written by a test", "export AUTOTUNE_INSTANCES='1'",
              "export AUTOTUNE_BINDING='none'", "export AUTOTUNE_INSTANCE_CPUS=''",
