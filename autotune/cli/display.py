@@ -16,6 +16,7 @@ from autotune.config.knobs import Knob
 from autotune.host.topology import format_cpus
 from autotune.measure.objectives import Metric, lower_is_better, unit_of
 from autotune.measure.stats import median
+from autotune.study.records import verdict_heading
 
 # Every `--json` payload carries what it is and the version of its layout; a field removed or
 # changed in meaning bumps the version, a field added does not.
@@ -192,9 +193,10 @@ def _best(best: Mapping[str, Any] | None) -> str:
 def _verdict(verdict: Mapping[str, Any] | None) -> str:
     if verdict is None:
         return "not yet"
+    which = f" ({verdict['number']} of {verdict['of']})" if verdict.get("of", 1) > 1 else ""
     if verdict["word"] == "confirmed":
-        return f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x"
-    return "no: baseline kept"
+        return f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x{which}"
+    return f"no: baseline kept{which}"
 
 
 def _host(host: Mapping[str, Any]) -> str:
@@ -221,7 +223,8 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
         table.add_row(str(row["trial"]), str(row["config"]), _num(row["median"]), _num(row["speedup"], "x"), ci,
                       f"{row['p_value']:.3g}" if row["p_value"] is not None else "-", judged, str(row["failed_runs"]))
     out.print(table)
-    out.print(("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"],
+    number = int(verdict.get("number", 1))
+    out.print(verdict_heading(verdict["significant"], number, number) + verdict["message"],
               markup=False, soft_wrap=True)
     if "host" in verdict:
         out.print(f"measured on host {verdict['host']} (host class {verdict['host_class']})", markup=False,
@@ -323,7 +326,8 @@ def report_summary(data: Mapping[str, Any]) -> None:
             lines.append(best["versus_recipes"])
     verdict = data["confirmation"]
     lines.append("not confirmed: run `autotune confirm`" if verdict is None else
-                 ("Confirmed: " if verdict["significant"] else "Not confirmed: ") + verdict["message"])
+                 verdict_heading(verdict["significant"], verdict.get("number", 1), verdict.get("of", 1))
+                 + verdict["message"])
     for metric, found in data["importance"].items():
         top = ", ".join(f"{k} {v:.0%}" for k, v in list(found["knobs"].items())[:3]) or found["note"]
         lines.append(f"top knobs for {unit_of(metric)} ({found['evaluator']}, {found['trials']} trials): {top}")

@@ -44,7 +44,8 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
             "best": [trial(t) for t in best],
             "versus_recipes": export.recipe_comparison(study, best[0]) if best else None,
             "accounting": attrs.get("accounting"), "stopped": stopped or None,
-            "confirmation": attrs.get("confirmation"), "confirmed_now": confirmed_now}
+            "confirmation": attrs.get("confirmation"), "confirmations": records.confirmation_count(attrs),
+            "confirmed_now": confirmed_now}
 
 
 def comparison(measured: Rounds, metric: Metric, result: PairedComparison | None) -> dict[str, Any]:
@@ -99,4 +100,6 @@ def exported(path: Path, study: optuna.Study, chosen: FrozenTrial, text: str,
             "config": chosen.user_attrs.get("config", ""), "env": parsed.env, "unset": list(parsed.unset),
             "artifacts": str(artifacts) if artifacts else None, "host_class": export.host_class_of(chosen),
             "confirmation": {"status": export.confirmation_status(confirmation, chosen.number),
+                             "number": records.confirmation_number(study.user_attrs),
+                             "of": records.confirmation_count(study.user_attrs),
                              "message": confirmation["message"] if confirmation else None}}

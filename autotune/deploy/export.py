@@ -79,6 +79,8 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         f"# host: {_host(sattrs.get('host', {}))}",
         f"# for host class {host_class_of(trial)}: {_measured_on(trial, sattrs.get('confirmation'))}",
         *_confirmation_lines(sattrs.get("confirmation"), trial.number),
+        *([f"# this is {records.which_confirmation(sattrs)}, the latest; `autotune studies` lists them"]
+          if records.confirmation_count(sattrs) > 1 else []),
         *([f"# {line}"] if (line := versus_recipes(study, trial)) else []),
         "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
     ]

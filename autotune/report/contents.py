@@ -123,6 +123,12 @@ class Forest:
     significant: bool
     message: str
     rows: tuple[ForestRow, ...]
+    number: int = 1  # which of the study's confirmations this is (the latest)
+    of: int = 1  # how many the study has had
+
+    @property
+    def heading(self) -> str:
+        return records.verdict_heading(self.significant, self.number, self.of)
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,8 @@ def gather(study: optuna.Study, studies_dir: Path) -> Report:
         histories=tuple(history(study, m) for m in metrics),
         importances=tuple(importance(rows, m) for m in metrics),
         marginals=tuple(x for m in metrics for x in marginals(rows, m)),
-        forest=forest(study.user_attrs.get("confirmation")), tradeoff=tradeoff(study),
+        forest=forest(study.user_attrs.get("confirmation"), records.confirmation_count(study.user_attrs)),
+        tradeoff=tradeoff(study),
         failures=failures(trials), context=context(study.user_attrs), traces=traces(studies_dir, study.study_name))
 
 
@@ -311,7 +318,7 @@ def marginals(rows: Sequence[Row], metric: Metric) -> list[Marginal]:
     return found
 
 
-def forest(verdict: Mapping[str, Any] | None) -> Forest | None:
+def forest(verdict: Mapping[str, Any] | None, count: int = 1) -> Forest | None:
     """The confirmation as confirm.decide stored it: its intervals and labels, never recomputed."""
     if not verdict:
         return None
@@ -320,7 +327,7 @@ def forest(verdict: Mapping[str, Any] | None) -> Forest | None:
                  for c in verdict["candidates"])
     return Forest(verdict["metric"], int(verdict["rounds"]), float(verdict["min_effect"]),
                   int(verdict["baseline_trial"]), int(verdict["winner_trial"]), bool(verdict["significant"]),
-                  str(verdict["message"]), rows)
+                  str(verdict["message"]), rows, int(verdict.get("number", 1)), count)
 
 
 def tradeoff(study: optuna.Study) -> tuple[TradeoffPoint, ...]:
@@ -385,7 +392,7 @@ def summary(report: Report, output: Path) -> dict[str, Any]:
             "versus_recipes": report.best.versus_recipes},
         "confirmation": None if report.forest is None else {
             "significant": report.forest.significant, "winner_trial": report.forest.winner_trial,
-            "message": report.forest.message},
+            "message": report.forest.message, "number": report.forest.number, "of": report.forest.of},
         "importance": {imp.metric: {"evaluator": IMPORTANCE_EVALUATOR, "trials": imp.trials,
                                     "knobs": dict(imp.knobs), "note": imp.note} for imp in report.importances},
         "failures": [{"state": g.state, "cause": g.cause, "reason": g.reason, "trials": list(g.trials)}

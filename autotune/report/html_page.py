@@ -102,7 +102,7 @@ def _summary(report: Report) -> str:
         if best.versus_recipes:
             lines.append(best.versus_recipes)
     if report.forest is not None:
-        lines.append(("Confirmed: " if report.forest.significant else "Not confirmed: ") + report.forest.message)
+        lines.append(report.forest.heading + report.forest.message)
     return "<section>" + "".join(f"<p>{_esc(line)}</p>" for line in lines) + "</section>"
 
 
@@ -194,7 +194,7 @@ def _forest(forest: Forest | None) -> str:
                                      "the baseline in interleaved rounds"))
     tested = [r for r in forest.rows if r.speedup is not None and r.interval is not None]
     untested = [(f"trial {r.trial}", r.config, r.reason) for r in forest.rows if r.speedup is None]
-    parts = [_note(("Confirmed: " if forest.significant else "Not confirmed: ") + forest.message)]
+    parts = [_note(forest.heading + forest.message)]
     if tested:
         parts.insert(0, _figure(_forest_figure(forest, tested), FOREST))
     if untested:

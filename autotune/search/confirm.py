@@ -204,8 +204,7 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
     limit = study.user_attrs.get("max_latency_ms")
     verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None)
     verdict.update(ran_on or {})
-    study.set_user_attr("confirmation", verdict)
-    return verdict
+    return records.record_confirmation(study, verdict)
 
 
 def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | None, metric: Metric, rounds: int,

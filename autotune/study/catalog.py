@@ -49,7 +49,7 @@ def row(study: optuna.Study, url: str) -> dict[str, Any]:
             "objective": attrs.get("objective"), "batch_size": attrs.get("batch_size"),
             "trials": {"complete": sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials),
                        "total": len(trials)},
-            "best": _best(study), "confirmation": verdict(attrs.get("confirmation")),
+            "best": _best(study), "confirmation": verdict(attrs.get("confirmation"), records.confirmation_count(attrs)),
             "host": attrs.get("host", {})}
 
 
@@ -62,10 +62,11 @@ def _best(study: optuna.Study) -> dict[str, Any] | None:
             "speedup": best[0].user_attrs.get(speedup_attr(objective))}
 
 
-def verdict(confirmation: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The stored confirmation in a word (`confirmed`: a candidate won; `baseline`: none did)."""
+def verdict(confirmation: dict[str, Any] | None, count: int = 1) -> dict[str, Any] | None:
+    """The latest confirmation in a word (`confirmed`: a candidate won; `baseline`: none did), which
+    of the study's `count` confirmations it is."""
     if not confirmation:
         return None
     return {"word": "confirmed" if confirmation["significant"] else "baseline",
             "winner_trial": confirmation["winner_trial"], "speedup": confirmation.get("speedup"),
-            "rounds": confirmation.get("rounds")}
+            "rounds": confirmation.get("rounds"), "number": int(confirmation.get("number", 1)), "of": count}

@@ -356,3 +356,43 @@ def first_call(measurement: Measurement) -> dict[str, float]:
                 if key.endswith("_s") and isinstance(value, (int, float)):
                     costs[key] = round(max(costs.get(key, 0.0), float(value)), 3)
     return costs
+
+
+def record_confirmation(study: optuna.Study, verdict: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep `verdict` as the study's next confirmation: `confirmation_N` (N = 1, 2, ... in order)
+    stays, and `confirmation` is always the latest, numbered, so that confirming until one passes
+    leaves every earlier verdict in the study."""
+    kept = {**verdict, "number": confirmation_count(study.user_attrs) + 1}
+    study.set_user_attr(f"confirmation_{kept['number']}", kept)
+    study.set_user_attr("confirmations", kept["number"])
+    study.set_user_attr("confirmation", kept)
+    return kept
+
+
+def confirmation_count(attrs: Mapping[str, Any]) -> int:
+    """How many confirmations a study has had (one, for a study from before they were all kept)."""
+    return int(attrs.get("confirmations", 1 if attrs.get("confirmation") else 0))
+
+
+def confirmations(study: optuna.Study) -> list[dict[str, Any]]:
+    """Every verdict the study kept, in order; a study from before they were kept has its one."""
+    attrs = study.user_attrs
+    kept = [attrs[f"confirmation_{n}"] for n in range(1, confirmation_count(attrs) + 1) if f"confirmation_{n}" in attrs]
+    return kept or ([attrs["confirmation"]] if attrs.get("confirmation") else [])
+
+
+def confirmation_number(attrs: Mapping[str, Any]) -> int | None:
+    """Which confirmation the study's latest is (None: it has none)."""
+    latest = attrs.get("confirmation")
+    return int(latest.get("number", 1)) if latest else None
+
+
+def which_confirmation(attrs: Mapping[str, Any]) -> str:
+    """'confirmation 2 of 3': the one shown (the latest) among all the study has had."""
+    return f"confirmation {confirmation_number(attrs)} of {confirmation_count(attrs)}"
+
+
+def verdict_heading(significant: bool, number: int, of: int) -> str:
+    """'Confirmed: ' or 'Not confirmed: ', naming which of the study's `of` confirmations it is."""
+    which = f" (confirmation {number} of {of})" if of > 1 else ""
+    return f"{'Confirmed' if significant else 'Not confirmed'}{which}: "
