@@ -9,6 +9,7 @@ empty configuration is "what the user has today".
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from autotune.child.knobs import (
     shown,
 )
 
-__all__ = ["KNOBS", "VALUE_CONDITIONS", "Config", "Knob", "KnobValue", "conditions", "knob", "parse"]
+__all__ = ["KNOBS", "VALUE_CONDITIONS", "Config", "Knob", "KnobValue", "conditions", "identity_of", "knob", "parse"]
 
 
 def parse(name: str, raw: object) -> KnobValue:
@@ -98,6 +99,21 @@ class Config:
         if not self.values:
             return "defaults"
         return " ".join(f"{k}={value_text(v)}" for k, v in self.values)
+
+    def identity(self) -> str:
+        """What the configuration launches, described: a knob set to its declared default launches
+        what leaving it unset does (`allocator=default` is the baseline), so it is left out. Two
+        configurations with one identity are one configuration: measured once, counted once."""
+        return Config(tuple((k, v) for k, v in self.values if v != KNOBS[k].default)).describe()
+
+
+@functools.lru_cache(maxsize=4096)  # every claim reads every trial's: parse each description once
+def identity_of(described: str) -> str:
+    """`Config.identity` of a recorded description; a knob this autotune no longer knows keeps it as is."""
+    try:
+        return Config.from_assignments([] if described == "defaults" else described.split()).identity()
+    except ConfigError:
+        return described
 
 
 

@@ -27,7 +27,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError, interrupt_reason
-from autotune.config.knobs import Config
+from autotune.config.knobs import Config, identity_of
 from autotune.config.space import BATCH_PARAM, SearchSpace
 from autotune.host.machine import class_id, host_name
 from autotune.measure.replicates import Measurement
@@ -243,7 +243,7 @@ def taken(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:
 
 
 def _in_flight(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:
-    return {(str(t.user_attrs["config"]), int(t.user_attrs.get("batch_size", 0)))
+    return {(identity_of(str(t.user_attrs["config"])), int(t.user_attrs.get("batch_size", 0)))
             for t in trials if t.state == TrialState.RUNNING
             and t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
             and not t.user_attrs.get("baseline")}

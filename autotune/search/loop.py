@@ -225,6 +225,14 @@ def _constrain(trial: optuna.Trial, limit_ms: float) -> None:
     records.record_constraint(trial, p90 - limit_ms)
 
 
+def _measured_as(search: Search, trial: optuna.Trial, config: Config, batch: int) -> FrozenTrial | None:
+    """The earlier trial whose result this one reuses: one that launched the same, and for a
+    configuration that launches what the baseline does (`allocator=default`), this host's baseline."""
+    if config.identity() == Config().identity() and batch == search.request.batch_size:
+        return records.baseline(search.study, search.klass)
+    return records.same_config(search.study, trial.number, config.identity(), batch, search.settings_digest)
+
+
 def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, batch: int,
              runner: PlanRunner, *, sampled: bool) -> Outcome:
     """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
@@ -232,8 +240,7 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     own proposal: not the baseline, a recipe, or a trial enqueued through Optuna) whose new
     compile is predicted to lose is pruned without running (`pruning.skip_compile`)."""
     request = search.request
-    duplicate = _patiently(search, lambda: records.same_config(search.study, trial.number, config.describe(), batch,
-                                                               search.settings_digest)) if config.values else None
+    duplicate = _patiently(search, lambda: _measured_as(search, trial, config, batch)) if config.values else None
     if duplicate is not None:
         return _reuse(search, trial, duplicate)
     skipped = _patiently(search, lambda: pruning.skip_compile(search.study, search.space, request.objective,

@@ -49,7 +49,7 @@ class Proposal:
 
     @property
     def identity(self) -> Identity:
-        return (self.config.describe(), self.batch)
+        return (self.config.identity(), self.batch)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Proposer:
         configs = _listed(self.space)
         if configs is None:
             return self._random_unmeasured(rng, measured)
-        candidates = [(c, b) for c in configs for b in self.batch_sizes if (c.describe(), b) not in measured]
+        candidates = [(c, b) for c in configs for b in self.batch_sizes if (c.identity(), b) not in measured]
         if not candidates:
             return None
         rng.shuffle(candidates)
@@ -114,7 +114,7 @@ class Proposer:
         for _ in range(RANDOM_TRIES):
             config = self.space.sample(_RandomSuggester(rng))
             batch = rng.choice(self.batch_sizes)
-            if (config.describe(), batch) not in measured:
+            if (config.identity(), batch) not in measured:
                 return self._fixed(config, batch, "random unmeasured")
         return None
 

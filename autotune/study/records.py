@@ -19,6 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import INTERRUPTED_BY
+from autotune.config.knobs import identity_of
 from autotune.host.machine import host_name
 from autotune.measure.objectives import Metric
 from autotune.measure.plan import LaunchPlan
@@ -74,7 +75,7 @@ def best_measured(study: optuna.Study) -> list[FrozenTrial]:
 def distinct_configs(study: optuna.Study) -> int:
     """Distinct (configuration, batch size) among the trials that count toward --trials, the
     baseline included."""
-    return len({(t.user_attrs.get("config"), t.user_attrs.get("batch_size"))
+    return len({(_identity(t), t.user_attrs.get("batch_size"))
                 for t in study.get_trials(deepcopy=False, states=FINISHED) if "config" in t.user_attrs and counts(t)})
 
 
@@ -188,12 +189,17 @@ def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> bool:
     return True
 
 
+def _identity(trial: FrozenTrial) -> str:
+    """What the trial's configuration launches (`Config.identity`): the key every dedupe uses."""
+    return identity_of(str(trial.user_attrs.get("config")))
+
+
 def same_config(study: optuna.Study, number: int, config: str, batch: int, digest: str) -> FrozenTrial | None:
     """The earlier trial whose result this configuration reuses (None: measure it). Only trials that
     measured it under the same settings count, never one cut short; a killed one counts once it
     was run again KILLED_RERUNS times, and then the latest outcome is reused."""
     finished = study.get_trials(deepcopy=False, states=FINISHED)
-    ran = [t for t in _measured(finished, digest) if t.user_attrs.get("config") == config and t.number != number
+    ran = [t for t in _measured(finished, digest) if _identity(t) == config and t.number != number
            and t.user_attrs.get("batch_size", batch) == batch]
     return _reused(ran)
 
@@ -203,9 +209,12 @@ def measured_configs(trials: Sequence[FrozenTrial], digest: str) -> set[tuple[st
     reuse: a search never proposes these again. The same rule as `same_config`."""
     groups: dict[tuple[str, int], list[FrozenTrial]] = {}
     for t in _measured(trials, digest):
-        key = (str(t.user_attrs.get("config")), int(t.user_attrs.get("batch_size", 0)))
+        key = (_identity(t), int(t.user_attrs.get("batch_size", 0)))
         groups.setdefault(key, []).append(t)
-    return {key for key, ran in groups.items() if _reused(ran) is not None}
+    baselines = {(_identity(t), int(t.user_attrs.get("batch_size", 0))) for t in trials
+                 if t.state == TrialState.COMPLETE and t.user_attrs.get("baseline")
+                 and t.user_attrs.get("settings_digest") == digest}
+    return {key for key, ran in groups.items() if _reused(ran) is not None} | baselines
 
 
 def _measured(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:

@@ -98,3 +98,14 @@ def test_apply_and_the_harness_refuse_a_broken_condition_in_the_same_words() -> 
         ModelKnobs(backend="inductor", mkldnn=True).check()
     assert str(harness.value) == str(child.value) == (
         "mkldnn applies only with backend=eager (here backend=inductor); set backend or drop mkldnn")
+
+
+def test_a_knob_set_to_its_default_launches_what_leaving_it_unset_does() -> None:
+    from autotune.config.knobs import identity_of
+
+    assert Config.from_assignments(["allocator=default"]).identity() == "defaults"
+    assert Config.from_assignments(["backend=eager", "omp_runtime=gnu", "allocator=jemalloc"]).identity() == (
+        "allocator=jemalloc")
+    assert Config.from_assignments(["instances=1"]).identity() == "instances=1"  # no default: setting it binds
+    assert identity_of("allocator=default precision=fp32") == "defaults"
+    assert identity_of("a_knob_of_long_ago=3") == "a_knob_of_long_ago=3"
