@@ -16,7 +16,7 @@ from autotune.config.knobs import Knob
 from autotune.host.topology import format_cpus
 from autotune.measure.objectives import Metric, lower_is_better, unit_of
 from autotune.measure.stats import median
-from autotune.study.records import verdict_heading
+from autotune.study import confirmations
 
 # Every `--json` payload carries what it is and the version of its layout; a field removed or
 # changed in meaning bumps the version, a field added does not.
@@ -224,7 +224,7 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
                       f"{row['p_value']:.3g}" if row["p_value"] is not None else "-", judged, str(row["failed_runs"]))
     out.print(table)
     number = int(verdict.get("number", 1))
-    out.print(verdict_heading(verdict["significant"], number, number) + verdict["message"],
+    out.print(confirmations.heading(verdict["significant"], number, number) + verdict["message"],
               markup=False, soft_wrap=True)
     if "host" in verdict:
         out.print(f"measured on host {verdict['host']} (host class {verdict['host_class']})", markup=False,
@@ -326,7 +326,7 @@ def report_summary(data: Mapping[str, Any]) -> None:
             lines.append(best["versus_recipes"])
     verdict = data["confirmation"]
     lines.append("not confirmed: run `autotune confirm`" if verdict is None else
-                 verdict_heading(verdict["significant"], verdict.get("number", 1), verdict.get("of", 1))
+                 confirmations.heading(verdict["significant"], verdict.get("number", 1), verdict.get("of", 1))
                  + verdict["message"])
     for metric, found in data["importance"].items():
         top = ", ".join(f"{k} {v:.0%}" for k, v in list(found["knobs"].items())[:3]) or found["note"]

@@ -16,7 +16,7 @@ from autotune.deploy import export
 from autotune.measure.objectives import Metric, unit_of
 from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, median
 from autotune.search.confirm import Rounds
-from autotune.study import records
+from autotune.study import confirmations, records
 from autotune.study.storage import shown
 
 # What each best trial reports besides its number, configuration and values.
@@ -44,7 +44,7 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
             "best": [trial(t) for t in best],
             "versus_recipes": export.recipe_comparison(study, best[0]) if best else None,
             "accounting": attrs.get("accounting"), "stopped": stopped or None,
-            "confirmation": attrs.get("confirmation"), "confirmations": records.confirmation_count(attrs),
+            "confirmation": attrs.get("confirmation"), "confirmations": confirmations.count(attrs),
             "confirmed_now": confirmed_now}
 
 
@@ -100,6 +100,6 @@ def exported(path: Path, study: optuna.Study, chosen: FrozenTrial, text: str,
             "config": chosen.user_attrs.get("config", ""), "env": parsed.env, "unset": list(parsed.unset),
             "artifacts": str(artifacts) if artifacts else None, "host_class": export.host_class_of(chosen),
             "confirmation": {"status": export.confirmation_status(confirmation, chosen.number),
-                             "number": records.confirmation_number(study.user_attrs),
-                             "of": records.confirmation_count(study.user_attrs),
+                             "number": confirmations.number(study.user_attrs),
+                             "of": confirmations.count(study.user_attrs),
                              "message": confirmation["message"] if confirmation else None}}

@@ -20,7 +20,7 @@ from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
 from autotune.measure.plan import Binding, LaunchPlan, model_knobs
-from autotune.study import records
+from autotune.study import confirmations, records
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
 # file after another never keeps the first one's.
@@ -79,8 +79,8 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         f"# host: {_host(sattrs.get('host', {}))}",
         f"# for host class {host_class_of(trial)}: {_measured_on(trial, sattrs.get('confirmation'))}",
         *_confirmation_lines(sattrs.get("confirmation"), trial.number),
-        *([f"# this is {records.which_confirmation(sattrs)}, the latest; `autotune studies` lists them"]
-          if records.confirmation_count(sattrs) > 1 else []),
+        *([f"# this is {confirmations.which(sattrs)}, the latest; `autotune studies` lists them"]
+          if confirmations.count(sattrs) > 1 else []),
         *([f"# {line}"] if (line := versus_recipes(study, trial)) else []),
         "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
     ]

@@ -28,7 +28,7 @@ from autotune.config.knobs import KNOBS, Config
 from autotune.config.space import config_of_params
 from autotune.deploy import export
 from autotune.measure.objectives import Metric, lower_is_better, metric_of
-from autotune.study import records, storage
+from autotune.study import confirmations, records, storage
 
 PROFILES = "profiles"  # studies/profiles/<study name>/*.trace.json, written by `autotune profile`
 TRACE_GLOB = "*.trace.json"
@@ -126,10 +126,6 @@ class Forest:
     number: int = 1  # which of the study's confirmations this is (the latest)
     of: int = 1  # how many the study has had
 
-    @property
-    def heading(self) -> str:
-        return records.verdict_heading(self.significant, self.number, self.of)
-
 
 @dataclass(frozen=True)
 class TradeoffPoint:
@@ -190,7 +186,7 @@ def gather(study: optuna.Study, studies_dir: Path) -> Report:
         histories=tuple(history(study, m) for m in metrics),
         importances=tuple(importance(rows, m) for m in metrics),
         marginals=tuple(x for m in metrics for x in marginals(rows, m)),
-        forest=forest(study.user_attrs.get("confirmation"), records.confirmation_count(study.user_attrs)),
+        forest=forest(study.user_attrs.get("confirmation"), confirmations.count(study.user_attrs)),
         tradeoff=tradeoff(study),
         failures=failures(trials), context=context(study.user_attrs), traces=traces(studies_dir, study.study_name))
 

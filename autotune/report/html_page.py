@@ -34,6 +34,7 @@ from autotune.report.contents import (
     Report,
     TradeoffPoint,
 )
+from autotune.study import confirmations
 
 HISTORY, IMPORTANCE, FOREST, TRADEOFF = "history", "importance", "forest", "tradeoff"
 MARGINAL_COLUMNS = 3
@@ -102,7 +103,7 @@ def _summary(report: Report) -> str:
         if best.versus_recipes:
             lines.append(best.versus_recipes)
     if report.forest is not None:
-        lines.append(report.forest.heading + report.forest.message)
+        lines.append(_heading(report.forest) + report.forest.message)
     return "<section>" + "".join(f"<p>{_esc(line)}</p>" for line in lines) + "</section>"
 
 
@@ -194,7 +195,7 @@ def _forest(forest: Forest | None) -> str:
                                      "the baseline in interleaved rounds"))
     tested = [r for r in forest.rows if r.speedup is not None and r.interval is not None]
     untested = [(f"trial {r.trial}", r.config, r.reason) for r in forest.rows if r.speedup is None]
-    parts = [_note(forest.heading + forest.message)]
+    parts = [_note(_heading(forest) + forest.message)]
     if tested:
         parts.insert(0, _figure(_forest_figure(forest, tested), FOREST))
     if untested:
@@ -303,3 +304,7 @@ def write(path: Path, text: str) -> None:
         write_atomically(path, text)
     except OSError as exc:
         raise ReportWriteError(f"cannot write {path}: {exc.strerror}; give -o a writable location") from None
+
+
+def _heading(forest: Forest) -> str:
+    return confirmations.heading(forest.significant, forest.number, forest.of)

@@ -35,7 +35,7 @@ from autotune.measure.replicates import SeriesRunner
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_series
 from autotune.measure.stats import PairedComparison
-from autotune.study import records
+from autotune.study import confirmations, records
 
 
 class ConfirmError(AutotuneError):
@@ -204,7 +204,7 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
     limit = study.user_attrs.get("max_latency_ms")
     verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None)
     verdict.update(ran_on or {})
-    return records.record_confirmation(study, verdict)
+    return confirmations.record(study, verdict)
 
 
 def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | None, metric: Metric, rounds: int,

@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 
 from autotune.measure.objectives import metric_of, speedup_attr, unit_of
-from autotune.study import records, storage
+from autotune.study import confirmations, records, storage
 from autotune.study.storage import SQLITE, StudyError
 
 
@@ -49,7 +49,7 @@ def row(study: optuna.Study, url: str) -> dict[str, Any]:
             "objective": attrs.get("objective"), "batch_size": attrs.get("batch_size"),
             "trials": {"complete": sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials),
                        "total": len(trials)},
-            "best": _best(study), "confirmation": verdict(attrs.get("confirmation"), records.confirmation_count(attrs)),
+            "best": _best(study), "confirmation": verdict(attrs.get("confirmation"), confirmations.count(attrs)),
             "host": attrs.get("host", {})}
 
 

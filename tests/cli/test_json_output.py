@@ -19,7 +19,7 @@ from autotune.cli.display import JSON_SCHEMA_VERSION
 from autotune.cli.main import main
 from autotune.host import machine
 from autotune.measure import plan, stats
-from autotune.study import storage
+from autotune.study import confirmations, storage
 from tests.support.cli import run_cli
 from tests.support.fake_cli import fake_child
 from tests.support.studies import SPACE
@@ -155,7 +155,9 @@ def test_export_json_names_the_file_its_variables_and_the_verdict(in_study: optu
     assert all(f"export {name}=" in written for name in doc["env"]) and "AUTOTUNE_MODEL" in doc["env"]
     assert doc["unset"] and f"unset {' '.join(doc['unset'])}" in written
     status = "confirmed" if verdict["significant"] else "baseline kept"
-    assert doc["confirmation"] == {"status": status, "message": verdict["message"]}
+    which = {"number": confirmations.number(in_study.user_attrs), "of": confirmations.count(in_study.user_attrs)}
+    assert doc["confirmation"] == {"status": status, "message": verdict["message"], **which}
+    assert which["number"] == which["of"] >= 1  # the latest is the one shown
 
 
 @pytest.mark.parametrize(("args", "message"), [

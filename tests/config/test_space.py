@@ -9,6 +9,7 @@ import pytest
 
 from autotune.config import space, space_fit
 from autotune.config.space import SpaceError
+from tests.conftest import ROOT
 from tests.support.spaces import FakeTrial
 
 ALL_LIBS = {"libiomp5": True, "libomp": True, "jemalloc": True, "tcmalloc": True}
@@ -78,9 +79,9 @@ def test_unreadable_and_unknown_spaces(tmp_path: Path) -> None:
 
 def test_shipped_spaces_are_found_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """From a checkout the shipped spaces are the repository's search_spaces/ (a wheel's are inside
-    the package: tests/test_wheel.py), whatever the current folder."""
+    the package: tests/e2e/test_wheel.py), whatever the current folder."""
     monkeypatch.chdir(tmp_path)
-    repository = Path(__file__).resolve().parents[1] / "search_spaces"
+    repository = ROOT / "search_spaces"
     assert space.shipped_spaces().resolve() == repository
     assert space.find("quick").resolve() == repository / "quick.yaml"
     with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, quick, seed$"):

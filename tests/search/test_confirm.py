@@ -19,6 +19,7 @@ from autotune.measure.plan import BenchSpec, LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy, one_by_one
 from autotune.measure.results import InstanceResult, RunResult
 from autotune.search import confirm, loop, opening
+from autotune.study import confirmations
 from tests.support.studies import SPACE, fake_result, fake_runner
 
 SEED = 7
@@ -239,32 +240,32 @@ def test_every_confirmation_is_kept_and_each_reader_says_which_it_shows(tmp_path
     """Confirming again until one passes leaves every verdict in the study, in order; the catalog,
     the export and the report say how many there were and that they show the latest."""
     from autotune.report import contents
-    from autotune.study import catalog, records
+    from autotune.study import catalog
 
     fake_runner.calls = []  # type: ignore[attr-defined]
     result = searched(tmp_path, here, slow_intel)
-    assert records.confirmation_count(result.user_attrs) == 0 and records.confirmations(result) == []
+    assert confirmations.count(result.user_attrs) == 0 and confirmations.kept(result) == []
     first = confirm.confirm(result, top=1, rounds=6, min_effect=5.0, timeout_s=60, on_run=lambda e: None,
                             runner=one_by_one(slow_intel))  # a 500% minimum effect: nothing passes
     second = confirm.confirm(result, top=1, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
                              runner=one_by_one(slow_intel))
     assert (first["number"], first["significant"], second["number"], second["significant"]) == (1, False, 2, True)
-    kept = records.confirmations(result)
+    kept = confirmations.kept(result)
     assert [(v["number"], v["significant"], v["min_effect"]) for v in kept] == [(1, False, 5.0), (2, True, 0.03)]
-    assert result.user_attrs["confirmation"] == second and records.which_confirmation(result.user_attrs) == (
+    assert result.user_attrs["confirmation"] == second and confirmations.which(result.user_attrs) == (
         "confirmation 2 of 2")
     row = catalog.row(result, "sqlite:///x.db")["confirmation"]
     assert (row["word"], row["number"], row["of"]) == ("confirmed", 2, 2)
     text = export.render(result, result.get_trials()[second["winner_trial"]])
     assert "# this is confirmation 2 of 2, the latest; `autotune studies` lists them" in text.splitlines()
-    found = contents.forest(result.user_attrs["confirmation"], records.confirmation_count(result.user_attrs))
-    assert found is not None and found.heading == "Confirmed (confirmation 2 of 2): "
+    found = contents.forest(result.user_attrs["confirmation"], confirmations.count(result.user_attrs))
+    assert found is not None and (found.number, found.of) == (2, 2)
+    assert confirmations.heading(found.significant, found.number, found.of) == "Confirmed (confirmation 2 of 2): "
 
 
 def test_a_study_confirmed_before_verdicts_were_kept_counts_its_one() -> None:
-    from autotune.study import records
 
     legacy = {"confirmation": {"significant": True, "winner_trial": 3, "message": "m"}}
-    assert records.confirmation_count(legacy) == 1 and records.confirmation_number(legacy) == 1
-    assert records.which_confirmation(legacy) == "confirmation 1 of 1"
-    assert records.verdict_heading(True, 1, 1) == "Confirmed: "
+    assert confirmations.count(legacy) == 1 and confirmations.number(legacy) == 1
+    assert confirmations.which(legacy) == "confirmation 1 of 1"
+    assert confirmations.heading(True, 1, 1) == "Confirmed: "

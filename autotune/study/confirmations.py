@@ -1,0 +1,50 @@
+"""What a study keeps of its confirmations: every verdict in order, the latest as `confirmation`,
+and how each reader names the one it shows ("confirmation 2 of 3").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+
+
+def record(study: optuna.Study, verdict: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep `verdict` as the study's next confirmation: `confirmation_N` (N = 1, 2, ... in order)
+    stays, and `confirmation` is always the latest, numbered, so that confirming until one passes
+    leaves every earlier verdict in the study."""
+    numbered = {**verdict, "number": count(study.user_attrs) + 1}
+    study.set_user_attr(f"confirmation_{numbered['number']}", numbered)
+    study.set_user_attr("confirmations", numbered["number"])
+    study.set_user_attr("confirmation", numbered)
+    return numbered
+
+
+def count(attrs: Mapping[str, Any]) -> int:
+    """How many confirmations a study has had (one, for a study from before they were all kept)."""
+    return int(attrs.get("confirmations", 1 if attrs.get("confirmation") else 0))
+
+
+def kept(study: optuna.Study) -> list[dict[str, Any]]:
+    """Every verdict the study kept, in order; a study from before they were kept has its one."""
+    attrs = study.user_attrs
+    found = [attrs[f"confirmation_{n}"] for n in range(1, count(attrs) + 1) if f"confirmation_{n}" in attrs]
+    return found or ([attrs["confirmation"]] if attrs.get("confirmation") else [])
+
+
+def number(attrs: Mapping[str, Any]) -> int | None:
+    """Which confirmation the study's latest is (None: it has none)."""
+    latest = attrs.get("confirmation")
+    return int(latest.get("number", 1)) if latest else None
+
+
+def which(attrs: Mapping[str, Any]) -> str:
+    """'confirmation 2 of 3': the one shown (the latest) among all the study has had."""
+    return f"confirmation {number(attrs)} of {count(attrs)}"
+
+
+def heading(significant: bool, shown: int, of: int) -> str:
+    """'Confirmed: ' or 'Not confirmed: ', naming which (`shown`) of the study's `of` confirmations it is."""
+    named = f" (confirmation {shown} of {of})" if of > 1 else ""
+    return f"{'Confirmed' if significant else 'Not confirmed'}{named}: "
