@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -24,8 +25,19 @@ JSON_SCHEMA_VERSION = 1
 
 
 def json_document(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    """A `--json` payload: `kind` (the command) and `schema_version` first, then the body."""
-    return {"kind": kind, "schema_version": JSON_SCHEMA_VERSION, **body}
+    """A `--json` payload: `kind` (the command) and `schema_version` first, then the body. A number
+    that is not finite (an interval unbounded for too few rounds) is null: strict JSON has no inf."""
+    return {"kind": kind, "schema_version": JSON_SCHEMA_VERSION, **_finite(dict(body))}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 # Piped output (CI logs, `| less`) gets wide tables instead of 80 columns of folded cells.

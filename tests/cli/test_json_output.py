@@ -171,3 +171,14 @@ def test_errors_under_json_stay_one_line_on_stderr(tmp_path: Path, monkeypatch: 
                                                    message: str) -> None:
     monkeypatch.chdir(tmp_path)
     assert run_cli(capsys, *args) == (2, "", message)
+
+
+def test_an_unbounded_interval_is_null_in_json_not_infinity() -> None:
+    from autotune.cli.display import json_document
+    from autotune.measure import stats as measured
+
+    few = measured.paired_speedup([1.5, 1.6])  # two rounds: no bound can be given
+    document = json_document("compare", {"interval": {"low": few.interval.low, "high": few.interval.high},
+                                         "rows": [(1.0, float("nan"))]})
+    text = json.dumps(document, allow_nan=False)  # strict JSON: raises on inf or nan
+    assert json.loads(text)["interval"] == {"low": 0.0, "high": None} and json.loads(text)["rows"] == [[1.0, None]]
