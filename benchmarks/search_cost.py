@@ -7,7 +7,7 @@ TORCHINDUCTOR_CACHE_DIR says, so without it every run after a machine's first wo
 
     .venv/bin/python benchmarks/search_cost.py                                   # resnext101, bs1, 50 trials
     .venv/bin/python benchmarks/search_cost.py --objective throughput --batch-size 8
-    .venv/bin/python benchmarks/search_cost.py --model resnet18 --trials 10 --confirm-rounds 5
+    .venv/bin/python benchmarks/search_cost.py --model resnet18 --trials 10 --confirm-rounds 6
 """
 
 from __future__ import annotations
