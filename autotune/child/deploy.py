@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from autotune.child import artifacts, envfile, quantize
 from autotune.child.batches import call, inputs, leaves
@@ -38,7 +38,6 @@ LISTED_VAR = "AUTOTUNE_KNOBS"  # every knob of the configuration, `k=v` pairs, a
 ARTIFACTS_VAR = "AUTOTUNE_ARTIFACTS"  # a folder of compiled artifacts: loaded when they match, else made
 REPORT_VAR = "AUTOTUNE_APPLY_REPORT"  # set by `autotune run`: where apply says what it applied
 
-T = TypeVar("T")
 
 
 class CompileFallback(UserWarning):

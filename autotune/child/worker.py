@@ -40,11 +40,12 @@ import resource
 import signal
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
 from autotune.child.artifacts import installed_torch_version
-from autotune.child.envfile import SWITCH, value_text
+from autotune.child.envfile import value_text
 from autotune.child.files import write_atomically
 from autotune.child.knobs import KNOBS, MODEL_KNOBS
 from autotune.child.quantize import CALIBRATION_BATCHES
@@ -125,17 +126,15 @@ def runtime_report(args: argparse.Namespace) -> dict[str, Any]:
     """What really ran: libraries, threads, affinity; tests check these against the plan."""
     import torch
 
+    from autotune.child.build import knobs_of  # loaded by now: the model was built through it
+
     return {
         "openmp_library": symbol_owner("omp_get_max_threads"),
         "malloc_library": symbol_owner("malloc"),
         "torch_threads": torch.get_num_threads(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "torch_version": torch.__version__,
-        "mkldnn": SWITCH[args.mkldnn],
-        "backend": args.backend,
-        "memory_format": args.memory_format,
-        "precision": args.precision,
-        "weight_cache": SWITCH[args.weight_cache],
+        **asdict(knobs_of(args)),
         "dataloader_workers": args.dataloader_workers,
         "pid": os.getpid(),
         "env": {k: v for k, v in os.environ.items()
