@@ -20,4 +20,10 @@ NOISY = 0.10  # IQR/median above this is flagged
 # on a quiet 2-CPU machine showed 0.01-0.02 (the rest of the system, autotune's own parent 0.002);
 # two benches sharing the CPUs each see about 0.5 of them taken by the other, more on a busy host.
 BUSY_MACHINE = 0.25
+# The child's own CPU time over (window x its threads) below this in a replicate is flagged: it
+# waited for CPUs someone else held (a neighbour using half of 2 CPUs left a 2-thread child 0.49);
+# OpenMP threads spin while they wait for work, so a child alone on its CPUs stays near 1.
+STARVED = 0.5
+# A trial stopped early on a noisy window is measured again at most this many times (study/undecided.py).
+NOISY_RETRIES = 2
 REMEASURE = 0.25  # IQR/median above this takes more replicates, at most `max_extra` of them

@@ -170,9 +170,12 @@ def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], s
 
 def accounting(numbers: Mapping[str, Any]) -> None:
     """What the study's searches cost, in one line (stored as the study's `accounting`)."""
-    skipped = int(numbers.get("not_compiled", 0))
+    skipped, noisy = int(numbers.get("not_compiled", 0)), int(numbers.get("undecided", 0))
+    more = [f"{skipped} more pruned before compiling"] * bool(skipped)
+    more += [f"{noisy} undecided on noisy windows"] * bool(noisy)
+    besides = f" (and {', '.join(more)})" if more else ""
     out.print(f"search cost: {numbers['trials']} trials, {numbers['distinct_configurations']} distinct "
-              f"configurations{f' (and {skipped} more pruned before compiling)' if skipped else ''}, "
+              f"configurations{besides}, "
               f"{clock(numbers['wall_s'])} wall, {numbers['timed_s']:.0f} s of timed samples "
               f"({numbers['efficiency']:.0%} of the wall time), {numbers['trials_per_hour']:.0f} trials/hour",
               soft_wrap=True, highlight=False)

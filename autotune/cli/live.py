@@ -71,6 +71,8 @@ class SearchProgress:
                 text += f" ±{m.spread:.0%} IQR, {len(m.runs)} runs" + (f" NOISY ({m.noisy_reason})" if m.noisy else "")
         elif state == "PRUNED":
             text = f"pruned: {outcome.reason}"
+        elif outcome.undecided is not None:
+            text = f"UNDECIDED: {outcome.reason}"
         else:
             text = f"FAILED: {outcome.reason}"
         best = ""

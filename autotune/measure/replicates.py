@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from autotune.base.thresholds import BUSY_MACHINE, NOISY, REMEASURE
+from autotune.base.thresholds import BUSY_MACHINE, NOISY, REMEASURE, STARVED
 from autotune.measure import stats
 from autotune.measure.plan import LaunchPlan, stretched
 from autotune.measure.results import RunResult
@@ -88,13 +88,23 @@ class Measurement:
         return max((float(r.noise.get("other_cpu_share", 0.0)) for r in self.runs), default=0.0)
 
     @property
+    def own_cpu_share(self) -> float | None:
+        """The smallest share of its threads' CPU time a replicate's child got (None: not measured)."""
+        shares = [_utilization((run,)) for run in self.runs]
+        return min((s for s in shares if s), default=None)
+
+    @property
     def noisy_reason(self) -> str:
-        """Why the measurement is not to be trusted as it is, or "": spread, other CPU use, or both."""
+        """Why the measurement is not to be trusted as it is, or "": the spread, other processes'
+        CPU use, a child starved of CPU time, or several."""
         reasons = []
         if self.spread > NOISY:
             reasons.append(f"IQR/median {self.spread:.0%} > {NOISY:.0%}")
         if self.other_cpu_share > BUSY_MACHINE:
             reasons.append(f"other processes used {self.other_cpu_share:.0%} of the CPUs > {BUSY_MACHINE:.0%}")
+        own = self.own_cpu_share
+        if own is not None and own < STARVED:
+            reasons.append(f"the child got {own:.0%} of its threads' CPU time < {STARVED:.0%}")
         return "; ".join(reasons)
 
     @property

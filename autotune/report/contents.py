@@ -200,6 +200,8 @@ def counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
     found = {"trials": len(trials)}
     for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING):
         found[state.name.lower()] = sum(t.state == state for t in trials)
+    found["undecided"] = sum(records.fail_cause(t) == records.UNDECIDED for t in trials)
+    found["fail"] -= found["undecided"]  # stopped on a noisy window: not a failure of the configuration
     return found
 
 
@@ -344,8 +346,9 @@ def failures(trials: Sequence[FrozenTrial]) -> tuple[FailureGroup, ...]:
     for t in trials:
         if t.state not in (TrialState.FAIL, TrialState.PRUNED):
             continue
-        state = "failed" if t.state == TrialState.FAIL else "pruned"
-        cause = records.fail_cause(t) or state
+        cause = records.fail_cause(t) or "pruned"
+        state = {TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}[t.state] if cause != records.UNDECIDED \
+            else "undecided"
         groups.setdefault((state, cause, NUMBER.sub("N", records.end_reason(t))), []).append(t)
     found = [FailureGroup(state, cause, records.end_reason(ts[0]), tuple(t.number for t in ts))
              for (state, cause, _), ts in groups.items()]

@@ -94,7 +94,9 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 def _summary(report: Report) -> str:
     counts = report.counts
     lines = [f"{counts['trials']} trials: {counts['complete']} completed, {counts['pruned']} pruned, "
-             f"{counts['fail']} failed" + (f", {counts['running']} running" if counts["running"] else "")]
+             f"{counts['fail']} failed" + (f", {counts['undecided']} undecided (stopped on a noisy window)"
+                                            if counts.get("undecided") else "")
+             + (f", {counts['running']} running" if counts["running"] else "")]
     if report.best is not None:
         best = report.best
         lines.append(f"best trial {best.trial} ({best.config}): " + "; ".join(

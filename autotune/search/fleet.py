@@ -32,7 +32,7 @@ from autotune.config.space import BATCH_PARAM, SearchSpace
 from autotune.host.machine import class_id, host_name
 from autotune.measure.replicates import Measurement
 from autotune.search import proposals
-from autotune.study import records, storage
+from autotune.study import records, storage, undecided
 from autotune.study.storage import StudyError, StudyLocked
 
 CLASS_ATTR = records.HOST_CLASS  # on the study: the class it is for; on a trial: its host's class id
@@ -150,7 +150,14 @@ def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
         return "baseline"
     if any(t.state == TrialState.WAITING for t in trials):
         return "enqueued"
-    return worker.proposer.next(worker.study, trials, taken(trials, worker.digest))
+    retry = undecided.due(trials, worker.digest)
+    if retry is not None:
+        return worker.proposer.again(retry)
+    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest))
+    waiting = undecided.pending(trials, worker.digest)
+    if proposal is None and waiting:  # nothing else left: the noisy stops are measured again now
+        return worker.proposer.again(waiting[0])
+    return proposal
 
 
 def ask(worker: Worker, proposal: Next) -> optuna.Trial:
@@ -237,9 +244,10 @@ def record_host_baseline(study: optuna.Study, host: str, measurement: Measuremen
 
 
 def taken(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:
-    """(config, batch size) of what ran and what other workers are measuring now under these
-    settings: a proposal treats both as measured."""
-    return records.measured_configs(trials, digest) | _in_flight(trials, digest)
+    """(config, batch size) of what ran, what other workers are measuring now and what waits for
+    the retry of a noisy stop, under these settings: a proposal treats them all as measured."""
+    waiting = {undecided.identity(t) for t in undecided.pending(trials, digest)}
+    return records.measured_configs(trials, digest) | _in_flight(trials, digest) | waiting
 
 
 def _in_flight(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:

@@ -32,7 +32,7 @@ from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
 from autotune.search import budget, confirm, fleet, opening, proposals, pruning
 from autotune.search.opening import Search, SearchRequest
-from autotune.study import records, storage
+from autotune.study import records, storage, undecided
 from autotune.study.storage import StudyLocked
 
 T = TypeVar("T")
@@ -47,6 +47,7 @@ class Outcome:
     reason: str = ""
     measurement: Measurement | None = None
     duplicate_of: int | None = None
+    undecided: tuple[int, ...] | None = None  # a stop on a noisy window: the earlier undecided attempts
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,8 @@ def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: 
     on_event(TrialEvent("start", finished=finished, elapsed_s=time.monotonic() - start, **event))
     reference = None if is_baseline else _host_baseline(search, machine, runner)
     outcome = _measure(search, machine, trial, config, batch, runner,
-                       sampled=isinstance(proposal, proposals.Proposal) and not proposal.recipe)
+                       sampled=isinstance(proposal, proposals.Proposal) and not proposal.recipe
+                       and proposal.retry_of is None)
     _store(search, trial, outcome, reference)
     if is_baseline and outcome.state != TrialState.COMPLETE:
         raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
@@ -255,6 +257,7 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
         _patiently(search, lambda: records.record_failure(trial, reason, records.ERROR))
         return Outcome(TrialState.FAIL, reason=reason)
     _patiently(search, lambda: records.record_plan(trial, plan))
+    earlier = _patiently(search, lambda: _earlier_attempts(search, trial, config, batch))
     pruner = pruning.PruneCheck(search.study, trial, request.objective)
     limit = _give_up(search, plan)
     measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner),
@@ -264,8 +267,20 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     if measurement.stopped_early:
         last = measurement.runs[-1]
         reason = limit.reason(last) if limit is not None and last.gave_up else pruner.reason
+        if measurement.noisy:  # a noisy window decides nothing (study/undecided.py)
+            return Outcome(TrialState.FAIL, reason=undecided.explain(reason, measurement.noisy_reason, earlier),
+                           measurement=measurement, undecided=earlier)
         return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement)
     return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
+
+
+def _earlier_attempts(search: Search, trial: optuna.Trial, config: Config, batch: int) -> tuple[int, ...]:
+    """This configuration's undecided attempts before this trial, recorded on it when there are any."""
+    trials = search.study.get_trials(deepcopy=False)
+    earlier = undecided.earlier_attempts(trials, config.describe(), batch, search.settings_digest)
+    if earlier:
+        trial.set_user_attr(undecided.ATTEMPTS, earlier)
+    return tuple(earlier)
 
 
 def _give_up(search: Search, plan: LaunchPlan) -> pruning.GiveUp | None:
@@ -324,6 +339,8 @@ def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome,
         records.record_metrics(trial, measurement, reference)
         if outcome.state == TrialState.PRUNED:
             records.record_pruned(trial, outcome.reason)
+        if outcome.undecided is not None:
+            undecided.record(trial, outcome.reason, outcome.undecided)
     if outcome.state == TrialState.COMPLETE and search.request.max_latency_ms is not None:
         _constrain(trial, search.request.max_latency_ms)
     if outcome.state == TrialState.COMPLETE:

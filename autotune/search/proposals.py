@@ -46,6 +46,7 @@ class Proposal:
     params: dict[str, KnobValue] = field(default_factory=dict)
     recipe: str = ""
     origin: str = "sampler"
+    retry_of: int | None = None  # the trial that stopped on a noisy window (study/undecided.py)
 
     @property
     def identity(self) -> Identity:
@@ -83,6 +84,15 @@ class Proposer:
             if last.identity not in measured:
                 return last
         return self._nearest_unmeasured(last, measured, len(trials))
+
+    def again(self, trial: FrozenTrial) -> Proposal:
+        """A configuration that stopped on a noisy window (study/undecided.py), measured again as it
+        ran: a recipe stays that recipe."""
+        config = config_of_params(trial.params)
+        batch = int(trial.user_attrs.get("batch_size", self.batch_sizes[0]))
+        params = self.space.params(config) | ({BATCH_PARAM: batch} if self.searches_batch else {})
+        return Proposal(config, batch, params, recipe=str(trial.user_attrs.get("recipe", "")),
+                        origin="retry of a noisy stop", retry_of=trial.number)
 
     def _recipe(self, recipe: Recipe) -> Proposal:
         batch = max(self.batch_sizes)  # throughput recipes run at the largest batch asked for

@@ -32,6 +32,8 @@ FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 CUT_SHORT = "cut_short"  # the user or a killed autotune stopped it: says nothing, always run again
 KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run again once
 ERROR = "error"  # wrong answers, an exception, an exit code: the configuration's own, reused
+UNDECIDED = "undecided"  # stopped early on a noisy window: measured again later (study/undecided.py)
+UNDECIDED_FINAL = "undecided_final"  # a trial's: its configuration's last attempt, undecided for good
 KILLED_RERUNS = 1
 LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fail_cause
 SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predicted to lose
@@ -51,10 +53,17 @@ def finished(study: optuna.Study) -> int:
 
 def counts(trial: FrozenTrial) -> bool:
     """A trial counts toward --trials once finished, unless cut short (Ctrl-C, a killed
-    autotune: it runs again) or pruned before compiling (`SKIPPED`): neither measured anything,
-    so neither takes a trial of --trials, as a proposal that repeats a measured configuration
-    never becomes one: --trials N runs N configurations."""
-    return trial.state in FINISHED and fail_cause(trial) != CUT_SHORT and not trial.user_attrs.get(SKIPPED)
+    autotune: it runs again), pruned before compiling (`SKIPPED`) or stopped on a noisy window
+    with a retry left (`awaits_retry`): none of them decided anything, so none takes a trial of
+    --trials, as a proposal that repeats a measured configuration never becomes one: --trials N
+    runs N configurations."""
+    return (trial.state in FINISHED and fail_cause(trial) != CUT_SHORT and not trial.user_attrs.get(SKIPPED)
+            and not awaits_retry(trial))
+
+
+def awaits_retry(trial: FrozenTrial) -> bool:
+    """Stopped early on a noisy window with a retry left: measured again later (study/undecided.py)."""
+    return fail_cause(trial) == UNDECIDED and not trial.user_attrs.get(UNDECIDED_FINAL)
 
 
 def best_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -82,8 +91,9 @@ def distinct_configs(study: optuna.Study) -> int:
 def account(study: optuna.Study, session_s: float) -> dict[str, float]:
     """What the study's searches cost and measured, over all their sessions: wall time, timed
     seconds (the windows samples were taken in; a duplicate's reused ones once), their ratio,
-    distinct configurations, the trials that count toward --trials and those pruned before
-    compiling (which do not), and counted trials per hour. Stored as the study's `accounting`."""
+    distinct configurations, the trials that count toward --trials, those pruned before
+    compiling (which do not) and the attempts stopped on a noisy window (undecided), and counted
+    trials per hour. Stored as the study's `accounting`."""
     before = study.user_attrs.get("accounting", {})
     wall = float(before.get("wall_s", 0.0)) + session_s
     trials = study.get_trials(deepcopy=False, states=FINISHED)
@@ -93,6 +103,7 @@ def account(study: optuna.Study, session_s: float) -> dict[str, float]:
                   "efficiency": round(timed / wall, 3) if wall else 0.0,
                   "distinct_configurations": distinct_configs(study), "trials": counted,
                   "not_compiled": not_compiled(trials),
+                  "undecided": sum(fail_cause(t) == UNDECIDED for t in trials),
                   "trials_per_hour": round(counted / wall * 3600, 1) if wall else 0.0,
                   "sessions": int(before.get("sessions", 0)) + 1}
     study.set_user_attr("accounting", accounting)
@@ -218,10 +229,12 @@ def measured_configs(trials: Sequence[FrozenTrial], digest: str) -> set[tuple[st
 
 
 def _measured(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
-    """Finished trials that measured a configuration under these settings, not cut short."""
+    """Finished trials that measured a configuration under these settings, not cut short and not
+    waiting for a retry of a noisy stop."""
     return [t for t in trials if t.state in FINISHED
             and t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
-            and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT]
+            and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT
+            and not awaits_retry(t)]
 
 
 def _reused(ran: list[FrozenTrial]) -> FrozenTrial | None:

@@ -105,6 +105,19 @@ def test_other_processes_busy_on_the_cpus_flag_the_measurement_noisy() -> None:
     assert summary["noisy_reason"] == "other processes used 88% of the CPUs > 25%"
 
 
+def test_a_child_starved_of_cpu_time_flags_the_measurement_noisy() -> None:
+    """run_with's child used 1.0 CPU-s in a 2 s window on one thread: 50%, just enough; given two
+    threads (the runtime report's torch_threads) it got 25% of their time, a neighbour's doing."""
+    steady = [10.0, 10.1, 10.0, 9.9, 10.0]
+    alone = replicates.Measurement((run_with(steady, 0.0),))
+    assert alone.own_cpu_share == 0.5 and not alone.noisy
+    starved = run_with(steady, 0.0)
+    starved.instances[0].metrics["runtime"] = {"torch_threads": 2}  # type: ignore[index]
+    measured = replicates.Measurement((run_with(steady, 0.0), starved))
+    assert measured.own_cpu_share == 0.25
+    assert measured.noisy_reason == "the child got 25% of its threads' CPU time < 50%"
+
+
 def test_both_reasons_are_recorded() -> None:
     spread = replicates.Measurement((run_with([10.0, 20.0, 30.0, 40.0], 0.9),))
     assert spread.noisy_reason == "IQR/median 60% > 10%; other processes used 90% of the CPUs > 25%"

@@ -1,0 +1,92 @@
+"""Undecided trials: a stop (a give-up or a prune) on a window flagged noisy decides nothing.
+
+A neighbour's load can make any configuration read 4x slower (benchmarks/RESULTS.md), so a trial
+stopped early while its measurement was flagged noisy (`Measurement.noisy`: other processes' CPU
+share, the child's own CPU share or the spread) is not pruned. It ends FAIL (samplers ignore it, so
+its inflated value steers nothing) with cause `records.UNDECIDED` and its measurement recorded, and
+its configuration is measured again later in the search:
+
+- a retry is due once a trial that finished after it measured a quiet window (the machine looks
+  quiet again), or when nothing else is left to propose;
+- each configuration has at most `NOISY_RETRIES` retries; every attempt is a trial of its own, and
+  each retry records the earlier attempts (`noisy_attempts`);
+- an attempt with retries left does not count toward --trials (it decided nothing); the last one,
+  when it stops on a noisy window again, stays undecided for good (`undecided_final`), counts,
+  and is shown as undecided, never as pruned.
+
+A recipe is never pruned on a noisy window: its stops follow the same rule. A stop on a quiet window
+is a pruning as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.base.thresholds import NOISY_RETRIES
+from autotune.config.knobs import identity_of
+from autotune.study import records
+
+ATTEMPTS = "noisy_attempts"  # a retry's: the earlier attempts' trial numbers, oldest first
+Identity = tuple[str, int]
+
+
+def identity(trial: FrozenTrial) -> Identity:
+    return identity_of(str(trial.user_attrs.get("config"))), int(trial.user_attrs.get("batch_size", 0))
+
+
+def earlier_attempts(trials: Sequence[FrozenTrial], config: str, batch: int, digest: str) -> list[int]:
+    """The undecided attempts of this configuration (identity, batch) so far, oldest first."""
+    wanted = (identity_of(config), batch)
+    return sorted(t.number for t in _undecided(trials, digest) if identity(t) == wanted)
+
+
+def is_last_attempt(earlier: Sequence[int]) -> bool:
+    """Whether a trial after `earlier` undecided attempts has no retry left."""
+    return len(earlier) >= NOISY_RETRIES
+
+
+def explain(reason: str, noisy_reason: str, earlier: Sequence[int]) -> str:
+    """Why a stop on a noisy window decided nothing, and what happens to it."""
+    then = (f"kept undecided: all {len(earlier) + 1} attempts were noisy" if is_last_attempt(earlier)
+            else "measured again once the machine is quiet")
+    return f"{reason}; the window was noisy ({noisy_reason}): {then}"
+
+
+def record(trial: optuna.Trial, shown: str, earlier: Sequence[int]) -> None:
+    """A stop on a noisy window, recorded as undecided (`shown`: `explain`'s text)."""
+    records.record_failure(trial, shown, records.UNDECIDED)
+    trial.set_user_attr("status", "undecided")
+    trial.set_user_attr(records.UNDECIDED_FINAL, is_last_attempt(earlier))
+
+
+def pending(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
+    """Undecided attempts with a retry left that no later trial of their configuration followed,
+    oldest first: a proposal takes none of them as new (`fleet.taken`), a retry takes them again."""
+    later: dict[Identity, int] = {}
+    for t in trials:
+        if "config" in t.user_attrs and t.user_attrs.get("settings_digest") == digest \
+                and records.fail_cause(t) != records.CUT_SHORT:
+            later[identity(t)] = max(later.get(identity(t), -1), t.number)
+    waiting = [t for t in _undecided(trials, digest)
+               if not t.user_attrs.get(records.UNDECIDED_FINAL) and later[identity(t)] == t.number]
+    return sorted(waiting, key=lambda t: t.number)
+
+
+def due(trials: Sequence[FrozenTrial], digest: str) -> FrozenTrial | None:
+    """The oldest pending attempt a trial finished after it found quiet (a measurement not flagged
+    noisy), or None."""
+    quiet = [t.number for t in trials if t.state in records.FINISHED and _measured_quiet(t)]
+    return next((t for t in pending(trials, digest) if any(n > t.number for n in quiet)), None)
+
+
+def _measured_quiet(trial: FrozenTrial) -> bool:
+    return "latency_p50_ms" in trial.user_attrs and trial.user_attrs.get("noisy") is False \
+        and not records.is_duplicate(trial)
+
+
+def _undecided(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
+    return [t for t in trials if records.fail_cause(t) == records.UNDECIDED and "config" in t.user_attrs
+            and t.user_attrs.get("settings_digest") == digest and t.state == TrialState.FAIL]

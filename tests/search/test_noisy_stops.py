@@ -1,0 +1,85 @@
+"""A stop on a noisy window decides nothing (study/undecided.py): the trial is undecided, measured
+again once a later trial found the machine quiet, and kept undecided after NOISY_RETRIES retries;
+only a stop on a quiet window is a pruning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.base.thresholds import NOISY_RETRIES
+from autotune.host.machine import Machine
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.replicates import ReplicatePolicy
+from autotune.measure.results import RunResult
+from autotune.search import loop, opening
+from autotune.study import records, undecided
+from tests.search.test_give_up import gave_up
+from tests.support.studies import fake_result, request
+
+WARM = ReplicatePolicy(replicates=3, max_extra=0, in_process=True)
+
+
+class Neighbour:
+    """The honest child of test_give_up on a machine where a neighbour takes half the CPUs during
+    the runs in `busy` (0-based call numbers): everything reads 4x slower there, and the runner's
+    noise record says other processes used 50% of the CPUs."""
+
+    def __init__(self, busy: range | None) -> None:
+        self.busy, self.calls = busy, 0
+        self.ran: list[tuple[str, bool]] = []
+
+    def __call__(self, plan: LaunchPlan, timeout_s: float) -> RunResult:
+        config = plan.config
+        latency = 100.0 - 20 * (config.get("allocator") == "jemalloc") + 60 * (config.get("omp_runtime") == "intel")
+        latency += 200 * bool(config.get("mkldnn"))
+        noisy = self.busy is None or self.calls in self.busy
+        self.calls += 1
+        latency *= 4 if noisy else 1
+        command = plan.instances[0].command
+        given = command[command.index("--give-up-above-ms") + 1] if "--give-up-above-ms" in command else ""
+        self.ran.append((plan.config.describe(), noisy))
+        result = next((gave_up(latency, float(limit), windows) for windows, limit in
+                       enumerate((v for v in given.split(",") if v), start=1) if latency > float(limit)),
+                      None) or fake_result([latency] * 30)
+        return RunResult(result.ok, result.reason, result.instances, result.wall_s,
+                         {"other_cpu_share": 0.5 if noisy else 0.01})
+
+
+def search(tmp_path: Path, here: Machine, trials: int, neighbour: Neighbour) -> list[FrozenTrial]:
+    opened = opening.open_search(request(tmp_path, trials, replicates=WARM), here)
+    loop.run_search(opened, here, lambda event: None, runner=neighbour)
+    return opened.study.get_trials()
+
+
+def test_a_stop_on_a_noisy_window_is_measured_again_once_the_machine_is_quiet(tmp_path: Path, here: Machine) -> None:
+    neighbour = Neighbour(busy=range(2, 5))  # the baseline and one more trial run quiet, then three do not
+    trials = search(tmp_path, here, 8, neighbour)
+    stopped_noisy = [t for t in trials if records.fail_cause(t) == records.UNDECIDED]
+    assert stopped_noisy, "the neighbour made some trial stop early"
+    for t in stopped_noisy:
+        assert t.user_attrs["noisy"] and t.user_attrs["status"] == "undecided"
+        assert "the window was noisy (other processes used 50% of the CPUs" in t.user_attrs["fail_reason"]
+        again = [r for r in trials if r.number > t.number and undecided.identity(r) == undecided.identity(t)]
+        assert again and again[0].user_attrs[undecided.ATTEMPTS] == [t.number]
+        assert not again[0].user_attrs["noisy"]  # measured on a quiet machine: its verdict stands
+    assert not any(t.state == TrialState.PRUNED and t.user_attrs.get("noisy") for t in trials)
+    counted = [t for t in trials if records.counts(t)]
+    assert len(counted) == 8 and len({undecided.identity(t) for t in counted}) == 8
+
+
+def test_a_configuration_noisy_in_every_attempt_stays_undecided_and_counts_once(tmp_path: Path,
+                                                                               here: Machine) -> None:
+    neighbour = Neighbour(busy=range(1, 10_000))  # only the baseline ran quiet
+    trials = search(tmp_path, here, 8, neighbour)
+    finals = [t for t in trials if t.user_attrs.get(records.UNDECIDED_FINAL)]
+    assert finals, "some configuration stopped on a noisy window every time"
+    for t in finals:
+        attempts = t.user_attrs[undecided.ATTEMPTS]
+        assert len(attempts) == NOISY_RETRIES and "kept undecided: all 3 attempts were noisy" in t.user_attrs[
+            "fail_reason"]
+        assert not any(records.counts(trials[n]) for n in attempts) and records.counts(t)
+    assert not any(t.state == TrialState.PRUNED for t in trials)
+    counted = [t for t in trials if records.counts(t)]
+    assert len({undecided.identity(t) for t in counted}) == len(counted) == 8  # the small space, exhausted
