@@ -25,8 +25,8 @@ from optuna.importance import BaseImportanceEvaluator, FanovaImportanceEvaluator
 from scipy.stats import spearmanr
 
 from autotune.measure.objectives import Metric, lower_is_better
-from autotune.report import contents
-from autotune.report.contents import Row
+from autotune.report import contents, importance
+from autotune.report.importance import Row
 from autotune.study import storage
 
 RUNS = 10
@@ -37,7 +37,7 @@ EVALUATORS: dict[str, Callable[[int], BaseImportanceEvaluator]] = {
 
 
 def importances(rows: Sequence[Row], metric: Metric, evaluator: BaseImportanceEvaluator) -> dict[str, float]:
-    knobs = contents.varying(rows)
+    knobs = importance.varying(rows)
     dists: dict[str, BaseDistribution] = {
         k: CategoricalDistribution(sorted({r.knobs[k] for r in rows})) for k in knobs}
     copy = optuna.create_study(direction="minimize" if lower_is_better(metric) else "maximize")  # PED-ANOVA: the best
@@ -51,7 +51,7 @@ def eta_squared(rows: Sequence[Row], metric: Metric) -> dict[str, float]:
     mean = statistics.fmean(values)
     total = sum((v - mean) ** 2 for v in values)
     found = {}
-    for knob in contents.varying(rows):
+    for knob in importance.varying(rows):
         groups: dict[str, list[float]] = {}
         for r in rows:
             groups.setdefault(r.knobs[knob], []).append(r.values[metric])
@@ -60,7 +60,7 @@ def eta_squared(rows: Sequence[Row], metric: Metric) -> dict[str, float]:
 
 
 def compare(rows: Sequence[Row], metric: Metric, name: str) -> None:
-    make, knobs = EVALUATORS[name], contents.varying(rows)
+    make, knobs = EVALUATORS[name], importance.varying(rows)
     eta = eta_squared(rows, metric)
     runs, seconds = [], []
     for seed in range(RUNS):
@@ -70,7 +70,7 @@ def compare(rows: Sequence[Row], metric: Metric, name: str) -> None:
     mean = {k: statistics.fmean(r.get(k, 0.0) for r in runs) for k in knobs}
     rng = random.Random(0)
     boot = [importances(sample, metric, make(b)) for b in range(RUNS)
-            if contents.varying(sample := [rows[rng.randrange(len(rows))] for _ in rows])]
+            if importance.varying(sample := [rows[rng.randrange(len(rows))] for _ in rows])]
     print(f"{name}: median {statistics.median(seconds):.3f} s per evaluation")
     print("  importance:", ", ".join(f"{k} {v:.3f}" for k, v in sorted(mean.items(), key=lambda kv: -kv[1])))
     print(f"  top knob per seed: {sorted({max(r, key=r.__getitem__) for r in runs})}; largest sd across seeds "
@@ -89,10 +89,10 @@ def main() -> None:
     with storage.quiet_optuna(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study = storage.find_study(Path("studies"), args.study, f"sqlite:///{args.db}")
-        rows = contents.design(study)
+        rows = importance.design(study)
         metric = contents.metrics_of(str(study.user_attrs.get("objective", "latency")))[0]
         used = [r for r in rows if metric in r.values]
-        print(f"study {study.study_name}: {len(used)} measured trials, {metric}, knobs {contents.varying(used)}")
+        print(f"study {study.study_name}: {len(used)} measured trials, {metric}, knobs {importance.varying(used)}")
         for name in EVALUATORS:
             compare(used, metric, name)
 

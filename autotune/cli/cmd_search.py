@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from autotune.base.errors import AutotuneError
-from autotune.cli import display, live, options
+from autotune.cli import display, live, options, verdicts
 from autotune.cli.common import EXIT_FAILED, STUDIES, emit, holding
 from autotune.config import knobs
 from autotune.host import machine
@@ -154,10 +154,10 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
              as_json: bool) -> dict[str, Any]:
     from autotune.search import confirm
 
-    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, display.confirm_progress, seed=seed,
+    verdict = confirm.confirm(found, top, rounds, min_effect, timeout, verdicts.confirm_progress, seed=seed,
                               ran_on=machine.host_identity(machine.this_machine()))
     if not as_json:
-        display.confirmation(verdict)
+        verdicts.confirmation(verdict)
     return verdict
 
 
@@ -246,12 +246,12 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     pair = confirm.distinct([confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
                                                     _plan_from_env_file, plan_config) for spec in (first, second)])
     with holding("compare", no_wait):
-        measured = confirm.interleave(pair, rounds, metric, timeout, run_series, display.confirm_progress, seed)
+        measured = confirm.interleave(pair, rounds, metric, timeout, run_series, verdicts.confirm_progress, seed)
     if margin is not None:
         _gate(measured, metric, margin, as_json)
     comparison = confirm.compared(measured, metric, min_effect)
     emit("compare", summaries.comparison(measured, metric, comparison), as_json,
-          lambda _: display.comparison(measured, metric, comparison))
+          lambda _: verdicts.comparison(measured, metric, comparison))
     if comparison is None:
         sys.exit(EXIT_FAILED)
 
@@ -264,7 +264,7 @@ def _gate(measured: Any, metric: Any, margin: float, as_json: bool) -> NoReturn:
     check = confirm.regression(measured, metric, margin)
     body = summaries.comparison(measured, metric, confirm.compared(measured, metric, 0.0))
     verdict = summaries.gate(check, margin)
-    emit("compare", body | {"gate": verdict}, as_json, lambda _: display.regression(measured, metric, check, margin))
+    emit("compare", body | {"gate": verdict}, as_json, lambda _: verdicts.regression(measured, metric, check, margin))
     sys.exit(verdict["exit_code"])  # the code the document states, by one rule
 
 

@@ -15,8 +15,7 @@ from rich.table import Table
 
 from autotune.config.knobs import Knob
 from autotune.host.topology import format_cpus
-from autotune.measure.objectives import Metric, lower_is_better, unit_of
-from autotune.measure.stats import median
+from autotune.measure.objectives import Metric, unit_of
 from autotune.study import confirmations
 
 # Every `--json` payload carries what it is and the version of its layout; a field removed or
@@ -56,7 +55,7 @@ def status(message: str, quiet: bool = False) -> Iterator[Callable[[int, str], N
         yield lambda index, phase: live.update(f"{message}: {phase}")
 
 
-def _table(title: str, *columns: str) -> Table:
+def new_table(title: str, *columns: str) -> Table:
     table = Table(title=title, title_justify="left", show_lines=False)
     for i, column in enumerate(columns):
         table.add_column(column, overflow="fold", no_wrap=i == 0)
@@ -64,7 +63,7 @@ def _table(title: str, *columns: str) -> Table:
 
 
 def doctor(report: Mapping[str, Any]) -> None:
-    table = _table("This machine", "what", "found")
+    table = new_table("This machine", "what", "found")
     for key in ("cpu_model", "sockets", "physical_cores", "logical_cpus", "threads_per_core",
                 "numa_nodes", "usable_cpus", "usable_physical_cores", "cpu_quota_cores",
                 "torch", "onednn", "mkldnn_available"):
@@ -74,7 +73,7 @@ def doctor(report: Mapping[str, Any]) -> None:
     table.add_row("isa", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["isa"].items()))
     table.add_row("precisions", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["precisions"].items()))
     out.print(table)
-    libs = _table("Libraries", "library", "path", "install if missing")
+    libs = new_table("Libraries", "library", "path", "install if missing")
     for name, info in report["libraries"].items():
         libs.add_row(name, info["path"] or "[red]missing[/red]", info["install"] or "")
     numactl = report["numactl"]
@@ -94,7 +93,7 @@ def plan(data: Mapping[str, Any]) -> None:
     if data["cleared"]:
         out.print(f"[yellow]not passed to the benchmark (set in your shell): "
                   f"{', '.join(data['cleared'])}[/yellow]")
-    table = _table("Instances", "#", "cpus", "numa", "env", "command")
+    table = new_table("Instances", "#", "cpus", "numa", "env", "command")
     for inst in data["instances"]:
         env = "\n".join(f"{k}={v}" for k, v in inst["env"].items()) or "(unchanged)"
         node = "-" if inst["numa_node"] is None else str(inst["numa_node"])
@@ -104,7 +103,7 @@ def plan(data: Mapping[str, Any]) -> None:
 
 def bench_result(data: Mapping[str, Any]) -> None:
     result = data["result"]
-    table = _table("Result", "instance", "p50 ms", "p90 ms", "items/s", "peak RSS MB", "samples",
+    table = new_table("Result", "instance", "p50 ms", "p90 ms", "items/s", "peak RSS MB", "samples",
                    "status")
     for inst in result["instances"]:
         if inst["ok"]:
@@ -128,7 +127,7 @@ def bench_result(data: Mapping[str, Any]) -> None:
 
 
 def knobs(all_knobs: Iterable[Knob]) -> None:
-    table = _table("Knobs (--set KNOB=VALUE)", "knob", "values", "applies when", "what it does")
+    table = new_table("Knobs (--set KNOB=VALUE)", "knob", "values", "applies when", "what it does")
     for k in all_knobs:
         when = " ".join(f"{name}={'/'.join(v)}" for name, v in k.only_when) or "always"
         table.add_row(k.name, k.allowed(), when, k.help)
@@ -153,7 +152,7 @@ def search_summary(body: Mapping[str, Any]) -> None:
 
 def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], storage: str) -> None:
     title = "Pareto front (latency vs throughput)" if objective == "both" else "Best trials"
-    table = _table(f"{title} of study {name}", "trial", "knobs", "p50 ms", "p90 ms", "items/s",
+    table = new_table(f"{title} of study {name}", "trial", "knobs", "p50 ms", "p90 ms", "items/s",
                    "RSS MB", "latency x", "throughput x")
     for t in trials:
         knobs = t["config"] + (f" (recipe {t['recipe']})" if t["recipe"] else "")
@@ -187,7 +186,7 @@ def studies(data: Mapping[str, Any]) -> None:
         out.print(f"no studies in {data['folder']}/; make one with `autotune search --model resnet18 --trials 20`",
                   markup=False, soft_wrap=True)
         return
-    table = _table("Studies", "study", "model", "objective", "batch", "trials", "best", "confirmed", "host")
+    table = new_table("Studies", "study", "model", "objective", "batch", "trials", "best", "confirmed", "host")
     for row in data["studies"]:
         if row["error"]:
             table.add_row(row["name"], f"[red]{row['error']}[/red]", "", "", "", "", "", "")
@@ -210,7 +209,9 @@ def _verdict(verdict: Mapping[str, Any] | None) -> str:
         return "not yet"
     which = f" ({verdict['number']} of {verdict['of']})" if verdict.get("of", 1) > 1 else ""
     if verdict["word"] == "confirmed":
-        return f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x{which}"
+        tie = verdict.get("recommended_trial", verdict["winner_trial"]) != verdict["winner_trial"]
+        simpler = f", ties with recipe trial {verdict['recommended_trial']}" if tie else ""
+        return f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x{simpler}{which}"
     return f"no: baseline kept{which}"
 
 
@@ -219,79 +220,7 @@ def _host(host: Mapping[str, Any]) -> str:
     return f"{host.get('cpu_model', 'unknown')}, {cores} cores" if host else "unknown"
 
 
-def confirm_progress(event: Any) -> None:
-    result = event.result
-    outcome = (f"p50 {result.latency_p50_ms:.2f} ms, {result.throughput_ips:.2f} items/s" if result.ok
-               else f"FAILED: {result.reason}")
-    err.print(f"round {event.round + 1}/{event.rounds}: {event.contender.label}: {outcome}", markup=False,
-              soft_wrap=True)
-
-
-def confirmation(verdict: Mapping[str, Any]) -> None:
-    unit = unit_of(verdict["metric"])
-    table = _table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial {verdict['baseline_trial']} "
-                   f"(baseline)", "trial", "knobs", f"median {unit}", "speedup", "interval", "p", "significant",
-                   "failed runs")
-    for row in verdict["candidates"]:
-        ci = f"{row['ci_label']} {row['ci'][0]:.3f}-{row['ci'][1]:.3f}" if row["ci"] else "-"
-        judged = ("yes" if row["significant"] else "no") if row["status"] == "ok" else f"no: {row['reason']}"
-        table.add_row(str(row["trial"]), str(row["config"]), _num(row["median"]), _num(row["speedup"], "x"), ci,
-                      f"{row['p_value']:.3g}" if row["p_value"] is not None else "-", judged, str(row["failed_runs"]))
-    out.print(table)
-    number = int(verdict.get("number", 1))
-    out.print(confirmations.heading(verdict["significant"], number, number) + verdict["message"],
-              markup=False, soft_wrap=True)
-    if "host" in verdict:
-        out.print(f"measured on host {verdict['host']} (host class {verdict['host_class']})", markup=False,
-                  soft_wrap=True)
-    if "order_seed" in verdict:
-        err.print(f"rounds ran in a random balanced order, seed {verdict['order_seed']} (--seed repeats it)",
-                  markup=False)
-
-
-def _contenders(measured: Any, metric: Metric) -> None:
-    table = _table("Comparison", "configuration", f"median {unit_of(metric)}", "runs ok")
-    for position, contender in enumerate(measured.contenders):
-        values = measured.values(position)
-        ran = [v for v in values if v is not None]
-        table.add_row(contender.label, _num(median(ran) if ran else None), f"{len(ran)}/{len(values)}")
-    out.print(table)
-
-
-def _not_compared(measured: Any) -> None:
-    failed = next((r for series in measured.runs for r in series if r.value is None), None)
-    out.print(f"Not compared: a run failed ({failed.reason})" if failed else "Not enough rounds to compare.",
-              markup=False, soft_wrap=True)
-
-
-def comparison(measured: Any, metric: Metric, result: Any) -> None:
-    _contenders(measured, metric)
-    first, second = (c.label for c in measured.contenders)
-    if result is None:
-        _not_compared(measured)
-        return
-    verdict = "faster" if lower_is_better(metric) else "more throughput"
-    out.print(f"{second} vs {first}: {result.describe()}; "
-              f"{'significantly ' + verdict if result.significant else 'no significant difference'}",
-              markup=False, soft_wrap=True)
-    err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
-
-
-def regression(measured: Any, metric: Metric, check: Any, margin: float) -> None:
-    """`compare --fail-if-slower`: the table and one verdict line (FAIL exits 1)."""
-    _contenders(measured, metric)
-    first, second = (c.label for c in measured.contenders)
-    if check is None:
-        _not_compared(measured)
-        out.print("FAIL: no verdict without every run", markup=False)
-        return
-    verdict = (f"FAIL: {second} is slower than {first} by more than {margin:.0%}" if check.slower_than_margin else
-               f"PASS: no slowdown of {second} beyond {margin:.0%} of {first} shown")
-    out.print(f"{verdict}; {second} vs {first}: {check.describe()}", markup=False, soft_wrap=True)
-    err.print(f"rounds ran in a random balanced order, seed {measured.seed} (--seed repeats it)", markup=False)
-
-
-def _num(value: float | None, suffix: str = "") -> str:
+def number(value: float | None, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.3f}{suffix}"
 
 
@@ -301,7 +230,7 @@ def cache(entries: Sequence[Any], chosen: Sequence[Any], removed: bool, now: flo
         out.print("nothing cached here; searches and `autotune export --artifacts` fill it")
         return
     going = {e.path for e in chosen}
-    table = _table("cache", "kind", "model", "configuration", "size", "last used", "usable here", "kept by", "prune")
+    table = new_table("cache", "kind", "model", "configuration", "size", "last used", "usable here", "kept by", "prune")
     for e in entries:
         table.add_row(e.kind, e.model, e.config, _bytes(e.size), _age(now - e.last_used),
                       "yes" if not e.unusable else f"no: {e.unusable}", ", ".join(e.kept_by) or "-",
@@ -363,7 +292,7 @@ def profile(data: Mapping[str, Any], top: int, open_with: str) -> None:
         out.print(f"{c['label']}: {c['config'] or 'defaults'}, {c['instances']} instance(s)", markup=False,
                   soft_wrap=True)
     columns = [name for c in configs for name in (f"{escape(c['label'])}: op", "ms", "share", "calls")]
-    table = _table(f"Top {top} ops by self CPU time, per forward call ({data['iterations']} calls profiled)",
+    table = new_table(f"Top {top} ops by self CPU time, per forward call ({data['iterations']} calls profiled)",
                    "#", *columns)
     for rank in range(min(top, max(len(c["ops"]) for c in configs))):
         table.add_row(str(rank + 1), *(cell for c in configs for cell in _op_cells(c["ops"], rank)))
@@ -397,7 +326,7 @@ def _op_cells(ops: Sequence[Mapping[str, Any]], rank: int) -> tuple[str, ...]:
 
 
 def _changed(rows: Sequence[Mapping[str, Any]], before: str, after: str) -> None:
-    table = _table(f"Ops whose self CPU time changed most, ms per forward call ({escape(before)} -> "
+    table = new_table(f"Ops whose self CPU time changed most, ms per forward call ({escape(before)} -> "
                    f"{escape(after)})", "op", escape(before), escape(after), "change")
     for row in rows:
         table.add_row(escape(row["name"]), f"{row['before_ms']:.3f}", f"{row['after_ms']:.3f}",

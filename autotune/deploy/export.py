@@ -38,7 +38,8 @@ class ExportError(AutotuneError):
 
 
 def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
-    """The requested trial; else the confirmed winner (the baseline when nothing won); else the best."""
+    """The requested trial; else the one the confirmation recommends (its winner, the simpler expert
+    recipe the winner ties with, or the baseline when nothing won); else the best."""
     trials = study.get_trials(deepcopy=False)
     if number is not None:
         trial = next((t for t in trials if t.number == number), None)
@@ -52,7 +53,7 @@ def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
         return trial
     confirmation = study.user_attrs.get("confirmation")
     if confirmation:
-        return next(t for t in trials if t.number == confirmation["winner_trial"])
+        return next(t for t in trials if t.number == confirmations.recommended(confirmation))
     best = records.best_trials(study)
     if not best:
         failed = sum(t.state == TrialState.FAIL for t in trials)
@@ -142,8 +143,10 @@ def confirmation_status(confirmation: dict[str, Any] | None, number: int) -> str
     """In a few words, what the study's confirmation says of trial `number`."""
     if not confirmation:
         return "not confirmed"
+    if confirmations.recommended(confirmation) != number:
+        return f"not chosen: confirmation chose trial {confirmations.recommended(confirmation)}"
     if confirmation["winner_trial"] != number:
-        return f"not chosen: confirmation chose trial {confirmation['winner_trial']}"
+        return "recommended: the simpler of two that tie" if confirmation["significant"] else "baseline kept"
     return "confirmed" if confirmation["significant"] else "baseline kept"
 
 
@@ -152,8 +155,9 @@ def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> lis
     if not confirmation:
         return [f"# {status}: this is the search's best single estimate; `autotune confirm` re-measures "
                 "it against the baseline in interleaved rounds"]
-    if confirmation["winner_trial"] != number:
-        return [f"# note: confirmation chose trial {confirmation['winner_trial']}; this file is trial {number}"]
+    if confirmations.recommended(confirmation) != number:
+        return [f"# note: confirmation chose trial {confirmations.recommended(confirmation)}; this file is "
+                f"trial {number}"]
     if confirmation["significant"]:
         return [f"# confirmed: {confirmation['message']}"]
     return [f"# baseline exported: {confirmation['message']}"]
@@ -194,7 +198,7 @@ def host_class_of(trial: FrozenTrial) -> str:
 
 def _measured_on(trial: FrozenTrial, confirmation: dict[str, Any] | None) -> str:
     said = f"trial {trial.number} was measured on host {trial.user_attrs.get('host', 'unknown')}"
-    if confirmation and confirmation["winner_trial"] == trial.number and "host" in confirmation:
+    if confirmation and confirmations.recommended(confirmation) == trial.number and "host" in confirmation:
         said += f", confirmed on host {confirmation['host']} (class {confirmation['host_class']})"
     return said + "; on hosts of another class, search there"
 

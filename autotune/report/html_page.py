@@ -23,17 +23,8 @@ from plotly.subplots import make_subplots
 from autotune.base.errors import AutotuneError
 from autotune.child.files import write_atomically
 from autotune.measure.objectives import Metric, lower_is_better
-from autotune.report.contents import (
-    IMPORTANCE_EVALUATOR,
-    METRIC_LABELS,
-    FailureGroup,
-    Forest,
-    History,
-    Importance,
-    Marginal,
-    Report,
-    TradeoffPoint,
-)
+from autotune.report.contents import METRIC_LABELS, FailureGroup, Forest, History, Report, TradeoffPoint
+from autotune.report.importance import IMPORTANCE_EVALUATOR, Importance, Marginal
 from autotune.study import confirmations
 
 HISTORY, IMPORTANCE, FOREST, TRADEOFF = "history", "importance", "forest", "tradeoff"

@@ -35,6 +35,7 @@ from autotune.measure.replicates import SeriesRunner
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_series
 from autotune.measure.stats import PairedComparison
+from autotune.search import against_recipe
 from autotune.study import confirmations, records
 
 
@@ -197,25 +198,30 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
     check_rounds(rounds, top)
     base, chosen = candidates(study, top)
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))
-    contenders = [Contender(f"trial {t.number}", records.plan_of(t), t.number) for t in chosen]
+    recipe = against_recipe.best_recipe(study, metric)
+    extra = [recipe] if recipe is not None and _position(chosen, recipe) is None else []
+    contenders = [Contender(f"trial {t.number}" + (" (recipe)" if t in extra else ""), records.plan_of(t), t.number)
+                  for t in [*chosen, *extra]]
     reference = Contender(f"trial {base.number} (baseline)", records.plan_of(base), base.number)
     measured = interleave([reference, *contenders], rounds, metric, timeout_s, runner, on_run, seed) \
-        if contenders else None
+        if chosen else None
     limit = study.user_attrs.get("max_latency_ms")
-    verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None)
+    verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None, recipe)
     verdict.update(ran_on or {})
     return confirmations.record(study, verdict)
 
 
 def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | None, metric: Metric, rounds: int,
-           min_effect: float, max_latency_ms: float | None = None) -> dict[str, Any]:
-    """The verdict from the rounds: contender 0 is the baseline, then `chosen` in order."""
+           min_effect: float, max_latency_ms: float | None = None, recipe: FrozenTrial | None = None) -> dict[str, Any]:
+    """The verdict from the rounds: contender 0 is the baseline, then `chosen` in order, then the
+    best recipe (`recipe`) when it is not one of them (against_recipe.py)."""
     reference = measured.values(0) if measured else []
     rows = [_row(trial, measured.runs[i + 1], reference, metric, min_effect, max_latency_ms)
             for i, trial in enumerate(chosen)] if measured else []
     _holm(rows)
     winners = [r for r in rows if r["significant"]]
     best = max(winners, key=lambda r: r["speedup"]) if winners else None
+    versus = _against_recipe(chosen, measured, recipe, best, metric, min_effect, max_latency_ms)
     verdict: dict[str, Any] = {
         "metric": metric, "rounds": rounds, "min_effect": min_effect, "alpha": ALPHA,
         "baseline_trial": base.number, "candidates": rows, "significant": best is not None,
@@ -223,6 +229,8 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
         "baseline_failed_runs": sum(v is None for v in reference),
         "baseline_process_wall_s": _process_wall(measured.runs[0]) if measured else None,
         "winner_trial": best["trial"] if best else base.number,
+        "recommended_trial": versus["recommended_trial"] if versus else (best["trial"] if best else base.number),
+        "against_recipe": versus,
         "confirmed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if measured is not None:
@@ -230,8 +238,33 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
                        orders=[[measured.contenders[p].trial for p in order] for order in measured.orders])
     if best is not None:
         verdict.update(speedup=best["speedup"], ci=best["ci"], ci_label=best["ci_label"], p_value=best["p_value"])
-    verdict["message"] = _message(best, rows, rounds, min_effect)
+    verdict["message"] = _message(best, rows, rounds, min_effect) + against_recipe.sentence(versus)
     return verdict
+
+
+def _position(chosen: Sequence[FrozenTrial], trial: FrozenTrial) -> int | None:
+    """Where `trial`'s configuration is among the candidates (a recipe the search ran twice, once
+    as a duplicate, is that candidate)."""
+    config = trial.user_attrs.get("config")
+    return next((i for i, t in enumerate(chosen) if t.number == trial.number or t.user_attrs.get("config") == config),
+                None)
+
+
+def _against_recipe(chosen: Sequence[FrozenTrial], measured: Rounds | None, recipe: FrozenTrial | None,
+                    best: dict[str, Any] | None, metric: Metric, min_effect: float,
+                    max_latency_ms: float | None) -> dict[str, Any] | None:
+    """The winner against the best recipe, with the recipe's own row against the baseline when it
+    was not a candidate (None: no winner, or no recipe ran)."""
+    if measured is None or best is None or recipe is None:
+        return None
+    at = _position(chosen, recipe)
+    series = measured.runs[1 + (len(chosen) if at is None else at)]
+    values = [r.value for r in series]
+    winner = measured.values(1 + next(i for i, t in enumerate(chosen) if t.number == best["trial"]))
+    found = against_recipe.compare(recipe, values, best, speedups(values, winner, metric), min_effect)
+    if at is None:
+        found["against_baseline"] = _row(recipe, series, measured.values(0), metric, min_effect, max_latency_ms)
+    return found
 
 
 def _message(best: dict[str, Any] | None, rows: Sequence[dict[str, Any]], rounds: int, min_effect: float) -> str:

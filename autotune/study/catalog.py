@@ -69,4 +69,5 @@ def verdict(confirmation: dict[str, Any] | None, count: int = 1) -> dict[str, An
         return None
     return {"word": "confirmed" if confirmation["significant"] else "baseline",
             "winner_trial": confirmation["winner_trial"], "speedup": confirmation.get("speedup"),
+            "recommended_trial": confirmations.recommended(confirmation),
             "rounds": confirmation.get("rounds"), "number": int(confirmation.get("number", 1)), "of": count}

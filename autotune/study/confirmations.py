@@ -48,3 +48,10 @@ def heading(significant: bool, shown: int, of: int) -> str:
     """'Confirmed: ' or 'Not confirmed: ', naming which (`shown`) of the study's `of` confirmations it is."""
     named = f" (confirmation {shown} of {of})" if of > 1 else ""
     return f"{'Confirmed' if significant else 'Not confirmed'}{named}: "
+
+
+def recommended(verdict: Mapping[str, Any]) -> int:
+    """The trial a verdict recommends (what `export` writes): the winner, or the simpler expert
+    recipe it ties with (search/against_recipe.py); a verdict from before recipes were compared
+    recommends its winner."""
+    return int(verdict.get("recommended_trial", verdict["winner_trial"]))

@@ -15,7 +15,7 @@ from plotly.offline import get_plotlyjs
 
 from autotune.host.machine import Machine
 from autotune.measure.replicates import ReplicatePolicy
-from autotune.report import contents, html_page
+from autotune.report import contents, html_page, importance
 from autotune.search import confirm, loop, opening
 from autotune.search.confirm import Contender, RoundRun, Rounds
 from tests.support.cli import run_cli
@@ -80,27 +80,27 @@ def test_history_has_every_measured_trial_the_best_so_far_and_both_reference_lin
 
 
 def test_marginals_group_each_knobs_values_and_importance_ranks_the_larger_effect_first(study: optuna.Study) -> None:
-    rows = contents.design(study)
+    rows = importance.design(study)
     assert [r.trial for r in rows] == [0, 1, 2, 3, 5]  # the failure has no value; the pruned trial has its median
     assert rows[0].knobs == {"mkldnn": "off", "omp_runtime": "gnu", "allocator": "default"}  # unset: the default
-    found = {m.knob: m.groups for m in contents.marginals(rows, "latency_p50_ms")}
+    found = {m.knob: m.groups for m in importance.marginals(rows, "latency_p50_ms")}
     assert found == {"omp_runtime": (("gnu", (100.0, 80.0, 85.0)), ("intel", (90.0, 70.0))),
                      "allocator": (("default", (100.0, 90.0)), ("jemalloc", (80.0, 70.0, 85.0)))}
-    ranked = contents.importance(rows, "latency_p50_ms")
+    ranked = importance.importance(rows, "latency_p50_ms")
     assert [k for k, _ in ranked.knobs] == ["allocator", "omp_runtime"]  # jemalloc -20 ms, intel -10 ms
     assert sum(v for _, v in ranked.knobs) == pytest.approx(1.0, abs=1e-3) and ranked.trials == 5
 
 
 def test_importance_says_why_it_has_nothing_to_show(study: optuna.Study) -> None:
-    rows = contents.design(study)[:2]
-    assert contents.importance(rows, "latency_p50_ms") == contents.Importance(
+    rows = importance.design(study)[:2]
+    assert importance.importance(rows, "latency_p50_ms") == importance.Importance(
         "latency_p50_ms", (), 2, "needs at least 3 measured trials that differ in a knob (this study has 2)")
 
 
 def test_values_of_a_knob_come_in_its_own_order() -> None:
     texts = ["2", "default", "10", "1"]
-    assert sorted(texts, key=lambda v: contents.value_order("omp_threads", v)) == ["default", "1", "2", "10"]
-    assert sorted(["inductor", "eager", "torchscript"], key=lambda v: contents.value_order("backend", v)) == [
+    assert sorted(texts, key=lambda v: importance.value_order("omp_threads", v)) == ["default", "1", "2", "10"]
+    assert sorted(["inductor", "eager", "torchscript"], key=lambda v: importance.value_order("backend", v)) == [
         "eager", "torchscript", "inductor"]
 
 
