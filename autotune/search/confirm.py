@@ -199,7 +199,7 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
     base, chosen = candidates(study, top)
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))
     recipe = against_recipe.best_recipe(study, metric)
-    extra = [recipe] if recipe is not None and _position(chosen, recipe) is None else []
+    extra = extra_recipe(study, chosen)
     contenders = [Contender(f"trial {t.number}" + (" (recipe)" if t in extra else ""), records.plan_of(t), t.number)
                   for t in [*chosen, *extra]]
     reference = Contender(f"trial {base.number} (baseline)", records.plan_of(base), base.number)
@@ -240,6 +240,12 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
         verdict.update(speedup=best["speedup"], ci=best["ci"], ci_label=best["ci_label"], p_value=best["p_value"])
     verdict["message"] = _message(best, rows, rounds, min_effect) + against_recipe.sentence(versus)
     return verdict
+
+
+def extra_recipe(study: optuna.Study, chosen: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The best recipe, when the confirmation runs it beside the candidates (it is not one of them)."""
+    recipe = against_recipe.best_recipe(study, metric_of(str(study.user_attrs.get("objective", "latency"))))
+    return [recipe] if recipe is not None and _position(chosen, recipe) is None else []
 
 
 def _position(chosen: Sequence[FrozenTrial], trial: FrozenTrial) -> int | None:

@@ -73,19 +73,19 @@ def test_the_time_budget_starts_no_trial_that_would_not_fit(tmp_path: Path, here
 def test_a_slow_baseline_costs_its_own_processes_and_its_windows_as_measured(tmp_path: Path, here: Machine) -> None:
     """A batch-8 baseline: 59 s for 3 windows of 15 s, so each of its confirmation processes costs
     59 - 30 = 29 s, and the others' 20 - 2 x 1 = 18 s. 1200 s: after the baseline 59 + 59 +
-    10 x (29 + 29) fits; with m more trials the reserve is 10 x (29 + 3 x 18) = 830 s less 18
-    processes built beside another (after each contender's first, alone) x 8.5 s (half of the 17 s
-    a trial's process paid besides its window), 677 s, and the 24th trial is the last that fits
-    (519 s + about 22 s + 677 s > 1200).
+    10 x (29 + 29) fits; once the recipes ran, the best of them runs beside the 3 candidates, and
+    the reserve is 10 x (29 + 4 x 18) = 1010 s less 22 processes built beside another (after each
+    contender's first, alone) x 8.5 s (half of the 17 s a trial's process paid besides its window),
+    823 s, and the 16th trial is the last that fits (359 s + about 22 s + 823 s > 1200).
     Counted from nominal 1 s windows and the mean trial, the reserve after the baseline was 40 x 57
     s, and nothing else ran."""
     clock = FakeClock(20.0, baseline_s=59.0)
     opened = budgeted(tmp_path, here, 1200.0, rounds=10, top=3)
     loop.run_search(opened, here, clock.on_event, runner=windows_runner(45.0, 3.0), clock=clock)
-    assert len(opened.study.get_trials()) == 24
+    assert len(opened.study.get_trials()) == 16
     ended = opened.study.user_attrs["ended_by"]
-    assert ended["confirmation_reserve_s"] == pytest.approx(677.0, abs=0.5)
-    assert ended["confirmation_processes"] == 40
+    assert ended["confirmation_reserve_s"] == pytest.approx(823.0, abs=0.5)
+    assert ended["confirmation_processes"] == 50
 
 
 def test_a_trial_that_gave_up_after_its_second_window_costs_a_process_of_one(tmp_path: Path, here: Machine) -> None:
@@ -124,16 +124,16 @@ def test_the_trials_end_a_search_before_the_budget_and_a_resume_estimates_from_t
 
 def test_compiling_counts_for_the_next_trial_but_not_for_the_confirmation(tmp_path: Path, here: Machine) -> None:
     """10 s per trial of which 6 s compiling: the next trial is still 10 s, but a confirmation
-    process loads what was compiled, 4 s less the 2 extra 1 s windows: 2 s. With 40 of them, 18
-    built beside another (each saves half of the 1 s besides the window): 71 s; with 165 s, trials
-    start while elapsed + 10 + 71 <= 165: 9 trials (1 if compiling counted)."""
+    process loads what was compiled, 4 s less the 2 extra 1 s windows: 2 s. With 50 of them (the
+    best recipe runs beside the 3 candidates), 22 built beside another (each saves half of the 1 s
+    besides the window): 89 s when the search ends after 9 trials (1 if compiling counted)."""
     clock = FakeClock(10.0)
     opened = budgeted(tmp_path, here, 165.0, rounds=10, top=3)
     runner = windows_runner(setup={"compile_s": 5.0, "trace_s": 1.0, "quantize_s": 3.0})
     loop.run_search(opened, here, clock.on_event, runner=runner, clock=clock)
     assert len(opened.study.get_trials()) == 9
     ended = opened.study.user_attrs["ended_by"]
-    assert ended["trial_estimate_s"] == 10.0 and ended["confirmation_reserve_s"] == pytest.approx(71.0, abs=0.1)
+    assert ended["trial_estimate_s"] == 10.0 and ended["confirmation_reserve_s"] == pytest.approx(89.0, abs=0.1)
     assert budget.compile_seconds({"compile_s": 5.0, "quantize_s": 3.0, "build_s": 2.0}) == 5.0
 
 
