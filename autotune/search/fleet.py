@@ -31,7 +31,7 @@ from autotune.config.knobs import Config, identity_of
 from autotune.config.space import BATCH_PARAM, SearchSpace
 from autotune.host.machine import class_id, host_name
 from autotune.measure.replicates import Measurement
-from autotune.search import proposals
+from autotune.search import proposals, pruning
 from autotune.study import records, storage
 from autotune.study.storage import StudyError, StudyLocked
 
@@ -145,12 +145,14 @@ def _abandon(worker: Worker, trial: optuna.Trial, reason: str) -> None:
 def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     """The baseline first; then trials enqueued through Optuna (by a user, or by an autotune
     stopped between enqueueing and asking), sampled as they are; then a configuration that has not
-    run (None: the space is exhausted). `trials`: the study as `current_trials` read it."""
+    run, nor was skipped on the evidence there is now (`pruning.held`; None: the space is
+    exhausted). `trials`: the study as `current_trials` read it."""
     if not baseline_taken(trials, worker.klass):
         return "baseline"
     if any(t.state == TrialState.WAITING for t in trials):
         return "enqueued"
-    return worker.proposer.next(worker.study, trials, taken(trials, worker.digest))
+    held = pruning.held(worker.space, trials, worker.klass, worker.digest)
+    return worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held)
 
 
 def ask(worker: Worker, proposal: Next) -> optuna.Trial:
