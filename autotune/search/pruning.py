@@ -63,6 +63,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -188,18 +189,26 @@ class Prediction:
         return f"trial {self.near}" + "".join(f" times trial {b} over trial {a}" for _, (b, a) in self.steps)
 
 
+class Best(NamedTuple):
+    """This host class's best trial: its number, value (ms) and thread count."""
+
+    number: int
+    value: float
+    threads: int
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What a skip decision reads: each key measured on this host class with its fastest value and
     trial, and this class's best trial (number, value, thread count)."""
 
     fastest: dict[CompileKey, tuple[float, int]]
-    best: tuple[int, float, int] | None
+    best: Best | None
 
     def mark(self) -> str:
         """The decision's inputs in one line, recorded on a skipped trial (`records.SKIPPED_ON`): a
         configuration skipped on a mark is proposed again once the mark differs (`held`)."""
-        best = "none" if self.best is None else str(self.best[0])
+        best = "none" if self.best is None else str(self.best.number)
         return f"best trial {best}; fastest of each key: trials {sorted(n for _, n in self.fastest.values())}"
 
 
@@ -234,7 +243,7 @@ def evidence(space: SearchSpace, trials: Sequence[FrozenTrial], klass: str) -> E
     best = min(done, key=lambda t: float(t.values[0]), default=None)  # skips are in latency searches only
     threads = _threads(space, best) if best is not None else None
     return Evidence(_fastest_per_key(space, here),
-                    None if best is None or threads is None else (best.number, float(best.values[0]), threads))
+                    None if best is None or threads is None else Best(best.number, float(best.values[0]), threads))
 
 
 def _threads(space: SearchSpace, trial: FrozenTrial) -> int | None:
@@ -313,15 +322,15 @@ def skip_compile(study: optuna.Study, space: SearchSpace, objective: Objective, 
     if key is None:
         return None
     seen = evidence(space, study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)), klass)
-    if seen.best is None or key[2] == seen.best[2]:  # every precision and layout compiles at the best's threads
+    best = seen.best
+    if best is None or key[2] == best.threads:  # every precision and layout compiles at the best's threads
         return None
     predicted = _predict(seen.fastest, key)
-    best, best_value, _ = seen.best
-    if predicted is None or predicted.value <= SKIP_COMPILE * best_value:
+    if predicted is None or predicted.value <= SKIP_COMPILE * best.value:
         return None
     precision, layout, threads = key
     return Skip(f"not compiled: {precision} {layout} at {threads} thread(s) predicted at {predicted.value:.2f} ms "
-                f"({predicted.why()}), more than {SKIP_COMPILE:g}x trial {best}'s {best_value:.2f} ms",
+                f"({predicted.why()}), more than {SKIP_COMPILE:g}x trial {best.number}'s {best.value:.2f} ms",
                 seen.mark())
 
 

@@ -87,7 +87,7 @@ def replay(seed: int, proposals: int = 80) -> list[tuple[pruning.CompileKey, int
         else:
             best = pruning.evidence(HOST, study.get_trials(), HERE).best
             assert best is not None
-            decided.append((key, best[2]))
+            decided.append((key, best.threads))
     return decided
 
 
@@ -113,7 +113,7 @@ def test_a_disturbed_bf16_at_16_threads_no_longer_skips_every_bf16_key() -> None
     "no change" along the unmeasured thread steps, that skipped bf16 at 1 to 15 threads."""
     study = opened(random.Random(0), disturbed=1.7)
     best = pruning.evidence(HOST, study.get_trials(), HERE).best
-    assert best is not None and study.get_trials()[2].values[0] > 1.5 * best[1]
+    assert best is not None and study.get_trials()[2].values[0] > 1.5 * best.value
     for layout in ("channels_last", "contiguous"):
         for threads in range(1, CORES):
             assert pruning.skip_compile(study, HOST, "latency", compiled(("bf16", layout, threads)), HERE) is None
@@ -122,6 +122,6 @@ def test_a_disturbed_bf16_at_16_threads_no_longer_skips_every_bf16_key() -> None
     measure(study, compiled(("int8", "contiguous", CORES)), true_ms(("int8", "contiguous", CORES)))
     predicted = pruning.predict_compile(HOST, study.get_trials(), ("bf16", "contiguous", CORES), HERE)
     best = pruning.evidence(HOST, study.get_trials(), HERE).best
-    assert best is not None and best[2] == CORES
-    assert predicted is not None and predicted.value > 1.5 * best[1]
+    assert best is not None and best.threads == CORES
+    assert predicted is not None and predicted.value > 1.5 * best.value
     assert pruning.skip_compile(study, HOST, "latency", compiled(("bf16", "contiguous", CORES)), HERE) is None
