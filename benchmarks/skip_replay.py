@@ -48,8 +48,9 @@ def replay(study: optuna.Study, searched: space.SearchSpace) -> tuple[list[list[
         if leader is None or leader.value is None:
             continue
         best = float(leader.value)
-        predicted = pruning.predict_compile(searched, trials[:at], key)
-        skip = bool(pruning.skip_compile(before, searched, "latency", config_of_params(trial.params)))
+        klass = str(trial.user_attrs.get(records.HOST_CLASS, ""))  # the prediction of the host that claimed it
+        predicted = pruning.predict_compile(searched, trials[:at], key, klass)
+        skip = pruning.skip_compile(before, searched, "latency", config_of_params(trial.params), klass) is not None
         forced = bool(trial.user_attrs.get("recipe")) or trial.user_attrs.get("proposed_by") == "enqueued"
         outcome, value, wall = _outcome(trial)
         if skip and not forced and value is not None:

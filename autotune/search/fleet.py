@@ -31,7 +31,7 @@ from autotune.config.knobs import Config, identity_of
 from autotune.config.space import BATCH_PARAM, SearchSpace
 from autotune.host.machine import class_id, host_name
 from autotune.measure.replicates import Measurement
-from autotune.search import proposals
+from autotune.search import proposals, pruning
 from autotune.study import records, storage, undecided
 from autotune.study.storage import StudyError, StudyLocked
 
@@ -145,7 +145,8 @@ def _abandon(worker: Worker, trial: optuna.Trial, reason: str) -> None:
 def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     """The baseline first; then trials enqueued through Optuna (by a user, or by an autotune
     stopped between enqueueing and asking), sampled as they are; then a configuration that has not
-    run (None: the space is exhausted). `trials`: the study as `current_trials` read it."""
+    run, nor was skipped on the evidence there is now (`pruning.held`; None: the space is
+    exhausted). `trials`: the study as `current_trials` read it."""
     if not baseline_taken(trials, worker.klass):
         return "baseline"
     if any(t.state == TrialState.WAITING for t in trials):
@@ -153,7 +154,8 @@ def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     retry = undecided.due(trials, worker.digest)
     if retry is not None:
         return worker.proposer.again(retry)
-    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest))
+    held = pruning.held(worker.space, trials, worker.klass, worker.digest)
+    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held)
     waiting = undecided.pending(trials, worker.digest)
     if proposal is None and waiting:  # nothing else left: the noisy stops are measured again now
         return worker.proposer.again(waiting[0])
@@ -246,7 +248,7 @@ def record_host_baseline(study: optuna.Study, host: str, measurement: Measuremen
 def taken(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:
     """(config, batch size) of what ran, what other workers are measuring now and what waits for
     the retry of a noisy stop, under these settings: a proposal treats them all as measured."""
-    waiting = {undecided.identity(t) for t in undecided.pending(trials, digest)}
+    waiting = {records.identity(t) for t in undecided.pending(trials, digest)}
     return records.measured_configs(trials, digest) | _in_flight(trials, digest) | waiting
 
 

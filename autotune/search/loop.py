@@ -111,7 +111,8 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
             break  # the other workers run the trials left
         if claimed is None:
             _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
-            skipped = _patiently(search, lambda: records.not_compiled(study.get_trials(deepcopy=False)))
+            skipped = _patiently(search, lambda: records.not_compiled_configs(study.get_trials(deepcopy=False),
+                                                                              search.settings_digest))
             more = f", and {skipped} more were not compiled, predicted to lose" if skipped else ""
             return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
                     f"baseline included{more}); widen the space (--space) to search further")
@@ -247,10 +248,10 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     if duplicate is not None:
         return _reuse(search, trial, duplicate)
     skipped = _patiently(search, lambda: pruning.skip_compile(search.study, search.space, request.objective,
-                                                              config)) if sampled else ""
-    if skipped:
-        _patiently(search, lambda: records.record_skipped(trial, skipped))
-        return Outcome(TrialState.PRUNED, reason=skipped)
+                                                              config, search.klass)) if sampled else None
+    if skipped is not None:
+        _patiently(search, lambda: records.record_skipped(trial, skipped.reason, skipped.evidence))
+        return Outcome(TrialState.PRUNED, reason=skipped.reason)
     try:
         plan = requests.make_plan(opening.bench_request(request, config, batch), machine)
     except AutotuneError as exc:

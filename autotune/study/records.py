@@ -37,6 +37,7 @@ UNDECIDED_FINAL = "undecided_final"  # a trial's: its configuration's last attem
 KILLED_RERUNS = 1
 LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fail_cause
 SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predicted to lose
+SKIPPED_ON = "not_compiled_on"  # a skipped trial's: what its prediction read (pruning.Evidence.mark)
 HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
 
 
@@ -205,10 +206,16 @@ def _identity(trial: FrozenTrial) -> str:
     return identity_of(str(trial.user_attrs.get("config")))
 
 
+def identity(trial: FrozenTrial) -> tuple[str, int]:
+    """(config, batch size): what a trial measures, as proposals and `measured_configs` name it."""
+    return _identity(trial), int(trial.user_attrs.get("batch_size", 0))
+
+
 def same_config(study: optuna.Study, number: int, config: str, batch: int, digest: str) -> FrozenTrial | None:
     """The earlier trial whose result this configuration reuses (None: measure it). Only trials that
-    measured it under the same settings count, never one cut short; a killed one counts once it
-    was run again KILLED_RERUNS times, and then the latest outcome is reused."""
+    measured it under the same settings count, never one cut short nor one skipped on a prediction
+    (`SKIPPED`: a prediction is not a measurement); a killed one counts once it was run again
+    KILLED_RERUNS times, and then the latest outcome is reused."""
     finished = study.get_trials(deepcopy=False, states=FINISHED)
     ran = [t for t in _measured(finished, digest) if _identity(t) == config and t.number != number
            and t.user_attrs.get("batch_size", batch) == batch]
@@ -220,21 +227,20 @@ def measured_configs(trials: Sequence[FrozenTrial], digest: str) -> set[tuple[st
     reuse: a search never proposes these again. The same rule as `same_config`."""
     groups: dict[tuple[str, int], list[FrozenTrial]] = {}
     for t in _measured(trials, digest):
-        key = (_identity(t), int(t.user_attrs.get("batch_size", 0)))
-        groups.setdefault(key, []).append(t)
-    baselines = {(_identity(t), int(t.user_attrs.get("batch_size", 0))) for t in trials
+        groups.setdefault(identity(t), []).append(t)
+    baselines = {identity(t) for t in trials
                  if t.state == TrialState.COMPLETE and t.user_attrs.get("baseline")
                  and t.user_attrs.get("settings_digest") == digest}
     return {key for key, ran in groups.items() if _reused(ran) is not None} | baselines
 
 
 def _measured(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
-    """Finished trials that measured a configuration under these settings, not cut short and not
-    waiting for a retry of a noisy stop."""
+    """Finished trials that measured a configuration under these settings: not cut short, not
+    skipped on a prediction (which measured nothing) and not waiting for the retry of a noisy stop."""
     return [t for t in trials if t.state in FINISHED
             and t.user_attrs.get("settings_digest") == digest and "config" in t.user_attrs
             and not t.user_attrs.get("baseline") and not is_duplicate(t) and fail_cause(t) != CUT_SHORT
-            and not awaits_retry(t)]
+            and not t.user_attrs.get(SKIPPED) and not awaits_retry(t)]
 
 
 def _reused(ran: list[FrozenTrial]) -> FrozenTrial | None:
@@ -339,10 +345,20 @@ def not_compiled(trials: Sequence[FrozenTrial]) -> int:
     return sum(bool(t.user_attrs.get(SKIPPED)) for t in trials)
 
 
-def record_skipped(trial: optuna.Trial, reason: str) -> None:
-    """Pruned before it ran: its compile was predicted to lose (pruning.skip_compile)."""
+def not_compiled_configs(trials: Sequence[FrozenTrial], digest: str) -> int:
+    """How many distinct (config, batch size) among `trials` were skipped on a prediction under
+    these settings and never measured."""
+    skipped = {identity(t) for t in trials
+               if t.user_attrs.get(SKIPPED) and t.user_attrs.get("settings_digest") == digest}
+    return len(skipped - measured_configs(trials, digest))
+
+
+def record_skipped(trial: optuna.Trial, reason: str, evidence: str) -> None:
+    """Pruned before it ran: its compile was predicted to lose (pruning.skip_compile), on
+    `evidence` (what the prediction read, pruning.Evidence.mark)."""
     record_pruned(trial, reason)
     trial.set_user_attr(SKIPPED, True)
+    trial.set_user_attr(SKIPPED_ON, evidence)
 
 
 def record_constraint(trial: optuna.Trial, over_ms: float) -> None:

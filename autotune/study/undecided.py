@@ -30,17 +30,12 @@ from autotune.config.knobs import identity_of
 from autotune.study import records
 
 ATTEMPTS = "noisy_attempts"  # a retry's: the earlier attempts' trial numbers, oldest first
-Identity = tuple[str, int]
-
-
-def identity(trial: FrozenTrial) -> Identity:
-    return identity_of(str(trial.user_attrs.get("config"))), int(trial.user_attrs.get("batch_size", 0))
 
 
 def earlier_attempts(trials: Sequence[FrozenTrial], config: str, batch: int, digest: str) -> list[int]:
     """The undecided attempts of this configuration (identity, batch) so far, oldest first."""
     wanted = (identity_of(config), batch)
-    return sorted(t.number for t in _undecided(trials, digest) if identity(t) == wanted)
+    return sorted(t.number for t in _undecided(trials, digest) if records.identity(t) == wanted)
 
 
 def is_last_attempt(earlier: Sequence[int]) -> bool:
@@ -65,13 +60,13 @@ def record(trial: optuna.Trial, shown: str, earlier: Sequence[int]) -> None:
 def pending(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
     """Undecided attempts with a retry left that no later trial of their configuration followed,
     oldest first: a proposal takes none of them as new (`fleet.taken`), a retry takes them again."""
-    later: dict[Identity, int] = {}
+    later: dict[tuple[str, int], int] = {}
     for t in trials:
         if "config" in t.user_attrs and t.user_attrs.get("settings_digest") == digest \
                 and records.fail_cause(t) != records.CUT_SHORT:
-            later[identity(t)] = max(later.get(identity(t), -1), t.number)
+            later[records.identity(t)] = max(later.get(records.identity(t), -1), t.number)
     waiting = [t for t in _undecided(trials, digest)
-               if not t.user_attrs.get(records.UNDECIDED_FINAL) and later[identity(t)] == t.number]
+               if not t.user_attrs.get(records.UNDECIDED_FINAL) and later[records.identity(t)] == t.number]
     return sorted(waiting, key=lambda t: t.number)
 
 

@@ -61,12 +61,12 @@ def test_a_stop_on_a_noisy_window_is_measured_again_once_the_machine_is_quiet(tm
     for t in stopped_noisy:
         assert t.user_attrs["noisy"] and t.user_attrs["status"] == "undecided"
         assert "the window was noisy (other processes used 50% of the CPUs" in t.user_attrs["fail_reason"]
-        again = [r for r in trials if r.number > t.number and undecided.identity(r) == undecided.identity(t)]
+        again = [r for r in trials if r.number > t.number and records.identity(r) == records.identity(t)]
         assert again and again[0].user_attrs[undecided.ATTEMPTS] == [t.number]
         assert not again[0].user_attrs["noisy"]  # measured on a quiet machine: its verdict stands
     assert not any(t.state == TrialState.PRUNED and t.user_attrs.get("noisy") for t in trials)
     counted = [t for t in trials if records.counts(t)]
-    assert len(counted) == 8 and len({undecided.identity(t) for t in counted}) == 8
+    assert len(counted) == 8 and len({records.identity(t) for t in counted}) == 8
 
 
 def test_a_configuration_noisy_in_every_attempt_stays_undecided_and_counts_once(tmp_path: Path,
@@ -82,4 +82,4 @@ def test_a_configuration_noisy_in_every_attempt_stays_undecided_and_counts_once(
         assert not any(records.counts(trials[n]) for n in attempts) and records.counts(t)
     assert not any(t.state == TrialState.PRUNED for t in trials)
     counted = [t for t in trials if records.counts(t)]
-    assert len({undecided.identity(t) for t in counted}) == len(counted) == 8  # the small space, exhausted
+    assert len({records.identity(t) for t in counted}) == len(counted) == 8  # the small space, exhausted
