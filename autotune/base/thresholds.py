@@ -21,3 +21,7 @@ NOISY = 0.10  # IQR/median above this is flagged
 # two benches sharing the CPUs each see about 0.5 of them taken by the other, more on a busy host.
 BUSY_MACHINE = 0.25
 REMEASURE = 0.25  # IQR/median above this takes more replicates, at most `max_extra` of them
+
+# A trial's autotune judged dead (base/processes.py): the process now holding its pid started more
+# than this apart from the recorded start (psutil gives it to 1/100 s; boot time is read whole).
+SAME_START_S = 0.1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +14,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.base import processes
 from autotune.base.errors import RunFailed
 from autotune.child.settings import MeasureSettings
 from autotune.config import space
@@ -138,7 +141,7 @@ def test_a_trial_failed_by_another_autotune_while_measured_is_left_to_its_retry(
         [running] = other.get_trials(states=(TrialState.RUNNING,))
         if running.number == 1 and not taken:
             taken.append(running.number)
-            assert records._fail_stale(other, running)  # as another worker's claim does
+            assert records._fail_stale(other, running, "killed")  # as another worker's claim does
         return fake_result([90.0, 91.0, 92.0])  # every configuration runs
 
     events: list[loop.TrialEvent] = []
@@ -164,6 +167,59 @@ def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_gr
     assert abandon(opened.study) == [legacy.number]
     assert opened.study.get_trials()[0].user_attrs["fail_reason"].startswith(
         "left running by an autotune process (pid 4206649) that was killed")
+
+
+def claimed_by(opened: opening.Search, pid: int, started: float | None, **attrs: object) -> optuna.Trial:
+    """A RUNNING trial claimed (and beating) as if by the autotune process `pid` started at `started`."""
+    trial = storage.ask(opened.study)
+    records.claim_trial(trial, "")
+    trial.set_user_attr("pid", pid)
+    trial.set_user_attr("pid_started", started)
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    return trial
+
+
+def test_a_trial_whose_autotune_on_this_host_is_dead_is_failed_at_once_and_retried(
+        tmp_path: Path, here: Machine) -> None:
+    """kill -9 of a search, then the same command at once: its trial is not left RUNNING for the
+    grace period (60 s), during which the new run would take it for a live one's."""
+    opened = opening.open_search(request(tmp_path, 3), here)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started = processes.start_time(proc.pid)
+    dead = claimed_by(opened, proc.pid, started)
+    assert abandon(opened.study) == []  # its process runs
+    proc.kill()
+    proc.wait()
+    assert abandon(opened.study) == [dead.number]
+    failed = opened.study.get_trials()[dead.number]
+    assert (failed.state, records.fail_cause(failed)) == (TrialState.FAIL, records.CUT_SHORT)
+    assert failed.user_attrs["fail_reason"] == (f"left running by an autotune process (pid {proc.pid}) that was "
+                                                f"killed: that process no longer runs on this host")
+    [retry] = opened.study.get_trials(states=(TrialState.WAITING,))
+    assert retry.system_attrs["failed_trial"] == dead.number
+
+
+def test_a_trial_whose_pid_now_names_another_process_is_failed_at_once(tmp_path: Path, here: Machine) -> None:
+    opened = opening.open_search(request(tmp_path, 3), here)
+    started = processes.start_time(os.getpid())
+    assert started is not None
+    reused = claimed_by(opened, os.getpid(), started - 5.0)  # our pid, once another process's
+    mine = claimed_by(opened, os.getpid(), started)
+    assert abandon(opened.study) == [reused.number]
+    assert opened.study.get_trials()[mine.number].state == TrialState.RUNNING
+
+
+@pytest.mark.parametrize("attrs", [{"host": "another-host"}, {"pid_space": "another-boot/pid:[1]"},
+                                   {"pid_space": ""}])
+def test_a_dead_pid_of_another_host_or_pid_space_waits_for_the_grace_period(
+        tmp_path: Path, here: Machine, attrs: dict[str, object]) -> None:
+    """Another host's pids (or another container's, or where the system does not say) tell nothing here."""
+    opened = opening.open_search(request(tmp_path, 3), here)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert proc.wait() == 0  # its pid names no process now
+    claimed_by(opened, proc.pid, None, **attrs)
+    assert abandon(opened.study) == []
 
 
 def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine) -> None:
