@@ -47,6 +47,7 @@ class Outcome:
     reason: str = ""
     measurement: Measurement | None = None
     duplicate_of: int | None = None
+    retry_of: int | None = None  # the earlier failed trial of this configuration it measured again
 
 
 @dataclass(frozen=True)
@@ -248,24 +249,26 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     if skipped:
         _patiently(search, lambda: records.record_skipped(trial, skipped))
         return Outcome(TrialState.PRUNED, reason=skipped)
+    retry_of = _patiently(search, lambda: records.mark_rerun(trial, search.study.get_trials(deepcopy=False)))
     try:
         plan = requests.make_plan(opening.bench_request(request, config, batch), machine)
     except AutotuneError as exc:
         reason = str(exc)
         _patiently(search, lambda: records.record_failure(trial, reason, records.ERROR))
-        return Outcome(TrialState.FAIL, reason=reason)
+        return Outcome(TrialState.FAIL, reason=reason, retry_of=retry_of)
     _patiently(search, lambda: records.record_plan(trial, plan))
     pruner = pruning.PruneCheck(search.study, trial, request.objective)
     limit = _give_up(search, plan)
     measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner),
                                      give_up_above_ms=limit.above_ms if limit else ())
     if not measurement.ok:
-        return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)
+        return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement, retry_of=retry_of)
     if measurement.stopped_early:
         last = measurement.runs[-1]
         reason = limit.reason(last) if limit is not None and last.gave_up else pruner.reason
-        return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement)
-    return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
+        return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement, retry_of=retry_of)
+    return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement,
+                   retry_of=retry_of)
 
 
 def _give_up(search: Search, plan: LaunchPlan) -> pruning.GiveUp | None:
