@@ -9,6 +9,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from autotune.base.processes import alive
+
 # autotune-run-PID-*: a plan's result files; autotune-apply-PID-*: `run`'s report;
 # autotune-profile-PID-*: `profile`'s traces until every configuration has been profiled
 KINDS = ("run", "apply", "profile")
@@ -30,14 +32,3 @@ def remove_orphans(root: Path | None = None) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def alive(pid: int) -> bool:
-    """A process with this pid exists (perhaps another user's)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -27,3 +27,7 @@ STARVED = 0.5
 # A trial stopped early on a noisy window is measured again at most this many times (study/undecided.py).
 NOISY_RETRIES = 2
 REMEASURE = 0.25  # IQR/median above this takes more replicates, at most `max_extra` of them
+
+# A trial's autotune judged dead (base/processes.py): the process now holding its pid started more
+# than this apart from the recorded start (psutil gives it to 1/100 s; boot time is read whole).
+SAME_START_S = 0.1

@@ -43,8 +43,11 @@ class Window:
 
 
 def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Window) -> dict[str, Any]:
-    """Timed loop over the common window: forward latency per batch, end-to-end items per second
-    of this instance's own time in the window (from START, or later if it heard `go` late)."""
+    """Timed loop over the common window: forward latency per batch, and the items of every
+    iteration over `span_s`, the time from the window's START (not this instance's own start,
+    later when it heard `go` late) to its last iteration's end (past END by that iteration, or
+    by the iterations `--min-iterations` asks for). The harness sums a run's instances by the same
+    rule (measure/results.py, `RunResult.throughput_ips`)."""
     import torch
 
     from autotune.child.batches import batch_size
@@ -68,11 +71,12 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
             items += batch_size(batch)
             if checks.stop(latencies_ms):
                 break
-        elapsed = time.monotonic() - start
+        ended = time.monotonic()
         cpu_s = cpu_seconds() - cpu_before
+    span = ended - window.start
     result = {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
               "window": {"start": window.start, "end": window.end}, "late_start_s": start - window.start,
-              "window_s": elapsed, "throughput_ips": items / elapsed, "cpu_s": cpu_s}
+              "window_s": ended - start, "span_s": span, "throughput_ips": items / span, "cpu_s": cpu_s}
     return result | checks.verdict()
 
 

@@ -75,6 +75,8 @@ class SearchProgress:
             text = f"UNDECIDED: {outcome.reason}"
         else:
             text = f"FAILED: {outcome.reason}"
+        if outcome.retry_of is not None:
+            text += f" (retry of trial {outcome.retry_of})"
         best = ""
         if event.best is not None:
             speed = event.best.user_attrs.get("speedup_" + ("throughput" if self.objective == "throughput"

@@ -48,7 +48,14 @@ class RunResult:
 
     @property
     def throughput_ips(self) -> float:
-        return sum(float(i.metrics["throughput_ips"]) for i in self.instances)
+        """What the machine delivered in the common window: the items all instances finished, over
+        the time from the window's START to the last instance's last iteration (`span_s`). An
+        instance that started late, or one that ran past END, stretches that time for all, so the
+        sum never counts time an instance was not running in (a sum of each instance's own rate
+        did). A warm replicate (`parts`) is the same rule over its share of that time."""
+        spans = [span_s(i.metrics) for i in self.instances]
+        longest = max(spans, default=0.0)
+        return sum(float(i.metrics["items"]) for i in self.instances) / longest if longest > 0 else 0.0
 
     @property
     def peak_rss_mb(self) -> float:
@@ -74,7 +81,8 @@ class RunResult:
     def parts(self, count: int) -> tuple[RunResult, ...]:
         """The window cut into `count` consecutive windows of equal time, each a run of its own:
         replicates inside one warmed process. Each instance is cut by its own clock (the sum of
-        its iteration times); process-wide figures (peak RSS, setup) stay with every part."""
+        its iteration times), and each part's `span_s` is its share of the instance's by that
+        clock; process-wide figures (peak RSS, setup) stay with every part."""
         if not self.ok or count <= 1 or self.gave_up:
             return (self,)
         cut = [_parts(i.metrics, count) for i in self.instances]
@@ -111,14 +119,23 @@ def _parts(metrics: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
     if any(low == high for low, high in bounds):  # one iteration crossed two cuts: cut by count instead
         edges = [round(len(iterations) * n / count) for n in range(count + 1)]
         bounds = list(itertools.pairwise(edges))
-    pieces = []
+    pieces, span = [], span_s(metrics)
     for low, high in bounds:
         seconds = sum(iterations[low:high]) / 1e3
-        items = per_item * (high - low)
+        items, share = per_item * (high - low), span * seconds * 1e3 / total
         pieces.append({**metrics, "latencies_ms": latencies[low:high], "iterations_ms": iterations[low:high],
-                       "items": items, "window_s": seconds, "throughput_ips": items / seconds if seconds else 0.0,
+                       "items": items, "window_s": seconds, "span_s": share,
+                       "throughput_ips": items / share if share else 0.0,
                        "cpu_s": float(metrics.get("cpu_s", 0.0)) * seconds * 1e3 / total})
     return pieces
+
+
+def span_s(metrics: Mapping[str, Any]) -> float:
+    """An instance's time from the common window's START to its last iteration's end: `span_s`,
+    which the child records, or (a result from before it did) its late start plus its own loop."""
+    if "span_s" in metrics:
+        return float(metrics["span_s"])
+    return max(float(metrics.get("late_start_s") or 0.0), 0.0) + float(metrics["window_s"])
 
 
 def instance_summary(result: InstanceResult) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from autotune.config.space import BATCH_PARAM, SearchSpace
 from autotune.host.machine import class_id, host_name
 from autotune.measure.replicates import Measurement
 from autotune.search import proposals, pruning
-from autotune.study import records, storage, undecided
+from autotune.study import holders, records, storage, undecided
 from autotune.study.storage import StudyError, StudyLocked
 
 CLASS_ATTR = records.HOST_CLASS  # on the study: the class it is for; on a trial: its host's class id
@@ -99,7 +99,7 @@ def current_trials(study: optuna.Study) -> list[FrozenTrial]:
     every unfinished trial from the server again, which is most of a claim's time in a large fleet
     (docs/fleets.md, "Scaling")."""
     trials = study.get_trials(deepcopy=False)
-    if records.abandon_stale_trials(study, trials):
+    if holders.abandon_stale_trials(study, trials):
         trials = study.get_trials(deepcopy=False)
     return trials
 
@@ -108,7 +108,8 @@ def _all_taken(worker: Worker, trials: Sequence[FrozenTrial]) -> bool:
     """Finished trials and those other workers run make --trials, and no retry of a dead worker's
     trial waits. (On SQLite one search runs per study: a running trial there is a killed one's.)"""
     others = storage.is_server(worker.storage)
-    return (sum(records.counts(t) or (others and t.state == TrialState.RUNNING) for t in trials) >= worker.trials
+    running = sum(t.state == TrialState.RUNNING for t in trials) if others else 0
+    return (len(records.counted(trials)) + running >= worker.trials
             and not any(t.state == TrialState.WAITING for t in trials))
 
 
@@ -179,7 +180,7 @@ def ask(worker: Worker, proposal: Next) -> optuna.Trial:
 
 
 def _start_trial(worker: Worker, trial: optuna.Trial, proposal: Next) -> tuple[Config, int]:
-    records.claim_trial(trial, worker.klass)
+    holders.claim_trial(trial, worker.klass)
     is_baseline = proposal == "baseline"
     if isinstance(proposal, proposals.Proposal):
         config = worker.space.sample(trial, only=proposal.config if proposal.recipe else None)

@@ -48,6 +48,7 @@ class Outcome:
     measurement: Measurement | None = None
     duplicate_of: int | None = None
     undecided: tuple[int, ...] | None = None  # a stop on a noisy window: the earlier undecided attempts
+    retry_of: int | None = None  # the earlier failed trial of this configuration it measured again
 
 
 @dataclass(frozen=True)
@@ -252,12 +253,13 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     if skipped is not None:
         _patiently(search, lambda: records.record_skipped(trial, skipped.reason, skipped.evidence))
         return Outcome(TrialState.PRUNED, reason=skipped.reason)
+    retry_of = _patiently(search, lambda: records.mark_rerun(trial, search.study.get_trials(deepcopy=False)))
     try:
         plan = requests.make_plan(opening.bench_request(request, config, batch), machine)
     except AutotuneError as exc:
         reason = str(exc)
         _patiently(search, lambda: records.record_failure(trial, reason, records.ERROR))
-        return Outcome(TrialState.FAIL, reason=reason)
+        return Outcome(TrialState.FAIL, reason=reason, retry_of=retry_of)
     _patiently(search, lambda: records.record_plan(trial, plan))
     earlier = _patiently(search, lambda: _earlier_attempts(search, trial, config, batch))
     pruner = pruning.PruneCheck(search.study, trial, request.objective)
@@ -265,15 +267,16 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner),
                                      give_up_above_ms=limit.above_ms if limit else ())
     if not measurement.ok:
-        return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement)
+        return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement, retry_of=retry_of)
     if measurement.stopped_early:
         last = measurement.runs[-1]
         reason = limit.reason(last) if limit is not None and last.gave_up else pruner.reason
         if measurement.noisy:  # a noisy window decides nothing (study/undecided.py)
             return Outcome(TrialState.FAIL, reason=undecided.explain(reason, measurement.noisy_reason, earlier),
-                           measurement=measurement, undecided=earlier)
-        return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement)
-    return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement)
+                           measurement=measurement, undecided=earlier, retry_of=retry_of)
+        return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement, retry_of=retry_of)
+    return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement,
+                   retry_of=retry_of)
 
 
 def _earlier_attempts(search: Search, trial: optuna.Trial, config: Config, batch: int) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ from autotune.measure import requests
 from autotune.measure.objectives import OBJECTIVES, Objective, parse_objective
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.search import fleet, proposals
-from autotune.study import claims, records, storage
+from autotune.study import claims, holders, records, storage
 from autotune.study.storage import StudyError
 
 MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE
@@ -163,7 +163,7 @@ def open_search(request: SearchRequest, machine: Machine,
                  *claims.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
                  *_restore_kept(study, url, request),
                  *(f"trial {n} was left running by a killed autotune; marked failed"
-                   for n in records.abandon_stale_trials(study, study.get_trials(deepcopy=False)))]
+                   for n in holders.abandon_stale_trials(study, study.get_trials(deepcopy=False)))]
     done = records.finished(study)
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")

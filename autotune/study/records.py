@@ -7,9 +7,7 @@ this module, so an attribute's name and meaning have one owner.
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,12 +18,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import INTERRUPTED_BY
 from autotune.config.knobs import identity_of
-from autotune.host.machine import host_name
 from autotune.measure.objectives import Metric
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement
 from autotune.measure.results import STDERR_TAIL_CHARS, RunResult
-from autotune.study import storage
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 # Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
@@ -48,16 +44,15 @@ def baseline(study: optuna.Study, klass: str | None = None) -> FrozenTrial | Non
 
 
 def finished(study: optuna.Study) -> int:
-    """The trials that count toward --trials."""
-    return sum(counts(t) for t in study.get_trials(deepcopy=False, states=FINISHED))
+    """The trials that count toward --trials (`counted`)."""
+    return len(counted(study.get_trials(deepcopy=False)))
 
 
 def counts(trial: FrozenTrial) -> bool:
-    """A trial counts toward --trials once finished, unless cut short (Ctrl-C, a killed
+    """A trial may count toward --trials once finished, unless cut short (Ctrl-C, a killed
     autotune: it runs again), pruned before compiling (`SKIPPED`) or stopped on a noisy window
     with a retry left (`awaits_retry`): none of them decided anything, so none takes a trial of
-    --trials, as a proposal that repeats a measured configuration never becomes one: --trials N
-    runs N configurations."""
+    --trials, as a proposal that repeats a measured configuration never becomes one."""
     return (trial.state in FINISHED and fail_cause(trial) != CUT_SHORT and not trial.user_attrs.get(SKIPPED)
             and not awaits_retry(trial))
 
@@ -65,6 +60,47 @@ def counts(trial: FrozenTrial) -> bool:
 def awaits_retry(trial: FrozenTrial) -> bool:
     """Stopped early on a noisy window with a retry left: measured again later (study/undecided.py)."""
     return fail_cause(trial) == UNDECIDED and not trial.user_attrs.get(UNDECIDED_FINAL)
+
+
+def counted(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials of `trials` that count toward --trials: those that `counts`, less the failed ones
+    whose configuration a later trial measured again (`measured_again`: a crash's rerun is the
+    configuration's trial, the crash is shown as what the rerun retried). So --trials N runs N
+    distinct configurations."""
+    again = measured_again(trials)
+    return [t for t in trials if counts(t) and t.number not in again]
+
+
+def measured_again(trials: Sequence[FrozenTrial]) -> set[int]:
+    """Failed trials (not cut short) whose configuration, batch size and settings a later trial
+    measured, or measures now (RUNNING): a KILLED one's rerun (`KILLED_RERUNS`), a failed
+    baseline's next baseline."""
+    latest: dict[tuple[str, Any, Any], int] = {}
+    for t in trials:
+        if "config" in t.user_attrs and not is_duplicate(t) and (t.state == TrialState.RUNNING or counts(t)):
+            latest[_key(t.user_attrs)] = max(latest.get(_key(t.user_attrs), -1), t.number)
+    return {t.number for t in trials if _failed_run(t) and latest.get(_key(t.user_attrs), -1) > t.number}
+
+
+def mark_rerun(trial: optuna.Trial, trials: Sequence[FrozenTrial]) -> int | None:
+    """`trial`, about to measure its configuration, measures again the latest earlier failed trial
+    of it (`measured_again`'s rule): recorded as its `retry_of`, and returned (None: none)."""
+    key = _key(trial.user_attrs)
+    earlier = [t.number for t in trials if _failed_run(t) and _key(t.user_attrs) == key and t.number < trial.number]
+    if not earlier:
+        return None
+    trial.set_user_attr("retry_of", earlier[-1])
+    return earlier[-1]
+
+
+def _failed_run(trial: FrozenTrial) -> bool:
+    return (trial.state == TrialState.FAIL and fail_cause(trial) != CUT_SHORT and not is_duplicate(trial)
+            and "config" in trial.user_attrs)
+
+
+def _key(attrs: Mapping[str, Any]) -> tuple[str, Any, Any]:
+    """What a rerun shares with the trial it retries: the configuration's launch, batch size, settings."""
+    return identity_of(str(attrs.get("config"))), attrs.get("batch_size"), attrs.get("settings_digest")
 
 
 def best_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -86,7 +122,7 @@ def distinct_configs(study: optuna.Study) -> int:
     """Distinct (configuration, batch size) among the trials that count toward --trials, the
     baseline included."""
     return len({(_identity(t), t.user_attrs.get("batch_size"))
-                for t in study.get_trials(deepcopy=False, states=FINISHED) if "config" in t.user_attrs and counts(t)})
+                for t in counted(study.get_trials(deepcopy=False)) if "config" in t.user_attrs})
 
 
 def account(study: optuna.Study, session_s: float) -> dict[str, float]:
@@ -99,13 +135,13 @@ def account(study: optuna.Study, session_s: float) -> dict[str, float]:
     wall = float(before.get("wall_s", 0.0)) + session_s
     trials = study.get_trials(deepcopy=False, states=FINISHED)
     timed = sum(float(t.user_attrs.get("timed_s", 0.0)) for t in trials if not is_duplicate(t))
-    counted = sum(counts(t) for t in trials)
+    number = len(counted(trials))
     accounting = {"wall_s": round(wall, 2), "timed_s": round(timed, 2),
                   "efficiency": round(timed / wall, 3) if wall else 0.0,
-                  "distinct_configurations": distinct_configs(study), "trials": counted,
+                  "distinct_configurations": distinct_configs(study), "trials": number,
                   "not_compiled": not_compiled(trials),
                   "undecided": sum(fail_cause(t) == UNDECIDED for t in trials),
-                  "trials_per_hour": round(counted / wall * 3600, 1) if wall else 0.0,
+                  "trials_per_hour": round(number / wall * 3600, 1) if wall else 0.0,
                   "sessions": int(before.get("sessions", 0)) + 1}
     study.set_user_attr("accounting", accounting)
     return accounting
@@ -149,56 +185,6 @@ def replicate_values(trial: FrozenTrial, metric: Metric) -> list[float]:
 def plan_of(trial: FrozenTrial) -> LaunchPlan:
     """The plan a trial ran, exactly as it recorded it."""
     return LaunchPlan.from_json(trial.user_attrs["plan"])
-
-
-def claim_trial(trial: optuna.Trial, klass: str) -> None:
-    """Who runs this trial (host and its class); its heartbeat (storage.heartbeat) tells another
-    autotune it is alive. A retry of a dead worker's trial starts without the failure it copied."""
-    system = trial.study._storage.get_trial_system_attrs(trial._trial_id)
-    if "failed_trial" in system:  # by optuna's RetryFailedTrialCallback
-        trial.set_user_attr("retry_of", system["failed_trial"])
-        trial.set_user_attr("status", "running")
-        trial.set_user_attr("fail_reason", "")
-        trial.set_user_attr("fail_cause", "")
-    trial.set_user_attr("host", host_name())
-    trial.set_user_attr(HOST_CLASS, klass)
-    trial.set_user_attr("pid", os.getpid())
-    trial.set_user_attr("heartbeat_s", storage.HEARTBEAT_INTERVAL_S)
-    storage.first_beat(trial)
-
-
-def abandon_stale_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[int]:
-    """RUNNING trials (of `trials`, the study as just read) whose autotune stopped beating (killed,
-    on any host) become FAIL, never left dangling. A trial of an autotune older than heartbeats has
-    none: it is stale once it is older than the grace period."""
-    running = [t for t in trials if t.state == TrialState.RUNNING]
-    stale_ids = storage.stale_trial_ids(study) if running else set()
-    stale = [t for t in running if t._trial_id in stale_ids or _stale_without_heartbeat(t)]
-    return [t.number for t in stale if _fail_stale(study, t)]
-
-
-def _stale_without_heartbeat(trial: FrozenTrial) -> bool:
-    started = trial.datetime_start
-    return ("heartbeat_s" not in trial.user_attrs and started is not None
-            and (datetime.datetime.now() - started).total_seconds() > storage.GRACE_PERIOD_S)
-
-
-def _fail_stale(study: optuna.Study, trial: FrozenTrial) -> bool:
-    """What optuna.storages.fail_stale_trials does (fail it, then the storage's callback retries
-    it), with the reason recorded first (a finished trial's attributes cannot change). False when
-    another worker got it first."""
-    backend = study._storage
-    reason = (f"left running by an autotune process (pid {trial.user_attrs.get('pid')}) that was killed: "
-              f"no heartbeat for over {storage.GRACE_PERIOD_S}s")
-    try:
-        backend.set_trial_user_attr(trial._trial_id, "status", "failed")
-        backend.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
-        backend.set_trial_user_attr(trial._trial_id, "fail_cause", CUT_SHORT)
-        backend.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:  # another autotune got it first
-        return False
-    storage.after_stale(study, trial._trial_id)
-    return True
 
 
 def _identity(trial: FrozenTrial) -> str:

@@ -17,7 +17,7 @@ from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.host.machine import Machine
 from autotune.search import fleet, loop, opening, proposals
-from autotune.study import records
+from autotune.study import holders, records
 from tests.conftest import lscpu
 from tests.support.studies import DEFAULT, SPACE, fake_runner, ok_runner, request
 
@@ -170,7 +170,7 @@ def test_the_baseline_takes_the_retry_of_a_dead_workers_baseline_and_nothing_els
     dead = fleet.claim(opened.worker())
     assert isinstance(dead, fleet.Claimed) and dead.proposal == "baseline"
     opened.study.enqueue_trial({"mkldnn": "on"})  # a user's, waiting before the retry
-    assert records._fail_stale(opened.study, opened.study._storage.get_trial(dead.trial._trial_id))
+    assert holders._fail_stale(opened.study, opened.study._storage.get_trial(dead.trial._trial_id), "killed")
     again = fleet.claim(opened.worker())
     assert isinstance(again, fleet.Claimed) and again.proposal == "baseline"
     retried = opened.study._storage.get_trial(again.trial._trial_id)

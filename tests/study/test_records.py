@@ -47,3 +47,62 @@ def test_a_configuration_that_launches_the_baselines_command_is_the_baseline() -
                                                                        "baseline": False}, params={"x": 0.0},
                                               distributions={"x": FloatDistribution(0, 1)}))
     assert records.distinct_configs(study) == 1
+
+
+def trial_of(config: str, state: optuna.trial.TrialState, **attrs: object) -> optuna.trial.FrozenTrial:
+    """A recorded trial of `config` (batch 1, settings "d") that ended in `state`."""
+    from optuna.trial import TrialState, create_trial
+
+    return create_trial(state=state, value=1.0 if state == TrialState.COMPLETE else None,
+                        user_attrs={"config": config, "batch_size": 1, "settings_digest": "d", **attrs})
+
+
+def study_of(*trials: optuna.trial.FrozenTrial) -> optuna.Study:
+    study = optuna.create_study()
+    for trial in trials:
+        study.add_trial(trial)
+    return study
+
+
+def test_a_crashed_configuration_and_its_rerun_count_as_one_trial_of_trials() -> None:
+    from optuna.trial import TrialState
+
+    killed = {"fail_cause": records.KILLED}
+    study = study_of(trial_of("defaults", TrialState.COMPLETE, baseline=True),
+                     trial_of("mkldnn=on", TrialState.FAIL, **killed),
+                     trial_of("mkldnn=on", TrialState.COMPLETE),  # its rerun
+                     trial_of("allocator=jemalloc", TrialState.FAIL, **killed))  # not run again (yet)
+    assert [t.number for t in records.counted(study.get_trials())] == [0, 2, 3]
+    assert records.finished(study) == records.distinct_configs(study) == 3
+
+
+def test_only_a_rerun_that_measures_the_same_settings_retries_a_failed_trial() -> None:
+    from optuna.trial import TrialState
+
+    killed = {"fail_cause": records.KILLED}
+    cases = {
+        "cut short": trial_of("mkldnn=on", TrialState.FAIL, fail_cause=records.CUT_SHORT),
+        "a duplicate": trial_of("mkldnn=on", TrialState.COMPLETE, duplicate_of=0),
+        "another batch size": trial_of("mkldnn=on", TrialState.COMPLETE, batch_size=8),
+        "other settings": trial_of("mkldnn=on", TrialState.COMPLETE, settings_digest="e"),
+    }
+    for later in cases.values():
+        study = study_of(trial_of("mkldnn=on", TrialState.FAIL, **killed), later)
+        assert records.measured_again(study.get_trials()) == set()
+    running = study_of(trial_of("mkldnn=on", TrialState.FAIL, **killed), trial_of("mkldnn=on", TrialState.RUNNING))
+    assert records.measured_again(running.get_trials()) == {0}  # a worker measures it again now
+
+
+def test_a_rerun_records_the_trial_it_retries() -> None:
+    from optuna.trial import TrialState
+
+    study = study_of(trial_of("mkldnn=on", TrialState.FAIL, fail_cause=records.KILLED),
+                     trial_of("allocator=jemalloc", TrialState.FAIL, fail_cause=records.ERROR))
+    rerun, other = study.ask(), study.ask()
+    for trial, config in ((rerun, "mkldnn=on"), (other, "omp_runtime=intel")):
+        for key, value in {"config": config, "batch_size": 1, "settings_digest": "d"}.items():
+            trial.set_user_attr(key, value)
+    assert records.mark_rerun(rerun, study.get_trials()) == 0
+    assert records.mark_rerun(other, study.get_trials()) is None
+    assert study.get_trials()[rerun.number].user_attrs["retry_of"] == 0
+    assert "retry_of" not in study.get_trials()[other.number].user_attrs

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,8 +14,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.base import processes
 from autotune.base.errors import RunFailed
 from autotune.child.settings import MeasureSettings
+from autotune.cli import live
 from autotune.config import space
 from autotune.config.space import SpaceError
 from autotune.host.libs import Libraries
@@ -22,20 +26,20 @@ from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement, ReplicatePolicy
 from autotune.measure.results import InstanceResult, RunResult
 from autotune.search import loop, opening
-from autotune.study import records, storage
+from autotune.study import holders, records, storage
 from tests.conftest import lscpu
 from tests.support.studies import SPACE, fake_result, fake_runner, request, search
 
 
 def abandon(study: optuna.Study) -> list[int]:
     """The stale trials failed now, from a fresh read of the study."""
-    return records.abandon_stale_trials(study, study.get_trials(deepcopy=False))
+    return holders.abandon_stale_trials(study, study.get_trials(deepcopy=False))
 
 
 def test_baseline_is_trial_zero_and_every_trial_records_its_run(tmp_path: Path, here: Machine) -> None:
     result = search(tmp_path, here, trials=8)
     trials = result.get_trials()
-    assert len(trials) == 8
+    assert records.finished(result) == records.distinct_configs(result) == 8  # each crash's rerun not one more
     zero = trials[0]
     assert zero.user_attrs["baseline"] is True and zero.params == {} and zero.user_attrs["config"] == "defaults"
     assert zero.values == [100.0]
@@ -53,6 +57,27 @@ def test_baseline_is_trial_zero_and_every_trial_records_its_run(tmp_path: Path, 
     assert attrs["host"]["physical_cores"] == 8 and attrs["space"]["knobs"]
 
 
+def test_trials_n_measures_n_distinct_configurations_and_a_crashs_rerun_says_what_it_retries(
+        tmp_path: Path, here: Machine) -> None:
+    """--trials 3 once gave "3 trials, 2 distinct configurations": a crash (KILLED) is run once
+    more, and that rerun took a trial of its own."""
+    opened = opening.open_search(request(tmp_path, 8), here)
+    lines: list[str] = []
+    progress = live.SearchProgress("latency")
+    loop.run_search(opened, here, lambda e: lines.append(progress._line(e)) if e.kind == "done" else None,
+                    runner=fake_runner)
+    trials = opened.study.get_trials()
+    assert records.finished(opened.study) == records.distinct_configs(opened.study) == 8
+    reruns = [t for t in trials if "retry_of" in t.user_attrs]
+    assert reruns and len(trials) == 8 + len(reruns)
+    for rerun in reruns:
+        retried = trials[rerun.user_attrs["retry_of"]]
+        assert records.fail_cause(retried) == records.KILLED and retried.user_attrs["config"] == rerun.user_attrs[
+            "config"]
+        assert f"(retry of trial {retried.number})" in lines[rerun.number]
+    assert sum("retry of" in line for line in lines) == len(reruns)
+
+
 def test_study_lives_in_sqlite_under_studies_named_after_the_request(tmp_path: Path, here: Machine) -> None:
     search(tmp_path, here, trials=2, objective="throughput", batch_size=4)
     assert (tmp_path / "studies" / "resnet18-bs4-throughput.db").is_file()
@@ -64,7 +89,7 @@ def test_rerun_resumes_and_trials_counts_the_total(tmp_path: Path, here: Machine
     again = search(tmp_path, here, trials=3)
     assert [t.number for t in again.get_trials()] == numbers
     more = search(tmp_path, here, trials=5)
-    assert len(more.get_trials()) == 5
+    assert records.finished(more) == records.distinct_configs(more) == 5
     assert sum(bool(t.user_attrs.get("baseline")) for t in more.get_trials()) == 1
 
 
@@ -74,7 +99,7 @@ def test_running_trials_are_told_apart_by_heartbeat_not_hostname(tmp_path: Path,
     monkeypatch.setattr(storage, "GRACE_PERIOD_S", 2)
     opened = opening.open_search(request(tmp_path, 1, replicates=ReplicatePolicy(1, 0)), here)
     dead = storage.ask(opened.study)
-    records.claim_trial(dead, "")  # this host and a live pid (ours): neither tells whether it runs
+    holders.claim_trial(dead, "")  # this host and a live pid (ours): neither tells whether it runs
     with storage.heartbeat(opened.study, dead):
         pass  # one beat, then its autotune was killed
     seen = []
@@ -101,7 +126,7 @@ def test_a_trial_whose_autotune_was_killed_before_its_first_beat_is_found_stale(
     monkeypatch.setattr(storage, "GRACE_PERIOD_S", 1)
     opened = opening.open_search(request(tmp_path, 1), here)
     dead = storage.ask(opened.study)
-    records.claim_trial(dead, "")  # then killed, before its heartbeat thread started
+    holders.claim_trial(dead, "")  # then killed, before its heartbeat thread started
     assert abandon(opened.study) == []
     time.sleep(2.2)  # Optuna's heartbeat times have whole seconds
     assert abandon(opened.study) == [dead.number]
@@ -138,7 +163,7 @@ def test_a_trial_failed_by_another_autotune_while_measured_is_left_to_its_retry(
         [running] = other.get_trials(states=(TrialState.RUNNING,))
         if running.number == 1 and not taken:
             taken.append(running.number)
-            assert records._fail_stale(other, running)  # as another worker's claim does
+            assert holders._fail_stale(other, running, "killed")  # as another worker's claim does
         return fake_result([90.0, 91.0, 92.0])  # every configuration runs
 
     events: list[loop.TrialEvent] = []
@@ -164,6 +189,59 @@ def test_a_running_trial_from_before_heartbeats_is_failed_once_older_than_the_gr
     assert abandon(opened.study) == [legacy.number]
     assert opened.study.get_trials()[0].user_attrs["fail_reason"].startswith(
         "left running by an autotune process (pid 4206649) that was killed")
+
+
+def claimed_by(opened: opening.Search, pid: int, started: float | None, **attrs: object) -> optuna.Trial:
+    """A RUNNING trial claimed (and beating) as if by the autotune process `pid` started at `started`."""
+    trial = storage.ask(opened.study)
+    holders.claim_trial(trial, "")
+    trial.set_user_attr("pid", pid)
+    trial.set_user_attr("pid_started", started)
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    return trial
+
+
+def test_a_trial_whose_autotune_on_this_host_is_dead_is_failed_at_once_and_retried(
+        tmp_path: Path, here: Machine) -> None:
+    """kill -9 of a search, then the same command at once: its trial is not left RUNNING for the
+    grace period (60 s), during which the new run would take it for a live one's."""
+    opened = opening.open_search(request(tmp_path, 3), here)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started = processes.start_time(proc.pid)
+    dead = claimed_by(opened, proc.pid, started)
+    assert abandon(opened.study) == []  # its process runs
+    proc.kill()
+    proc.wait()
+    assert abandon(opened.study) == [dead.number]
+    failed = opened.study.get_trials()[dead.number]
+    assert (failed.state, records.fail_cause(failed)) == (TrialState.FAIL, records.CUT_SHORT)
+    assert failed.user_attrs["fail_reason"] == (f"left running by an autotune process (pid {proc.pid}) that was "
+                                                f"killed: that process no longer runs on this host")
+    [retry] = opened.study.get_trials(states=(TrialState.WAITING,))
+    assert retry.system_attrs["failed_trial"] == dead.number
+
+
+def test_a_trial_whose_pid_now_names_another_process_is_failed_at_once(tmp_path: Path, here: Machine) -> None:
+    opened = opening.open_search(request(tmp_path, 3), here)
+    started = processes.start_time(os.getpid())
+    assert started is not None
+    reused = claimed_by(opened, os.getpid(), started - 5.0)  # our pid, once another process's
+    mine = claimed_by(opened, os.getpid(), started)
+    assert abandon(opened.study) == [reused.number]
+    assert opened.study.get_trials()[mine.number].state == TrialState.RUNNING
+
+
+@pytest.mark.parametrize("attrs", [{"host": "another-host"}, {"pid_space": "another-boot/pid:[1]"},
+                                   {"pid_space": ""}])
+def test_a_dead_pid_of_another_host_or_pid_space_waits_for_the_grace_period(
+        tmp_path: Path, here: Machine, attrs: dict[str, object]) -> None:
+    """Another host's pids (or another container's, or where the system does not say) tell nothing here."""
+    opened = opening.open_search(request(tmp_path, 3), here)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert proc.wait() == 0  # its pid names no process now
+    claimed_by(opened, proc.pid, None, **attrs)
+    assert abandon(opened.study) == []
 
 
 def test_a_study_made_for_another_model_is_refused(tmp_path: Path, here: Machine) -> None:
@@ -326,7 +404,8 @@ def test_ctrl_c_mid_trial_records_it_failed_and_loses_nothing(tmp_path: Path, he
     assert states[-1] == TrialState.FAIL
     assert opened.study.get_trials()[-1].user_attrs["fail_reason"] == "interrupted by the user (Ctrl-C)"
     resumed = search(tmp_path, here, trials=6)
-    assert len(resumed.get_trials()) == 7 and records.finished(resumed) == 6  # the cut trial took no trial
+    reruns = sum("retry_of" in t.user_attrs for t in resumed.get_trials())  # of crashes: no trial either
+    assert len(resumed.get_trials()) == 7 + reruns and records.finished(resumed) == 6  # the cut trial took none
 
 
 def test_a_study_whose_trials_were_all_cut_short_goes_on(tmp_path: Path, here: Machine) -> None:

@@ -93,7 +93,7 @@ def main() -> None:
     runtime = {"env": dict(os.environ), "openmp_library": symbol_owner("omp_get_max_threads"),
                "malloc_library": symbol_owner("malloc")}
     payload = {"status": "ok", "latencies_ms": [10.0, 11.0, 12.0, 30.0],
-               "iterations_ms": [11.0, 12.0, 13.0, 31.0], "cpu_s": 0.5, "items": 4, "window_s": 1.0,
+               "iterations_ms": [11.0, 12.0, 13.0, 31.0], "cpu_s": 0.5, "items": 4, "window_s": 1.0, "span_s": 1.0,
                "window": {"start": start, "end": end}, "late_start_s": late, "throughput_ips": 4.0,
                "peak_rss_mb": 100.0, "setup_peak_rss_mb": 150.0, "runtime": runtime,
                "setup": {"built_at": built_at, "released_at": released_at}}
