@@ -156,7 +156,8 @@ def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     if retry is not None:
         return worker.proposer.again(retry)
     held = pruning.held(worker.space, trials, worker.klass, worker.digest)
-    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held)
+    cover = pruning.uncovered(worker.space, trials, worker.klass)
+    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held, cover)
     waiting = undecided.pending(trials, worker.digest)
     if proposal is None and waiting:  # nothing else left: the noisy stops are measured again now
         return worker.proposer.again(waiting[0])

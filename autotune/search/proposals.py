@@ -15,7 +15,7 @@ recipes set few, and the rest run at their defaults (`_as_sampled`).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import ConfigError
 from autotune.child.envfile import value_text
-from autotune.config.knobs import Config, KnobValue
+from autotune.config.knobs import KNOBS, Config, KnobValue
 from autotune.config.recipes import Recipe
 from autotune.config.space import BATCH_PARAM, SearchSpace, config_of_params, knob_of_param
 from autotune.study import storage
@@ -34,6 +34,7 @@ from autotune.study import storage
 RETRIES = 8  # proposals asked of the sampler before taking the nearest configuration that has not run
 RANDOM_TRIES = 10_000  # a space too large to list: random draws looking for one that has not run
 Identity = tuple[str, int]  # (configuration as a user types it, batch size)
+COVERED = ("backend", "precision", "memory_format", "omp_threads")  # what a coverage proposal must keep
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,22 @@ class Proposer:
     def searches_batch(self) -> bool:
         return len(self.batch_sizes) > 1
 
-    def next(self, study: optuna.Study, trials: Sequence[FrozenTrial], measured: set[Identity]) -> Proposal | None:
-        """The next configuration to measure, or None when every one of the space has run.
-        `trials`: the study's, as the caller read them (the sampler sees them, nothing reads again)."""
+    def next(self, study: optuna.Study, trials: Sequence[FrozenTrial], measured: set[Identity],
+             cover: Sequence[tuple[Mapping[str, KnobValue], int]] = ()) -> Proposal | None:
+        """The next configuration to measure, or None when every one of the space has run: the
+        recipes, then `cover` (configurations the search compiles before the sampler's next,
+        `pruning.uncovered`), then the sampler's. `trials`: the study's, as the caller read them
+        (the sampler sees them, nothing reads again)."""
         for recipe in self.recipes:
             proposal = self._recipe(recipe)
             if proposal.identity not in measured:
                 return proposal
+        for wanted, batch in cover:
+            config = self.space.sample(_Preferring(wanted))
+            if all(config.as_dict().get(k) == v for k, v in wanted.items() if k in COVERED):
+                proposal = self._fixed(config, batch, "coverage: a precision and layout at the best's threads")
+                if proposal.identity not in measured:
+                    return proposal
         last: Proposal | None = None
         # A sampler of its own: Optuna's samplers cache per study and refuse a second one; seeded
         # from the search's seed and the trial count, so that a seeded search repeats itself.
@@ -201,6 +211,26 @@ class _Recorder:
         value = int(self.values[name])
         self.params[name], self.distributions[name] = value, IntDistribution(low, high, log=log, step=step)
         return value
+
+
+class _Preferring:
+    """Answers a space's questions with a configuration's values where the space offers them, else
+    with the knob's default (or its first choice, its low end): the valid configuration nearest to
+    one that may set knobs its other values make inapplicable."""
+
+    def __init__(self, values: Mapping[str, KnobValue]) -> None:
+        self.values = values
+
+    def suggest_categorical(self, name: str, choices: Sequence[KnobValue]) -> KnobValue:
+        knob = knob_of_param(name)
+        for value in (self.values.get(knob), KNOBS[knob].default):
+            if value is not None and value_text(value) in choices:
+                return value_text(value)
+        return choices[0]
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        value = self.values.get(name, KNOBS[name].default)
+        return int(value) if isinstance(value, int) and low <= value <= high else low
 
 
 class _RandomSuggester:

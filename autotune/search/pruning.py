@@ -43,9 +43,11 @@ value) stands at 1.33x the best or more, so a key skipped on it alone is at leas
 unless a step between them gains; benchmarks/RESULTS.md ("Skipping a compile, replayed") replays
 the rule on recorded searches (`benchmarks/skip_replay.py`).
 
-Coverage: a key at the thread count of this class's best trial is never skipped, so every
-precision and layout the space offers (and the sampler draws) is compiled at least once at the
-threads that win so far, whatever the other keys predict.
+Coverage: a key at the thread count of this class's best trial is never skipped, and every
+precision and layout the space offers is compiled at least once at the threads that win so far,
+whatever the other keys predict: while a key (precision, layout, the best's threads) has no trial
+of this class, the best trial's configuration with backend=inductor and that precision and layout
+is proposed before the sampler's next (`uncovered`, after the recipes).
 
 A prediction is not a measurement: a skipped trial (`records.record_skipped`) takes no trial of
 --trials (`records.counts`) and is never reused as a configuration's result
@@ -70,7 +72,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import ConfigError
 from autotune.base.thresholds import GIVE_UP, MARGIN, MIN_REPLICATES, SKIP_COMPILE
-from autotune.config.knobs import Config
+from autotune.config.knobs import Config, KnobValue
 from autotune.config.space import SearchSpace, config_of_params
 from autotune.measure import stats
 from autotune.measure.objectives import Metric, Objective, lower_is_better, metric_of, metric_value
@@ -341,3 +343,42 @@ def held(space: SearchSpace, trials: Sequence[FrozenTrial], klass: str, digest: 
     return {records.identity(t) for t in trials
             if t.user_attrs.get(records.SKIPPED) and t.user_attrs.get(records.HOST_CLASS, klass) == klass
             and t.user_attrs.get("settings_digest") == digest and t.user_attrs.get(records.SKIPPED_ON) == mark}
+
+
+def uncovered(space: SearchSpace, trials: Sequence[FrozenTrial],
+              klass: str) -> list[tuple[dict[str, KnobValue], int]]:
+    """(configuration, batch size) of each precision x layout the space offers that no trial of
+    host class `klass` ran at the thread count of this class's best trial: the best's configuration
+    with backend=inductor and that precision and layout, in the space's order, as knob values (they
+    may still set a knob inductor makes inapplicable: the proposer samples the nearest valid one)."""
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    best = evidence(space, finished, klass).best
+    precisions, layouts = space.get("precision"), space.get("memory_format")
+    if best is None or precisions is None or layouts is None or not _offers_inductor(space):
+        return []
+    trial = next(t for t in trials if t.number == best.number)
+    base = space.as_run(config_of_params(trial.params))
+    if base is None:
+        return []
+    tried = {_key_of(space, t) for t in measured_here(trials, klass)
+             if t.state == TrialState.RUNNING or records.counts(t) or records.awaits_retry(t)}
+    found = []
+    for precision in precisions.choices:
+        for layout in layouts.choices:
+            wanted = base.as_dict() | {"backend": "inductor", "precision": precision, "memory_format": layout,
+                                       "omp_threads": best.threads}
+            if (str(precision), str(layout), best.threads) not in tried:
+                found.append((wanted, int(trial.user_attrs.get("batch_size", 1))))
+    return found
+
+
+def _offers_inductor(space: SearchSpace) -> bool:
+    backend = space.get("backend")
+    return backend is not None and "inductor" in backend.choices
+
+
+def _key_of(space: SearchSpace, trial: FrozenTrial) -> CompileKey | None:
+    try:
+        return compile_key(space, config_of_params(trial.params))
+    except ConfigError:
+        return None

@@ -12,14 +12,18 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
 from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.host.machine import Machine
-from autotune.search import fleet, loop, opening, proposals
+from autotune.measure.plan import LaunchPlan
+from autotune.measure.replicates import ReplicatePolicy
+from autotune.measure.results import RunResult
+from autotune.search import fleet, loop, opening, proposals, pruning
 from autotune.study import holders, records
 from tests.conftest import lscpu
-from tests.support.studies import DEFAULT, SPACE, fake_runner, ok_runner, request
+from tests.support.studies import DEFAULT, SPACE, fake_result, fake_runner, ok_runner, request
 
 
 def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[opening.Search, str]:
@@ -382,3 +386,28 @@ def test_a_configuration_that_launches_what_the_baseline_does_is_the_baseline(tm
     configs = [t.user_attrs["config"] for t in opened.study.get_trials()]
     assert configs == ["defaults", "allocator=jemalloc"], configs
     assert "every configuration" in stopped and records.distinct_configs(opened.study) == 2
+
+
+def test_every_precision_and_layout_compiles_at_the_best_trials_threads(tmp_path: Path, here: Machine,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Coverage (pruning.uncovered): whatever the sampler draws, each precision x layout the space
+    offers runs with inductor at the thread count of the best trial, after the recipes."""
+    monkeypatch.setattr(opening, "machine_has_bf16", lambda: True)
+
+    def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        config = plan.config
+        latency = 100.0 * ({"fp32": 0.9, "bf16": 0.5, "int8": 0.4}[str(config.get("precision") or "fp32")]
+                           if config.get("backend") == "inductor" else 1.0)
+        return fake_result([latency * (1 + abs(int(config.get("omp_threads") or 8) - 6) * 0.05)] * 30)
+
+    opened = opening.open_search(request(tmp_path, 16, space=DEFAULT, replicates=ReplicatePolicy(in_process=True),
+                                         seed=1), here)
+    loop.run_search(opened, here, lambda event: None, runner=runner)
+    trials = opened.study.get_trials()
+    best = min((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: float(t.values[0]))
+    threads = pruning.compile_key(opened.space, space.config_of_params(best.params))
+    assert threads is not None
+    ran = {pruning.compile_key(opened.space, space.config_of_params(t.params)) for t in trials}
+    assert {(p, m, threads[2]) for p in ("fp32", "bf16", "int8") for m in ("contiguous", "channels_last")} <= ran
+    covering = [t for t in trials if str(t.user_attrs.get("proposed_by", "")).startswith("coverage")]
+    assert covering and min(t.number for t in covering) > max(t.number for t in trials if t.user_attrs.get("recipe"))

@@ -1,0 +1,370 @@
+"""Does a neighbour change what a search finds? The same `autotune search` twice, each in an empty
+folder of its own: once on a quiet machine, once with a CPU-bound neighbour (pure-Python busy
+loops, one process per `--spinners`) for the first third of the search. Both should confirm a
+winner of the same family (backend + precision) with speedups within 10% of each other, and no
+expert recipe should end pruned on a noisy window (docs/searching.md, "When a trial stops early":
+such a stop leaves the trial undecided, never pruned).
+
+The neighbour starts right before the second search and is stopped (its process groups killed and
+reaped) once the study holds a third of --trials counted trials, or at the latest after half the
+quiet run's wall time (a third of it x 1.5), or when the search ends, whichever comes first. The
+study is watched read-only every few seconds; a locked database only delays the next look.
+
+Each search's output goes to OUT/quiet/search.log and OUT/neighbour/search.log, its study stays
+in OUT/<run>/studies/, everything measured goes to OUT/noisy_neighbour.json, and the table for
+benchmarks/RESULTS.md is printed. Checks that fail print FAIL lines; the exit code stays 0.
+
+    .venv/bin/python benchmarks/noisy_neighbour.py                        # resnext101, 50 trials, twice
+    .venv/bin/python benchmarks/noisy_neighbour.py --seed 0 --spinners 2 --out /tmp/nn
+    .venv/bin/python benchmarks/noisy_neighbour.py --quick --out /tmp/nn-smoke   # resnet18, 6 trials, quick space
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config.knobs import Config
+from autotune.study import records, storage
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+POLL_S = 3.0  # how often the neighbour's watcher reads the study
+SHARE_OF_SEARCH = 1 / 3  # the neighbour runs for the first third of the trials
+TIME_MARGIN = 1.5  # ... and at most a third of the quiet run's wall time x this
+SPEEDUP_SPREAD = 0.10  # the two winners' speedups agree when the larger is at most 10% above the smaller
+STOP_WAIT_S = 120.0  # how long an interrupted search gets to record its trial before it is killed
+SPIN = "while True:\n    pass\n"
+ISA_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+QUICK_MODEL, QUICK_TRIALS = "resnet18", 6
+QUICK_FLAGS = ("--space", "quick", "--duration", "0.5", "--warmup-time", "0.3", "--confirm-rounds", "6")
+
+
+@dataclass
+class NeighbourLog:
+    """When the neighbour ran, in seconds from its search's start, and what the study held then."""
+
+    spinners: int
+    target_trials: int
+    time_limit_s: float
+    started_at: str = ""
+    started_s: float = 0.0
+    stopped_at: str = ""
+    stopped_s: float | None = None
+    counted_at_stop: int | None = None
+    finished_at_stop: int | None = None
+    why: str = ""
+    pids: list[int] = field(default_factory=list)
+
+
+def main() -> int:
+    args = parse()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"noisy_neighbour: {args.model}, {args.trials} trials, results in {args.out}", file=sys.stderr, flush=True)
+    quiet = run_search(args, "quiet", None)
+    log = NeighbourLog(args.spinners, math.ceil(args.trials * SHARE_OF_SEARCH),
+                       quiet["wall_s"] * SHARE_OF_SEARCH * TIME_MARGIN)
+    noisy = run_search(args, "neighbour", log)
+    runs = [quiet | read_study(quiet["folder"]), noisy | read_study(noisy["folder"])]
+    checks = judge(runs)
+    found = {"command": command_line(), "commit": commit(), "host": host(), "date": today(),
+             "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "neighbour": asdict(log),
+             "checks": checks}
+    (args.out / "noisy_neighbour.json").write_text(json.dumps(found, indent=2, default=str) + "\n")
+    print_report(found)
+    return 0
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="default resnext101 (resnet18 with --quick)")
+    p.add_argument("--trials", type=int, help="default 50 (6 with --quick)")
+    p.add_argument("--seed", type=int, help="passed to both searches (default: none, as a user runs it)")
+    p.add_argument("--spinners", type=int, default=1, help="busy-loop processes of the neighbour (1 = one CPU)")
+    p.add_argument("--out", type=Path, help="where logs, studies and the JSON go (default: a new temporary folder)")
+    p.add_argument("--quick", action="store_true", help="smoke run: resnet18, 6 trials, quick space, short windows")
+    p.add_argument("extra", nargs="*", help="more `autotune search` flags, after --")
+    args = p.parse_args()
+    args.model = args.model or (QUICK_MODEL if args.quick else "resnext101")
+    args.trials = args.trials or (QUICK_TRIALS if args.quick else 50)
+    args.extra = (list(QUICK_FLAGS) if args.quick else []) + args.extra
+    args.out = args.out or Path(tempfile.mkdtemp(prefix="autotune-noisy-neighbour-"))
+    return args
+
+
+def search_command(args: argparse.Namespace) -> list[str]:
+    seed = ["--seed", str(args.seed)] if args.seed is not None else []
+    return [str(BIN / "autotune"), "search", "--model", args.model, "--trials", str(args.trials), *seed, *args.extra]
+
+
+def run_search(args: argparse.Namespace, name: str, log: NeighbourLog | None) -> dict[str, Any]:
+    """One search in OUT/name (its own studies/ and TMPDIR, so inductor's headers are built again
+    as for a new user), with the neighbour beside it when `log` is given."""
+    folder = args.out / name
+    (folder / "tmp").mkdir(parents=True, exist_ok=True)
+    command = search_command(args)
+    print(f"[{clock()}] {name}: $ {' '.join(command[1:])} (log: {folder / 'search.log'})", file=sys.stderr, flush=True)
+    load = os.getloadavg()[0]
+    start = time.monotonic()
+    with open(folder / "search.log", "wb") as out:
+        search = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env={**os.environ, "TMPDIR": str(folder / "tmp")}, start_new_session=True)
+        try:
+            if log is None:
+                search.wait()
+            else:
+                with Neighbour(log, start) as neighbour:
+                    watch(search, folder / "studies", neighbour, log, start)
+        finally:
+            stop_search(search)
+    wall = time.monotonic() - start
+    print(f"[{clock()}] {name}: exit {search.returncode} after {wall / 60:.1f} min", file=sys.stderr, flush=True)
+    return {"run": name, "folder": str(folder), "exit": search.returncode, "wall_s": round(wall, 1),
+            "load_before": round(load, 2)}
+
+
+def stop_search(search: subprocess.Popen[bytes]) -> None:
+    """Interrupt a search still running (Ctrl-C, an exception here) as a user would, then kill it."""
+    if search.poll() is not None:
+        return
+    os.killpg(search.pid, signal.SIGINT)
+    try:
+        search.wait(STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(search.pid, signal.SIGKILL)
+        search.wait()
+
+
+class Neighbour:
+    """`log.spinners` busy loops, each its own process group, killed and reaped on exit whatever happens."""
+
+    def __init__(self, log: NeighbourLog, origin: float) -> None:
+        self.log, self.origin = log, origin
+        self.spinners: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Neighbour:
+        for _ in range(self.log.spinners):
+            self.spinners.append(subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL,
+                                                  stdout=subprocess.DEVNULL, start_new_session=True))
+        self.log.started_at, self.log.started_s = clock(), round(time.monotonic() - self.origin, 1)
+        self.log.pids = [s.pid for s in self.spinners]
+        return self
+
+    def running(self) -> bool:
+        return any(s.poll() is None for s in self.spinners)
+
+    def stop(self, why: str, counted: int | None = None, finished: int | None = None) -> None:
+        if not self.running():
+            return
+        for spinner in self.spinners:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(spinner.pid, signal.SIGKILL)
+            spinner.wait()
+        self.log.stopped_at, self.log.stopped_s = clock(), round(time.monotonic() - self.origin, 1)
+        self.log.why, self.log.counted_at_stop, self.log.finished_at_stop = why, counted, finished
+        print(f"[{clock()}] neighbour stopped: {why}", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop("the search ended (or was interrupted) first")
+
+
+def watch(search: subprocess.Popen[bytes], studies: Path, neighbour: Neighbour, log: NeighbourLog,
+          origin: float) -> None:
+    """Wait for the search, stopping the neighbour once a third of the trials are counted or its time is up."""
+    print(f"[{clock()}] neighbour: {log.spinners} busy loop(s) (pids {log.pids}) until {log.target_trials} counted "
+          f"trials or {log.time_limit_s / 60:.1f} min", file=sys.stderr, flush=True)
+    while search.poll() is None:
+        if neighbour.running():
+            seen = progress(studies)
+            counted, finished = seen if seen else (None, None)
+            if counted is not None and counted >= log.target_trials:
+                neighbour.stop(f"{counted} counted trials (target {log.target_trials})", counted, finished)
+            elif time.monotonic() - origin >= log.time_limit_s:
+                neighbour.stop(f"time limit {log.time_limit_s:.0f} s", counted, finished)
+        time.sleep(POLL_S)
+
+
+def progress(studies: Path) -> tuple[int, int] | None:
+    """(trials counted toward --trials, trials finished in any way) of the study, read-only; None
+    while there is no study yet or its database is busy."""
+    dbs = sorted(studies.glob("*.db"))
+    if not dbs:
+        return None
+    url = f"sqlite:///file:{dbs[0].resolve()}?mode=ro&uri=true"
+    try:
+        with storage.quiet_optuna():
+            rdb = optuna.storages.RDBStorage(url, skip_table_creation=True, skip_compatibility_check=True)
+            try:
+                trials = optuna.load_study(study_name=dbs[0].stem, storage=rdb).get_trials(deepcopy=False)
+            finally:
+                rdb.engine.dispose()
+    except Exception:  # locked, half-created, no study in it yet: look again later
+        return None
+    return len(records.counted(trials)), sum(t.state in records.FINISHED for t in trials)
+
+
+def read_study(folder: str) -> dict[str, Any]:
+    """What the finished search recorded: trial states, undecided trials, recipes, the verdict."""
+    try:
+        study = storage.find_study(Path(folder) / "studies", None, None)
+    except storage.StudyError as exc:
+        return {"study_error": str(exc)}
+    trials = study.get_trials(deepcopy=False)
+    return {"study": study.study_name, "trials": trial_counts(trials), "recipes": [recipe_row(t) for t in trials
+            if t.user_attrs.get("recipe")], "verdict": verdict_of(study, trials)}
+
+
+def trial_counts(trials: list[FrozenTrial]) -> dict[str, Any]:
+    undecided = [t for t in trials if records.fail_cause(t) == records.UNDECIDED]
+    return {"total": len(trials), "counted": len(records.counted(trials)),
+            "states": dict(Counter(t.state.name for t in trials)),
+            "undecided": len(undecided), "undecided_final": sum(bool(t.user_attrs.get(records.UNDECIDED_FINAL))
+                                                                for t in undecided),
+            "failed_not_undecided": sum(t.state == TrialState.FAIL and t not in undecided for t in trials),
+            "noisy": sum(bool(t.user_attrs.get("noisy")) for t in trials)}
+
+
+def recipe_row(trial: FrozenTrial) -> dict[str, Any]:
+    noisy = bool(trial.user_attrs.get("noisy"))
+    return {"trial": trial.number, "recipe": trial.user_attrs.get("recipe"), "state": trial.state.name,
+            "fail_cause": records.fail_cause(trial), "noisy": noisy,
+            "noisy_reason": trial.user_attrs.get("noisy_reason"),
+            "noisy_attempts": trial.user_attrs.get("noisy_attempts"),
+            "pruned_on_noisy_window": trial.state == TrialState.PRUNED and noisy}
+
+
+def verdict_of(study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, Any]:
+    verdict = study.user_attrs.get("confirmation")
+    if not verdict:
+        return {"message": "no confirmation recorded"}
+    by_number = {t.number: t for t in trials}
+    winner = by_number.get(int(verdict["winner_trial"]))
+    config = str(winner.user_attrs.get("config", "")) if winner else ""
+    keep = ("significant", "winner_trial", "recommended_trial", "speedup", "ci", "ci_label", "p_value", "message")
+    versus = verdict.get("against_recipe") or {}
+    return {**{k: verdict.get(k) for k in keep}, "winner_config": config, "family": family(config),
+            "against_recipe": {k: versus.get(k) for k in ("status", "recipe", "trial", "speedup", "ci", "ci_label",
+                                                           "p_value", "recommended_trial")}}
+
+
+def family(config: str) -> str:
+    """backend + precision of a recorded configuration; an unset knob is its default (eager, fp32)."""
+    try:
+        parsed = Config.from_assignments([] if config in ("", "defaults") else config.split())
+        return f"{parsed.text('backend')} {parsed.text('precision')}"
+    except Exception:  # a knob this autotune no longer knows: read the two by hand
+        pairs = dict(item.partition("=")[::2] for item in config.split())
+        return f"{pairs.get('backend', 'eager')} {pairs.get('precision', 'fp32')}"
+
+
+def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    verdicts = [r.get("verdict", {}) for r in runs]
+    families = [v.get("family") for v in verdicts]
+    confirmed = all(v.get("significant") for v in verdicts)
+    speedups = [float(v["speedup"]) for v in verdicts if v.get("speedup") is not None]
+    ratio = max(speedups) / min(speedups) if confirmed and len(speedups) == len(runs) else None
+    pruned = [f"{r['run']}: trial {x['trial']} ({x['recipe']})" for r in runs for x in r.get("recipes", [])
+              if x["pruned_on_noisy_window"]]
+    return {"both_confirmed": confirmed, "same_family": confirmed and families[0] == families[1],
+            "speedup_ratio": ratio, "within_10pct": ratio is not None and ratio <= 1 + SPEEDUP_SPREAD,
+            "recipes_pruned_on_noisy_window": pruned}
+
+
+def print_report(found: dict[str, Any]) -> None:
+    print(f"\nCommand: `{found['command']}` · commit {found['commit']} · host: {found['host']} · {found['date']}\n")
+    print("| run | wall | trials: counted / all, undecided (final), pruned, failed | winner | family "
+          "| speedup over defaults | against the best recipe | recipes pruned on a noisy window |")
+    print("|---|---|---|---|---|---|---|---|")
+    for run in found["runs"]:
+        print(table_row(run))
+    checks, log = found["checks"], found["neighbour"]
+    print()
+    print(line("same family", checks["same_family"], " / ".join(str(r.get("verdict", {}).get("family"))
+                                                                  for r in found["runs"])))
+    ratio = checks["speedup_ratio"]
+    print(line("speedups within 10%", checks["within_10pct"], f"larger / smaller = {ratio:.3f}" if ratio else "n/a"))
+    pruned = checks["recipes_pruned_on_noisy_window"]
+    print(line("no recipe pruned on a noisy window", not pruned, ", ".join(pruned) or "none"))
+    print(f"- neighbour: {log['spinners']} busy loop(s), started {log['started_at']} "
+          f"(search +{log['started_s']:.0f} s), "
+          f"stopped {log['stopped_at']} (+{log['stopped_s'] or 0:.0f} s) at {log['counted_at_stop']} counted / "
+          f"{log['finished_at_stop']} finished trials: {log['why']}")
+    for run in found["runs"]:
+        print(f"- {run['run']}, verdict: {run.get('verdict', {}).get('message')}")
+        for r in run.get("recipes", []):
+            print(f"  - recipe {r['recipe']} (trial {r['trial']}): {r['state']}"
+                  f"{' (' + r['fail_cause'] + ')' if r['fail_cause'] else ''}, noisy {r['noisy']}"
+                  f"{': ' + str(r['noisy_reason']) if r['noisy_reason'] else ''}")
+
+
+def table_row(run: dict[str, Any]) -> str:
+    n, v = run.get("trials", {}), run.get("verdict", {})
+    states = n.get("states", {})
+    trials = (f"{n.get('counted')} / {n.get('total')}, {n.get('undecided')} ({n.get('undecided_final')}), "
+              f"{states.get('PRUNED', 0)}, {n.get('failed_not_undecided')}")
+    speedup = (f"{v['speedup']:.3f}x ({v['ci_label']} {v['ci'][0]:.3f}-{v['ci'][1]:.3f}, p={v['p_value']:.3g})"
+               if v.get("significant") else "not confirmed")
+    a = v.get("against_recipe") or {}
+    versus = f"{a.get('status')} {a.get('recipe')!r} (trial {a.get('trial')})" if a.get("status") else "-"
+    if a.get("speedup") is not None:
+        versus += f": {a['speedup']:.3f}x ({a['ci_label']} {a['ci'][0]:.3f}-{a['ci'][1]:.3f}, p={a['p_value']:.3g})"
+    pruned = sum(r["pruned_on_noisy_window"] for r in run.get("recipes", []))
+    return (f"| {run['run']} (exit {run['exit']}) | {run['wall_s'] / 60:.1f} min | {trials} "
+            f"| trial {v.get('winner_trial')}: {v.get('winner_config', '-')} | {v.get('family', '-')} | {speedup} "
+            f"| {versus} | {pruned} |")
+
+
+def line(name: str, ok: bool, detail: str) -> str:
+    return f"- {'ok' if ok else 'FAIL'}: {name}? {'yes' if ok else 'no'} ({detail})"
+
+
+def command_line() -> str:
+    return " ".join([".venv/bin/python", "benchmarks/noisy_neighbour.py", *sys.argv[1:]])
+
+
+def commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=False)
+    return done.stdout.strip() or "unknown"
+
+
+def host() -> str:
+    """CPU model, CPU count and the ISA flags that decide which backends and precisions can win."""
+    done = subprocess.run(["lscpu"], capture_output=True, text=True, check=False)
+    model = next((ln.split(":", 1)[1].strip() for ln in done.stdout.splitlines() if ln.startswith("Model name")),
+                 platform.processor() or "unknown CPU")
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].splitlines()[0].split())
+    except (OSError, IndexError):
+        flags = set()
+    isa = ", ".join(f for f in ISA_FLAGS if f in flags) or "none of " + ", ".join(ISA_FLAGS)
+    return f"{model}, {os.cpu_count()} CPUs, {isa}"
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def clock() -> str:
+    return datetime.datetime.now().strftime("%H:%M:%S")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
