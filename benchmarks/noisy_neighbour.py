@@ -289,15 +289,14 @@ def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_report(found: dict[str, Any]) -> None:
     print(f"\nCommand: `{found['command']}` · commit {found['commit']} · host: {found['host']} · {found['date']}\n")
-    print("| run | wall | trials: counted / all, undecided (final), pruned, failed | winner | family "
-          "| speedup over defaults | against the best recipe | recipes pruned on a noisy window |")
+    print("| run | wall (load before) | trials: counted / all, noisy, undecided (final), pruned, failed | winner "
+          "| family | speedup over defaults | against the best recipe | recipes pruned on a noisy window |")
     print("|---|---|---|---|---|---|---|---|")
     for run in found["runs"]:
         print(table_row(run))
     checks, log = found["checks"], found["neighbour"]
     print()
-    print(line("same family", checks["same_family"], " / ".join(str(r.get("verdict", {}).get("family"))
-                                                                  for r in found["runs"])))
+    print(line("same family", checks["same_family"], " / ".join(shown_family(r) for r in found["runs"])))
     ratio = checks["speedup_ratio"]
     print(line("speedups within 10%", checks["within_10pct"], f"larger / smaller = {ratio:.3f}" if ratio else "n/a"))
     pruned = checks["recipes_pruned_on_noisy_window"]
@@ -314,10 +313,16 @@ def print_report(found: dict[str, Any]) -> None:
                   f"{': ' + str(r['noisy_reason']) if r['noisy_reason'] else ''}")
 
 
+def shown_family(run: dict[str, Any]) -> str:
+    verdict = run.get("verdict", {})
+    return f"{run['run']}: {verdict.get('family')}{'' if verdict.get('significant') else ' (not confirmed)'}"
+
+
 def table_row(run: dict[str, Any]) -> str:
     n, v = run.get("trials", {}), run.get("verdict", {})
     states = n.get("states", {})
-    trials = (f"{n.get('counted')} / {n.get('total')}, {n.get('undecided')} ({n.get('undecided_final')}), "
+    trials = (f"{n.get('counted')} / {n.get('total')}, {n.get('noisy')}, {n.get('undecided')} "
+              f"({n.get('undecided_final')}), "
               f"{states.get('PRUNED', 0)}, {n.get('failed_not_undecided')}")
     speedup = (f"{v['speedup']:.3f}x ({v['ci_label']} {v['ci'][0]:.3f}-{v['ci'][1]:.3f}, p={v['p_value']:.3g})"
                if v.get("significant") else "not confirmed")
@@ -326,7 +331,7 @@ def table_row(run: dict[str, Any]) -> str:
     if a.get("speedup") is not None:
         versus += f": {a['speedup']:.3f}x ({a['ci_label']} {a['ci'][0]:.3f}-{a['ci'][1]:.3f}, p={a['p_value']:.3g})"
     pruned = sum(r["pruned_on_noisy_window"] for r in run.get("recipes", []))
-    return (f"| {run['run']} (exit {run['exit']}) | {run['wall_s'] / 60:.1f} min | {trials} "
+    return (f"| {run['run']} (exit {run['exit']}) | {run['wall_s'] / 60:.1f} min ({run['load_before']}) | {trials} "
             f"| trial {v.get('winner_trial')}: {v.get('winner_config', '-')} | {v.get('family', '-')} | {speedup} "
             f"| {versus} | {pruned} |")
 

@@ -24,8 +24,11 @@ BUSY_MACHINE = 0.25
 # waited for CPUs someone else held (a neighbour using half of 2 CPUs left a 2-thread child 0.49);
 # OpenMP threads spin while they wait for work, so a child alone on its CPUs stays near 1.
 STARVED = 0.5
-# A trial stopped early on a noisy window is measured again at most this many times (study/undecided.py).
+# A trial stopped early on a noisy window is measured again at most this many times (study/undecided.py),
+# once a later trial found the machine quiet, or at the latest after this many trials (the k-th
+# retry after 2^(k-1) times as many), so that a machine noisy all along still ends the search.
 NOISY_RETRIES = 2
+NOISY_RETRY_WAIT = 5
 REMEASURE = 0.25  # IQR/median above this takes more replicates, at most `max_extra` of them
 
 # A trial's autotune judged dead (base/processes.py): the process now holding its pid started more

@@ -7,7 +7,9 @@ its inflated value steers nothing) with cause `records.UNDECIDED` and its measur
 its configuration is measured again later in the search:
 
 - a retry is due once a trial that finished after it measured a quiet window (the machine looks
-  quiet again), or when nothing else is left to propose;
+  quiet again), or when nothing else is left to propose, or at the latest once `NOISY_RETRY_WAIT`
+  trials finished after it (twice as many before the second retry): on a machine noisy all along,
+  every configuration still ends after at most 1 + NOISY_RETRIES attempts, so the search ends;
 - each configuration has at most `NOISY_RETRIES` retries; every attempt is a trial of its own, and
   each retry records the earlier attempts (`noisy_attempts`);
 - an attempt with retries left does not count toward --trials (it decided nothing); the last one,
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.base.thresholds import NOISY_RETRIES
+from autotune.base.thresholds import NOISY_RETRIES, NOISY_RETRY_WAIT
 from autotune.config.knobs import identity_of
 from autotune.study import records
 
@@ -72,9 +74,17 @@ def pending(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
 
 def due(trials: Sequence[FrozenTrial], digest: str) -> FrozenTrial | None:
     """The oldest pending attempt a trial finished after it found quiet (a measurement not flagged
-    noisy), or None."""
-    quiet = [t.number for t in trials if t.state in records.FINISHED and _measured_quiet(t)]
-    return next((t for t in pending(trials, digest) if any(n > t.number for n in quiet)), None)
+    noisy), or that has waited its longest (`NOISY_RETRY_WAIT` finished trials, doubled for each
+    earlier attempt), or None."""
+    finished = [t for t in trials if t.state in records.FINISHED]
+    quiet = [t.number for t in finished if _measured_quiet(t)]
+
+    def ready(attempt: FrozenTrial) -> bool:
+        waited = sum(t.number > attempt.number for t in finished)
+        longest = NOISY_RETRY_WAIT * 2 ** len(attempt.user_attrs.get(ATTEMPTS, []))
+        return waited >= longest or any(n > attempt.number for n in quiet)
+
+    return next((t for t in pending(trials, digest) if ready(t)), None)
 
 
 def _measured_quiet(trial: FrozenTrial) -> bool:

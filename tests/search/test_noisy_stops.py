@@ -4,11 +4,12 @@ only a stop on a quiet window is a pruning."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.base.thresholds import NOISY_RETRIES
+from autotune.base.thresholds import NOISY_RETRIES, NOISY_RETRY_WAIT
 from autotune.host.machine import Machine
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy
@@ -16,7 +17,7 @@ from autotune.measure.results import RunResult
 from autotune.search import loop, opening
 from autotune.study import records, undecided
 from tests.search.test_give_up import gave_up
-from tests.support.studies import fake_result, request
+from tests.support.studies import DEFAULT, fake_result, request
 
 WARM = ReplicatePolicy(replicates=3, max_extra=0, in_process=True)
 
@@ -83,3 +84,20 @@ def test_a_configuration_noisy_in_every_attempt_stays_undecided_and_counts_once(
     assert not any(t.state == TrialState.PRUNED for t in trials)
     counted = [t for t in trials if records.counts(t)]
     assert len({records.identity(t) for t in counted}) == len(counted) == 8  # the small space, exhausted
+
+
+def test_on_a_machine_noisy_all_along_retries_come_after_their_longest_wait_and_the_search_ends(
+        tmp_path: Path, here: Machine) -> None:
+    """The default space is far too large to exhaust: every retry here is due by its wait
+    (NOISY_RETRY_WAIT finished trials, then twice as many), so each configuration ends undecided
+    after 1 + NOISY_RETRIES attempts and the search still reaches its trials."""
+    opened = opening.open_search(request(tmp_path, 4, replicates=WARM, space=DEFAULT), here)
+    loop.run_search(opened, here, lambda event: None, runner=Neighbour(busy=range(1, 10_000)))
+    trials = opened.study.get_trials()
+    assert sum(records.counts(t) for t in trials) == 4
+    for t in (t for t in trials if t.user_attrs.get(undecided.ATTEMPTS)):
+        chain = [*t.user_attrs[undecided.ATTEMPTS], t.number]
+        for k, (before, after) in enumerate(itertools.pairwise(chain)):
+            waited = sum(u.number > before and u.number < after and u.state.is_finished() for u in trials)
+            assert waited >= NOISY_RETRY_WAIT * 2 ** k
+    assert len(trials) <= 1 + 3 * 3 + NOISY_RETRY_WAIT * 3  # bounded: no configuration runs a fourth time
