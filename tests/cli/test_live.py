@@ -16,7 +16,7 @@ from autotune.measure.runner import run_plan
 from autotune.search import loop, opening
 from tests.fixtures.models import tinynets
 from tests.support.plans import plan_of
-from tests.support.studies import fake_runner, request
+from tests.support.studies import ok_runner, request
 
 
 def event(finished: int, finished_before: int, elapsed_s: float, total: int = 12) -> loop.TrialEvent:
@@ -31,11 +31,12 @@ def test_the_eta_after_a_resume_counts_only_this_sessions_trials() -> None:
 
 
 def test_a_resumed_search_tells_the_display_what_ran_before(tmp_path: Path, here: Machine) -> None:
+    """Every configuration runs (ok_runner): a crash's rerun would add a trial that is no more of --trials."""
     first = opening.open_search(request(tmp_path, 2), here)
-    loop.run_search(first, here, lambda e: None, runner=fake_runner)
+    loop.run_search(first, here, lambda e: None, runner=ok_runner)
     events: list[loop.TrialEvent] = []
     again = opening.open_search(request(tmp_path, 3), here)
-    loop.run_search(again, here, events.append, runner=fake_runner)
+    loop.run_search(again, here, events.append, runner=ok_runner)
     assert [(e.kind, e.finished, e.finished_before) for e in events] == [("start", 2, 2), ("done", 3, 2)]
 
 
