@@ -129,7 +129,7 @@ def recipe_words(found: dict[str, Any]) -> str:
         return f"this is the best expert recipe the study ran ({found['recipe']}, {what} {mine:.2f}x)"
     return (f"best expert recipe: trial {found['recipe_trial']} ({found['recipe']}), {what} "
             f"{found['recipe_speedup']:.2f}x; trial {found['trial']} is {found['ratio']:.2f}x that (search "
-            f"measurements; confirmation re-measures against the baseline only)")
+            f"measurements; the confirmation tests the winner against this recipe in paired rounds)")
 
 
 def _export_line(name: str, value: str) -> str:

@@ -241,8 +241,8 @@ def test_the_winner_is_compared_with_the_best_recipe(tmp_path: Path, here: Machi
     ratio = other.user_attrs["speedup_latency"] / recipe.user_attrs["speedup_latency"]
     assert export.versus_recipes(study, other) == (
         f"best expert recipe: trial {recipe.number} (seed), latency {recipe.user_attrs['speedup_latency']:.2f}x; "
-        f"trial {other.number} is {ratio:.2f}x that (search measurements; confirmation re-measures against the "
-        f"baseline only)")
+        f"trial {other.number} is {ratio:.2f}x that (search measurements; the confirmation tests the winner "
+        f"against this recipe in paired rounds)")
     assert export.versus_recipes(study, recipe).startswith("this is the best expert recipe the study ran (seed, ")
     assert f"# {export.versus_recipes(study, other)}" in export.render(study, other)
 
