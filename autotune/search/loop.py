@@ -331,7 +331,8 @@ def _unsaved(search: Search, trial: optuna.Trial, outcome: Outcome) -> dict[str,
     return {"study": search.name, "storage": search.storage, "trial": trial.number,
             "params": trial.params, "state": outcome.state.name, "values": list(outcome.values),
             "reason": outcome.reason, "summary": measurement.summary() if measurement.ok else {},
-            "cause": "" if measurement.ok else records.failure_cause(measurement),
+            "cause": records.failure_cause(measurement) if not measurement.ok else (
+                records.UNDECIDED if outcome.undecided is not None else ""),
             "samples_ms": measurement.samples(), "runs": [run.summary() for run in measurement.runs]}
 
 
