@@ -18,6 +18,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+from autotune.study import records
 from tests.support.cli import QUICK_SEARCH, autotune
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +42,9 @@ def test_search_makes_a_study_whose_trial_zero_is_the_baseline(
     assert proc.returncode == 0, proc.stderr
     study = load(cwd, "resnet18-bs1-latency")
     trials = study.get_trials()
-    assert len(trials) == 4
+    assert len(records.counted(trials)) == 4  # more may have run: a stop on a noisy window is measured again
+    assert all(records.counts(t) or records.fail_cause(t) == records.UNDECIDED or t.user_attrs.get(records.SKIPPED)
+               for t in trials)
     assert trials[0].user_attrs["baseline"] is True and trials[0].params == {}
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete and all("latency_p50_ms" in t.user_attrs and "speedup_latency" in t.user_attrs
@@ -113,7 +116,7 @@ def test_optuna_dashboard_serves_the_study_with_its_attributes(
         studies = _get(port, "/api/studies")["study_summaries"]
         assert [s["study_name"] for s in studies] == ["resnet18-bs1-latency"]
         detail = _get(port, f"/api/studies/{studies[0]['study_id']}")
-        assert len(detail["trials"]) == 4
+        assert len(detail["trials"]) == len(load(cwd, "resnet18-bs1-latency").get_trials()) >= 4
         zero = {a["key"]: a["value"] for a in detail["trials"][0]["user_attrs"]}
         assert zero["baseline"] == "True" and zero["config"] == "defaults"
         assert float(zero["latency_p50_ms"]) > 0
