@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from autotune.child import cpu
+from autotune.child import cpu, runtimes
 from autotune.child.envfile import SWITCH, value_text
 from autotune.child.errors import ApplyError
 
@@ -73,29 +73,56 @@ class Knob:
         raise KnobValueError(f"{self.name}={raw} is not allowed; use {self.allowed()}")
 
 
+# PyTorch's own ways to run a model, and the other runtimes a model is converted to (its peers).
+TORCH_BACKENDS = ("eager", "torchscript", "inductor")
+PEER_BACKENDS = ("openvino", "onnxruntime")
+
+
 def _knob_table() -> dict[str, Knob]:
-    intel = (("omp_runtime", ("intel",)),)
-    not_intel = (("omp_runtime", ("gnu", "llvm")),)
+    torch_run = (("backend", TORCH_BACKENDS),)
+    # OpenMP exists only in PyTorch's process: OpenVINO runs on TBB, ONNX Runtime on its own pool.
+    intel = (*torch_run, ("omp_runtime", ("intel",)))
+    not_intel = (*torch_run, ("omp_runtime", ("gnu", "llvm")))
     eager = (("backend", ("eager",)),)
     dense = (("mkldnn", ("off",)),)
+    openvino = (("backend", ("openvino",)),)
+    onnxruntime = (("backend", ("onnxruntime",)),)
     knobs = [
         Knob("backend", "choice", "eager; torchscript = trace + freeze (saved, cached on disk) + "
-             "optimize_for_inference; inductor = AOTInductor package with freezing, compiled once and loaded",
-             choices=("eager", "torchscript", "inductor"), default="eager", model=True),
+             "optimize_for_inference; inductor = AOTInductor package with freezing, compiled once and loaded; "
+             "openvino = openvino.convert_model, saved as IR, compiled for the CPU plugin; onnxruntime = "
+             "torch.onnx.export(dynamo=True), saved, run by an ONNX Runtime CPU session",
+             choices=(*TORCH_BACKENDS, *PEER_BACKENDS), default="eager", model=True),
         Knob("mkldnn", "bool", "convert model and input to the mkldnn (oneDNN) layout (eager only)",
              default=False, only_when=eager, model=True),
         Knob("weight_cache", "bool", "the seed's recipe 2.c for eager models: trace (script with "
              "mkldnn), freeze, save and load, cached on disk", default=False, only_when=eager, model=True),
-        Knob("memory_format", "choice", "model weights and inputs in this layout",
-             choices=("contiguous", "channels_last"), default="contiguous", only_when=dense, model=True),
-        Knob("precision", "choice", "fp32; bf16 autocast (offered where the CPU has avx512_bf16 or AMX); int8 = "
-             "static quantization, calibrated (backend=inductor only; offered where the CPU has VNNI or AMX)",
+        Knob("memory_format", "choice", "model weights and inputs in this layout (PyTorch backends)",
+             choices=("contiguous", "channels_last"), default="contiguous", only_when=(*dense, *torch_run),
+             model=True),
+        Knob("precision", "choice", "fp32; bf16 = autocast, or OpenVINO's bf16 inference precision (offered where "
+             "the CPU has avx512_bf16 or AMX); int8 = static quantization calibrated on the example batches: PT2E "
+             "for inductor, NNCF for openvino, QDQ for onnxruntime (offered where the CPU has VNNI or AMX)",
              choices=("fp32", "bf16", "int8"), default="fp32", only_when=dense, model=True),
-        Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance", low=1, high=4096,
-             unset_as="max"),
+        Knob("ov_hint", "choice", "OpenVINO's performance hint: latency (one stream, all threads) or throughput "
+             "(several streams)", choices=("latency", "throughput"), default="latency", only_when=openvino,
+             model=True),
+        Knob("ov_streams", "int", "OpenVINO's number of streams (NUM_STREAMS); 0 = as the hint decides",
+             low=0, high=4096, default=0, only_when=openvino, model=True),
+        Knob("ov_pinning", "bool", "OpenVINO pins its threads to CPUs (ENABLE_CPU_PINNING)", default=True,
+             only_when=openvino, model=True),
+        Knob("ort_optimization", "choice", "ONNX Runtime's graph optimization level",
+             choices=("disabled", "basic", "extended", "all"), default="all", only_when=onnxruntime, model=True),
+        Knob("ort_execution", "choice", "ONNX Runtime's execution mode: sequential, or parallel (independent "
+             "nodes at once, on the inter-op threads)", choices=("sequential", "parallel"), default="sequential",
+             only_when=onnxruntime, model=True),
+        Knob("ort_inter_threads", "int", "ONNX Runtime's inter-op threads; 0 = its own choice",
+             low=0, high=4096, default=0, only_when=(*onnxruntime, ("ort_execution", ("parallel",))), model=True),
+        Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance; OpenVINO's inference threads "
+             "and ONNX Runtime's intra-op threads", low=1, high=4096, unset_as="max"),
         Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
-             "(libiomp5 preloaded), llvm (libomp preloaded)", choices=("gnu", "intel", "llvm"),
-             default="gnu"),
+             "(libiomp5 preloaded), llvm (libomp preloaded); PyTorch backends only", choices=("gnu", "intel", "llvm"),
+             default="gnu", only_when=torch_run),
         Knob("kmp_affinity", "choice", "KMP_AFFINITY of Intel OpenMP: compact = "
              "granularity=fine,compact,1,0; scatter = granularity=fine,scatter",
              choices=("compact", "scatter", "disabled"), only_when=intel, unset_as="disabled"),
@@ -119,7 +146,8 @@ MODEL_KNOBS = tuple(name for name, k in KNOBS.items() if k.model)
 # Conditions of one value rather than of the whole knob: int8 is quantized through torch.export and
 # AOTInductor, so it exists only with backend=inductor.
 VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = {
-    ("precision", "int8"): (("backend", ("inductor",)),),
+    ("precision", "bf16"): (("backend", ("eager", "torchscript", "inductor", "openvino")),),
+    ("precision", "int8"): (("backend", ("inductor", *PEER_BACKENDS)),),
 }
 
 
@@ -147,13 +175,22 @@ def broken_condition(values: Mapping[str, KnobValue], set_names: Iterable[str]) 
 
 
 # The model knobs' values as types; what each takes is `knobs.KNOBS` (a test holds the two together).
-Backend = Literal["eager", "torchscript", "inductor"]
+Backend = Literal["eager", "torchscript", "inductor", "openvino", "onnxruntime"]
 
 
 Precision = Literal["fp32", "bf16", "int8"]
 
 
 MemoryFormat = Literal["contiguous", "channels_last"]
+
+
+OvHint = Literal["latency", "throughput"]
+
+
+OrtOptimization = Literal["disabled", "basic", "extended", "all"]
+
+
+OrtExecution = Literal["sequential", "parallel"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +202,12 @@ class ModelKnobs:
     memory_format: MemoryFormat = "contiguous"
     mkldnn: bool = False
     weight_cache: bool = False
+    ov_hint: OvHint = "latency"
+    ov_streams: int = 0
+    ov_pinning: bool = True
+    ort_optimization: OrtOptimization = "all"
+    ort_execution: OrtExecution = "sequential"
+    ort_inter_threads: int = 0
 
     @property
     def is_default(self) -> bool:
@@ -175,9 +218,14 @@ class ModelKnobs:
         return self.backend == "torchscript" or self.weight_cache
 
     @property
+    def peer(self) -> bool:
+        """Run by another runtime (OpenVINO, ONNX Runtime) than PyTorch."""
+        return self.backend in PEER_BACKENDS
+
+    @property
     def compiled(self) -> bool:
         """A configuration whose converted model is saved as an artifact and loaded back."""
-        return self.saved_as_torchscript or self.backend == "inductor"
+        return self.saved_as_torchscript or self.backend == "inductor" or self.peer
 
     def describe(self) -> str:
         changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}
@@ -194,6 +242,8 @@ class ModelKnobs:
         problem = broken_condition(values, [name for name in MODEL_KNOBS if values[name] != KNOBS[name].default])
         if problem:
             raise ApplyError(problem)
+        if self.peer and not runtimes.installed(self.backend):
+            raise ApplyError(runtimes.not_installed(self.backend))
         if self.precision == "bf16" and not cpu.has_bf16():
             raise ApplyError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
                              "use precision=fp32 (search again on this machine)")

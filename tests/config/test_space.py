@@ -29,8 +29,10 @@ def test_shipped_spaces_load(name: str) -> None:
 
 def test_builtin_conditions_apply_without_when() -> None:
     loaded = space.load(space.find("default"))
-    assert loaded.get("kmp_blocktime").when == (("omp_runtime", ("intel",)),)  # type: ignore[union-attr]
-    assert loaded.get("omp_proc_bind").when == (("omp_runtime", ("gnu", "llvm")),)  # type: ignore[union-attr]
+    torch_run = ("backend", ("eager", "torchscript", "inductor"))
+    assert loaded.get("kmp_blocktime").when == (torch_run, ("omp_runtime", ("intel",)))  # type: ignore[union-attr]
+    assert loaded.get("omp_proc_bind").when == (torch_run, ("omp_runtime", ("gnu", "llvm")))  # type: ignore[union-attr]
+    assert loaded.get("omp_runtime").when == (torch_run,)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
