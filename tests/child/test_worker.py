@@ -49,3 +49,16 @@ def test_a_failed_child_removes_only_the_empty_folders_it_created(tmp_path: Path
     assert not kernels.exists() and (kernels.parent / "written").exists()  # stops at the first folder in use
     worker.remove_empty(kernels.parent, None)  # nothing created: nothing removed
     assert (kernels.parent / "written").exists()
+
+
+def test_the_flags_the_parent_plans_are_the_ones_the_child_takes() -> None:
+    """Every model knob reaches the child as a flag, integer knobs too (they have no choices)."""
+    from autotune.child.build import knobs_of
+    from autotune.config.knobs import Config
+    from autotune.measure.plan import BenchSpec, worker_command
+
+    config = Config.from_mapping({"backend": "openvino", "ov_hint": "throughput", "ov_streams": 3,
+                                  "ov_pinning": False})
+    argv = worker_command(sys.executable, BenchSpec(model="tinycnn", item_shape=(3, 32, 32)), config)
+    knobs = knobs_of(worker.parse_args([*argv[3:], "--result", "r.json"]))
+    assert (knobs.backend, knobs.ov_hint, knobs.ov_streams, knobs.ov_pinning) == ("openvino", "throughput", 3, False)
