@@ -12,11 +12,13 @@ Format (every key is a knob name from `autotune knobs`):
       omp_threads: {low: 1, high: max, log: false, step: 1}
 
 Knobs with a built-in condition (kmp_* need omp_runtime=intel, omp_proc_bind needs gnu/llvm)
-get it without writing `when`; so do values with one (precision=int8 needs backend=inductor): where
+get it without writing `when`; so do values with one (precision=bf16 is not for onnxruntime): where
 the condition fails the value is not offered, and the knob is sampled as its own Optuna parameter
 named after the values left, e.g. `precision (fp32/bf16)` (Optuna keeps one set of choices per
 name). `omp_threads x instances` never exceeds the usable physical cores: the range of omp_threads
-shrinks with the sampled instances.
+shrinks with the sampled instances, and OpenVINO's streams (ov_streams) never outnumber its threads.
+The OpenMP knobs apply only with PyTorch's backends, OpenVINO's (ov_*) and ONNX Runtime's (ort_*)
+only with theirs: a knob is sampled after the knobs its conditions read.
 """
 
 from __future__ import annotations
@@ -34,12 +36,31 @@ from autotune.child.envfile import value_text
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, knob, parse
 
 USER_SPACES = Path("search_spaces")  # in the current folder: the user's own spaces, found before the shipped ones
-CORE_BOUND = ("omp_threads", "instances")  # knobs whose highest value `adapt` caps at a machine's cores
+# Knobs whose highest value `adapt` caps at a machine's cores (`max`): threads, instances, and the
+# runtimes' streams and inter-op threads, none of which can use more than the cores.
+CORE_BOUND = ("omp_threads", "instances", "ov_streams", "ort_inter_threads")
 BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
-# Parents before children: conditions look at knobs sampled earlier; threads after instances.
-SAMPLE_ORDER = ("omp_runtime", "kmp_affinity", "kmp_blocktime", "omp_proc_bind", "allocator",
-                "instances", "omp_threads", "backend", "mkldnn", "weight_cache", "memory_format", "precision",
-                "dataloader_workers")
+# A knob whose range shrinks with another's sampled value (`_dynamic_high`): threads x instances fit
+# the cores, and an OpenVINO stream runs one thread at least.
+SHRINKS_WITH = {"omp_threads": "instances", "ov_streams": "omp_threads"}
+
+
+def _sample_order() -> tuple[str, ...]:
+    """Every knob after the knobs its conditions (its own and its values') look at, so that each
+    condition reads knobs sampled earlier (omp_runtime after backend, kmp_* after omp_runtime), and
+    a range after the knob it shrinks with (`SHRINKS_WITH`); otherwise in the knob table's order."""
+    after = {name: {other for other, _ in spec.only_when} for name, spec in KNOBS.items()}
+    for (name, _), condition in VALUE_CONDITIONS.items():
+        after[name] |= {other for other, _ in condition}
+    for name, other in SHRINKS_WITH.items():
+        after[name].add(other)
+    order: list[str] = []
+    while len(order) < len(after):
+        order.append(next(name for name in after if name not in order and after[name] <= set(order)))
+    return tuple(order)
+
+
+SAMPLE_ORDER = _sample_order()
 RANGE_KEYS = {"low", "high", "step", "log", "when"}
 CHOICE_KEYS = {"choices", "when"}
 ENUMERATE_LIMIT = 20_000  # a space with more configurations is not listed (nor exhausted)
@@ -78,7 +99,7 @@ class KnobRange:
 
     def offered(self, sampled: Mapping[str, KnobValue]) -> tuple[KnobValue, ...]:
         """The choices whose own condition holds for what `sampled` holds (precision=int8 needs
-        backend=inductor)."""
+        a backend that quantizes)."""
         return tuple(c for c in self.choices if _holds(VALUE_CONDITIONS.get((self.name, value_text(c)), ()), sampled))
 
     def param(self, sampled: Mapping[str, KnobValue]) -> str:
@@ -200,9 +221,10 @@ class SearchSpace:
         return params
 
     def _dynamic_high(self, rng: KnobRange, sampled: Mapping[str, KnobValue]) -> int:
-        high = int(rng.high)
-        if rng.name == "omp_threads" and "instances" in sampled:
-            high = min(high, max(rng.low, self.cores // int(sampled["instances"])))
+        high, other = int(rng.high), SHRINKS_WITH.get(rng.name, "")
+        if other in sampled:
+            most = self.cores // int(sampled[other]) if rng.name == "omp_threads" else int(sampled[other])
+            high = min(high, max(rng.low, most))
         return high
 
     def to_json(self) -> dict[str, Any]:
@@ -211,33 +233,6 @@ class SearchSpace:
                      {"low": k.low, "high": k.high, "step": k.step, "log": k.log})
             | ({"when": {n: list(v) for n, v in k.when}} if k.when else {})
             for k in self.knobs}}
-
-
-def recorded_differs(recorded: Mapping[str, Any], mine: Mapping[str, Any], cores_may_differ: bool = False) -> str:
-    """How this host's space (`to_json`) differs from the one a study recorded: "" when it may
-    resume the study. A host of another class (`--allow-mixed`) may cap the core-bound knobs at
-    its own cores; its choices must still be the study's (Optuna keeps one set per parameter)."""
-    theirs, ours = dict(recorded["knobs"]), dict(mine["knobs"])
-    if cores_may_differ:
-        for knobs in (theirs, ours):
-            for name in CORE_BOUND:
-                if name in knobs:
-                    knobs[name] = {k: v for k, v in knobs[name].items() if k != "high"}
-    if theirs == ours:
-        return ""
-    for name in sorted(set(theirs) | set(ours)):
-        if theirs.get(name) != ours.get(name):
-            return (f"{name} is {_shown_knob(theirs.get(name))} in the study and {_shown_knob(ours.get(name))} "
-                    f"on this host")
-    return "the knobs differ"
-
-
-def _shown_knob(entry: Mapping[str, Any] | None) -> str:
-    if entry is None:
-        return "not searched"
-    if "choices" in entry:
-        return "/".join(entry["choices"])
-    return f"{entry.get('low')}..{entry.get('high', 'its cores')}"
 
 
 def shipped_spaces() -> Path:

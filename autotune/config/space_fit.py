@@ -1,29 +1,39 @@
-"""A loaded search space fitted to one machine: what it lacks (libraries, bf16, int8) dropped with a
-note, ranges of cores capped at its cores, and the knobs a user pinned with `--set`.
+"""A loaded search space fitted to one machine: what it lacks (libraries, runtimes, bf16, int8)
+dropped with a note, ranges of cores capped at its cores, and the knobs a user pinned with `--set`;
+and how a study's recorded space differs from this host's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
+from autotune.child import runtimes
 from autotune.child.envfile import value_text
+from autotune.child.knobs import PEER_BACKENDS
 from autotune.config.knobs import KNOBS, Config, KnobValue, conditions, knob
 from autotune.config.space import CORE_BOUND, SAMPLE_ORDER, KnobRange, SearchSpace, SpaceError
 from autotune.host.libs import LIBRARIES
 
-# Which library each choice needs, so a machine without it never samples it.
+# Which library, runtime or CPU feature each choice needs, so a machine without it never samples it.
 NEEDS = {("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
          ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
-         ("precision", "bf16"): "bf16", ("precision", "int8"): "int8"}
+         ("precision", "bf16"): "bf16", ("precision", "int8"): "int8",
+         **{("backend", backend): backend for backend in PEER_BACKENDS}}
 
 
 # What is missing when a need is not met, and what to do about it.
 MISSING = {**{name: f"{name} is not installed ({spec.install})" for name, spec in LIBRARIES.items()},
+           **{backend: f"{spec.name} is not installed; install it with {spec.install}"
+              for backend, spec in runtimes.RUNTIMES.items()},
            "bf16": "this CPU has neither avx512_bf16 nor AMX",
            "int8": "this CPU has neither VNNI (avx512_vnni, avx_vnni) nor AMX"}
 
 
+def runtimes_installed() -> dict[str, bool]:
+    """Whether each backend's runtime (OpenVINO, ONNX Runtime) is installed: `available`'s entries for them."""
+    return {backend: runtimes.installed(backend) for backend in PEER_BACKENDS}
 
 
 def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> SearchSpace:
@@ -134,3 +144,30 @@ def _fit_instances(ranges: tuple[KnobRange, ...], cores: int) -> tuple[KnobRange
         return ranges
     return tuple(replace(r, high=max(r.low, min(int(r.high), cores // threads.low)))
                  if r.name == "instances" else r for r in ranges)
+
+
+def recorded_differs(recorded: Mapping[str, Any], mine: Mapping[str, Any], cores_may_differ: bool = False) -> str:
+    """How this host's space (`to_json`) differs from the one a study recorded: "" when it may
+    resume the study. A host of another class (`--allow-mixed`) may cap the core-bound knobs at
+    its own cores; its choices must still be the study's (Optuna keeps one set per parameter)."""
+    theirs, ours = dict(recorded["knobs"]), dict(mine["knobs"])
+    if cores_may_differ:
+        for knobs in (theirs, ours):
+            for name in CORE_BOUND:
+                if name in knobs:
+                    knobs[name] = {k: v for k, v in knobs[name].items() if k != "high"}
+    if theirs == ours:
+        return ""
+    for name in sorted(set(theirs) | set(ours)):
+        if theirs.get(name) != ours.get(name):
+            return (f"{name} is {_shown_knob(theirs.get(name))} in the study and {_shown_knob(ours.get(name))} "
+                    f"on this host")
+    return "the knobs differ"
+
+
+def _shown_knob(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "not searched"
+    if "choices" in entry:
+        return "/".join(entry["choices"])
+    return f"{entry.get('low')}..{entry.get('high', 'its cores')}"

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 
 from autotune import __version__
-from autotune.config.space import recorded_differs
+from autotune.config.space_fit import recorded_differs
 from autotune.host.machine import Machine, fingerprint, host_name
 from autotune.study.storage import StudyError
 
