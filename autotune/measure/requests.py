@@ -12,9 +12,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.base.errors import ConfigError, ModelError, RunFailed
+from autotune.child import runtimes
 from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.child.errors import LOAD_FAILED
+from autotune.child.knobs import PEER_BACKENDS
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models
 from autotune.config.knobs import Config
@@ -60,6 +62,9 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     if request.config.get("precision") == "int8" and not machine.described and not machine_has_int8():
         raise ConfigError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
                           "none; use precision=fp32")
+    backend = str(request.config.get("backend"))
+    if backend in PEER_BACKENDS and not machine.described and not runtimes.installed(backend):
+        raise ConfigError(runtimes.not_installed(backend))
     spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
     check_batch_fits((request.batch_size,), spec.item_shape)
     bench = BenchSpec(

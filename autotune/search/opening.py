@@ -132,6 +132,7 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available["bf16"] = machine_has_bf16()
     available["int8"] = machine_has_int8()
+    available |= space_fit.runtimes_installed()
     adapted = space_fit.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
     return model, space_fit.pin(adapted, request.pins, available)
 
@@ -149,7 +150,8 @@ def open_search(request: SearchRequest, machine: Machine,
     study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed, liar),
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     settings, cls = _settings(request, model, machine), host_class(machine)
-    found = recipes.recipes(machine.topology, request.objective, machine_has_bf16(), machine_has_int8())
+    found = recipes.recipes(machine.topology, request.objective, machine_has_bf16(), machine_has_int8(),
+                            space_fit.runtimes_installed())
     known, left_out = recipes.fitting(found, adapted, request.pins)
     # In one worker at a time, as claiming a trial (fleet.claim): two hosts of different classes
     # would both claim a new study, and a dead worker's trial failed here would be retried under a claimer.

@@ -191,3 +191,52 @@ def test_a_saved_traceback_shows_no_password() -> None:
     assert "secretpw" not in text + line
     assert "command: autotune studies --storage postgresql+psycopg://me:***@127.0.0.1:1/db\n" in text
     assert line == "RuntimeError: cannot reach postgresql+psycopg://me:***@127.0.0.1:1/db"
+
+
+RUNS = {"search": ["--trials", "2"], "bench": [], "plan": []}
+
+
+@pytest.fixture
+def without_openvino(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """This environment as one without OpenVINO's packages, in an empty folder (what gets written)."""
+    from autotune.child import runtimes
+
+    real = runtimes.missing
+    monkeypatch.setattr(runtimes, "missing", lambda backend: ("openvino", "nncf") if backend == "openvino" else
+                        real(backend))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", sorted(RUNS))
+def test_a_backend_whose_runtime_is_not_installed_is_one_line_and_writes_nothing(
+        capsys: pytest.CaptureFixture[str], without_openvino: Path, command: str) -> None:
+    code, out, err = run_cli(capsys, command, "--model", "resnet18", "--set", "backend=openvino", *RUNS[command])
+    assert code == 2
+    install = "pip install 'autotune[openvino]' (or: pip install openvino nncf)"
+    assert err == ("Error: --set backend=openvino cannot run here: OpenVINO is not installed; install it with "
+                   f"{install}; drop that --set\n" if command == "search" else
+                   "Error: backend=openvino needs OpenVINO, and this environment lacks openvino, nncf; install it "
+                   f"with {install}\n")
+    assert out == "" and list(without_openvino.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", sorted(RUNS))
+@pytest.mark.parametrize(("pins", "message"), [
+    (["ov_hint=throughput", "backend=inductor"],
+     "Error: ov_hint applies only with backend=openvino (here backend=inductor); set backend or drop ov_hint\n"),
+    (["backend=onnxruntime", "ort_inter_threads=2"],
+     "Error: ort_inter_threads applies only with ort_execution=parallel (here ort_execution=sequential); set "
+     "ort_execution or drop ort_inter_threads\n"),
+    (["backend=openvino", "omp_runtime=intel"],
+     "Error: omp_runtime applies only with backend=eager/torchscript/inductor (here backend=openvino); set backend "
+     "or drop omp_runtime\n"),
+])
+def test_a_knob_of_one_runtime_set_with_another_backend_is_one_line_and_writes_nothing(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str,
+        pins: list[str], message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, command, "--model", "resnet18", *(a for p in pins for a in ("--set", p)),
+                             *RUNS[command])
+    assert (code, out, err) == (2, "", message)
+    assert list(tmp_path.iterdir()) == []
