@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from autotune.child import cpu
+from autotune.child.knobs import PEER_BACKENDS
+from autotune.config import space_fit
 from autotune.host.libs import Libraries
 from autotune.host.lock import LOCK_ENV
 from autotune.host.machine import Machine
@@ -58,9 +60,18 @@ def fake_libs() -> Libraries:
 
 
 @pytest.fixture
-def here(fake_libs: Libraries) -> Machine:
+def peer_runtimes(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
+    """Which peer runtimes (OpenVINO, ONNX Runtime) a search in this process sees installed: none,
+    whatever this environment holds, until a test sets an entry True (`peer_runtimes["openvino"] = True`)."""
+    installed = {backend: False for backend in PEER_BACKENDS}
+    monkeypatch.setattr(space_fit, "runtimes_installed", lambda: dict(installed))
+    return installed
+
+
+@pytest.fixture
+def here(fake_libs: Libraries, peer_runtimes: dict[str, bool]) -> Machine:
     """The machine a search without processes runs on: the 1-socket AMD with SMT (8 usable physical
-    cores), every library present."""
+    cores), every library present, no peer runtime (`peer_runtimes` adds them)."""
     return Machine(lscpu("amd_1s_smt"), fake_libs)
 
 

@@ -5,13 +5,19 @@ much its winner beats the best of them.
 A recipe sets only the knobs its authors set; everything else stays at PyTorch's default, as when
 they run it. The throughput variants add one instance per NUMA node (or socket), each bound to its
 own cores, as PyTorch's launcher does in its throughput mode.
+
+The peer recipes come first: the other runtimes a user would pick instead (OpenVINO, ONNX Runtime)
+at their own defaults, where their packages are installed, so that a study states its winner
+against the best of them as well as against the best expert recipe.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.base.errors import ConfigError
+from autotune.child.knobs import PEER_BACKENDS
 from autotune.config.knobs import Config, KnobValue
 from autotune.config.space import SearchSpace
 from autotune.host.topology import Topology
@@ -21,6 +27,11 @@ from autotune.host.topology import Topology
 class Recipe:
     name: str
     config: Config
+
+    @property
+    def peer(self) -> bool:
+        """Another runtime's recipe (OpenVINO, ONNX Runtime) rather than an expert's for PyTorch."""
+        return self.config.get("backend") in PEER_BACKENDS
 
 
 def _seed(cores: int) -> dict[str, KnobValue]:
@@ -43,18 +54,38 @@ COMPILE_BF16 = {**COMPILE, "precision": "bf16"}
 COMPILE_INT8 = {**COMPILE, "precision": "int8"}
 
 
-def recipes(topology: Topology, objective: str, bf16: bool, int8: bool = False) -> list[Recipe]:
-    """The known recipes for this machine and objective, in the order a search runs them."""
+# Each runtime at its own defaults (OpenVINO's LATENCY hint, ONNX Runtime's full graph optimization),
+# and OpenVINO's int8 through NNCF where int8 is offered (as the expert int8 recipe).
+PEERS = {"openvino": "OpenVINO defaults (LATENCY hint)", "onnxruntime": "ONNX Runtime defaults"}
+PEER_INT8 = {"openvino": "OpenVINO int8 (NNCF)"}
+
+
+def peer_recipes(installed: Mapping[str, bool], int8: bool) -> list[Recipe]:
+    """The peer recipes of the runtimes installed here (`installed`: backend -> its packages are)."""
+    found = []
+    for backend in (b for b in PEER_BACKENDS if installed.get(b, False)):
+        found.append(Recipe(PEERS[backend], Config.from_mapping({"backend": backend})))
+        if int8 and backend in PEER_INT8:
+            found.append(Recipe(PEER_INT8[backend], Config.from_mapping({"backend": backend, "precision": "int8"})))
+    return found
+
+
+def recipes(topology: Topology, objective: str, bf16: bool, int8: bool = False,
+            installed: Mapping[str, bool] | None = None) -> list[Recipe]:
+    """The known recipes for this machine and objective, in the order a search runs them: the peer
+    recipes of the runtimes `installed` (backend -> whether its packages are; none when None), then
+    the experts'."""
     cores = len(topology.usable_cores)
-    found = [Recipe("seed", Config.from_mapping(_seed(cores))),
-             Recipe("pytorch-launcher", Config.from_mapping(_launcher(cores))),
-             Recipe("compile+channels_last", Config.from_mapping(COMPILE))]
+    experts = [Recipe("seed", Config.from_mapping(_seed(cores))),
+               Recipe("pytorch-launcher", Config.from_mapping(_launcher(cores))),
+               Recipe("compile+channels_last", Config.from_mapping(COMPILE))]
     if bf16:
-        found.append(Recipe("compile+bf16+channels_last", Config.from_mapping(COMPILE_BF16)))
+        experts.append(Recipe("compile+bf16+channels_last", Config.from_mapping(COMPILE_BF16)))
     if int8:
-        found.append(Recipe("compile+int8+channels_last", Config.from_mapping(COMPILE_INT8)))
-    if objective != "latency":
-        found += [_per_node(r, topology) for r in list(found)]
+        experts.append(Recipe("compile+int8+channels_last", Config.from_mapping(COMPILE_INT8)))
+    found = []
+    for group in (peer_recipes(installed or {}, int8), experts):
+        found += group + ([_per_node(r, topology) for r in group] if objective != "latency" else [])
     return found
 
 
