@@ -167,3 +167,17 @@ def test_plan_json_has_what_users_script_against(fake_libs: Libraries) -> None:
     assert set(inst) == {"index", "cpus", "numa_node", "env", "command"}
     assert inst["cpus"] == [0, 1, 2, 3]
     assert inst["numa_node"] == 0
+
+
+@pytest.mark.parametrize("runtime", [["backend=openvino", "ov_hint=throughput", "ov_streams=2"],
+                                     ["backend=onnxruntime", "ort_execution=parallel", "ort_inter_threads=2"]])
+def test_a_peer_backend_sets_the_threads_and_no_openmp_runtime_and_its_knobs_reach_the_child(
+        fake_libs: Libraries, runtime: list[str]) -> None:
+    """OpenVINO and ONNX Runtime take their threads from omp_threads; the OpenMP knobs do not apply."""
+    plan = make([*runtime, "omp_threads=3", "instances=2"], lscpu("xeon_2s_ht"), fake_libs)
+    assert_well_placed(plan, lscpu("xeon_2s_ht"))
+    for inst in plan.instances:
+        assert inst.env == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
+        flags = dict(zip(inst.command, inst.command[1:], strict=False))
+        assert all(flags[f"--{name.replace('_', '-')}"] == value
+                   for name, _, value in (pair.partition("=") for pair in runtime))
