@@ -83,6 +83,12 @@ def doctor(report: Mapping[str, Any]) -> None:
     libs.add_row("numactl", state, numactl["install"] or "")
     libs.add_row("taskset", report["taskset"] or "[red]missing[/red]", "")
     out.print(libs)
+    found = [f"{name} {version}" for info in report["runtimes"].values() for name, version in info["versions"].items()
+             if version]
+    out.print(f"runtimes: {', '.join(found) or 'none'}")
+    for backend, info in report["runtimes"].items():
+        if info["install"]:
+            out.print(f"[yellow]backend={backend} needs {info['name']}: {escape(info['install'])}[/yellow]")
 
 
 def plan(data: Mapping[str, Any]) -> None:

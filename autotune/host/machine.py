@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import cpu
+from autotune.child import cpu, runtimes
 from autotune.child.cpu import ISA_FLAGS, cpuinfo
 from autotune.host import libs, topology
 from autotune.host.libs import Libraries
@@ -131,4 +131,14 @@ def report(machine: Machine) -> dict[str, Any]:
                     "usable": found.numactl_usable, "problem": found.numactl_problem or None,
                     "install": None if found.numactl else libs.NUMACTL_INSTALL},
         "taskset": str(found.taskset) if found.taskset else None,
+        "runtimes": runtimes_report(),
     }
+
+
+def runtimes_report() -> dict[str, dict[str, Any]]:
+    """Each peer backend's runtime: its packages' versions (None: missing) and, where one is
+    missing, the command that installs them."""
+    found = runtimes.versions()
+    return {backend: {"name": spec.name, "versions": {name: found[name] for name in spec.distributions},
+                      "install": None if runtimes.installed(backend) else spec.install}
+            for backend, spec in runtimes.RUNTIMES.items()}

@@ -112,6 +112,25 @@ def test_doctor_json_lists_libraries_with_install_hints(capsys: pytest.CaptureFi
     assert data["torch"].startswith("2.")
 
 
+def test_doctor_lists_the_runtimes_found_with_their_versions_and_how_to_install_a_missing_one(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.child import runtimes
+
+    monkeypatch.setattr(runtimes, "versions", lambda: {"openvino": "2026.4.1", "nncf": "3.4.0", "onnxruntime": None,
+                                                       "onnx": "1.23.2", "onnxscript": None})
+    monkeypatch.setattr(runtimes, "missing", lambda backend: ("onnxruntime", "onnxscript") if backend == "onnxruntime"
+                        else ())
+    code, out, _ = run_cli(capsys, "doctor", "--json")
+    assert code == 0
+    assert json.loads(out)["runtimes"] == {
+        "openvino": {"name": "OpenVINO", "versions": {"openvino": "2026.4.1", "nncf": "3.4.0"}, "install": None},
+        "onnxruntime": {"name": "ONNX Runtime", "versions": {"onnxruntime": None, "onnx": "1.23.2", "onnxscript": None},
+                        "install": "pip install 'autotune[onnxruntime]' (or: pip install onnxruntime onnx onnxscript)"}}
+    code, out, _ = run_cli(capsys, "doctor")
+    assert "runtimes: openvino 2026.4.1, nncf 3.4.0, onnx 1.23.2\n" in out
+    assert "backend=onnxruntime needs ONNX Runtime: pip install 'autotune[onnxruntime]' (or: pip install " in out
+
+
 def test_knobs_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "knobs")
     assert code == 0
