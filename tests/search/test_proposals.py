@@ -411,3 +411,15 @@ def test_every_precision_and_layout_compiles_at_the_best_trials_threads(tmp_path
     assert {(p, m, threads[2]) for p in ("fp32", "bf16", "int8") for m in ("contiguous", "channels_last")} <= ran
     covering = [t for t in trials if str(t.user_attrs.get("proposed_by", "")).startswith("coverage")]
     assert covering and min(t.number for t in covering) > max(t.number for t in trials if t.user_attrs.get("recipe"))
+
+
+def test_peer_recipes_run_first_where_their_runtime_is_installed_and_a_missing_one_is_a_note(
+        tmp_path: Path, here: Machine, peer_runtimes: dict[str, bool]) -> None:
+    peer_runtimes["onnxruntime"] = True
+    opened = opening.open_search(request(tmp_path, 2, space=DEFAULT), here)
+    assert opened.proposer is not None
+    assert [r.name for r in opened.proposer.recipes][:2] == ["ONNX Runtime defaults", "seed"]
+    assert any(n.startswith("backend=openvino dropped: OpenVINO is not installed; install it with pip install "
+                            "'autotune[openvino]'") for n in opened.notes)
+    backend = opened.space.get("backend")
+    assert backend is not None and backend.choices == ("eager", "torchscript", "inductor", "onnxruntime")
