@@ -88,7 +88,8 @@ GRAPH_KIND = "int8graph"  # the file name's prefix of int8's quantized graph (`c
 def artifact_path(folder: Path, meta: dict[str, Any], suffix: str, kind: str = "") -> Path:
     """Where the artifact for exactly this model, knobs, inputs, torch and CPU lives."""
     key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
-    kind = kind or ("inductor" if meta["knobs"]["backend"] == "inductor" else "torchscript")
+    backend = meta["knobs"]["backend"]
+    kind = kind or (backend if backend in ("inductor", "openvino", "onnxruntime") else "torchscript")
     return folder / f"{kind}-{key}{suffix}"
 
 
@@ -104,8 +105,8 @@ def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
             continue
         if not isinstance(other, dict) or any(other.get(key) != meta[key] for key in same):
             continue
-        differs = [f"{key} {other.get(key)} (here {meta[key]})" for key in ("torch", "isa", "format")
-                   if other.get(key) != meta[key]]
+        differs = [f"{key} {other.get(key)} (here {meta.get(key)})" for key in ("torch", "runtime", "isa", "format")
+                   if other.get(key) != meta.get(key)]
         if differs:
             found.append(f"{described.name[:-5]}: it was built for {', '.join(differs)}")
     return found
