@@ -113,14 +113,21 @@ def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
 
 
 def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, Any]) -> None:
-    """Atomically: the file and its description appear complete or not at all, whatever fails."""
+    """Atomically: the file and its description appear complete or not at all, whatever fails; the
+    folders made for it go again when it fails."""
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # the description first: no process finds an artifact without it
         with replacing(path, suffix=path.suffix) as tmp:  # aoti wants its .pt2 suffix
             save(tmp)
             write_atomically(f"{path}.json", json.dumps(meta, indent=1))
-    except OSError as exc:
+    except BaseException as exc:
+        for folder in made:  # deepest first; one another process filled meanwhile stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(exc, OSError):
+            raise
         raise ApplyError(f"cannot save the compiled model into {path.parent}: {exc.strerror or exc}; point "
                          f"AUTOTUNE_ARTIFACTS at a writable folder, or unset it to compile in each process") \
             from None

@@ -32,6 +32,7 @@ from autotune.child.batches import explain, split
 from autotune.child.errors import ApplyError
 from autotune.child.knobs import ModelKnobs
 
+CONVERT_FAILED = "could not convert the model"  # how a converter's refusal is told, child to harness
 SUFFIX = {"openvino": ".xml", "onnxruntime": ".onnx"}
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}  # int8: the quantized layers run int8 anyway
 ORT_OPTIMIZATION = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -92,7 +93,7 @@ def _save_openvino(model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path:
         shapes = [ov.PartialShape(list(t.shape)) for t in _flat(example)]  # fixed, as the other backends compile
         converted.reshape(dict(zip(converted.inputs, shapes, strict=True)))
     except Exception as exc:
-        raise ApplyError(f"backend=openvino: openvino.convert_model could not convert the model at "
+        raise ApplyError(f"backend=openvino: openvino.convert_model {CONVERT_FAILED} at "
                          f"{_failed_at(exc)} ({explain(exc)}); use another backend for it") from exc
     if knobs.precision == "int8":
         converted = _nncf_quantized(model, converted, calibration)
@@ -149,7 +150,7 @@ def _save_onnx(model: Any, example: Any, knobs: ModelKnobs, tmp: Path, calibrati
             assert program is not None  # dynamo=True always returns the program
             program.save(str(exported), external_data=False)
         except Exception as exc:
-            raise ApplyError(f"backend=onnxruntime: torch.onnx.export could not convert the model at "
+            raise ApplyError(f"backend=onnxruntime: torch.onnx.export {CONVERT_FAILED} at "
                              f"{_failed_at(exc)} ({explain(exc)}); use another backend for it") from exc
         if knobs.precision == "int8":
             _ort_quantized(exported, tmp, calibration, Path(folder))

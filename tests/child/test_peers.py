@@ -14,10 +14,10 @@ import autotune
 from autotune.child import deploy, runtimes
 from autotune.child.knobs import ModelKnobs
 from autotune.deploy import cache
+from tests.conftest import NEEDS_BF16, NEEDS_INT8, NEEDS_PEERS
 from tests.fixtures.models import tinynets
 
-pytestmark = pytest.mark.skipif(not (runtimes.installed("openvino") and runtimes.installed("onnxruntime")),
-                                reason="./setup.sh installs OpenVINO and ONNX Runtime")
+pytestmark = NEEDS_PEERS
 
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
 CALIBRATION = [torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
@@ -32,8 +32,9 @@ def applied(model: nn.Module, example: object, knobs: ModelKnobs, folder: Path,
     return result, setup
 
 
-@pytest.mark.parametrize(("backend", "precision"), [("openvino", "fp32"), ("openvino", "int8"),
-                                                    ("onnxruntime", "fp32"), ("onnxruntime", "int8")])
+@pytest.mark.parametrize(("backend", "precision"), [
+    ("openvino", "fp32"), pytest.param("openvino", "int8", marks=NEEDS_INT8),
+    ("onnxruntime", "fp32"), pytest.param("onnxruntime", "int8", marks=NEEDS_INT8)])
 def test_converted_once_then_loaded_and_guarded(tmp_path: Path, backend: str, precision: str) -> None:
     knobs = ModelKnobs(backend=backend, precision=precision)  # type: ignore[arg-type]
     model = tinynets.cnn()
@@ -63,9 +64,8 @@ def test_the_runtime_settings_share_one_saved_file(tmp_path: Path) -> None:
     assert first["artifact_file"] != ort["artifact_file"]
 
 
+@NEEDS_BF16
 def test_openvino_bf16_is_guarded_by_the_bf16_tolerance(tmp_path: Path) -> None:
-    if not autotune.child.cpu.has_bf16():
-        pytest.skip("this CPU has no bf16")
     _, setup = applied(tinynets.cnn(), IMAGES, ModelKnobs(backend="openvino", precision="bf16"), tmp_path)
     assert 0 < float(setup["max_rel_err"]) <= 5e-2  # type: ignore[arg-type]
 
