@@ -58,7 +58,7 @@ ISSUE_PEERS = {
     "ONNX Runtime defaults": ["backend=onnxruntime"],
 }
 BERT_INPUTS = "bert_inputs.pt"
-TAIL = 300  # characters of a failure's reason kept
+KEPT = 300  # characters of a failure's reason kept, from its start (where it says what failed)
 
 
 @dataclass(frozen=True)
@@ -244,10 +244,10 @@ def bench(args: argparse.Namespace, folder: Path, source: list[str], objective: 
         result = json.loads(done.stdout)["result"]
     except (json.JSONDecodeError, KeyError, TypeError):  # an `Error:` line (exit 2), a crash
         reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}, no output"])[-1]
-        return {"ok": False, "value": None, "reason": reason[-TAIL:], "exit": done.returncode}
+        return {"ok": False, "value": None, "reason": reason[:KEPT], "exit": done.returncode}
     metric = "latency_p50_ms" if objective == "latency" else "throughput_ips"
     ok = bool(result.get("ok"))
-    return {"ok": ok, "value": result.get(metric) if ok else None, "reason": str(result.get("reason", ""))[-TAIL:],
+    return {"ok": ok, "value": result.get(metric) if ok else None, "reason": str(result.get("reason", ""))[:KEPT],
             "exit": done.returncode, "p90_ms": result.get("latency_p90_ms"), "peak_rss_mb": result.get("peak_rss_mb")}
 
 
