@@ -20,7 +20,7 @@ from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
 from autotune.measure.plan import Binding, LaunchPlan, model_knobs
-from autotune.study import confirmations, records
+from autotune.study import confirmations, records, references
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
 # file after another never keeps the first one's.
@@ -107,7 +107,7 @@ def recipe_comparison(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]
     """`trial` against the best expert recipe the study ran, in the search's own measurements:
     both speedups over the baseline and their ratio (None when no recipe completed)."""
     speedup = speedup_attr(study.user_attrs.get("objective", "latency"))
-    recipe = records.best_recipe(study, speedup)
+    recipe = references.best_recipe(study, speedup)
     if recipe is None or speedup not in trial.user_attrs:
         return None
     mine, theirs = float(trial.user_attrs[speedup]), float(recipe.user_attrs[speedup])

@@ -33,7 +33,7 @@ from autotune.report.importance import (
     importance,
     marginals,
 )
-from autotune.study import confirmations, records
+from autotune.study import confirmations, records, references
 
 PROFILES = "profiles"  # studies/profiles/<study name>/*.trace.json, written by `autotune profile`
 TRACE_GLOB = "*.trace.json"
@@ -206,7 +206,7 @@ def _baseline_line(study: optuna.Study, metric: Metric) -> Line | None:
 
 
 def _recipe_line(study: optuna.Study, metric: Metric) -> Line | None:
-    recipe = records.best_recipe(study, records.speedup_key(metric))
+    recipe = references.best_recipe(study, records.speedup_key(metric))
     if recipe is None:
         return None
     return Line(f"best expert recipe: {recipe.user_attrs['recipe']}", recipe.number, float(recipe.user_attrs[metric]))

@@ -33,12 +33,12 @@ from autotune.base.thresholds import ALPHA
 from autotune.config.knobs import Config
 from autotune.measure import stats
 from autotune.measure.objectives import Metric
-from autotune.study import records
+from autotune.study import records, references
 
 
 def best_recipe(study: optuna.Study, metric: Metric) -> FrozenTrial | None:
     """The recipe trial the confirmation runs: the completed one with the largest speedup in `metric`."""
-    trial = records.best_recipe(study, records.speedup_key(metric))
+    trial = references.best_recipe(study, records.speedup_key(metric))
     return trial if trial is not None and "plan" in trial.user_attrs else None
 
 
