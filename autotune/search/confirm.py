@@ -19,7 +19,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -27,7 +27,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import ALPHA
-from autotune.config.knobs import Config
 from autotune.measure import stats
 from autotune.measure.objectives import Metric, lower_is_better, metric_of, metric_value, min_rounds
 from autotune.measure.plan import LaunchPlan
@@ -146,21 +145,6 @@ def speedups(reference: Sequence[float | None], candidate: Sequence[float | None
     """Per-round speedup of the candidate over the reference, over the rounds where both ran."""
     pairs = [(r, c) for r, c in zip(reference, candidate, strict=True) if r is not None and c is not None]
     return [r / c if lower_is_better(metric) else c / r for r, c in pairs]
-
-
-def compared(measured: Rounds, metric: Metric, min_effect: float) -> PairedComparison | None:
-    """`compare`: the second contender against the first, only when every run of both succeeded."""
-    if any(r.value is None for series in measured.runs for r in series):
-        return None
-    return paired(measured.values(0), measured.values(1), metric, min_effect)
-
-
-def distinct(contenders: Sequence[Contender]) -> list[Contender]:
-    """Labels a reader can tell apart: a configuration compared with itself is '#1' and '#2'."""
-    labels = [c.label for c in contenders]
-    if len(set(labels)) == len(labels):
-        return list(contenders)
-    return [replace(c, label=f"{c.label} #{i + 1}") for i, c in enumerate(contenders)]
 
 
 def check_rounds(rounds: int, candidates: int, flag: str = "--rounds", top_flag: str = "--top") -> None:
@@ -346,41 +330,3 @@ def _disqualified(runs: Sequence[RoundRun], max_latency_ms: float | None) -> dic
                 "reason": f"had a p90 latency of {p90:.2f} ms in these rounds, over --max-latency-ms "
                           f"{max_latency_ms:g}"}
     return {}
-
-
-def is_configuration(spec: str) -> bool:
-    """A `compare` operand written as knobs: `defaults`, or `KNOB=VALUE` pairs joined by commas."""
-    return spec == "defaults" or ("=" in spec and not spec.endswith(".env") and "/" not in spec)
-
-
-def configuration(spec: str) -> Config:
-    """`defaults` or `backend=inductor,precision=bf16` as a Config (the same rules as `--set`)."""
-    return Config() if spec == "defaults" else Config.from_assignments(part for part in spec.split(",") if part)
-
-
-def contender_from(spec: str, study: Callable[[], optuna.Study],
-                   plan_env_file: Callable[[str], LaunchPlan],
-                   plan_config: Callable[[Config], LaunchPlan] | None = None) -> Contender:
-    """`compare` operands: a trial number of the study, knobs (`defaults`, `K=V,K=V`, planned by
-    `plan_config`), or an env file written by `autotune export`."""
-    if is_configuration(spec):
-        if plan_config is None:
-            raise ConfirmError(f"{spec!r} is a configuration; comparing configurations needs --model")
-        return Contender(spec, plan_config(configuration(spec)))
-    if spec.isdigit():
-        loaded = study()
-        trial = next((t for t in loaded.get_trials(deepcopy=False) if t.number == int(spec)), None)
-        if trial is None or "plan" not in trial.user_attrs or trial.state != TrialState.COMPLETE:
-            raise ConfirmError(f"trial {spec} of study {loaded.study_name!r} did not complete; compare completed "
-                               f"trials or env files")
-        return Contender(f"trial {spec}", records.plan_of(trial), trial.number)
-    return Contender(spec, plan_env_file(spec))
-
-
-def regression(measured: Rounds, metric: Metric, margin: float) -> stats.RegressionCheck | None:
-    """`compare --fail-if-slower`: the second contender against the first, two-sided, only when
-    every run of both succeeded (a failed run is no evidence either way)."""
-    if any(r.value is None for series in measured.runs for r in series):
-        return None
-    ratios = speedups(measured.values(0), measured.values(1), metric)
-    return stats.regression_check(ratios, margin) if len(ratios) >= 2 else None
