@@ -182,30 +182,38 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
     check_rounds(rounds, top)
     base, chosen = candidates(study, top)
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))
-    recipe = against_recipe.best_recipe(study, metric)
-    extra = extra_recipe(study, chosen)
-    contenders = [Contender(f"trial {t.number}" + (" (recipe)" if t in extra else ""), records.plan_of(t), t.number)
-                  for t in [*chosen, *extra]]
+    recipe, peer = against_recipe.best_recipe(study, metric), against_recipe.best_peer(study, metric)
+    contenders = [Contender(f"trial {t.number}", records.plan_of(t), t.number) for t in chosen]
+    contenders += [Contender(f"trial {t.number} ({'peer' if t is peer else 'recipe'})", records.plan_of(t), t.number)
+                   for t in extra_references(study, chosen)]
     reference = Contender(f"trial {base.number} (baseline)", records.plan_of(base), base.number)
     measured = interleave([reference, *contenders], rounds, metric, timeout_s, runner, on_run, seed) \
         if chosen else None
     limit = study.user_attrs.get("max_latency_ms")
-    verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None, recipe)
+    verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None, recipe,
+                     peer)
     verdict.update(ran_on or {})
     return confirmations.record(study, verdict)
 
 
 def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | None, metric: Metric, rounds: int,
-           min_effect: float, max_latency_ms: float | None = None, recipe: FrozenTrial | None = None) -> dict[str, Any]:
+           min_effect: float, max_latency_ms: float | None = None, recipe: FrozenTrial | None = None,
+           peer: FrozenTrial | None = None) -> dict[str, Any]:
     """The verdict from the rounds: contender 0 is the baseline, then `chosen` in order, then the
-    best recipe (`recipe`) when it is not one of them (against_recipe.py)."""
+    best expert recipe (`recipe`) and the best peer (`peer`) that are not among them, each found
+    by its trial number (against_recipe.py)."""
     reference = measured.values(0) if measured else []
     rows = [_row(trial, measured.runs[i + 1], reference, metric, min_effect, max_latency_ms)
             for i, trial in enumerate(chosen)] if measured else []
     _holm(rows)
     winners = [r for r in rows if r["significant"]]
     best = max(winners, key=lambda r: r["speedup"]) if winners else None
-    versus = _against_recipe(chosen, measured, recipe, best, metric, min_effect, max_latency_ms)
+    versus = _against("recipe", recipe, chosen, measured, best, metric, min_effect, max_latency_ms)
+    versus_peer = _against("peer", peer, chosen, measured, best, metric, min_effect, max_latency_ms)
+    if versus_peer is not None and measured is not None:
+        over_recipe = speedups(measured.values(_series(chosen, measured, recipe)),
+                               measured.values(_series(chosen, measured, peer)), metric) if recipe and peer else []
+        versus_peer = against_recipe.weigh_peer(versus_peer, versus, over_recipe, min_effect)
     verdict: dict[str, Any] = {
         "metric": metric, "rounds": rounds, "min_effect": min_effect, "alpha": ALPHA,
         "baseline_trial": base.number, "candidates": rows, "significant": best is not None,
@@ -213,8 +221,8 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
         "baseline_failed_runs": sum(v is None for v in reference),
         "baseline_process_wall_s": _process_wall(measured.runs[0]) if measured else None,
         "winner_trial": best["trial"] if best else base.number,
-        "recommended_trial": versus["recommended_trial"] if versus else (best["trial"] if best else base.number),
-        "against_recipe": versus,
+        "recommended_trial": against_recipe.recommended(best["trial"], versus, versus_peer) if best else base.number,
+        "against_recipe": versus, "against_peer": versus_peer,
         "confirmed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if measured is not None:
@@ -222,14 +230,17 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
                        orders=[[measured.contenders[p].trial for p in order] for order in measured.orders])
     if best is not None:
         verdict.update(speedup=best["speedup"], ci=best["ci"], ci_label=best["ci_label"], p_value=best["p_value"])
-    verdict["message"] = _message(best, rows, rounds, min_effect) + against_recipe.sentence(versus)
+    verdict["message"] = (_message(best, rows, rounds, min_effect) + against_recipe.sentence(versus)
+                          + against_recipe.sentence(versus_peer, "peer"))
     return verdict
 
 
-def extra_recipe(study: optuna.Study, chosen: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-    """The best recipe, when the confirmation runs it beside the candidates (it is not one of them)."""
-    recipe = against_recipe.best_recipe(study, metric_of(str(study.user_attrs.get("objective", "latency"))))
-    return [recipe] if recipe is not None and _position(chosen, recipe) is None else []
+def extra_references(study: optuna.Study, chosen: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The best expert recipe and the best peer that the confirmation runs beside the candidates
+    (those that are not among them)."""
+    metric = metric_of(str(study.user_attrs.get("objective", "latency")))
+    found = (against_recipe.best_recipe(study, metric), against_recipe.best_peer(study, metric))
+    return [t for t in found if t is not None and _position(chosen, t) is None]
 
 
 def _position(chosen: Sequence[FrozenTrial], trial: FrozenTrial) -> int | None:
@@ -240,20 +251,29 @@ def _position(chosen: Sequence[FrozenTrial], trial: FrozenTrial) -> int | None:
                 None)
 
 
-def _against_recipe(chosen: Sequence[FrozenTrial], measured: Rounds | None, recipe: FrozenTrial | None,
-                    best: dict[str, Any] | None, metric: Metric, min_effect: float,
-                    max_latency_ms: float | None) -> dict[str, Any] | None:
-    """The winner against the best recipe, with the recipe's own row against the baseline when it
-    was not a candidate (None: no winner, or no recipe ran)."""
-    if measured is None or best is None or recipe is None:
+def _series(chosen: Sequence[FrozenTrial], measured: Rounds, trial: FrozenTrial) -> int:
+    """The contender that ran `trial` (a reference): its candidate, or its own series after them."""
+    at = _position(chosen, trial)
+    if at is not None:
+        return 1 + at
+    return next(i for i, c in enumerate(measured.contenders) if i > len(chosen) and c.trial == trial.number)
+
+
+def _against(kind: against_recipe.Kind, reference: FrozenTrial | None, chosen: Sequence[FrozenTrial],
+             measured: Rounds | None, best: dict[str, Any] | None, metric: Metric, min_effect: float,
+             max_latency_ms: float | None) -> dict[str, Any] | None:
+    """The winner against a reference (the best expert recipe or the best peer), with the
+    reference's own row against the baseline when it was not a candidate (None: no winner, or no
+    such reference ran)."""
+    if measured is None or best is None or reference is None:
         return None
-    at = _position(chosen, recipe)
-    series = measured.runs[1 + (len(chosen) if at is None else at)]
+    position = _series(chosen, measured, reference)
+    series = measured.runs[position]
     values = [r.value for r in series]
     winner = measured.values(1 + next(i for i, t in enumerate(chosen) if t.number == best["trial"]))
-    found = against_recipe.compare(recipe, values, best, speedups(values, winner, metric), min_effect)
-    if at is None:
-        found["against_baseline"] = _row(recipe, series, measured.values(0), metric, min_effect, max_latency_ms)
+    found = against_recipe.compare(reference, values, best, speedups(values, winner, metric), min_effect, kind)
+    if position > len(chosen):
+        found["against_baseline"] = _row(reference, series, measured.values(0), metric, min_effect, max_latency_ms)
     return found
 
 

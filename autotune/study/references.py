@@ -10,6 +10,9 @@ documented path.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -18,20 +21,24 @@ from autotune.child.knobs import PEER_BACKENDS
 from autotune.config.knobs import KNOBS, Config
 
 
-def backend_of(trial: FrozenTrial) -> str:
-    """The backend the trial's configuration ran (its parameter, for a description this autotune
-    can no longer read)."""
-    described = str(trial.user_attrs.get("config", "defaults"))
+def backend_of(described: str, params: Mapping[str, Any] | None = None) -> str:
+    """The backend a recorded configuration (`config`, as `Config.describe` wrote it) runs; for a
+    description this autotune can no longer read, the trial's `params` say."""
     try:
-        config = Config.from_assignments([] if described == "defaults" else described.split())
+        config = Config.from_assignments([] if described in ("", "defaults") else described.split())
     except ConfigError:
-        return str(trial.params.get("backend", KNOBS["backend"].default))
+        return str((params or {}).get("backend", KNOBS["backend"].default))
     return str(config.get("backend"))
 
 
+def runs_in_peer(described: str, params: Mapping[str, Any] | None = None) -> bool:
+    """Whether a recorded configuration runs in another runtime than PyTorch (OpenVINO, ONNX Runtime)."""
+    return backend_of(described, params) in PEER_BACKENDS
+
+
 def is_peer(trial: FrozenTrial) -> bool:
-    """Whether the trial ran in another runtime than PyTorch (OpenVINO, ONNX Runtime)."""
-    return backend_of(trial) in PEER_BACKENDS
+    """Whether the trial ran in another runtime than PyTorch."""
+    return runs_in_peer(str(trial.user_attrs.get("config", "defaults")), trial.params)
 
 
 def best_recipe(study: optuna.Study, speedup: str) -> FrozenTrial | None:
