@@ -145,9 +145,20 @@ def confirmation_status(confirmation: dict[str, Any] | None, number: int) -> str
         return "not confirmed"
     if confirmations.recommended(confirmation) != number:
         return f"not chosen: confirmation chose trial {confirmations.recommended(confirmation)}"
+    if not confirmation["significant"]:
+        return "baseline kept"
     if confirmation["winner_trial"] != number:
-        return "recommended: the simpler of two that tie" if confirmation["significant"] else "baseline kept"
-    return "confirmed" if confirmation["significant"] else "baseline kept"
+        return f"recommended: {_why_recommended(confirmation, number)}"
+    return "confirmed"
+
+
+def _why_recommended(confirmation: dict[str, Any], number: int) -> str:
+    """Why a reference (the best expert recipe or peer) is recommended instead of the winner."""
+    if (confirmation.get("against_peer") or {}).get("trial") == number:
+        return "the best peer, faster than the winner"
+    if (confirmation.get("against_recipe") or {}).get("status") == "slower":
+        return "the best expert recipe, faster than the winner"
+    return "the simpler of two that tie"
 
 
 def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:
