@@ -37,6 +37,8 @@ def trial(config: str, search_ms: float, configs: tuple[str, ...], **attrs: obje
         state=TrialState.COMPLETE, values=[search_ms], params={"x": config},
         distributions={"x": CategoricalDistribution(configs)},
         user_attrs={"config": config, "plan": plan(config).to_json(), "batch_size": 1,
+                    "latency_p50_ms": search_ms, "latency_p90_ms": search_ms * 1.1,
+                    "throughput_ips": 1000.0 / search_ms, "peak_rss_mb": 500.0,
                     "speedup_latency": 100.0 / search_ms, **attrs})
 
 
