@@ -35,7 +35,7 @@ from autotune.measure.results import RunResult
 from autotune.measure.runner import run_series
 from autotune.measure.stats import PairedComparison
 from autotune.search import against_recipe
-from autotune.study import confirmations, records
+from autotune.study import confirmations, records, references
 
 
 class ConfirmError(AutotuneError):
@@ -184,8 +184,8 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))
     recipe, peer = against_recipe.best_recipe(study, metric), against_recipe.best_peer(study, metric)
     contenders = [Contender(f"trial {t.number}", records.plan_of(t), t.number) for t in chosen]
-    contenders += [Contender(f"trial {t.number} ({'peer' if t is peer else 'recipe'})", records.plan_of(t), t.number)
-                   for t in extra_references(study, chosen)]
+    contenders += [Contender(f"trial {t.number} ({'peer' if references.is_peer(t) else 'recipe'})",
+                             records.plan_of(t), t.number) for t in extra_references(study, chosen)]
     reference = Contender(f"trial {base.number} (baseline)", records.plan_of(base), base.number)
     measured = interleave([reference, *contenders], rounds, metric, timeout_s, runner, on_run, seed) \
         if chosen else None

@@ -72,7 +72,9 @@ def test_a_peer_recipe_is_a_peer_by_its_backend_and_never_the_best_expert_recipe
 
 def test_a_winner_that_ties_with_the_peer_stays_recommended() -> None:
     made = study()
-    verdict = confirmed(made, latencies())
+    labels: set[str] = set()
+    verdict = confirmed(made, latencies(), on_run=lambda event: labels.add(event.contender.label))
+    assert labels == {"trial 0 (baseline)", "trial 1", "trial 2 (recipe)", "trial 4 (peer)"}
     assert verdict["winner_trial"] == 1 and [row["trial"] for row in verdict["candidates"]] == [1]  # Holm's family: 1
     assert ran(verdict) == {0, 1, 2, 4}  # the best expert recipe and the best peer run beside; other peers do not
     assert verdict["against_recipe"]["trial"] == 2 and verdict["against_recipe"]["status"] == "beats"

@@ -5,7 +5,7 @@ a small jitter that differs round by round, so that the paired tests decide as t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import optuna
@@ -56,7 +56,8 @@ def runner(latency_ms: Mapping[str, float]) -> SeriesRunner:
     return one_by_one(run)
 
 
-def confirmed(made: optuna.Study, latency_ms: Mapping[str, float], top: int = 1) -> dict[str, Any]:
+def confirmed(made: optuna.Study, latency_ms: Mapping[str, float], top: int = 1,
+              on_run: Callable[[confirm.RunEvent], None] = lambda e: None) -> dict[str, Any]:
     """The study confirmed in 12 rounds with a 3% minimum effect, the order seeded."""
-    return confirm.confirm(made, top=top, rounds=12, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+    return confirm.confirm(made, top=top, rounds=12, min_effect=0.03, timeout_s=60, on_run=on_run,
                            runner=runner(latency_ms), seed=3)
