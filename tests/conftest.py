@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.child import cpu
+from autotune.child import cpu, runtimes
 from autotune.child.knobs import PEER_BACKENDS
 from autotune.config import space_fit
 from autotune.host.libs import Libraries
@@ -27,6 +27,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # The machines this suite runs on differ: an AMD EPYC with avx512_bf16 and VNNI, another with AVX2 only.
 NEEDS_BF16 = pytest.mark.skipif(not cpu.has_bf16(), reason=f"{cpu.cpuinfo()[0]} has neither avx512_bf16 nor AMX, "
                                                            f"where autotune refuses precision=bf16")
+NEEDS_PEERS = pytest.mark.skipif(not (runtimes.installed("openvino") and runtimes.installed("onnxruntime")),
+                                 reason="OpenVINO or ONNX Runtime is not installed (./setup.sh installs both)")
 NEEDS_INT8 = pytest.mark.skipif(not cpu.has_int8(), reason=f"{cpu.cpuinfo()[0]} has no VNNI or AMX, where "
                                                            f"autotune refuses precision=int8")
 

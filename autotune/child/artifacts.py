@@ -88,7 +88,8 @@ GRAPH_KIND = "int8graph"  # the file name's prefix of int8's quantized graph (`c
 def artifact_path(folder: Path, meta: dict[str, Any], suffix: str, kind: str = "") -> Path:
     """Where the artifact for exactly this model, knobs, inputs, torch and CPU lives."""
     key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
-    kind = kind or ("inductor" if meta["knobs"]["backend"] == "inductor" else "torchscript")
+    backend = meta["knobs"]["backend"]
+    kind = kind or (backend if backend in ("inductor", "openvino", "onnxruntime") else "torchscript")
     return folder / f"{kind}-{key}{suffix}"
 
 
@@ -104,22 +105,29 @@ def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
             continue
         if not isinstance(other, dict) or any(other.get(key) != meta[key] for key in same):
             continue
-        differs = [f"{key} {other.get(key)} (here {meta[key]})" for key in ("torch", "isa", "format")
-                   if other.get(key) != meta[key]]
+        differs = [f"{key} {other.get(key)} (here {meta.get(key)})" for key in ("torch", "runtime", "isa", "format")
+                   if other.get(key) != meta.get(key)]
         if differs:
             found.append(f"{described.name[:-5]}: it was built for {', '.join(differs)}")
     return found
 
 
 def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, Any]) -> None:
-    """Atomically: the file and its description appear complete or not at all, whatever fails."""
+    """Atomically: the file and its description appear complete or not at all, whatever fails; the
+    folders made for it go again when it fails."""
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # the description first: no process finds an artifact without it
         with replacing(path, suffix=path.suffix) as tmp:  # aoti wants its .pt2 suffix
             save(tmp)
             write_atomically(f"{path}.json", json.dumps(meta, indent=1))
-    except OSError as exc:
+    except BaseException as exc:
+        for folder in made:  # deepest first; one another process filled meanwhile stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(exc, OSError):
+            raise
         raise ApplyError(f"cannot save the compiled model into {path.parent}: {exc.strerror or exc}; point "
                          f"AUTOTUNE_ARTIFACTS at a writable folder, or unset it to compile in each process") \
             from None

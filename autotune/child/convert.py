@@ -12,12 +12,12 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import cpu
+from autotune.child import cpu, peers, runtimes
 from autotune.child.artifacts import (
     ARTIFACT_FORMAT,
     GRAPH_KIND,
@@ -30,7 +30,7 @@ from autotune.child.artifacts import (
 )
 from autotune.child.batches import autocast, call, dense, explain, inputs, layout, split
 from autotune.child.errors import ApplyError, WrongAnswers
-from autotune.child.knobs import ModelKnobs, Precision
+from autotune.child.knobs import PEER_KNOBS, ModelKnobs, Precision
 
 # What `--tolerance` allows against eager fp32, per precision: fp32 and bf16, the relative error on
 # the same input; int8, the share of inputs whose top-1 answer may change, and how far below 1 any
@@ -46,6 +46,7 @@ class Quantized:
     export: Callable[[Any, Any], Any]  # (model, example) -> ExportedProgram
     calibration: str
     load: Callable[[Path], Any]  # a quantized graph `torch.export.save`d -> ExportedProgram
+    batches: Sequence[Any] = ()  # the calibration batches, which OpenVINO's and ONNX Runtime's quantizers observe
 
 
 def _quiet(phase: str) -> None:
@@ -106,7 +107,7 @@ def _forward(model: Any, knobs: ModelKnobs) -> Callable[[Any], Any]:
     """forward(batch): the inputs in the knobs' layout, bf16 under autocast, mkldnn outputs dense."""
 
     def forward(batch: Any) -> Any:
-        with autocast(knobs.precision):
+        with autocast("fp32" if knobs.peer else knobs.precision):  # a peer's precision is its runtime's
             output = call(model, inputs(batch, knobs))
         return dense(output) if knobs.mkldnn else output
 
@@ -209,14 +210,15 @@ def _compile_into(path: Path, model: Any, example: Any, knobs: ModelKnobs, setup
 
 
 def _saved_path(folder: Path, meta: dict[str, Any], knobs: ModelKnobs) -> Path:
-    return artifact_path(folder, meta, ".pt2" if knobs.backend == "inductor" else ".pt")
+    suffix = peers.SUFFIX[knobs.backend] if knobs.peer else ".pt2" if knobs.backend == "inductor" else ".pt"
+    return artifact_path(folder, meta, suffix)
 
 
 def _loaded(path: Path, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
             on_phase: Callable[[str], None]) -> Any:
     on_phase("loading the compiled model")
     start = time.perf_counter()
-    loaded = load(path, knobs.backend)
+    loaded = peers.load(path, knobs) if knobs.peer else load(path, knobs.backend)
     setup["artifact_load_s"] = time.perf_counter() - start
     return ShapeChecked(loaded, example)
 
@@ -228,6 +230,10 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
     such fallback: quantization needs the exported graph, so its failure is the configuration's."""
     import torch
 
+    if knobs.peer:  # `peers.save` adds the output's structure to the description before it is written
+        batches = quantized.batches if quantized else ()
+        save_artifact(path, lambda tmp: peers.save(model, example, knobs, tmp, path, batches, described), described)
+        return None
     if quantized is not None:
         exported = _int8_graph(model, example, quantized, path.parent, described, setup)
         save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
@@ -342,11 +348,22 @@ def _trace(model: Any, example: Any) -> Any:
     return torch.jit.trace(model, args, check_trace=False)
 
 
+def saved_knobs(knobs: ModelKnobs) -> dict[str, Any]:
+    """The knobs an artifact is keyed by. A peer's runtime settings apply when it loads the file, so
+    one file serves them all (OpenVINO's bf16 too: its inference precision); a PyTorch artifact
+    bakes in every knob but the peers' own."""
+    if knobs.peer:
+        return {"backend": knobs.backend, "precision": "fp32" if knobs.precision == "bf16" else knobs.precision}
+    return {name: value for name, value in asdict(knobs).items() if name not in PEER_KNOBS}
+
+
 def artifact_meta(knobs: ModelKnobs, example: Any, weights: str, calibration: str = "") -> dict[str, Any]:
     import torch
 
-    meta = {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": layout(example),
+    meta: dict[str, Any] = {"format": ARTIFACT_FORMAT, "knobs": saved_knobs(knobs), "inputs": layout(example),
             "torch": torch.__version__, "isa": list(cpu.isa()), "weights": weights}
+    if knobs.peer:
+        meta["runtime"] = runtimes.version(knobs.backend)
     if calibration:
         meta["calibration"] = calibration  # int8: what the quantizer observed
     # Inductor bakes the thread count into its kernels (`omp parallel num_threads(N)`, and no

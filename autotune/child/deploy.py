@@ -283,7 +283,7 @@ def _quantized(example: Any, knobs: ModelKnobs, calibration: Sequence[Any], setu
     knobs give every input."""
     calibrated = [inputs(batch, knobs) for batch in calibration or [example]]
     return Quantized(lambda model, ex: quantize.quantized_export(model, ex, calibrated, setup),
-                     quantize.digest(calibrated), quantize.load_graph)
+                     quantize.digest(calibrated), quantize.load_graph, calibrated)
 
 
 def digest(output: Any) -> list[float]:

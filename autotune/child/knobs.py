@@ -143,6 +143,9 @@ def _knob_table() -> dict[str, Knob]:
 
 KNOBS: Mapping[str, Knob] = _knob_table()
 MODEL_KNOBS = tuple(name for name, k in KNOBS.items() if k.model)
+# The settings of OpenVINO or ONNX Runtime alone (their condition names only those backends).
+PEER_KNOBS = tuple(name for name, k in KNOBS.items()
+                   if any(other == "backend" and set(allowed) <= set(PEER_BACKENDS) for other, allowed in k.only_when))
 # Conditions of one value rather than of the whole knob: int8 is quantized through torch.export and
 # AOTInductor, so it exists only with backend=inductor.
 VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = {

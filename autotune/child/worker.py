@@ -63,8 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--example-inputs", default="", help="a torch.save file of inputs, items along dim 0")
     p.add_argument("--batch-size", type=int, default=1)
     for name in MODEL_KNOBS:
-        # an integer knob (ov_streams) takes any text here: build.knobs_of parses it against its range
-        p.add_argument(f"--{name.replace('_', '-')}", choices=KNOBS[name].spellings() or None,
+        p.add_argument(f"--{name.replace('_', '-')}", choices=KNOBS[name].spellings() or None,  # int: knob parses
                        default=value_text(KNOBS[name].default))
     p.add_argument("--calibration-batches", type=int, default=CALIBRATION_BATCHES, help="int8: batches observed")
     p.add_argument("--tolerance", type=float, default=-1.0, help="relative error allowed; <0: per precision")

@@ -235,7 +235,7 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     """
     from autotune.cli import summaries
     from autotune.measure.runner import run_series
-    from autotune.search import confirm
+    from autotune.search import compare, confirm
     from autotune.study.storage import find_study
 
     metric = metric_of(parse_objective(objective, COMPARABLE))
@@ -243,13 +243,13 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
         raise AutotuneError(f"--rounds {rounds} can never show a slowdown with --fail-if-slower: the smallest "
                             f"two-sided signed-rank p is 2/{2**rounds}; use --rounds {min_rounds_two_sided()} or more")
     plan_config = _config_planner(model, batch_size) if model else None
-    pair = confirm.distinct([confirm.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
+    pair = compare.distinct([compare.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
                                                     _plan_from_env_file, plan_config) for spec in (first, second)])
     with holding("compare", no_wait):
         measured = confirm.interleave(pair, rounds, metric, timeout, run_series, verdicts.confirm_progress, seed)
     if margin is not None:
         _gate(measured, metric, margin, as_json)
-    comparison = confirm.compared(measured, metric, min_effect)
+    comparison = compare.compared(measured, metric, min_effect)
     emit("compare", summaries.comparison(measured, metric, comparison), as_json,
           lambda _: verdicts.comparison(measured, metric, comparison))
     if comparison is None:
@@ -259,10 +259,10 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
 def _gate(measured: Any, metric: Any, margin: float, as_json: bool) -> NoReturn:
     """The regression gate's verdict line and exit code: 1 only for a significant slowdown past the margin."""
     from autotune.cli import summaries
-    from autotune.search import confirm
+    from autotune.search import compare
 
-    check = confirm.regression(measured, metric, margin)
-    body = summaries.comparison(measured, metric, confirm.compared(measured, metric, 0.0))
+    check = compare.regression(measured, metric, margin)
+    body = summaries.comparison(measured, metric, compare.compared(measured, metric, 0.0))
     verdict = summaries.gate(check, margin)
     emit("compare", body | {"gate": verdict}, as_json, lambda _: verdicts.regression(measured, metric, check, margin))
     sys.exit(verdict["exit_code"])  # the code the document states, by one rule

@@ -215,10 +215,29 @@ def _verdict(verdict: Mapping[str, Any] | None) -> str:
         return "not yet"
     which = f" ({verdict['number']} of {verdict['of']})" if verdict.get("of", 1) > 1 else ""
     if verdict["word"] == "confirmed":
-        tie = verdict.get("recommended_trial", verdict["winner_trial"]) != verdict["winner_trial"]
-        simpler = f", ties with recipe trial {verdict['recommended_trial']}" if tie else ""
-        return f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x{simpler}{which}"
+        return (f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x{_recommends(verdict)}"
+                f"{_peer(verdict.get('against_peer'))}{which}")
     return f"no: baseline kept{which}"
+
+
+def _recommends(verdict: Mapping[str, Any]) -> str:
+    """Which reference a confirmed study recommends instead of its winner ("" for the winner)."""
+    chosen = verdict.get("recommended_trial", verdict["winner_trial"])
+    if chosen == verdict["winner_trial"]:
+        return ""
+    if (verdict.get("against_peer") or {}).get("trial") == chosen:
+        return f", peer trial {chosen} recommended"
+    if (verdict.get("against_recipe") or {"status": "ties"})["status"] == "ties":
+        return f", ties with recipe trial {chosen}"
+    return f", recipe trial {chosen} recommended"
+
+
+def _peer(versus: Mapping[str, Any] | None) -> str:
+    """The winner against the best peer, in a few words ("" when no peer ran)."""
+    if not versus:
+        return ""
+    speedup = f"{versus['speedup']:.2f}x, " if versus["speedup"] is not None else ""
+    return f"; vs peer trial {versus['trial']}: {speedup}{versus['status']}"
 
 
 def _host(host: Mapping[str, Any]) -> str:

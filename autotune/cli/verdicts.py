@@ -25,14 +25,14 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
     table = new_table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial "
                       f"{verdict['baseline_trial']} (baseline)", "trial", "knobs", f"median {unit}", "speedup",
                       "interval", "p", "significant", "failed runs")
-    recipe = (verdict.get("against_recipe") or {}).get("against_baseline")
-    for row in [*verdict["candidates"], *([recipe] if recipe else [])]:
+    for row, kind in [*((c, "") for c in verdict["candidates"]), *_reference_rows(verdict)]:
         ci = f"{row['ci_label']} {row['ci'][0]:.3f}-{row['ci'][1]:.3f}" if row["ci"] else "-"
         judged = ("yes" if row["significant"] else "no") if row["status"] == "ok" else f"no: {row['reason']}"
         p_value = f"{row['p_value']:.3g}" if row["p_value"] is not None else "-"
-        table.add_row(f"{row['trial']}{' (recipe)' if row is recipe else ''}", str(row["config"]),
+        table.add_row(f"{row['trial']}{f' ({kind})' if kind else ''}", str(row["config"]),
                       number(row["median"]), number(row["speedup"], "x"), ci, p_value,
-                      "reference" if row is recipe else judged, str(row["failed_runs"]))
+                      ("peer reference" if kind == "peer" else "reference") if kind else judged,
+                      str(row["failed_runs"]))
     out.print(table)
     which = int(verdict.get("number", 1))
     out.print(confirmations.heading(verdict["significant"], which, which) + verdict["message"],
@@ -43,6 +43,13 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
     if "order_seed" in verdict:
         err.print(f"rounds ran in a random balanced order, seed {verdict['order_seed']} (--seed repeats it)",
                   markup=False)
+
+
+def _reference_rows(verdict: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str]]:
+    """The rows of the references that ran beside the candidates, each against the baseline, with
+    which it is: "recipe" (the best expert recipe) or "peer" (the best peer)."""
+    found = (("recipe", verdict.get("against_recipe")), ("peer", verdict.get("against_peer")))
+    return [(versus["against_baseline"], kind) for kind, versus in found if versus and versus.get("against_baseline")]
 
 
 def _contenders(measured: Any, metric: Metric) -> None:

@@ -21,13 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from autotune.base.errors import AutotuneError
-from autotune.child import cpu, deploy, references
+from autotune.child import cpu, deploy, peers, references, runtimes
 from autotune.child.artifacts import ARTIFACT_FORMAT, GRAPH_KIND, installed_torch_version
+from autotune.child.convert import saved_knobs
 from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
 from autotune.child.knobs import ModelKnobs
 
-ARTIFACT_SUFFIXES = (".pt2", ".pt")
+ARTIFACT_SUFFIXES = (".pt2", ".pt", *peers.SUFFIX.values())
+KINDS = {".pt2": "inductor artifact", ".pt": "torchscript artifact",
+         **{suffix: f"{backend} artifact" for backend, suffix in peers.SUFFIX.items()}}
 REFERENCES = "eager outputs"  # child.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
 
@@ -67,7 +70,7 @@ class Export:
 
     name: str
     folder: Path
-    knobs: dict[str, Any]
+    knobs: ModelKnobs
     threads: int | None
 
 
@@ -98,7 +101,8 @@ def _artifact(path: Path, here: Here) -> Entry:
     kind = _kind(path)
     if meta is None:
         return Entry(kind, path, "?", "?", _size(path), _mtime(path), "it has no readable description (.json)")
-    return Entry(kind, path, str(meta.get("model", "?")), _config(meta), _size(path) + _size(described),
+    return Entry(kind, path, str(meta.get("model", "?")), _config(meta),
+                 _size(path) + _size(described) + _size(peers.weights_file(path)) * (path.suffix == ".xml"),
                  _mtime(described), unusable(meta, here))
 
 
@@ -107,7 +111,7 @@ def _kind(path: Path) -> str:
     compiled, is no artifact an env file loads (so none keeps it)."""
     if path.name.startswith(f"{GRAPH_KIND}-"):
         return "int8 quantized graph"
-    return "inductor artifact" if path.suffix == ".pt2" else "torchscript artifact"
+    return KINDS[path.suffix]
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:
@@ -127,6 +131,9 @@ def unusable(meta: dict[str, Any], here: Here) -> str:
         return f"built for torch {meta.get('torch')}, this is {here.torch}"
     if tuple(meta.get("isa") or ()) != here.isa:
         return "built for a CPU with other instruction sets"
+    backend = str((meta.get("knobs") or {}).get("backend", ""))
+    if "runtime" in meta and backend in runtimes.RUNTIMES and meta["runtime"] != runtimes.version(backend):
+        return f"built for {backend} {meta['runtime']}, this is {runtimes.version(backend) or 'not installed'}"
     return ""
 
 
@@ -191,7 +198,7 @@ def _kept(entry: Entry, exports: Sequence[Export]) -> Entry:
 def _points_to(export: Export, path: Path, meta: dict[str, Any]) -> bool:
     """The env file would load this artifact: same folder and model knobs (and thread count for
     inductor); inputs and weights are not in an env file, so every such artifact is kept."""
-    if _resolved(export.folder) != _resolved(path.parent) or meta.get("knobs") != export.knobs:
+    if _resolved(export.folder) != _resolved(path.parent) or meta.get("knobs") != saved_knobs(export.knobs):
         return False
     return "threads" not in meta or export.threads is None or meta["threads"] == export.threads
 
@@ -218,7 +225,7 @@ def exports_in(folder: Path) -> tuple[list[Export], list[str]]:
             continue
         if env.get(deploy.ARTIFACTS_VAR):
             threads = env.get("OMP_NUM_THREADS", "")
-            found.append(Export(path.name, Path(env[deploy.ARTIFACTS_VAR]), asdict(knobs),
+            found.append(Export(path.name, Path(env[deploy.ARTIFACTS_VAR]), knobs,
                                 int(threads) if threads.isdigit() else None))
     return found, notes
 
@@ -240,6 +247,8 @@ def remove(entry: Entry) -> str:
             shutil.rmtree(entry.path) if entry.config != "torch unknown" else _remove_loose(entry.path)
             return ""
         entry.path.unlink(missing_ok=True)
+        if entry.path.suffix == ".xml":
+            peers.weights_file(entry.path).unlink(missing_ok=True)
         if entry.kind.endswith("artifact"):
             Path(f"{entry.path}.json").unlink(missing_ok=True)
     except OSError as exc:

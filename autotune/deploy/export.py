@@ -20,7 +20,7 @@ from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
 from autotune.measure.plan import Binding, LaunchPlan, model_knobs
-from autotune.study import confirmations, records
+from autotune.study import confirmations, records, references
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
 # file after another never keeps the first one's.
@@ -107,7 +107,7 @@ def recipe_comparison(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]
     """`trial` against the best expert recipe the study ran, in the search's own measurements:
     both speedups over the baseline and their ratio (None when no recipe completed)."""
     speedup = speedup_attr(study.user_attrs.get("objective", "latency"))
-    recipe = records.best_recipe(study, speedup)
+    recipe = references.best_recipe(study, speedup)
     if recipe is None or speedup not in trial.user_attrs:
         return None
     mine, theirs = float(trial.user_attrs[speedup]), float(recipe.user_attrs[speedup])
@@ -145,9 +145,20 @@ def confirmation_status(confirmation: dict[str, Any] | None, number: int) -> str
         return "not confirmed"
     if confirmations.recommended(confirmation) != number:
         return f"not chosen: confirmation chose trial {confirmations.recommended(confirmation)}"
+    if not confirmation["significant"]:
+        return "baseline kept"
     if confirmation["winner_trial"] != number:
-        return "recommended: the simpler of two that tie" if confirmation["significant"] else "baseline kept"
-    return "confirmed" if confirmation["significant"] else "baseline kept"
+        return f"recommended: {_why_recommended(confirmation, number)}"
+    return "confirmed"
+
+
+def _why_recommended(confirmation: dict[str, Any], number: int) -> str:
+    """Why a reference (the best expert recipe or peer) is recommended instead of the winner."""
+    if (confirmation.get("against_peer") or {}).get("trial") == number:
+        return "the best peer, faster than the winner"
+    if (confirmation.get("against_recipe") or {}).get("status") == "slower":
+        return "the best expert recipe, faster than the winner"
+    return "the simpler of two that tie"
 
 
 def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:

@@ -17,6 +17,7 @@ from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.child.errors import LOAD_FAILED
 from autotune.child.knobs import PEER_BACKENDS
+from autotune.child.peers import CONVERT_FAILED
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models
 from autotune.config.knobs import Config
@@ -130,8 +131,12 @@ def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600)
     """A user model (factory, .pt, .pt2, or any --input-shape) is built and run once before
     measuring; a model that cannot is a bad input (exit code 2), not a failed trial."""
     spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
-    if not spec.needs_probe and request.input_shape is None:
-        return
+    if spec.needs_probe or request.input_shape is not None:
+        _check_runs(request, machine, spec, timeout_s)
+    _check_conversion(request, machine, timeout_s)
+
+
+def _check_runs(request: BenchRequest, machine: Machine, spec: models.ModelSpec, timeout_s: float) -> None:
     plan = make_plan(BenchRequest(model=request.model, config=Config(), batch_size=1,
                                   cache_dir=request.cache_dir, input_shape=request.input_shape,
                                   example_inputs=request.example_inputs), machine)
@@ -142,6 +147,17 @@ def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600)
         shape = "x".join(map(str, spec.item_shape))
         raise ModelError(f"model {request.model} does not run on input shape {shape}: {reason}; check the model "
                          f"and --input-shape")
+
+
+def _check_conversion(request: BenchRequest, machine: Machine, timeout_s: float) -> None:
+    """A request pinned to OpenVINO or ONNX Runtime converts the model once before measuring (the
+    artifact stays for the measurements): a model the converter rejects is a bad input, not a
+    failed measurement."""
+    if not model_knobs(request.config).peer:
+        return
+    reason = probe(make_plan(request, machine), timeout_s)
+    if CONVERT_FAILED in reason:
+        raise ModelError(reason)
 
 
 def probe(plan: LaunchPlan, timeout_s: float, *extra: str) -> str:

@@ -33,7 +33,7 @@ from autotune.report.importance import (
     importance,
     marginals,
 )
-from autotune.study import confirmations, records
+from autotune.study import confirmations, records, references
 
 PROFILES = "profiles"  # studies/profiles/<study name>/*.trace.json, written by `autotune profile`
 TRACE_GLOB = "*.trace.json"
@@ -84,6 +84,12 @@ class ForestRow:
     p_value: float | None
     significant: bool
     reason: str
+    reference: str = ""  # "recipe" or "peer": a reference the winner is held against, not a candidate
+
+
+# Why a reference's row is in the confirmation though it is no candidate.
+REFERENCE_REASONS = {"recipe": "the best expert recipe: a reference, not a candidate",
+                     "peer": "the best peer (another runtime): a reference, not a candidate"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ class Forest:
     of: int = 1  # how many the study has had
     recommended_trial: int | None = None  # the winner, or the simpler expert recipe it ties with
     against_recipe: Mapping[str, Any] | None = None  # the winner against the best recipe (against_recipe.py)
+    against_peer: Mapping[str, Any] | None = None  # the winner against the best peer (another runtime)
 
 
 @dataclass(frozen=True)
@@ -206,7 +213,7 @@ def _baseline_line(study: optuna.Study, metric: Metric) -> Line | None:
 
 
 def _recipe_line(study: optuna.Study, metric: Metric) -> Line | None:
-    recipe = records.best_recipe(study, records.speedup_key(metric))
+    recipe = references.best_recipe(study, records.speedup_key(metric))
     if recipe is None:
         return None
     return Line(f"best expert recipe: {recipe.user_attrs['recipe']}", recipe.number, float(recipe.user_attrs[metric]))
@@ -216,17 +223,23 @@ def forest(verdict: Mapping[str, Any] | None, count: int = 1) -> Forest | None:
     """The confirmation as confirm.decide stored it: its intervals and labels, never recomputed."""
     if not verdict:
         return None
-    versus = verdict.get("against_recipe")
-    recipe = [versus["against_baseline"]] if versus and versus.get("against_baseline") else []
-    rows = tuple(ForestRow(int(c["trial"]), str(c["config"]), c["speedup"], tuple(c["ci"]) if c["ci"] else None,
-                           c["ci_label"], c["p_value"], bool(c["significant"]),
-                           str(c.get("reason", "")) or ("the best expert recipe: a reference, not a candidate"
-                                                        if c in recipe else ""))
-                 for c in [*verdict["candidates"], *recipe])
+    versus, peer = verdict.get("against_recipe"), verdict.get("against_peer")
+    references = [(found["against_baseline"], kind) for kind, found in (("recipe", versus), ("peer", peer))
+                  if found and found.get("against_baseline")]
+    rows = tuple(_forest_row(c, kind) for c, kind in [*((c, "") for c in verdict["candidates"]), *references])
     return Forest(verdict["metric"], int(verdict["rounds"]), float(verdict["min_effect"]),
                   int(verdict["baseline_trial"]), int(verdict["winner_trial"]), bool(verdict["significant"]),
                   str(verdict["message"]), rows, int(verdict.get("number", 1)), count,
-                  confirmations.recommended(verdict), versus)
+                  confirmations.recommended(verdict), versus, peer)
+
+
+def _forest_row(found: Mapping[str, Any], reference: str) -> ForestRow:
+    """A contender's row as the verdict stored it; a reference's (`reference`: which) says so
+    where nothing else is said."""
+    return ForestRow(int(found["trial"]), str(found["config"]), found["speedup"],
+                     tuple(found["ci"]) if found["ci"] else None, found["ci_label"], found["p_value"],
+                     bool(found["significant"]), str(found.get("reason", "")) or REFERENCE_REASONS.get(reference, ""),
+                     reference)
 
 
 def tradeoff(study: optuna.Study) -> tuple[TradeoffPoint, ...]:
@@ -293,6 +306,7 @@ def summary(report: Report, output: Path) -> dict[str, Any]:
         "confirmation": None if report.forest is None else {
             "significant": report.forest.significant, "winner_trial": report.forest.winner_trial,
             "recommended_trial": report.forest.recommended_trial, "against_recipe": report.forest.against_recipe,
+            "against_peer": report.forest.against_peer,
             "message": report.forest.message, "number": report.forest.number, "of": report.forest.of},
         "importance": {imp.metric: {"evaluator": IMPORTANCE_EVALUATOR, "trials": imp.trials,
                                     "knobs": dict(imp.knobs), "note": imp.note} for imp in report.importances},

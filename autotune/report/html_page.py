@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 from autotune.base.errors import AutotuneError
 from autotune.child.files import write_atomically
 from autotune.measure.objectives import Metric, lower_is_better
-from autotune.report.contents import METRIC_LABELS, FailureGroup, Forest, History, Report, TradeoffPoint
+from autotune.report.contents import METRIC_LABELS, FailureGroup, Forest, ForestRow, History, Report, TradeoffPoint
 from autotune.report.importance import IMPORTANCE_EVALUATOR, Importance, Marginal
 from autotune.study import confirmations
 
@@ -200,7 +200,7 @@ def _forest_figure(forest: Forest, rows: Sequence[Any]) -> go.Figure:
     labels = {r.interval_label for r in rows}
     what = "higher throughput" if not lower_is_better(forest.metric) else "lower latency"
     fig = go.Figure(go.Scatter(
-        x=[r.speedup for r in rows], y=[_contender(r.trial, forest.winner_trial) for r in rows], mode="markers",
+        x=[r.speedup for r in rows], y=[_contender(r, forest.winner_trial) for r in rows], mode="markers",
         marker={"size": 11, "color": ["#1a7f37" if r.significant else "#888" for r in rows]},
         error_x={"type": "data", "symmetric": False, "array": [r.interval[1] - r.speedup for r in rows],
                  "arrayminus": [r.speedup - r.interval[0] for r in rows]},
@@ -217,8 +217,10 @@ def _forest_figure(forest: Forest, rows: Sequence[Any]) -> go.Figure:
     return fig
 
 
-def _contender(trial: int, winner: int) -> str:
-    return f"trial {trial} (winner)" if trial == winner else f"trial {trial}"
+def _contender(row: ForestRow, winner: int) -> str:
+    if row.reference:
+        return f"trial {row.trial} ({row.reference} reference)"
+    return f"trial {row.trial} (winner)" if row.trial == winner else f"trial {row.trial}"
 
 
 def _tradeoff(points: Sequence[TradeoffPoint], pareto: bool) -> str:

@@ -101,11 +101,12 @@ class TimeBudget:
                 candidates: Collection[int] = ()) -> tuple[int, float]:
         """The confirmation's fresh processes and their seconds, once the next trial has run;
         `finished`: the study's finished trials, the baseline among them; `candidates`: the trials
-        the confirmation would take now (the best recipe among them when it runs beside them)."""
+        the confirmation would take now (the best expert recipe and the best peer among them when
+        they run beside the candidates)."""
         if not self.rounds or not self.top:
             return 0, 0.0
         baseline_s, candidate_s = self.process_costs(trials, trial_s, candidates)
-        # the trials besides the baseline, the next one counted, and the best recipe beside them
+        # the trials besides the baseline, the next one counted, and the references beside them
         count = max(min(self.top, finished), len(candidates))
         processes = self.rounds * (1 + count)
         overlap_s = BUILD_OVERLAP * (_fixed_s(_typical(trials)) or 0.0) * built_beside(processes, 1 + count)

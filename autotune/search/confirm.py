@@ -19,7 +19,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -27,7 +27,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import ALPHA
-from autotune.config.knobs import Config
 from autotune.measure import stats
 from autotune.measure.objectives import Metric, lower_is_better, metric_of, metric_value, min_rounds
 from autotune.measure.plan import LaunchPlan
@@ -36,7 +35,7 @@ from autotune.measure.results import RunResult
 from autotune.measure.runner import run_series
 from autotune.measure.stats import PairedComparison
 from autotune.search import against_recipe
-from autotune.study import confirmations, records
+from autotune.study import confirmations, records, references
 
 
 class ConfirmError(AutotuneError):
@@ -148,21 +147,6 @@ def speedups(reference: Sequence[float | None], candidate: Sequence[float | None
     return [r / c if lower_is_better(metric) else c / r for r, c in pairs]
 
 
-def compared(measured: Rounds, metric: Metric, min_effect: float) -> PairedComparison | None:
-    """`compare`: the second contender against the first, only when every run of both succeeded."""
-    if any(r.value is None for series in measured.runs for r in series):
-        return None
-    return paired(measured.values(0), measured.values(1), metric, min_effect)
-
-
-def distinct(contenders: Sequence[Contender]) -> list[Contender]:
-    """Labels a reader can tell apart: a configuration compared with itself is '#1' and '#2'."""
-    labels = [c.label for c in contenders]
-    if len(set(labels)) == len(labels):
-        return list(contenders)
-    return [replace(c, label=f"{c.label} #{i + 1}") for i, c in enumerate(contenders)]
-
-
 def check_rounds(rounds: int, candidates: int, flag: str = "--rounds", top_flag: str = "--top") -> None:
     """Refuse a round count that can never be significant for this many candidates after Holm."""
     needed = min_rounds(candidates)
@@ -198,30 +182,38 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
     check_rounds(rounds, top)
     base, chosen = candidates(study, top)
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))
-    recipe = against_recipe.best_recipe(study, metric)
-    extra = extra_recipe(study, chosen)
-    contenders = [Contender(f"trial {t.number}" + (" (recipe)" if t in extra else ""), records.plan_of(t), t.number)
-                  for t in [*chosen, *extra]]
+    recipe, peer = against_recipe.best_recipe(study, metric), against_recipe.best_peer(study, metric)
+    contenders = [Contender(f"trial {t.number}", records.plan_of(t), t.number) for t in chosen]
+    contenders += [Contender(f"trial {t.number} ({'peer' if references.is_peer(t) else 'recipe'})",
+                             records.plan_of(t), t.number) for t in extra_references(study, chosen)]
     reference = Contender(f"trial {base.number} (baseline)", records.plan_of(base), base.number)
     measured = interleave([reference, *contenders], rounds, metric, timeout_s, runner, on_run, seed) \
         if chosen else None
     limit = study.user_attrs.get("max_latency_ms")
-    verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None, recipe)
+    verdict = decide(base, chosen, measured, metric, rounds, min_effect, float(limit) if limit else None, recipe,
+                     peer)
     verdict.update(ran_on or {})
     return confirmations.record(study, verdict)
 
 
 def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | None, metric: Metric, rounds: int,
-           min_effect: float, max_latency_ms: float | None = None, recipe: FrozenTrial | None = None) -> dict[str, Any]:
+           min_effect: float, max_latency_ms: float | None = None, recipe: FrozenTrial | None = None,
+           peer: FrozenTrial | None = None) -> dict[str, Any]:
     """The verdict from the rounds: contender 0 is the baseline, then `chosen` in order, then the
-    best recipe (`recipe`) when it is not one of them (against_recipe.py)."""
+    best expert recipe (`recipe`) and the best peer (`peer`) that are not among them, each found
+    by its trial number (against_recipe.py)."""
     reference = measured.values(0) if measured else []
     rows = [_row(trial, measured.runs[i + 1], reference, metric, min_effect, max_latency_ms)
             for i, trial in enumerate(chosen)] if measured else []
     _holm(rows)
     winners = [r for r in rows if r["significant"]]
     best = max(winners, key=lambda r: r["speedup"]) if winners else None
-    versus = _against_recipe(chosen, measured, recipe, best, metric, min_effect, max_latency_ms)
+    versus = _against("recipe", recipe, chosen, measured, best, metric, min_effect, max_latency_ms)
+    versus_peer = _against("peer", peer, chosen, measured, best, metric, min_effect, max_latency_ms)
+    if versus_peer is not None and measured is not None:
+        over_recipe = speedups(measured.values(_series(chosen, measured, recipe)),
+                               measured.values(_series(chosen, measured, peer)), metric) if recipe and peer else []
+        versus_peer = against_recipe.weigh_peer(versus_peer, versus, over_recipe, min_effect)
     verdict: dict[str, Any] = {
         "metric": metric, "rounds": rounds, "min_effect": min_effect, "alpha": ALPHA,
         "baseline_trial": base.number, "candidates": rows, "significant": best is not None,
@@ -229,8 +221,8 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
         "baseline_failed_runs": sum(v is None for v in reference),
         "baseline_process_wall_s": _process_wall(measured.runs[0]) if measured else None,
         "winner_trial": best["trial"] if best else base.number,
-        "recommended_trial": versus["recommended_trial"] if versus else (best["trial"] if best else base.number),
-        "against_recipe": versus,
+        "recommended_trial": against_recipe.recommended(best["trial"], versus, versus_peer) if best else base.number,
+        "against_recipe": versus, "against_peer": versus_peer,
         "confirmed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if measured is not None:
@@ -238,14 +230,17 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
                        orders=[[measured.contenders[p].trial for p in order] for order in measured.orders])
     if best is not None:
         verdict.update(speedup=best["speedup"], ci=best["ci"], ci_label=best["ci_label"], p_value=best["p_value"])
-    verdict["message"] = _message(best, rows, rounds, min_effect) + against_recipe.sentence(versus)
+    verdict["message"] = (_message(best, rows, rounds, min_effect) + against_recipe.sentence(versus)
+                          + against_recipe.sentence(versus_peer, "peer"))
     return verdict
 
 
-def extra_recipe(study: optuna.Study, chosen: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-    """The best recipe, when the confirmation runs it beside the candidates (it is not one of them)."""
-    recipe = against_recipe.best_recipe(study, metric_of(str(study.user_attrs.get("objective", "latency"))))
-    return [recipe] if recipe is not None and _position(chosen, recipe) is None else []
+def extra_references(study: optuna.Study, chosen: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The best expert recipe and the best peer that the confirmation runs beside the candidates
+    (those that are not among them)."""
+    metric = metric_of(str(study.user_attrs.get("objective", "latency")))
+    found = (against_recipe.best_recipe(study, metric), against_recipe.best_peer(study, metric))
+    return [t for t in found if t is not None and _position(chosen, t) is None]
 
 
 def _position(chosen: Sequence[FrozenTrial], trial: FrozenTrial) -> int | None:
@@ -256,20 +251,29 @@ def _position(chosen: Sequence[FrozenTrial], trial: FrozenTrial) -> int | None:
                 None)
 
 
-def _against_recipe(chosen: Sequence[FrozenTrial], measured: Rounds | None, recipe: FrozenTrial | None,
-                    best: dict[str, Any] | None, metric: Metric, min_effect: float,
-                    max_latency_ms: float | None) -> dict[str, Any] | None:
-    """The winner against the best recipe, with the recipe's own row against the baseline when it
-    was not a candidate (None: no winner, or no recipe ran)."""
-    if measured is None or best is None or recipe is None:
+def _series(chosen: Sequence[FrozenTrial], measured: Rounds, trial: FrozenTrial) -> int:
+    """The contender that ran `trial` (a reference): its candidate, or its own series after them."""
+    at = _position(chosen, trial)
+    if at is not None:
+        return 1 + at
+    return next(i for i, c in enumerate(measured.contenders) if i > len(chosen) and c.trial == trial.number)
+
+
+def _against(kind: against_recipe.Kind, reference: FrozenTrial | None, chosen: Sequence[FrozenTrial],
+             measured: Rounds | None, best: dict[str, Any] | None, metric: Metric, min_effect: float,
+             max_latency_ms: float | None) -> dict[str, Any] | None:
+    """The winner against a reference (the best expert recipe or the best peer), with the
+    reference's own row against the baseline when it was not a candidate (None: no winner, or no
+    such reference ran)."""
+    if measured is None or best is None or reference is None:
         return None
-    at = _position(chosen, recipe)
-    series = measured.runs[1 + (len(chosen) if at is None else at)]
+    position = _series(chosen, measured, reference)
+    series = measured.runs[position]
     values = [r.value for r in series]
     winner = measured.values(1 + next(i for i, t in enumerate(chosen) if t.number == best["trial"]))
-    found = against_recipe.compare(recipe, values, best, speedups(values, winner, metric), min_effect)
-    if at is None:
-        found["against_baseline"] = _row(recipe, series, measured.values(0), metric, min_effect, max_latency_ms)
+    found = against_recipe.compare(reference, values, best, speedups(values, winner, metric), min_effect, kind)
+    if position > len(chosen):
+        found["against_baseline"] = _row(reference, series, measured.values(0), metric, min_effect, max_latency_ms)
     return found
 
 
@@ -346,41 +350,3 @@ def _disqualified(runs: Sequence[RoundRun], max_latency_ms: float | None) -> dic
                 "reason": f"had a p90 latency of {p90:.2f} ms in these rounds, over --max-latency-ms "
                           f"{max_latency_ms:g}"}
     return {}
-
-
-def is_configuration(spec: str) -> bool:
-    """A `compare` operand written as knobs: `defaults`, or `KNOB=VALUE` pairs joined by commas."""
-    return spec == "defaults" or ("=" in spec and not spec.endswith(".env") and "/" not in spec)
-
-
-def configuration(spec: str) -> Config:
-    """`defaults` or `backend=inductor,precision=bf16` as a Config (the same rules as `--set`)."""
-    return Config() if spec == "defaults" else Config.from_assignments(part for part in spec.split(",") if part)
-
-
-def contender_from(spec: str, study: Callable[[], optuna.Study],
-                   plan_env_file: Callable[[str], LaunchPlan],
-                   plan_config: Callable[[Config], LaunchPlan] | None = None) -> Contender:
-    """`compare` operands: a trial number of the study, knobs (`defaults`, `K=V,K=V`, planned by
-    `plan_config`), or an env file written by `autotune export`."""
-    if is_configuration(spec):
-        if plan_config is None:
-            raise ConfirmError(f"{spec!r} is a configuration; comparing configurations needs --model")
-        return Contender(spec, plan_config(configuration(spec)))
-    if spec.isdigit():
-        loaded = study()
-        trial = next((t for t in loaded.get_trials(deepcopy=False) if t.number == int(spec)), None)
-        if trial is None or "plan" not in trial.user_attrs or trial.state != TrialState.COMPLETE:
-            raise ConfirmError(f"trial {spec} of study {loaded.study_name!r} did not complete; compare completed "
-                               f"trials or env files")
-        return Contender(f"trial {spec}", records.plan_of(trial), trial.number)
-    return Contender(spec, plan_env_file(spec))
-
-
-def regression(measured: Rounds, metric: Metric, margin: float) -> stats.RegressionCheck | None:
-    """`compare --fail-if-slower`: the second contender against the first, two-sided, only when
-    every run of both succeeded (a failed run is no evidence either way)."""
-    if any(r.value is None for series in measured.runs for r in series):
-        return None
-    ratios = speedups(measured.values(0), measured.values(1), metric)
-    return stats.regression_check(ratios, margin) if len(ratios) >= 2 else None

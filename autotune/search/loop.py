@@ -144,7 +144,7 @@ def _candidates(search: Search) -> list[int]:
     if not (request.confirm_top and request.confirm_rounds) or records.baseline(search.study) is None:
         return []
     chosen = confirm.candidates(search.study, request.confirm_top)[1]
-    return [trial.number for trial in [*chosen, *confirm.extra_recipe(search.study, chosen)]]
+    return [trial.number for trial in [*chosen, *confirm.extra_references(search.study, chosen)]]
 
 
 def _spent(request: SearchRequest, wall_s: float, outcome: Outcome, baseline: bool, number: int) -> budget.Spent:

@@ -143,7 +143,7 @@ def open_search(request: SearchRequest, machine: Machine,
     then create or resume it, failing the trials a killed autotune left running."""
     model, adapted = validate(request, machine)
     if check is not None:
-        check(bench_request(request, Config()), machine)
+        check(bench_request(request, request.pins), machine)  # a pinned peer backend converts the model once
     name = study_name(request, model)
     url = storage.storage_url(name, request.storage, request.studies_dir)
     liar = storage.is_server(url)  # workers on a server: TPE counts the running trials of the others

@@ -70,4 +70,11 @@ def verdict(confirmation: dict[str, Any] | None, count: int = 1) -> dict[str, An
     return {"word": "confirmed" if confirmation["significant"] else "baseline",
             "winner_trial": confirmation["winner_trial"], "speedup": confirmation.get("speedup"),
             "recommended_trial": confirmations.recommended(confirmation),
+            "against_recipe": _versus(confirmation.get("against_recipe")),
+            "against_peer": _versus(confirmation.get("against_peer")),
             "rounds": confirmation.get("rounds"), "number": int(confirmation.get("number", 1)), "of": count}
+
+
+def _versus(found: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The winner against a reference (the best expert recipe or the best peer) in a few fields."""
+    return None if not found else {k: found.get(k) for k in ("trial", "recipe", "status", "speedup")}

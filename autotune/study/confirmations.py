@@ -51,7 +51,7 @@ def heading(significant: bool, shown: int, of: int) -> str:
 
 
 def recommended(verdict: Mapping[str, Any]) -> int:
-    """The trial a verdict recommends (what `export` writes): the winner, or the simpler expert
-    recipe it ties with (search/against_recipe.py); a verdict from before recipes were compared
-    recommends its winner."""
+    """The trial a verdict recommends (what `export` writes): the winner, the expert recipe it ties
+    with (the simpler) or that is faster, or the peer that is faster (search/against_recipe.py); a
+    verdict from before recipes were compared recommends its winner."""
     return int(verdict.get("recommended_trial", verdict["winner_trial"]))

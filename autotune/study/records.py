@@ -164,14 +164,6 @@ def speedup_key(metric: Metric) -> str:
     return "speedup_latency" if metric == "latency_p50_ms" else "speedup_throughput"
 
 
-def best_recipe(study: optuna.Study, speedup: str) -> FrozenTrial | None:
-    """The completed recipe trial with the largest `speedup` attribute (speedup_latency or
-    speedup_throughput), or None when no recipe completed."""
-    ran = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-           if t.user_attrs.get("recipe") and speedup in t.user_attrs]
-    return max(ran, key=lambda t: float(t.user_attrs[speedup]), default=None)
-
-
 def is_duplicate(trial: FrozenTrial) -> bool:
     return "duplicate_of" in trial.user_attrs
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from autotune.base.errors import AutotuneError
 from autotune.child import deploy, references
 from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
+from autotune.child.convert import saved_knobs
 from autotune.child.knobs import ModelKnobs
 from autotune.cli.options import parse_duration
 from autotune.deploy import cache, export
@@ -31,7 +31,7 @@ def artifact(folder: Path, name: str, knobs: ModelKnobs, age_s: float = 0.0, **m
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     path.write_bytes(b"x" * 1000)
-    described = {"format": ARTIFACT_FORMAT, "knobs": asdict(knobs), "inputs": ["1x3x64x64:float32:contiguous"],
+    described = {"format": ARTIFACT_FORMAT, "knobs": saved_knobs(knobs), "inputs": ["1x3x64x64:float32:contiguous"],
                  "torch": HERE.torch, "isa": list(HERE.isa), "weights": "w", "model": "resnet18"} | meta
     Path(f"{path}.json").write_text(json.dumps(described))
     then = time.time() - age_s
@@ -104,14 +104,14 @@ def test_prune_takes_the_unusable_and_the_unused_but_never_what_an_env_file_keep
     artifact(folder, "inductor-old.pt2", INDUCTOR, age_s=40 * DAY)
     artifact(folder, "inductor-kept.pt2", ModelKnobs(backend="inductor"), age_s=40 * DAY, threads=2)
     artifact(folder, "torchscript-stale.pt", ModelKnobs(backend="torchscript"), torch="2.13.0")
-    keeper = cache.Export("best.env", folder, asdict(ModelKnobs(backend="inductor")), 2)
+    keeper = cache.Export("best.env", folder, ModelKnobs(backend="inductor"), 2)
     entries = cache.scan(tmp_path, HERE, [keeper])
     names = lambda chosen: sorted(e.path.name for e in chosen)  # noqa: E731
     assert names(cache.to_prune(entries, None, time.time(), False)) == ["torchscript-stale.pt"]
     assert names(cache.to_prune(entries, 30 * DAY, time.time(), False)) == ["inductor-old.pt2", "torchscript-stale.pt"]
     assert names(cache.to_prune(entries, 30 * DAY, time.time(), True)) == [
         "inductor-kept.pt2", "inductor-old.pt2", "torchscript-stale.pt"]
-    other_threads = cache.Export("one.env", folder, asdict(ModelKnobs(backend="inductor")), 1)
+    other_threads = cache.Export("one.env", folder, ModelKnobs(backend="inductor"), 1)
     assert not any(e.kept_by for e in cache.scan(tmp_path, HERE, [other_threads]))
 
 
@@ -122,7 +122,7 @@ def test_an_int8_graph_is_listed_as_such_and_no_env_file_keeps_it(tmp_path: Path
     int8 = ModelKnobs(backend="inductor", precision="int8")
     graph = artifact(folder, "int8graph-a.pt2", int8, age_s=40 * DAY, calibration="c")
     compiled = artifact(folder, "inductor-b.pt2", int8, age_s=40 * DAY, calibration="c", threads=1)
-    keeper = cache.Export("best.env", folder, asdict(int8), 1)
+    keeper = cache.Export("best.env", folder, int8, 1)
     entries = {e.path.name: e for e in cache.scan(tmp_path, HERE, [keeper])}
     assert entries[graph.name].kind == "int8 quantized graph" and entries[graph.name].kept_by == ()
     assert entries[compiled.name].kind == "inductor artifact" and entries[compiled.name].kept_by == ("best.env",)

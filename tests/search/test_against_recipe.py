@@ -4,40 +4,21 @@ of the two, which `export` writes unless --trial asks for the other."""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
-
 import optuna
 import pytest
-from optuna.distributions import CategoricalDistribution
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
-from autotune.child.settings import MeasureSettings
-from autotune.config.knobs import Config
 from autotune.deploy import export
-from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan
-from autotune.measure.replicates import one_by_one
-from autotune.measure.results import RunResult
-from autotune.search import against_recipe, confirm
-from tests.support.studies import fake_result
+from autotune.search import against_recipe
+from tests.support import verdicts
+from tests.support.verdicts import confirmed
 
-JITTER = (-1.0, 0.4, -0.3, 1.1, 0.2, -0.6, 0.8, -0.1, 1.3, -0.8, 0.5, 0.0)
 SIMPLE = "allocator=jemalloc"  # the recipe: one knob away from the defaults
 BUSY = "mkldnn=on omp_runtime=intel allocator=jemalloc"  # the sampled winner: three
 
 
-def plan(config: str) -> LaunchPlan:
-    knobs = Config() if config == "defaults" else Config.from_assignments(config.split())
-    bench = BenchSpec("fake", (1,), measure=MeasureSettings(duration_s=0.1))
-    return LaunchPlan(knobs, bench, "none", (InstancePlan(0, (0,), None, {}, ("true",)),))
-
-
 def trial(config: str, search_ms: float, **attrs: object) -> FrozenTrial:
-    return optuna.trial.create_trial(
-        state=TrialState.COMPLETE, values=[search_ms], params={"x": config},
-        distributions={"x": CategoricalDistribution(["defaults", SIMPLE, BUSY])},
-        user_attrs={"config": config, "plan": plan(config).to_json(), "batch_size": 1,
-                    "speedup_latency": 100.0 / search_ms, **attrs})
+    return verdicts.trial(config, search_ms, ("defaults", SIMPLE, BUSY), **attrs)
 
 
 def study(recipe_search_ms: float = 52.0) -> optuna.Study:
@@ -46,23 +27,6 @@ def study(recipe_search_ms: float = 52.0) -> optuna.Study:
     made.add_trial(trial(BUSY, 50.0))
     made.add_trial(trial(SIMPLE, recipe_search_ms, recipe="jemalloc (expert recipe)"))
     return made
-
-
-def runner(latency_ms: dict[str, float]) -> object:
-    """Each configuration at its latency, a different small jitter every round."""
-    jitter: dict[str, Iterator[float]] = {}
-
-    def run(launch: LaunchPlan, timeout_s: float) -> RunResult:
-        described = launch.config.describe()
-        shift = next(jitter.setdefault(described, itertools.cycle(JITTER)))
-        return fake_result([latency_ms[described] * (1 + shift / 100) + j for j in (-0.2, 0.0, 0.2)])
-
-    return one_by_one(run)  # type: ignore[arg-type]
-
-
-def confirmed(made: optuna.Study, latency_ms: dict[str, float], top: int = 1) -> dict[str, object]:
-    return confirm.confirm(made, top=top, rounds=12, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
-                           runner=runner(latency_ms), seed=3)  # type: ignore[arg-type]
 
 
 def test_a_winner_that_ties_with_the_recipe_recommends_the_simpler_and_export_writes_it() -> None:

@@ -18,7 +18,7 @@ from autotune.host.machine import Machine
 from autotune.measure.plan import BenchSpec, LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy, one_by_one
 from autotune.measure.results import InstanceResult, RunResult
-from autotune.search import confirm, loop, opening
+from autotune.search import compare, confirm, loop, opening
 from autotune.study import confirmations
 from tests.support.studies import SPACE, fake_result, fake_runner
 
@@ -217,11 +217,11 @@ def test_a_configuration_compared_with_itself_is_two_independent_series() -> Non
     def noisy(plan: LaunchPlan, timeout_s: float) -> RunResult:
         return fake_result([100.0 + (next(jitter) * 7 % 11) for _ in range(5)])
 
-    pair = confirm.distinct([confirm.Contender("trial 0", plan, 0), confirm.Contender("trial 0", plan, 0)])
+    pair = compare.distinct([confirm.Contender("trial 0", plan, 0), confirm.Contender("trial 0", plan, 0)])
     assert [c.label for c in pair] == ["trial 0 #1", "trial 0 #2"]
     measured = confirm.interleave(pair, 6, "latency_p50_ms", 60, one_by_one(noisy), lambda e: None, seed=3)
     assert [len(series) for series in measured.runs] == [6, 6]  # 6 rounds asked, 6 rounds compared
-    comparison = confirm.compared(measured, "latency_p50_ms", 0.0)
+    comparison = compare.compared(measured, "latency_p50_ms", 0.0)
     assert comparison is not None and comparison.rounds == 6
     assert comparison.interval.low < comparison.interval.high  # two series, not one paired with itself
 

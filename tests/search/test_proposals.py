@@ -21,7 +21,7 @@ from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.results import RunResult
 from autotune.search import fleet, loop, opening, proposals, pruning
-from autotune.study import holders, records
+from autotune.study import holders, records, references
 from tests.conftest import lscpu
 from tests.support.studies import DEFAULT, SPACE, fake_result, fake_runner, ok_runner, request
 
@@ -235,7 +235,7 @@ def test_the_winner_is_compared_with_the_best_recipe(tmp_path: Path, here: Machi
 
     opened, _ = run(tmp_path, here, 7, space=DEFAULT, runner=ok_runner)
     study = opened.study
-    recipe = records.best_recipe(study, "speedup_latency")
+    recipe = references.best_recipe(study, "speedup_latency")
     assert recipe is not None and recipe.user_attrs["recipe"] == "seed"  # sets the most knobs: fastest here
     other = next(t for t in study.get_trials() if t.number > 0 and not t.user_attrs.get("recipe"))
     ratio = other.user_attrs["speedup_latency"] / recipe.user_attrs["speedup_latency"]
