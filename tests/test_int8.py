@@ -47,14 +47,16 @@ def test_int8_is_not_offered_on_a_cpu_without_vnni_or_amx(monkeypatch: pytest.Mo
             ["backend=inductor", "precision=int8"])), machine.this_machine())
 
 
-def test_int8_is_offered_with_vnni_and_only_with_backend_inductor(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_int8_is_offered_with_vnni_and_only_with_a_backend_that_quantizes(monkeypatch: pytest.MonkeyPatch) -> None:
     adapted = search_space(monkeypatch, VNNI)
     assert adapted.get("precision").choices == ("fp32", "int8")  # type: ignore[union-attr]
     assert machine.report(machine.described_machine(XEON))["precisions"] == {"bf16": False, "int8": True}
     small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
     assert {c.describe() for c in small.configurations() or []} == {
         "defaults", "backend=eager precision=fp32", "backend=torchscript precision=fp32",
-        "backend=inductor precision=fp32", "backend=inductor precision=int8"} - {"defaults"}
+        "backend=inductor precision=fp32", "backend=inductor precision=int8", "backend=openvino precision=fp32",
+        "backend=openvino precision=int8", "backend=onnxruntime precision=fp32",
+        "backend=onnxruntime precision=int8"} - {"defaults"}
 
 
 def test_precision_is_its_own_optuna_parameter_where_int8_is_not_offered() -> None:
@@ -83,9 +85,9 @@ class _Fixed:
         return self.inner.suggest_int(name, low, high, step=step, log=log)
 
 
-def test_int8_needs_backend_inductor() -> None:
-    with pytest.raises(ConfigError, match=r"^precision=int8 applies only with backend=inductor \(here "
-                                          r"backend=eager\); set backend or drop precision$"):
+def test_int8_needs_a_backend_that_quantizes() -> None:
+    with pytest.raises(ConfigError, match=r"^precision=int8 applies only with backend=inductor/openvino/onnxruntime "
+                                          r"\(here backend=eager\); set backend or drop precision$"):
         Config.from_assignments(["precision=int8"])
     assert Config.from_assignments(["backend=inductor", "precision=int8"]).describe() == \
         "backend=inductor precision=int8"

@@ -164,8 +164,9 @@ def test_resume_after_ctrl_c_loses_nothing_and_leaves_no_running_trial(tmp_path:
     again = autotune(tmp_path, "search", *QUICK_SEARCH, "--trials", "5", "--study", "resume", "--confirm-top", "0")
     assert again.returncode == 0, again.stderr
     after = load(tmp_path, "resume").get_trials()
-    counted = [t for t in after if t.state.is_finished() and t.user_attrs.get("fail_cause") != "cut_short"]
-    assert len(counted) == 5 and len(after) == 6  # the trial cut short took no trial of --trials
+    cut_short = [t for t in after if t.user_attrs.get("fail_cause") == "cut_short"]
+    # the trial cut short took no trial of --trials; more may have run: a stop on a noisy window is measured again
+    assert len(records.counted(after)) == 5 and len(cut_short) == 1 and cut_short[0] not in records.counted(after)
     assert {t.number: (t.state, t.values) for t in after if t.number in kept} == kept
     assert sum(bool(t.user_attrs.get("baseline")) for t in after) == 1
 

@@ -167,7 +167,7 @@ def test_a_study_without_a_baseline_says_to_leave_it_out(capsys: pytest.CaptureF
 
 def test_an_env_file_is_profiled_beside_the_defaults_of_its_model(tmp_path: Path, fake_libs: Libraries) -> None:
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
-    study = search(tmp_path, here, trials=4, seed=0)  # seeded: a random one may only draw crashing mkldnn=on
+    study = search(tmp_path, here, trials=4, seed=1)  # seeded: a random one may only draw crashing mkldnn=on
     chosen = next(t for t in study.get_trials() if t.user_attrs.get("config") not in (None, "defaults")
                   and t.state == TrialState.COMPLETE)
     path = tmp_path / "fast.env"
