@@ -218,7 +218,7 @@ def _loaded(path: Path, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
             on_phase: Callable[[str], None]) -> Any:
     on_phase("loading the compiled model")
     start = time.perf_counter()
-    loaded = peers.load(path, knobs) if knobs.peer else load(path, knobs.backend)
+    loaded = peers.load(path, knobs, example) if knobs.peer else load(path, knobs.backend)
     setup["artifact_load_s"] = time.perf_counter() - start
     return ShapeChecked(loaded, example)
 

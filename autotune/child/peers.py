@@ -201,9 +201,10 @@ def _numpy_inputs(batch: Any) -> Any:
     return arrays[0] if len(arrays) == 1 else tuple(arrays)
 
 
-def load(path: Path, knobs: ModelKnobs) -> Any:
+def load(path: Path, knobs: ModelKnobs, example: Any) -> Any:
     """The saved model, compiled or put in a session by its runtime with the knobs' settings and this
-    process's thread count, called like the module it came from."""
+    process's thread count, called like the module it came from (keyword inputs in any order: the
+    runtimes take them in the example's)."""
     import torch
     from torch.utils import _pytree
 
@@ -214,20 +215,22 @@ def load(path: Path, knobs: ModelKnobs) -> Any:
                          f"to convert the model anew") from None
     threads = torch.get_num_threads()
     run = _openvino(path, knobs, threads) if knobs.backend == "openvino" else _onnxruntime(path, knobs, threads)
-    return Converted(run, spec)
+    return Converted(run, spec, tuple(example) if isinstance(example, dict) else ())
 
 
 class Converted:
     """A converted model called like the original: torch tensors in, torch tensors out, nested as
     the original returned them."""
 
-    def __init__(self, run: Any, spec: Any) -> None:
-        self.run, self.spec = run, spec
+    def __init__(self, run: Any, spec: Any, names: tuple[str, ...] = ()) -> None:
+        self.run, self.spec, self.names = run, spec, names
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
         from torch.utils import _pytree
 
+        if kwargs and self.names and set(kwargs) == set(self.names):
+            kwargs = {name: kwargs[name] for name in self.names}
         arrays = _flat_numpy(kwargs if kwargs and not args else args[0] if len(args) == 1 else args)
         outputs = [torch.from_numpy(array) for array in self.run(arrays)]
         return _pytree.tree_unflatten(outputs, self.spec)

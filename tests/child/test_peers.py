@@ -89,6 +89,8 @@ def test_keyword_inputs_and_nested_outputs_come_back_as_torch(tmp_path: Path, ba
     batch = {"input_ids": torch.randint(0, 50, (2, 6)), "mask": torch.ones(2, 6)}
     result, _ = applied(model, batch, ModelKnobs(backend=backend), tmp_path)  # type: ignore[arg-type]
     out, expected = result(**batch), model(**batch)
+    swapped = result(mask=batch["mask"], input_ids=batch["input_ids"])  # keyword inputs in another order
+    torch.testing.assert_close(swapped["logits"], out["logits"])
     assert set(out) == {"logits", "rest"} and isinstance(out["rest"], tuple)
     torch.testing.assert_close(out["logits"], expected["logits"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out["rest"][0], expected["rest"][0], rtol=1e-4, atol=1e-5)
