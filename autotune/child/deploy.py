@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.child import artifacts, envfile, quantize
+from autotune.child import artifacts, buckets, envfile, quantize
 from autotune.child.batches import call, inputs, leaves
 from autotune.child.convert import Quantized, guard, load_saved, prepare
 from autotune.child.envfile import value_text
@@ -58,6 +58,7 @@ class Deployment:
     tolerance: float = -1.0  # relative error allowed by check=True; < 0: per precision
     artifacts: Path | None = None
     source: str = "the environment"
+    seq_lens: tuple[int, ...] = ()  # sequence-length buckets: one compiled model per length (`autotune.child.buckets`)
 
 
 def from_env(env: Mapping[str, str], source: str = "the environment") -> Deployment | None:
@@ -72,7 +73,7 @@ def from_env(env: Mapping[str, str], source: str = "the environment") -> Deploym
         raise ApplyError(f"{TOLERANCE_VAR}={env[TOLERANCE_VAR]!r} in {source} is not a number; "
                          f"export the env file again") from None
     artifacts = Path(env[ARTIFACTS_VAR]) if env.get(ARTIFACTS_VAR) else None
-    return Deployment(knobs, tolerance, artifacts, source)
+    return Deployment(knobs, tolerance, artifacts, source, buckets.lengths_from_env(env, source))
 
 
 def knobs_from_env(env: Mapping[str, str], source: str = "the environment") -> ModelKnobs:
@@ -150,20 +151,41 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     precision=int8 calibrates on `calibration` (batches like `example_inputs`, say a few hundred
     real inputs; default: `example_inputs` alone), and `check=True` compares top-1 answers and
     cosine similarity with eager fp32 on those batches.
+
+    A configuration searched at sequence-length buckets (`--seq-lens`) compiles one model per length
+    and serves a batch of token inputs of any length up to the largest bucket: padded to the smallest
+    bucket that holds it, its outputs cut back to its own tokens.
     """
     chosen = load_env_file(env_file) if env_file is not None else from_env(os.environ)
     if chosen is None or (chosen.knobs.is_default and not check):
         _report(chosen)
         return model
     converts_in_place = chosen.knobs.mkldnn or chosen.knobs.memory_format == "channels_last"
-    applied = apply_deployment(copy.deepcopy(model) if converts_in_place else model, example_inputs, chosen,
-                               check=check, calibration=list(calibration))
-    for stale in applied.setup.get("artifact_stale", []):
-        warnings.warn(f"autotune: not loading {stale}; compiled a new one", ArtifactRebuilt, stacklevel=2)
-    if "aot_fallback" in applied.setup:
-        warnings.warn(f"autotune: {applied.setup['aot_fallback']}: compiled in this process, not saved",
-                      CompileFallback, stacklevel=2)
+    model = copy.deepcopy(model) if converts_in_place else model
+    if chosen.seq_lens and chosen.knobs.compiled:
+        applied = apply_buckets(model, example_inputs, chosen, check=check, calibration=calibration)
+    else:
+        applied = apply_deployment(model, example_inputs, chosen, check=check, calibration=list(calibration))
+    for setup in applied.setup.get("buckets", {}).values() or [applied.setup]:
+        for stale in setup.get("artifact_stale", []):
+            warnings.warn(f"autotune: not loading {stale}; compiled a new one", ArtifactRebuilt, stacklevel=2)
+        if "aot_fallback" in setup:
+            warnings.warn(f"autotune: {setup['aot_fallback']}: compiled in this process, not saved",
+                          CompileFallback, stacklevel=2)
     return applied
+
+
+def apply_buckets(model: Any, example_inputs: Any, chosen: Deployment, *, check: bool,
+                  calibration: Sequence[Any] = ()) -> Applied:
+    """A compiled model takes one shape: one per bucket of `chosen.seq_lens`, each applied to the
+    example (and calibration) padded or cut to its length, behind one forward that serves any length
+    up to the largest bucket (`buckets.Bucketed`). `setup["buckets"]` holds each one's setup."""
+    buckets.sequence_length(example_inputs)  # token inputs, or one line saying buckets need them
+    parts = {length: apply_deployment(model, buckets.fit(example_inputs, length), chosen, check=check,
+                                      calibration=[buckets.fit(batch, length) for batch in calibration])
+             for length in chosen.seq_lens}
+    setup = {"buckets": {str(length): part.setup for length, part in parts.items()}}
+    return Applied(buckets.Bucketed({length: part.run for length, part in parts.items()}), chosen.knobs, setup)
 
 
 def apply_deployment(model: Any, example_inputs: Any, chosen: Deployment, *, check: bool,

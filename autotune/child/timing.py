@@ -9,7 +9,9 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from autotune.child.buckets import Mixed, Round
 
 
 def cpu_seconds() -> float:
@@ -50,11 +52,11 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
     rule (measure/results.py, `RunResult.throughput_ips`)."""
     import torch
 
-    from autotune.child.batches import batch_size
-
     latencies_ms: list[float] = []
     iterations_ms: list[float] = []
-    items = 0
+    items = 0.0
+    if isinstance(forward, Mixed):
+        forward.reset()  # its per-bucket figures: the timed rounds only
     with torch.no_grad():
         cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
         time.sleep(max(window.start - time.monotonic(), 0.0))
@@ -63,12 +65,10 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
         while time.monotonic() < window.end or len(latencies_ms) < args.min_iterations:
             t_fetch = time.perf_counter()
             batch = next(batches)
-            t0 = time.perf_counter()
-            forward(batch)
-            t1 = time.perf_counter()
-            latencies_ms.append((t1 - t0) * 1e3)
-            iterations_ms.append((t1 - t_fetch) * 1e3)
-            items += batch_size(batch)
+            latency_ms, served = one_sample(forward, batch)
+            iterations_ms.append((time.perf_counter() - t_fetch) * 1e3)
+            latencies_ms.append(latency_ms)
+            items += served
             if checks.stop(latencies_ms):
                 break
         ended = time.monotonic()
@@ -77,7 +77,21 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
     result = {"latencies_ms": latencies_ms, "iterations_ms": iterations_ms, "items": items,
               "window": {"start": window.start, "end": window.end}, "late_start_s": start - window.start,
               "window_s": ended - start, "span_s": span, "throughput_ips": items / span, "cpu_s": cpu_s}
+    if isinstance(forward, Mixed):
+        result["buckets"] = forward.summary()
     return result | checks.verdict()
+
+
+def one_sample(forward: Any, batch: Any) -> tuple[float, float]:
+    """One timed call: its latency in ms and the items it served. A round over sequence-length
+    buckets is timed by its `Mixed` forward (the weighted mean of its calls)."""
+    if isinstance(batch, Round):
+        return cast(Mixed, forward).timed(batch)
+    from autotune.child.batches import batch_size
+
+    start = time.perf_counter()
+    forward(batch)
+    return (time.perf_counter() - start) * 1e3, float(batch_size(batch))
 
 
 def limits(text: str) -> tuple[float, ...]:

@@ -1,0 +1,147 @@
+"""Sequence-length buckets: parsing the lengths, padding a batch to its bucket and cutting the outputs
+back, the bucketed `apply` for lengths inside, between and beyond the buckets, and the child's
+weighted sample over a round of buckets."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import autotune
+from autotune.child import batches, buckets, deploy, timing
+from autotune.child.knobs import ModelKnobs
+from tests.fixtures.models import tinynets
+
+
+def tokens(length: int, size: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
+    ids = torch.randint(1, 500, (size, length), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def eager(model: Any, batch: Any) -> Any:
+    with torch.no_grad():
+        return batches.call(model, batch)
+
+
+@pytest.mark.parametrize(("lengths", "weights", "message"), [
+    ("128,32", "", "--seq-lens '128,32' is not increasing; give each length once, smallest first"),
+    ("32,32", "", "is not increasing"),
+    ("32,x", "", "--seq-lens '32,x' is not a list of lengths like 32,128,384"),
+    ("", "", "is not a list of lengths"),
+    ("0,8", "", "every length must be 1 or more"),
+    ("8,16", "1", "--seq-len-weights gives 1 weights for 2 lengths"),
+    ("8,16", "0,0", "not all 0"),
+    ("8,16", "1,-1", "0 or more"),
+    ("8,16", "1,nan", "must be finite"),
+])
+def test_a_bucket_list_that_is_not_one_says_what_to_give(lengths: str, weights: str, message: str) -> None:
+    with pytest.raises(buckets.BucketError, match=message.replace("(", r"\(").replace("+", r"\+")):
+        buckets.Buckets.parse(lengths, weights)
+
+
+def test_weights_are_shares_and_default_to_equal() -> None:
+    assert buckets.Buckets.parse("32, 128,384").weights == pytest.approx((1 / 3,) * 3)
+    assert buckets.Buckets.parse("32,128", "1,3") == buckets.Buckets((32, 128), (0.25, 0.75))
+
+
+def test_a_batch_goes_to_the_smallest_bucket_that_holds_it() -> None:
+    found = buckets.Buckets.parse("8,16,32")
+    assert [found.fitting(n) for n in (1, 8, 9, 16, 17, 32)] == [8, 8, 16, 16, 32, 32]
+    with pytest.raises(autotune.ApplyError, match=r"an input of 33 tokens is longer than the largest bucket \(32\)"):
+        found.fitting(33)
+
+
+def test_fitting_pads_token_tensors_with_zeros_and_leaves_other_inputs() -> None:
+    batch = {**tokens(5), "pixel_scale": torch.ones(2, 3)}
+    padded = buckets.fit(batch, 8)
+    assert padded["input_ids"].shape == (2, 8) and padded["attention_mask"][:, 5:].eq(0).all()
+    assert torch.equal(padded["input_ids"][:, :5], batch["input_ids"]) and padded["pixel_scale"] is batch["pixel_scale"]
+    assert torch.equal(buckets.fit(batch, 3)["input_ids"], batch["input_ids"][:, :3])
+    assert buckets.sequence_length(padded) == 8
+
+
+def test_a_batch_without_token_inputs_or_with_ragged_ones_is_refused() -> None:
+    with pytest.raises(autotune.ApplyError, match="sequence-length buckets need token inputs"):
+        buckets.sequence_length(torch.randn(2, 16))
+    with pytest.raises(autotune.ApplyError, match=r"different lengths \[4, 5\]"):
+        buckets.sequence_length({"input_ids": tokens(5)["input_ids"],
+                                 "attention_mask": torch.ones(2, 4, dtype=torch.long)})
+
+
+@pytest.fixture
+def bucketed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> autotune.Applied:
+    env = {**deploy.to_env(ModelKnobs(backend="torchscript")), buckets.SEQ_LENS_VAR: "8,16,32",
+           deploy.ARTIFACTS_VAR: str(tmp_path)}
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    return autotune.apply(tinynets.masked_tokens(), tokens(12), check=True)
+
+
+@pytest.mark.parametrize("length", [3, 8, 12, 16, 30, 32])
+def test_the_bucketed_model_answers_as_eager_for_lengths_inside_and_between_buckets(
+        bucketed: autotune.Applied, length: int) -> None:
+    batch = tokens(length, seed=length)
+    hidden, logits = bucketed(**batch)
+    want_hidden, want_logits = eager(tinynets.masked_tokens(), batch)
+    assert hidden.shape == want_hidden.shape == (2, length, 32)  # cut back to the real tokens
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hidden, want_hidden, rtol=1e-4, atol=1e-5)
+
+
+def test_the_bucketed_model_compiled_one_model_per_bucket_and_refuses_a_longer_input(
+        bucketed: autotune.Applied) -> None:
+    assert sorted(bucketed.setup["buckets"]) == ["16", "32", "8"]
+    assert all(part["max_rel_err"] <= 1e-3 for part in bucketed.setup["buckets"].values())
+    with pytest.raises(autotune.ApplyError, match=r"an input of 33 tokens is longer than the largest bucket \(32\); "
+                                                  r"truncate it to 32 tokens"):
+        bucketed(**tokens(33))
+
+
+def test_an_eager_configuration_needs_no_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {**deploy.to_env(ModelKnobs(precision="bf16")), buckets.SEQ_LENS_VAR: "8,16"}
+    chosen = deploy.from_env(env)
+    assert chosen is not None and chosen.seq_lens == (8, 16)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    applied = autotune.apply(tinynets.masked_tokens(), tokens(12))
+    assert "buckets" not in applied.setup and applied(**tokens(20))[0].shape == (2, 20, 32)  # any length
+
+
+def test_buckets_in_an_env_file_that_are_not_increasing_are_one_error() -> None:
+    env = {**deploy.to_env(ModelKnobs(backend="torchscript")), buckets.SEQ_LENS_VAR: "16,8"}
+    with pytest.raises(autotune.ApplyError, match="AUTOTUNE_SEQ_LENS='16,8' in x.env is not an increasing list"):
+        deploy.from_env(env, "x.env")
+
+
+def test_buckets_with_an_input_that_has_no_tokens_is_one_error(tmp_path: Path) -> None:
+    chosen = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path, seq_lens=(8, 16))
+    with pytest.raises(autotune.ApplyError, match="sequence-length buckets need token inputs"):
+        deploy.apply_buckets(tinynets.cnn(), torch.randn(1, 3, 32, 32), chosen, check=False)
+
+
+def test_a_round_over_buckets_is_one_sample_weighted_by_the_buckets_shares() -> None:
+    spent = {8: 0.002, 16: 0.010}
+
+    def slow(seconds: float) -> Any:
+        def forward(batch: Any) -> Any:
+            deadline = timing.time.perf_counter() + seconds
+            while timing.time.perf_counter() < deadline:
+                pass
+            return batch
+        return forward
+
+    mixed = buckets.Mixed([slow(spent[8]), slow(spent[16])], buckets.Buckets.parse("8,16", "3,1"), batch_size=2)
+    rounds = iter([buckets.Round((tokens(8), tokens(16)))] * 100)
+    args = argparse.Namespace(min_iterations=5, give_up_after=0.0, give_up_iterations=1, give_up_above_ms=())
+    now = timing.time.monotonic()
+    result = timing.timed_loop(args, mixed, rounds, timing.Window(now, now))
+    weighted = (3 * spent[8] + spent[16]) / 4 * 1e3
+    assert len(result["latencies_ms"]) == 5
+    assert all(weighted <= sample <= weighted * 1.5 + 1 for sample in result["latencies_ms"])
+    # the stream of 3:1 requests serves 2 items per `weighted` ms, whatever the round's wall time
+    assert result["items"] / sum(result["iterations_ms"]) * 1e3 == pytest.approx(2 / weighted * 1e3, rel=0.2)
+    assert result["buckets"]["8"]["calls"] == 5 and result["buckets"]["16"]["latency_p50_ms"] >= 10
