@@ -37,7 +37,7 @@ def search_space(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, frozenset[st
 
 def test_int8_is_not_offered_on_a_cpu_without_vnni_or_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     adapted = search_space(monkeypatch, NO_VNNI)
-    assert adapted.get("precision").choices == ("fp32", "bf16")  # type: ignore[union-attr]
+    assert adapted.get("precision").choices == ("fp32", "bf16", "int8_weight_only")  # type: ignore[union-attr]
     assert "precision=int8 dropped: this CPU has neither VNNI (avx512_vnni, avx_vnni) nor AMX" in adapted.notes
     assert machine.report(machine.described_machine(XEON))["precisions"] == {"bf16": True, "int8": False}
     with pytest.raises(ApplyError, match="precision=int8 needs a CPU with VNNI"):
@@ -49,14 +49,16 @@ def test_int8_is_not_offered_on_a_cpu_without_vnni_or_amx(monkeypatch: pytest.Mo
 
 def test_int8_is_offered_with_vnni_and_only_with_a_backend_that_quantizes(monkeypatch: pytest.MonkeyPatch) -> None:
     adapted = search_space(monkeypatch, VNNI)
-    assert adapted.get("precision").choices == ("fp32", "int8")  # type: ignore[union-attr]
+    assert adapted.get("precision").choices == ("fp32", "int8", "int8_dynamic", "int8_weight_only")  # type: ignore[union-attr]
     assert machine.report(machine.described_machine(XEON))["precisions"] == {"bf16": False, "int8": True}
     small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
     assert {c.describe() for c in small.configurations() or []} == {
         "defaults", "backend=eager precision=fp32", "backend=torchscript precision=fp32",
         "backend=inductor precision=fp32", "backend=inductor precision=int8", "backend=openvino precision=fp32",
         "backend=openvino precision=int8", "backend=onnxruntime precision=fp32",
-        "backend=onnxruntime precision=int8"} - {"defaults"}
+        "backend=onnxruntime precision=int8", "backend=eager precision=int8_dynamic",
+        "backend=eager precision=int8_weight_only", "backend=inductor precision=int8_dynamic",
+        "backend=inductor precision=int8_weight_only"} - {"defaults"}
 
 
 def test_precision_is_its_own_optuna_parameter_where_int8_is_not_offered() -> None:
@@ -64,12 +66,14 @@ def test_precision_is_its_own_optuna_parameter_where_int8_is_not_offered() -> No
     adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={"bf16": True, "int8": True})
     eager = FakeTrial()
     adapted.sample(_Fixed(eager, backend="eager"))
-    assert eager.asked["precision (fp32/bf16)"] == ["fp32", "bf16"] and "precision" not in eager.asked
+    eager_param = "precision (fp32/bf16/int8_dynamic/int8_weight_only)"
+    assert eager.asked[eager_param] == ["fp32", "bf16", "int8_dynamic", "int8_weight_only"]
+    assert "precision" not in eager.asked
     inductor = FakeTrial()
-    assert adapted.sample(_Fixed(inductor, backend="inductor")).get("precision") == "int8"
-    assert inductor.asked["precision"] == ["fp32", "bf16", "int8"]
+    assert adapted.sample(_Fixed(inductor, backend="inductor")).get("precision") == "int8_weight_only"
+    assert inductor.asked["precision"] == ["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only"]
     config = Config.from_assignments(["backend=eager", "precision=bf16"])
-    assert adapted.params(config) == {"backend": "eager", "precision (fp32/bf16)": "bf16"}
+    assert adapted.params(config) == {"backend": "eager", eager_param: "bf16"}
 
 
 class _Fixed:

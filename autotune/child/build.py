@@ -139,12 +139,15 @@ def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "", pool: int
 CALIBRATION_SEED, GUARD_SEED = 1, 2  # random inputs that the timed ones (seed 0) and each other never repeat
 
 
-def int8_batches(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
-    """precision=int8's calibration batches and the guard's held-out ones: random inputs of their
+def int8_batches(args: argparse.Namespace, knobs: ModelKnobs) -> tuple[list[Any], list[Any]]:
+    """precision=int8's calibration batches and the guard's held-out ones of every int8 (none
+    for the others; int8_dynamic and int8_weight_only calibrate nothing): random inputs of their
     own, or a user's `--example-inputs` (calibration from the first items, the guard from the next,
     cycling when the file holds fewer)."""
+    if not knobs.quantized:
+        return [], []
     shape = tuple(int(n) for n in args.item_shape.split("x"))
-    size, count = args.batch_size, args.calibration_batches
+    size, count = args.batch_size, args.calibration_batches if knobs.precision == "int8" else 0
     guard_count = -(-quantize.GUARD_ITEMS // size)
     calibration = dataset_for(shape, args.example_inputs, count * size, CALIBRATION_SEED)
     guard = dataset_for(shape, args.example_inputs, guard_count * size, GUARD_SEED)
@@ -217,7 +220,7 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
     deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan")
     if knobs.is_default:
         return _timed_first_call(_load_timed(args, setup), example, setup)
-    calibration, guard = int8_batches(args) if knobs.precision == "int8" else ([], [])
+    calibration, guard = int8_batches(args, knobs)
     checked = deploy.checked_batches(example, knobs, calibration, guard)
     entry = references.entry_path(Path(args.cache_dir), args.model, checked) \
         if knobs.compiled and references.applies(args.model) else None

@@ -1,6 +1,6 @@
 """How each model-level knob turns a module into what runs: mkldnn, channels_last, the TorchScript
-weight cache, inductor, bf16 autocast, int8 (through `quantize`); the guard on the answers; the saved
-artifacts.
+weight cache, inductor, bf16 autocast, int8 (through `quantize`), int8_dynamic and int8_weight_only
+(through `linear_int8`); the guard on the answers; the saved artifacts.
 
 torch is imported inside functions. `autotune.apply` and the benchmark child both call `prepare`,
 so what is measured is what a user's program runs.
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import cpu, peers, runtimes
+from autotune.child import cpu, linear_int8, peers, runtimes
 from autotune.child.artifacts import (
     ARTIFACT_FORMAT,
     GRAPH_KIND,
@@ -30,12 +30,13 @@ from autotune.child.artifacts import (
 )
 from autotune.child.batches import autocast, call, dense, explain, inputs, layout, split
 from autotune.child.errors import ApplyError, WrongAnswers
-from autotune.child.knobs import PEER_KNOBS, ModelKnobs, Precision
+from autotune.child.knobs import LINEAR_INT8, PEER_KNOBS, QUANTIZED, ModelKnobs, Precision
 
 # What `--tolerance` allows against eager fp32, per precision: fp32 and bf16, the relative error on
-# the same input; int8, the share of inputs whose top-1 answer may change, and how far below 1 any
-# input's cosine similarity may fall (quantize.agreement_guard).
-TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, "int8": 1e-2}
+# the same input; every int8 (`QUANTIZED`), the share of inputs whose top-1 answer may change, and
+# how far below 1 any input's cosine similarity may fall (quantize.agreement_guard).
+AGREEMENT_TOLERANCE = 1e-2
+TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, **dict.fromkeys(QUANTIZED, AGREEMENT_TOLERANCE)}
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
         probe_mkldnn(model, example)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if knobs.precision in LINEAR_INT8:
+        model = linear_int8.quantize_linears(model, knobs, setup)
     if knobs.compiled:
         with warnings.catch_warnings():
             # TorchScript is chosen on purpose where it measured faster; torch's deprecation notice is noise.
@@ -117,7 +120,7 @@ def _forward(model: Any, knobs: ModelKnobs) -> Callable[[Any], Any]:
 def guard(reference: list[Any], output: list[Any], precision: Precision, tolerance: float,
           setup: dict[str, Any]) -> None:
     """The correctness guard for fp32 and bf16: max abs and relative error against eager fp32 on the
-    same input (recorded for int8 too, which `quantize.agreement_guard` judges)."""
+    same input (recorded for every int8 too, which `quantize.agreement_guard` judges)."""
     import torch
 
     ref = torch.cat([r.float().flatten() for r in reference])
@@ -128,7 +131,7 @@ def guard(reference: list[Any], output: list[Any], precision: Precision, toleran
     rel_err = abs_err / max(float(ref.abs().max()), 1e-12)
     allowed = tolerance if tolerance >= 0 else TOLERANCE[precision]
     setup.update(max_abs_err=abs_err, max_rel_err=rel_err, tolerance=allowed)
-    if precision != "int8" and not rel_err <= allowed:  # recorded for int8, judged by quantize.agreement_guard
+    if precision not in QUANTIZED and not rel_err <= allowed:  # int8s: judged by quantize.agreement_guard
         raise WrongAnswers(f"wrong answers: output differs from eager fp32 by max relative error {rel_err:.3g} "
                            f"(max abs {abs_err:.3g}) > tolerance {allowed:g}; raise --tolerance to accept it")
 

@@ -145,8 +145,8 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     or a dict of keyword inputs (integer token ids stay as they are). It is used to trace and
     compile (a compiled model takes inputs of exactly these shapes) and, with `check=True`, to
     compare the output against eager fp32 within the tolerance the study recorded (`WrongAnswers`
-    when it does not hold). Conversions that change a module in place (mkldnn, channels_last)
-    work on a copy: your `model` stays as it was.
+    when it does not hold). Conversions that change a module in place (mkldnn, channels_last,
+    int8_dynamic, int8_weight_only) work on a copy: your `model` stays as it was.
 
     precision=int8 calibrates on `calibration` (batches like `example_inputs`, say a few hundred
     real inputs; default: `example_inputs` alone), and `check=True` compares top-1 answers and
@@ -160,12 +160,11 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     if chosen is None or (chosen.knobs.is_default and not check):
         _report(chosen)
         return model
-    converts_in_place = chosen.knobs.mkldnn or chosen.knobs.memory_format == "channels_last"
-    model = copy.deepcopy(model) if converts_in_place else model
     if chosen.seq_lens and chosen.knobs.compiled:
         applied = apply_buckets(model, example_inputs, chosen, check=check, calibration=calibration)
     else:
-        applied = apply_deployment(model, example_inputs, chosen, check=check, calibration=list(calibration))
+        applied = apply_deployment(_own_copy(model, chosen.knobs), example_inputs, chosen, check=check,
+                                   calibration=list(calibration))
     for setup in applied.setup.get("buckets", {}).values() or [applied.setup]:
         for stale in setup.get("artifact_stale", []):
             warnings.warn(f"autotune: not loading {stale}; compiled a new one", ArtifactRebuilt, stacklevel=2)
@@ -175,14 +174,20 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     return applied
 
 
+def _own_copy(model: Any, knobs: ModelKnobs) -> Any:
+    """The model a conversion may change in place (mkldnn, channels_last, torchao's int8): a copy, so
+    the user's model stays as it was (and each bucket quantizes the model once)."""
+    return copy.deepcopy(model) if knobs.converts_in_place else model
+
+
 def apply_buckets(model: Any, example_inputs: Any, chosen: Deployment, *, check: bool,
                   calibration: Sequence[Any] = ()) -> Applied:
     """A compiled model takes one shape: one per bucket of `chosen.seq_lens`, each applied to the
     example (and calibration) padded or cut to its length, behind one forward that serves any length
     up to the largest bucket (`buckets.Bucketed`). `setup["buckets"]` holds each one's setup."""
     buckets.sequence_length(example_inputs)  # token inputs, or one line saying buckets need them
-    parts = {length: apply_deployment(model, buckets.fit(example_inputs, length), chosen, check=check,
-                                      calibration=[buckets.fit(batch, length) for batch in calibration])
+    parts = {length: apply_deployment(_own_copy(model, chosen.knobs), buckets.fit(example_inputs, length), chosen,
+                                      check=check, calibration=[buckets.fit(batch, length) for batch in calibration])
              for length in chosen.seq_lens}
     setup = {"buckets": {str(length): part.setup for length, part in parts.items()}}
     return Applied(buckets.Bucketed({length: part.run for length, part in parts.items()}), chosen.knobs, setup)
@@ -231,9 +236,9 @@ def apply_saved(example_inputs: Any, chosen: Deployment, weights: str, reference
 
 def checked_batches(example_inputs: Any, knobs: ModelKnobs, calibration: Sequence[Any] = (),
                     guard_inputs: Sequence[Any] = ()) -> list[Any]:
-    """The batches the guard compares with eager fp32: the example, and for int8 the guard's own
-    batches (default: the calibration batches)."""
-    if knobs.precision != "int8":
+    """The batches the guard compares with eager fp32: the example, and for every int8 the guard's
+    own batches (default: the calibration batches)."""
+    if not knobs.quantized:
         return [example_inputs]
     return [example_inputs, *(guard_inputs or calibration)]
 
@@ -259,30 +264,31 @@ def _checked(forward: Callable[[Any], Any], example_inputs: Any, checked: list[A
     setup["output_digest"] = digest(output)
     if references:
         guard(references[0], leaves(output), chosen.knobs.precision, chosen.tolerance, setup)
-    if references and chosen.knobs.precision == "int8":
-        _int8_guard(forward, leaves(output), checked, references, chosen.tolerance, setup)
+    if references and chosen.knobs.quantized:
+        _int8_guard(forward, leaves(output), checked, references, chosen, setup)
     _report(chosen)
     return Applied(forward, chosen.knobs, setup)
 
 
 def _int8_guard(forward: Callable[[Any], Any], first: list[Any], checked: list[Any], references: list[list[Any]],
-                tolerance: float, setup: dict[str, Any]) -> None:
-    """int8's guard over every checked batch. Its figures are a property of the artifact and the
+                chosen: Deployment, setup: dict[str, Any]) -> None:
+    """The guard of every int8 precision over every checked batch. Its figures are a property of the artifact and the
     inputs, so they are kept in the artifact's description; a later process reuses them (the
     tolerance judged again) only when its own answer on the example batch is the one the guarded
     process got (`_reusable`): the same artifact computing the same thing."""
     import torch
 
+    precision, tolerance = chosen.knobs.precision, chosen.tolerance
     artifact = Path(setup["artifact_file"]) if setup.get("artifact_file") else None
     key = quantize.guard_key(checked, references)
     record = artifacts.guard_record(artifact, key) if artifact else None
     if record is not None and _reusable(record, setup["output_digest"]):
         setup["guard_reused"] = True
-        quantize.judge(record, tolerance, setup)
+        quantize.judge(record, precision, tolerance, setup)
         return
     with torch.no_grad():
         outputs = [first] + [leaves(forward(batch)) for batch in checked[1:]]
-    quantize.agreement_guard(references, outputs, tolerance, setup)
+    quantize.agreement_guard(references, outputs, precision, tolerance, setup)
     if artifact is not None:
         figures = {name: setup[name] for name in ("top1_agreement", "min_cosine", "guard_items")}
         artifacts.remember_guard(artifact, key, figures | {"output_digest": setup["output_digest"]})

@@ -76,6 +76,15 @@ class Knob:
 # PyTorch's own ways to run a model, and the other runtimes a model is converted to (its peers).
 TORCH_BACKENDS = ("eager", "torchscript", "inductor")
 PEER_BACKENDS = ("openvino", "onnxruntime")
+PRECISIONS = ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")
+# torchao's quantize_ on the model's nn.Linear layers, no calibration (`linear_int8`).
+LINEAR_INT8: tuple[Precision, ...] = ("int8_dynamic", "int8_weight_only")
+# Quantized: judged by top-1 agreement and cosine similarity with eager fp32 (`quantize.agreement_guard`).
+QUANTIZED: tuple[Precision, ...] = ("int8", *LINEAR_INT8)
+# The precisions whose matmuls multiply int8 by int8: oneDNN's u8s8 kernels need VNNI or AMX to be fast
+# (without them the 16-bit intermediate sums can saturate, which torchao's reduce_range works around).
+# int8_weight_only is not one: its int8 weights are scaled back to fp32 before an fp32 matmul, so any CPU runs it.
+INT8_KERNELS: tuple[Precision, ...] = ("int8", "int8_dynamic")
 
 
 def _knob_table() -> dict[str, Knob]:
@@ -102,8 +111,10 @@ def _knob_table() -> dict[str, Knob]:
              model=True),
         Knob("precision", "choice", "fp32; bf16 = autocast, or OpenVINO's bf16 inference precision (offered where "
              "the CPU has avx512_bf16 or AMX); int8 = static quantization calibrated on the example batches: PT2E "
-             "for inductor, NNCF for openvino, QDQ for onnxruntime (offered where the CPU has VNNI or AMX)",
-             choices=("fp32", "bf16", "int8"), default="fp32", only_when=dense, model=True),
+             "for inductor, NNCF for openvino, QDQ for onnxruntime (offered where the CPU has VNNI or AMX); "
+             "int8_dynamic = torchao's dynamic int8 of every nn.Linear, activations quantized as it runs (VNNI or "
+             "AMX); int8_weight_only = torchao's int8 weights of every nn.Linear, computed in fp32 (eager, inductor)",
+             choices=PRECISIONS, default="fp32", only_when=dense, model=True),
         Knob("ov_hint", "choice", "OpenVINO's performance hint: latency (one stream, all threads) or throughput "
              "(several streams)", choices=("latency", "throughput"), default="latency", only_when=openvino,
              model=True),
@@ -147,10 +158,13 @@ MODEL_KNOBS = tuple(name for name, k in KNOBS.items() if k.model)
 PEER_KNOBS = tuple(name for name, k in KNOBS.items()
                    if any(other == "backend" and set(allowed) <= set(PEER_BACKENDS) for other, allowed in k.only_when))
 # Conditions of one value rather than of the whole knob: int8 is quantized through torch.export and
-# AOTInductor, so it exists only with backend=inductor.
+# AOTInductor, or by a peer's own quantizer, so it needs a backend that quantizes. torchao's tensor
+# subclasses run in eager and through torch.export; TorchScript cannot trace int8_dynamic (an
+# internal assert in its tracer), and the peers take no torchao model.
 VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = {
     ("precision", "bf16"): (("backend", ("eager", "torchscript", "inductor", "openvino")),),
     ("precision", "int8"): (("backend", ("inductor", *PEER_BACKENDS)),),
+    **{("precision", value): (("backend", ("eager", "inductor")), ("weight_cache", ("off",))) for value in LINEAR_INT8},
 }
 
 
@@ -181,7 +195,7 @@ def broken_condition(values: Mapping[str, KnobValue], set_names: Iterable[str]) 
 Backend = Literal["eager", "torchscript", "inductor", "openvino", "onnxruntime"]
 
 
-Precision = Literal["fp32", "bf16", "int8"]
+Precision = Literal["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only"]
 
 
 MemoryFormat = Literal["contiguous", "channels_last"]
@@ -226,6 +240,16 @@ class ModelKnobs:
         return self.backend in PEER_BACKENDS
 
     @property
+    def quantized(self) -> bool:
+        """int8 of any kind: guarded by agreement with eager fp32 rather than by relative error."""
+        return self.precision in QUANTIZED
+
+    @property
+    def converts_in_place(self) -> bool:
+        """Whether converting changes the module itself, so that `apply` must work on a copy."""
+        return self.mkldnn or self.memory_format == "channels_last" or self.precision in LINEAR_INT8
+
+    @property
     def compiled(self) -> bool:
         """A configuration whose converted model is saved as an artifact and loaded back."""
         return self.saved_as_torchscript or self.backend == "inductor" or self.peer
@@ -250,9 +274,9 @@ class ModelKnobs:
         if self.precision == "bf16" and not cpu.has_bf16():
             raise ApplyError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
                              "use precision=fp32 (search again on this machine)")
-        if self.precision == "int8" and not cpu.has_int8():
-            raise ApplyError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
-                             "none; use precision=fp32 (search again on this machine)")
+        if self.precision in INT8_KERNELS and not cpu.has_int8():
+            raise ApplyError(f"precision={self.precision} needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and "
+                             f"this one has none; use precision=fp32 (search again on this machine)")
         if self.mkldnn:
             import torch
 

@@ -24,10 +24,11 @@ from autotune.child.artifacts import hash_tensor
 from autotune.child.batches import call, explain, split
 from autotune.child.convert import TOLERANCE
 from autotune.child.errors import ApplyError, WrongAnswers
+from autotune.child.knobs import Precision
+from autotune.child.linear_int8 import TORCHAO_INSTALL
 
 CALIBRATION_BATCHES = 4  # default `--calibration-batches`: batches of the example inputs observed
 GUARD_ITEMS = 32  # inputs (rounded up to whole batches) the int8 guard compares with eager fp32
-TORCHAO_INSTALL = "pip install torchao==0.18.0"
 
 
 def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup: dict[str, Any]) -> Any:
@@ -139,10 +140,12 @@ def rows(outputs: Sequence[Any]) -> Any:
     return torch.cat([torch.cat([t.float().reshape(t.shape[0], -1) for t in batch], dim=1) for batch in outputs])
 
 
-def agreement_guard(reference: Sequence[Any], output: Sequence[Any], tolerance: float, setup: dict[str, Any]) -> None:
-    """The int8 guard: each item's top-1 answer and the cosine similarity of its output with eager
-    fp32's; fails when more than `tolerance` of the items change their top-1 answer, or any item's
-    cosine similarity falls below 1 - tolerance. `reference`/`output`: per batch, its output tensors."""
+def agreement_guard(reference: Sequence[Any], output: Sequence[Any], precision: Precision, tolerance: float,
+                    setup: dict[str, Any]) -> None:
+    """The guard of every int8 precision (`ModelKnobs.quantized`): each item's top-1 answer and the
+    cosine similarity of its output with eager fp32's; fails when more than `tolerance` of the items
+    change their top-1 answer, or any item's cosine similarity falls below 1 - tolerance.
+    `reference`/`output`: per batch, its output tensors."""
     import torch
 
     ref, out = rows(reference), rows(output)
@@ -151,20 +154,20 @@ def agreement_guard(reference: Sequence[Any], output: Sequence[Any], tolerance: 
     figures = {"top1_agreement": float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean()),
                "min_cosine": float(torch.nn.functional.cosine_similarity(ref, out, dim=1).min()),
                "guard_items": int(ref.shape[0])}
-    judge(figures, tolerance, setup)
+    judge(figures, precision, tolerance, setup)
 
 
-def judge(figures: dict[str, Any], tolerance: float, setup: dict[str, Any]) -> None:
+def judge(figures: dict[str, Any], precision: Precision, tolerance: float, setup: dict[str, Any]) -> None:
     """`agreement_guard`'s verdict on its figures (measured now, or by an earlier process on the
     same artifact and inputs), recorded in `setup` with the tolerance applied."""
-    allowed = tolerance if tolerance >= 0 else TOLERANCE["int8"]
+    allowed = tolerance if tolerance >= 0 else TOLERANCE[precision]
     agreement, cosine, items = figures["top1_agreement"], figures["min_cosine"], figures["guard_items"]
     setup.update(top1_agreement=agreement, min_cosine=cosine, guard_items=items, tolerance=allowed)
     if not (agreement >= 1 - allowed and cosine >= 1 - allowed):
-        raise WrongAnswers(f"wrong answers: int8 agrees with eager fp32 on the top-1 answer of {agreement:.1%} of "
-                           f"{items} inputs (min cosine similarity {cosine:.4f}); the tolerance {allowed:g} "
-                           f"asks for {1 - allowed:.1%} and {1 - allowed:.4f}; raise --tolerance to accept it, or "
-                           f"calibrate on more batches (--calibration-batches)")
+        remedy = ", or calibrate on more batches (--calibration-batches)" if precision == "int8" else ""
+        raise WrongAnswers(f"wrong answers: {precision} agrees with eager fp32 on the top-1 answer of {agreement:.1%} "
+                           f"of {items} inputs (min cosine similarity {cosine:.4f}); the tolerance {allowed:g} "
+                           f"asks for {1 - allowed:.1%} and {1 - allowed:.4f}; raise --tolerance to accept it{remedy}")
 
 
 def guard_key(batches: Sequence[Any], reference: Sequence[Any]) -> str:

@@ -94,7 +94,7 @@ def measure_options(func: Any) -> Any:
     """The in-process protocol, shared by bench and search."""
     func = click.option("--tolerance", type=float, callback=check_tolerance,
                         help="Relative error allowed against eager fp32 (default: "
-                             f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16); for int8 the share of "
+                             f"{TOLERANCE['fp32']:g} fp32, {TOLERANCE['bf16']:g} bf16); for every int8 the share of "
                              f"inputs whose top-1 answer may change and 1 - the lowest cosine similarity allowed "
                              f"(default {TOLERANCE['int8']:g}).")(func)
     func = calibration_option(func)

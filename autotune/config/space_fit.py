@@ -11,16 +11,17 @@ from typing import Any
 
 from autotune.child import runtimes
 from autotune.child.envfile import value_text
-from autotune.child.knobs import PEER_BACKENDS
+from autotune.child.knobs import INT8_KERNELS, PEER_BACKENDS
 from autotune.config.knobs import KNOBS, Config, KnobValue, conditions, knob
 from autotune.config.space import CORE_BOUND, SAMPLE_ORDER, KnobRange, SearchSpace, SpaceError
 from autotune.host.libs import LIBRARIES
 
 # Which library, runtime or CPU feature each choice needs, so a machine without it never samples it.
-NEEDS = {("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
-         ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
-         ("precision", "bf16"): "bf16", ("precision", "int8"): "int8",
-         **{("backend", backend): backend for backend in PEER_BACKENDS}}
+NEEDS: dict[tuple[str, str], str] = {
+    ("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
+    ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
+    ("precision", "bf16"): "bf16", **{("precision", value): "int8" for value in INT8_KERNELS},
+    **{("backend", backend): backend for backend in PEER_BACKENDS}}
 
 
 # What is missing when a need is not met, and what to do about it.

@@ -16,7 +16,7 @@ from autotune.child import runtimes
 from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.child.errors import LOAD_FAILED
-from autotune.child.knobs import PEER_BACKENDS
+from autotune.child.knobs import INT8_KERNELS, PEER_BACKENDS
 from autotune.child.peers import CONVERT_FAILED
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models
@@ -60,9 +60,10 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     if request.config.get("precision") == "bf16" and not machine.described and not machine_has_bf16():
         raise ConfigError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
                           "use precision=fp32")
-    if request.config.get("precision") == "int8" and not machine.described and not machine_has_int8():
-        raise ConfigError("precision=int8 needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one has "
-                          "none; use precision=fp32")
+    precision = request.config.get("precision")
+    if precision in INT8_KERNELS and not machine.described and not machine_has_int8():
+        raise ConfigError(f"precision={precision} needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one "
+                          f"has none; use precision=fp32")
     backend = str(request.config.get("backend"))
     if backend in PEER_BACKENDS and not machine.described and not runtimes.installed(backend):
         raise ConfigError(runtimes.not_installed(backend))

@@ -115,7 +115,8 @@ def test_adapt_drops_missing_libraries_and_caps_ranges() -> None:
 
 def test_bf16_is_dropped_on_a_cpu_without_it() -> None:
     adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={**ALL_LIBS, "bf16": False})
-    assert adapted.get("precision").choices == ("fp32", "int8")  # type: ignore[union-attr]  # int8 needs VNNI, not bf16
+    assert adapted.get("precision").choices == (  # type: ignore[union-attr]  # the int8s need VNNI (or nothing)
+        "fp32", "int8", "int8_dynamic", "int8_weight_only")
     assert "precision=bf16 dropped: this CPU has neither avx512_bf16 nor AMX" in adapted.notes
 
 
@@ -148,7 +149,7 @@ def test_sampling_respects_conditions_and_the_core_budget() -> None:
     assert "kmp_blocktime" not in trial.asked and "omp_proc_bind" in trial.asked
     assert config.get("backend") == "inductor"  # so no mkldnn and no weight_cache: eager-only knobs
     assert "mkldnn" not in trial.asked and "weight_cache" not in trial.asked
-    assert config.get("memory_format") == "channels_last" and config.get("precision") == "int8"
+    assert config.get("memory_format") == "channels_last" and config.get("precision") == "int8_weight_only"
     assert trial.asked["instances"] == (1, 8)
     assert trial.asked["omp_threads"] == (1, 1)  # 8 instances leave one core each
     assert int(config.get("omp_threads")) * int(config.get("instances")) <= 8  # type: ignore[arg-type]
