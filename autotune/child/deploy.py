@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.child import artifacts, envfile, quantize
+from autotune.child import artifacts, envfile, hf, quantize
 from autotune.child.batches import call, inputs, leaves
 from autotune.child.convert import Quantized, guard, load_saved, prepare
 from autotune.child.envfile import value_text
@@ -150,7 +150,11 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     precision=int8 calibrates on `calibration` (batches like `example_inputs`, say a few hundred
     real inputs; default: `example_inputs` alone), and `check=True` compares top-1 answers and
     cosine similarity with eager fp32 on those batches.
+
+    A transformers model comes back as the benchmark child ran it (`hf.wrap`), configured or not:
+    its output is its head's tensor (logits, last hidden state), not a ModelOutput.
     """
+    model = hf.wrapped(model)
     chosen = load_env_file(env_file) if env_file is not None else from_env(os.environ)
     if chosen is None or (chosen.knobs.is_default and not check):
         _report(chosen)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.child.batches import explain
-from autotune.child.errors import ApplyError
+from autotune.child.errors import LOAD_FAILED, ApplyError
 
 PREFIX = "hf:"
 INSTALL = "pip install 'autotune[transformers]'"
@@ -33,6 +33,8 @@ DEFAULT_TASK = "sequence-classification"
 DEFAULT_SEQ_LEN = 128  # tokens per item when --seq-len is not given
 OUTPUTS = ("logits", "last_hidden_state")  # the head's tensor: the first of these a model's output holds
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # made when the model's forward takes them
+# What `autotune export` writes for a transformers model in place of AUTOTUNE_INPUT_SHAPE.
+SEQ_LEN_VAR, TASK_VAR = "AUTOTUNE_SEQ_LEN", "AUTOTUNE_TASK"
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def load(spec: str, task: str) -> Any:
     try:
         model = head.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
     except Exception as exc:
-        raise ApplyError(f"cannot load the model saved in {folder} ({explain(exc)}); save it with "
+        raise ApplyError(f"{LOAD_FAILED}s in {folder} ({explain(exc)}); save the model with "
                          f"save_pretrained") from None
     return wrap(model.eval())
 
@@ -141,6 +143,11 @@ def is_transformers_model(model: Any) -> bool:
     without importing transformers, which a model from elsewhere never needs."""
     return any(kind.__name__ == "PreTrainedModel" and kind.__module__.startswith("transformers.")
                for kind in type(model).__mro__)
+
+
+def wrapped(model: Any) -> Any:
+    """A transformers model wrapped (`wrap`), as the benchmark child built it; any other model as it is."""
+    return wrap(model) if is_transformers_model(model) else model
 
 
 def wrap(model: Any) -> Any:

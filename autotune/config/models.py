@@ -203,7 +203,10 @@ def _huggingface(text: str, input_shape: str | None, example_inputs: str | None,
         raise ModelError("a transformers model takes --seq-len N (tokens per item), not --input-shape")
     if seq_len is not None and example_inputs is not None:
         raise ModelError("give --seq-len or --example-inputs, not both (the file's token ids have a length)")
-    name, task = _hf_name(text), task or hf.DEFAULT_TASK
+    task = task or hf.DEFAULT_TASK
+    if task not in hf.TASKS:
+        raise ModelError(f"--task {task!r} is not a task autotune knows; use {', '.join(hf.TASKS)}")
+    name = _hf_name(text)
     try:
         config = hf.config_of(name)
         head = hf.head_class(config, task)
