@@ -153,7 +153,7 @@ def wrapped(model: Any) -> Any:
 def wrap(model: Any) -> Any:
     """`model` as a module whose output is its head's tensor; the one wrapper the child and
     `autotune.apply` use, so both run (and fingerprint) the same module."""
-    return _head_output()(model)
+    return _head_output()(model).train(model.training)  # in the mode the model is in
 
 
 def head_tensor(output: Any) -> Any:
@@ -179,7 +179,10 @@ def _head_output() -> Any:
             super().__init__()
             self.model = model
 
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            return head_tensor(self.model(*args, **kwargs))
+        # Token inputs by name, as TorchScript's trace maps a dict of example inputs to arguments.
+        def forward(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
+                    **other: Any) -> Any:
+            given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            return head_tensor(self.model(**{k: v for k, v in given.items() if v is not None}, **other))
 
     return HeadOutput
