@@ -84,29 +84,42 @@ def config_of(spec: str) -> Any:
                          f"save_pretrained") from None
 
 
-def head_class(config: Any, task: str) -> Any:
-    """The transformers class of `task`'s head for this configuration; None when it has none."""
-    transformers = transformers_module()
+def head_name(config: Any, task: str) -> str | None:
+    """The name of `task`'s head class for this configuration; None when it has none. Known from
+    transformers' mappings without importing the class (which imports its quantizers, torchao ...)."""
+    transformers_module()
     from transformers.models.auto import modeling_auto
 
     name = getattr(modeling_auto, TASKS[task]).get(config.model_type)
-    name = name[0] if isinstance(name, tuple) else name
-    return getattr(transformers, name, None) if name else None
+    return str(name[0] if isinstance(name, tuple) else name) if name else None
+
+
+def head_class(config: Any, task: str) -> Any:
+    """The transformers class of `task`'s head for this configuration; None when it has none."""
+    name = head_name(config, task)
+    return getattr(transformers_module(), name, None) if name else None
 
 
 def tasks_of(config: Any) -> list[str]:
-    return [task for task in TASKS if head_class(config, task) is not None]
+    return [task for task in TASKS if head_name(config, task) is not None]
+
+
+def vocab_size(spec: str, config: Any) -> int:
+    """The vocabulary random token ids are drawn from; a model without one is not a text model."""
+    size = getattr(config, "vocab_size", None)
+    if not isinstance(size, int) or size < 1:
+        raise ApplyError(f"{spec} takes no token ids (not a text model); give its inputs with --example-inputs")
+    return size
 
 
 def token_inputs(spec: str, task: str) -> Tokens:
-    """The token inputs the model's forward takes; a model without `input_ids` is not a text model."""
+    """The token inputs the model's forward takes, within its vocabulary."""
     config = config_of(spec)
     head = head_class(config, task or DEFAULT_TASK)
     taken = inspect.signature(head.forward).parameters if head is not None else {}
-    vocab_size = getattr(config, "vocab_size", None)
-    if "input_ids" not in taken or not isinstance(vocab_size, int):
+    if "input_ids" not in taken:
         raise ApplyError(f"{spec} takes no token ids (not a text model); give its inputs with --example-inputs")
-    return Tokens(vocab_size, tuple(name for name in TOKEN_INPUTS if name in taken))
+    return Tokens(vocab_size(spec, config), tuple(name for name in TOKEN_INPUTS if name in taken))
 
 
 def max_positions(config: Any) -> int | None:

@@ -209,14 +209,13 @@ def _huggingface(text: str, input_shape: str | None, example_inputs: str | None,
     name = _hf_name(text)
     try:
         config = hf.config_of(name)
-        head = hf.head_class(config, task)
-        if head is None:
+        if hf.head_name(config, task) is None:
             raise ModelError(f"{text} ({config.model_type}) has no {task} head; use --task "
                              f"{' or '.join(hf.tasks_of(config)) or 'with another model'}")
         if example_inputs is not None:
             saved = _example_inputs(example_inputs)
             return ModelSpec(name, saved[0], "huggingface", example_inputs=saved[1], task=task)
-        hf.token_inputs(name, task)  # a text model
+        hf.vocab_size(name, config)  # a text model
     except ApplyError as exc:
         raise ModelError(str(exc)) from None
     return ModelSpec(name, (_seq_len(text, config, seq_len),), "huggingface", task=task)
