@@ -17,6 +17,8 @@ import autotune
 from autotune.child import build, deploy, hf, references, worker
 from autotune.child.artifacts import fingerprint
 from autotune.child.knobs import ModelKnobs
+from tests.child.test_runtimes import setup_extras, tomllib
+from tests.conftest import ROOT
 from tests.fixtures.models import tinynets
 from tests.support.hf import TINY_BERT, save_tiny_bert, token_batch
 
@@ -140,3 +142,10 @@ def test_telling_a_model_apart_imports_no_transformers() -> None:
             "assert not hf.is_transformers_model(torch.nn.Linear(2, 2)); print('transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_transformers_is_an_extra_that_setup_installs() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["transformers"] == ["transformers>=5.2,<6"]
+    assert "transformers" in setup_extras()
+    assert hf.INSTALL == "pip install 'autotune[transformers]'"
