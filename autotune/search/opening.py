@@ -42,7 +42,7 @@ STARTUP_TRIALS = 8  # random trials before TPE models the space
 
 
 # The option behind each recorded measurement setting (the others are the machine and torch).
-SETTING_FLAGS = {"input_shape": "--input-shape (--seq-len)", "warmup": "--warmup", "warmup_s": "--warmup-time",
+SETTING_FLAGS = {"input_shape": "--input-shape", "warmup": "--warmup", "warmup_s": "--warmup-time",
                  "duration_s": "--duration", "min_iterations": "--min-iterations", "replicates": "--replicates",
                  "warm_replicates": "--warm-replicates/--fresh-replicates",
                  "timeout_s": "--timeout", "tolerance": "--tolerance", "calibration_batches": "--calibration-batches"}
@@ -175,7 +175,8 @@ def open_search(request: SearchRequest, machine: Machine,
         claims.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings),
                       other_class=bool(mixed))
         notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
-                 *claims.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
+                 *claims.claim_settings(study, settings, _setting_flags(model),
+                                        cls.keys() if request.allow_mixed else ()),
                  *_restore_kept(study, url, request),
                  *(f"trial {n} was left running by a killed autotune; marked failed"
                    for n in holders.abandon_stale_trials(study, study.get_trials(deepcopy=False)))]
@@ -198,6 +199,12 @@ def _check_pins(study: optuna.Study, pins: Config) -> None:
 
         raise StudyError(f"study {study.study_name!r} was searched with {said(recorded)}, not {said(wanted)}; "
                          f"give the same pins to resume it, or another --study name")
+
+
+def _setting_flags(model: models.ModelSpec) -> dict[str, str]:
+    """The option behind each setting; a transformers model's input shape is its --seq-len."""
+    tokens = model.kind == "huggingface" and not model.example_inputs
+    return SETTING_FLAGS | ({"input_shape": "--seq-len"} if tokens else {})
 
 
 def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list[str]:
