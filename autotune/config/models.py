@@ -229,7 +229,7 @@ def _hf_name(text: str) -> str:
     except ApplyError:
         raise ModelError(f"--model {text} needs transformers, which is not installed; {hf.INSTALL}") from None
     path = Path(rest).expanduser()
-    if rest in types and "/" not in rest:
+    if rest in types:
         return text
     if "/" not in rest and not rest.startswith((".", "~")) and not path.is_dir():
         close = difflib.get_close_matches(rest.lower(), types, n=3, cutoff=0.6)
