@@ -27,10 +27,12 @@ install_python_env() {
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   echo "setup: installing autotune into .venv (torch from: $TORCH)"
   # shellcheck disable=SC2086
-  # openvino, onnxruntime: the peer backends (optional for users: pip install 'autotune[openvino]')
-  .venv/bin/python -m pip install -q --disable-pip-version-check $TORCH -e ".[test,postgres,openvino,onnxruntime]" \
+  # openvino, onnxruntime: the peer backends (optional for users: pip install 'autotune[openvino]');
+  # transformers: --model hf:... (optional for users: pip install 'autotune[transformers]')
+  .venv/bin/python -m pip install -q --disable-pip-version-check $TORCH \
+    -e ".[test,postgres,openvino,onnxruntime,transformers]" \
     2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import autotune, torch, torchvision, optuna, psycopg, openvino, nncf, onnxruntime, onnx, onnxscript" \
+  .venv/bin/python -c "import autotune, torch, torchvision, optuna, psycopg, openvino, nncf, onnxruntime, onnx, onnxscript, transformers" \
     || { echo "setup: the Python environment is incomplete; see pip's messages above" >&2; exit 1; }
 }
 

@@ -92,6 +92,14 @@ def private_machine_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 
 
 @pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT sequence classifier saved with save_pretrained (`tests.support.hf`): `hf:<this folder>`."""
+    from tests.support.hf import save_tiny_bert
+
+    return save_tiny_bert(tmp_path_factory.mktemp("hf") / "tiny-bert")
+
+
+@pytest.fixture(scope="session")
 def pg_server() -> Iterator[Server]:
     """One PostgreSQL server for the session's @pytest.mark.postgres tests. Missing binaries fail
     these tests (CI installs them), never skip them."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.child import deploy, quantize, references
+from autotune.child import deploy, hf, quantize, references
 from autotune.child.batches import call, explain, leaves
 from autotune.child.deploy import Deployment
 from autotune.child.errors import LOAD_FAILED, ApplyError
@@ -81,6 +81,28 @@ class SyntheticTensors:
         return self.items[index % len(self.items)]
 
 
+class SyntheticTokens:
+    """Text inputs: a pool of token id sequences drawn uniformly from the model's vocabulary, with a
+    full attention mask and token type ids (zeros) where the model takes them; each item a dict of
+    1-D int64 tensors, which DataLoader's collate stacks into [batch, length]."""
+
+    def __init__(self, length: int, tokens: hf.Tokens, pool: int = 8, seed: int = 0) -> None:
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        made = {"attention_mask": torch.ones, "token_type_ids": torch.zeros}
+        self.items = [{name: ids if name == "input_ids" else made[name](length, dtype=torch.int64)
+                       for name in tokens.names}
+                      for ids in (torch.randint(0, tokens.vocab_size, (length,), generator=generator)
+                                  for _ in range(pool))]
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index % len(self.items)]
+
+
 class SavedInputs:
     """A user's own inputs (`--example-inputs FILE`): items are slices along dim 0 of a saved
     tensor, tuple/list of tensors, or dict of tensors, cycled; integer token ids stay integers."""
@@ -127,11 +149,21 @@ def example_count(loaded: Any, path: str = "the example inputs") -> int:
     return counts.pop()
 
 
-def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "", pool: int = 8, seed: int = 0) -> Any:
+def dataset_of(args: argparse.Namespace, pool: int = 8, seed: int = 0) -> Any:
+    """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model."""
+    shape = tuple(int(n) for n in args.item_shape.split("x"))
+    text = hf.is_source(args.model) and not args.example_inputs
+    return dataset_for(shape, args.example_inputs, pool, seed, hf.token_inputs(args.model, args.task) if text else None)
+
+
+def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "", pool: int = 8, seed: int = 0,
+                tokens: hf.Tokens | None = None) -> Any:
     """The inputs that feed the model; `pool` distinct random items from `seed` (a user's own
-    inputs are what they are)."""
+    inputs are what they are); with `tokens`, token ids of the length `item_shape` says."""
     if example_inputs:
         return SavedInputs(example_inputs)
+    if tokens is not None:
+        return SyntheticTokens(item_shape[0], tokens, pool, seed)
     image = len(item_shape) == 3 and item_shape[0] == 3 and item_shape[1] >= 32
     return SyntheticImages(item_shape, pool, seed) if image else SyntheticTensors(item_shape, pool, seed)
 
@@ -146,11 +178,10 @@ def int8_batches(args: argparse.Namespace, knobs: ModelKnobs) -> tuple[list[Any]
     cycling when the file holds fewer)."""
     if not knobs.quantized:
         return [], []
-    shape = tuple(int(n) for n in args.item_shape.split("x"))
     size, count = args.batch_size, args.calibration_batches if knobs.precision == "int8" else 0
     guard_count = -(-quantize.GUARD_ITEMS // size)
-    calibration = dataset_for(shape, args.example_inputs, count * size, CALIBRATION_SEED)
-    guard = dataset_for(shape, args.example_inputs, guard_count * size, GUARD_SEED)
+    calibration = dataset_of(args, count * size, CALIBRATION_SEED)
+    guard = dataset_of(args, guard_count * size, GUARD_SEED)
     offset = count * size if args.example_inputs else 0
     return batches(calibration, count, size, 0), batches(guard, guard_count, size, offset)
 
@@ -161,8 +192,9 @@ def batches(dataset: Any, count: int, size: int, start: int) -> list[Any]:
     return [default_collate([dataset[start + b * size + i] for i in range(size)]) for b in range(count)]
 
 
-def load_model(spec: str, import_path: str) -> Any:
-    """A torchvision name, `pkg.module:factory`, a TorchScript `.pt` or an exported `.pt2`.
+def load_model(spec: str, import_path: str, task: str = "") -> Any:
+    """A torchvision name, `pkg.module:factory`, a TorchScript `.pt`, an exported `.pt2`, or a
+    transformers model (`hf:`) with the head of `task`, its output the head's tensor (`hf.wrap`).
 
     Random initialisation is seeded: every process builds the same weights, so a weight cache
     written by one process matches the reference another computes (the guard would catch it).
@@ -170,6 +202,8 @@ def load_model(spec: str, import_path: str) -> Any:
     import torch
 
     torch.manual_seed(0)
+    if hf.is_source(spec):
+        return hf.load(spec, task)
     if spec.endswith((".pt", ".pt2")):
         return _load_file(spec)
     if ":" in spec:
@@ -241,7 +275,7 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
 
 def _load_timed(args: argparse.Namespace, setup: dict[str, Any]) -> Any:
     start = time.perf_counter()
-    model = load_model(args.model, args.import_path)
+    model = load_model(args.model, args.import_path, args.task)
     setup["build_s"] = time.perf_counter() - start
     return model
 

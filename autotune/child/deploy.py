@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.child import artifacts, buckets, envfile, quantize
+from autotune.child import artifacts, buckets, envfile, hf, quantize
 from autotune.child.batches import call, inputs, leaves
 from autotune.child.convert import Quantized, guard, load_saved, prepare
 from autotune.child.envfile import value_text
@@ -155,7 +155,11 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     A configuration searched at sequence-length buckets (`--seq-lens`) compiles one model per length
     and serves a batch of token inputs of any length up to the largest bucket: padded to the smallest
     bucket that holds it, its outputs cut back to its own tokens.
+
+    A transformers model comes back as the benchmark child ran it (`hf.wrap`), configured or not:
+    its output is its head's tensor (logits, last hidden state), not a ModelOutput.
     """
+    model = hf.wrapped(model)
     chosen = load_env_file(env_file) if env_file is not None else from_env(os.environ)
     if chosen is None or (chosen.knobs.is_default and not check):
         _report(chosen)

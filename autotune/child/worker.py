@@ -68,6 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--calibration-batches", type=int, default=CALIBRATION_BATCHES, help="int8: batches observed")
     p.add_argument("--tolerance", type=float, default=-1.0, help="relative error allowed; <0: per precision")
     p.add_argument("--import-path", default="", help="folder to import a model factory from")
+    p.add_argument("--task", default="", help="an hf: model's head (default: sequence-classification)")
     p.add_argument("--probe", action="store_true", help="build, check one forward, write the result, exit")
     p.add_argument("--dataloader-workers", type=int, default=0)
     p.add_argument("--warmup", type=int, default=MEASURE.warmup)
@@ -244,11 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from autotune.child.batches import explain
-    from autotune.child.build import build, dataset_for
+    from autotune.child.build import build, dataset_of
     from autotune.child.errors import ApplyError
 
-    shape = tuple(int(n) for n in args.item_shape.split("x"))
-    dataset: Any = dataset_for(shape, args.example_inputs)  # map-style by protocol; the stubs want a subclass
+    dataset: Any = dataset_of(args)  # map-style by protocol; the stubs want a subclass
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=args.batch_size, num_workers=args.dataloader_workers,
         persistent_workers=args.dataloader_workers > 0,

@@ -27,6 +27,7 @@ from autotune.search import opening
 @click.option("--model", required=True, help=options.MODEL_HELP)
 @click.option("--input-shape", help=options.SHAPE_HELP)
 @click.option("--example-inputs", type=click.Path(dir_okay=False), help=options.INPUTS_HELP)
+@options.text_options
 @click.option("--trials", required=True, type=int,
               help="Total finished trials the study should hold (baseline included; a trial not compiled, "
                    "predicted to lose, measured nothing and does not count); a rerun resumes.")
@@ -61,7 +62,8 @@ from autotune.search import opening
 @options.measure_options
 @options.no_wait_option
 @options.json_option
-def search(model: str, input_shape: str | None, example_inputs: str | None, trials: int, pins: tuple[str, ...],
+def search(model: str, input_shape: str | None, example_inputs: str | None, seq_len: int | None, task: str | None,
+           trials: int, pins: tuple[str, ...],
            time_budget: float | None, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
@@ -89,7 +91,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, tria
         study=study_name, storage=storage, measure=options.settings(**measure),
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout, in_process=warm_replicates),
         cache_dir=cache_dir, seed=seed,
-        input_shape=input_shape, example_inputs=example_inputs, tolerance=tolerance,
+        input_shape=input_shape, example_inputs=example_inputs, seq_len=seq_len, task=task, tolerance=tolerance,
         calibration_batches=calibration_batches, command_line=" ".join(["autotune", *sys.argv[1:]]),
         pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,
         confirm_rounds=confirm_rounds if confirm_top else 0, confirm_top=confirm_top)

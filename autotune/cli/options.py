@@ -15,6 +15,7 @@ import click
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import MIN_EFFECT
+from autotune.child import hf
 from autotune.child.convert import TOLERANCE
 from autotune.child.quantize import CALIBRATION_BATCHES
 from autotune.child.settings import CACHE_DIR, MeasureSettings
@@ -24,7 +25,8 @@ from autotune.measure.objectives import MIN_ROUNDS, min_rounds
 MEASURE = MeasureSettings()  # the protocol's defaults, shown in --help
 
 MODEL_HELP = ("torchvision classification model (resnext101, resnet50, ...), pkg.module:factory "
-              "(importable from here), a TorchScript .pt or an exported .pt2 file.")
+              "(importable from here), a TorchScript .pt or an exported .pt2 file, or a transformers model: "
+              "hf:TYPE (bert, roberta, ...: random weights) or hf:FOLDER (written by save_pretrained).")
 SHAPE_HELP = "One input item's shape, e.g. 3x224x224 (default for image models) or 128."
 INPUTS_HELP = ("Your own inputs instead of random ones: a torch.save file of a tensor, a tuple or a dict of "
                "tensors, items along dim 0 (integer token ids work).")
@@ -148,6 +150,16 @@ def settings(warmup: int, warmup_time: float, duration: float, min_iterations: i
     return MeasureSettings(warmup=warmup, warmup_s=warmup_time, duration_s=duration, min_iterations=min_iterations)
 
 
+def text_options(func: Any) -> Any:
+    """The inputs and head of a transformers model (`--model hf:...`)."""
+    func = click.option("--task", type=click.Choice(list(hf.TASKS)),
+                        help=f"The head of an hf: model (default {hf.DEFAULT_TASK}); its output is what is "
+                             f"timed and checked.")(func)
+    return click.option("--seq-len", type=click.IntRange(min=1),
+                        help=f"Tokens per item of an hf: text model's random inputs (default "
+                             f"{hf.DEFAULT_SEQ_LEN}).")(func)
+
+
 def model_options(func: Any) -> Any:
     func = click.option("--batch-size", default=1, show_default=True, type=int,
                         help="Items per forward call.")(func)
@@ -156,4 +168,4 @@ def model_options(func: Any) -> Any:
     func = click.option("--model", required=True, help=MODEL_HELP)(func)
     func = click.option("--input-shape", help=SHAPE_HELP)(func)
     func = click.option("--example-inputs", type=click.Path(dir_okay=False), help=INPUTS_HELP)(func)
-    return func
+    return text_options(func)

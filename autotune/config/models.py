@@ -1,5 +1,6 @@
 """Resolving what users type for `--model`: a torchvision classification model (short names
-included), `pkg.module:factory`, a TorchScript file (`.pt`) or an exported program (`.pt2`)."""
+included), `pkg.module:factory`, a TorchScript file (`.pt`), an exported program (`.pt2`) or a
+Hugging Face transformers model (`hf:TYPE` or `hf:FOLDER`, `autotune.child.hf`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import Literal
 
 from autotune.base.errors import ModelError
+from autotune.child import hf
 from autotune.child.envfile import has_control
+from autotune.child.errors import ApplyError
 
-ModelKind = Literal["torchvision", "factory", "torchscript", "exported"]
+ModelKind = Literal["torchvision", "factory", "torchscript", "exported", "huggingface"]
 
 # Short names users try first; values are torchvision builder names.
 ALIASES = {
@@ -56,6 +59,7 @@ class ModelSpec:
     kind: ModelKind = "torchvision"
     import_path: str = ""
     example_inputs: str = ""  # a torch.save file of inputs, items along dim 0 (absolute path)
+    task: str = ""  # the head of a transformers model (hf.TASKS); "" for the other kinds
 
     @property
     def needs_probe(self) -> bool:
@@ -85,11 +89,18 @@ def classification_models() -> tuple[str, ...]:
 
 
 def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: str | None = None,
-            example_inputs: str | None = None) -> ModelSpec:
+            example_inputs: str | None = None, seq_len: int | None = None, task: str | None = None) -> ModelSpec:
     """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name.
-    `example_inputs` (a torch.save file) replaces the synthetic inputs and gives the item shape."""
+    `example_inputs` (a torch.save file) replaces the synthetic inputs and gives the item shape.
+    `seq_len` and `task` are for transformers models (`hf:`) alone."""
     if input_shape is not None and example_inputs is not None:
         raise ModelError("give --input-shape or --example-inputs, not both (the file's tensors have a shape)")
+    if hf.is_source(text):
+        return _huggingface(text, input_shape, example_inputs, seq_len, task)
+    if seq_len is not None:
+        raise ModelError(f"--seq-len is for text models (--model hf:NAME); give {text} its input with --input-shape")
+    if task is not None:
+        raise ModelError(f"--task picks the head of a transformers model (--model hf:NAME); {text} is not one")
     shape = parse_shape(input_shape) if input_shape is not None else None
     saved = _example_inputs(example_inputs) if example_inputs is not None else None
     if saved is not None:
@@ -182,3 +193,66 @@ def _match(text: str, names: tuple[str, ...]) -> str | None:
         return wanted
     squashed = {n.replace("_", ""): n for n in names}
     return squashed.get(wanted.replace("_", ""))
+
+
+def _huggingface(text: str, input_shape: str | None, example_inputs: str | None, seq_len: int | None,
+                 task: str | None) -> ModelSpec:
+    """`hf:TYPE` or `hf:FOLDER` with the head of `task`, fed `seq_len` tokens per item (or the
+    user's own inputs); checked here, where a mistake is one line, rather than in the child."""
+    if input_shape is not None:
+        raise ModelError("a transformers model takes --seq-len N (tokens per item), not --input-shape")
+    if seq_len is not None and example_inputs is not None:
+        raise ModelError("give --seq-len or --example-inputs, not both (the file's token ids have a length)")
+    task = task or hf.DEFAULT_TASK
+    if task not in hf.TASKS:
+        raise ModelError(f"--task {task!r} is not a task autotune knows; use {', '.join(hf.TASKS)}")
+    name = _hf_name(text)
+    try:
+        config = hf.config_of(name)
+        if hf.head_name(config, task) is None:
+            raise ModelError(f"{text} ({config.model_type}) has no {task} head; use --task "
+                             f"{' or '.join(hf.tasks_of(config)) or 'with another model'}")
+        if example_inputs is not None:
+            saved = _example_inputs(example_inputs)
+            return ModelSpec(name, saved[0], "huggingface", example_inputs=saved[1], task=task)
+        hf.vocab_size(name, config)  # a text model
+    except ApplyError as exc:
+        raise ModelError(str(exc)) from None
+    return ModelSpec(name, (_seq_len(text, config, seq_len),), "huggingface", task=task)
+
+
+def _hf_name(text: str) -> str:
+    """`hf:TYPE` as it is, `hf:FOLDER` with the folder's absolute path (what the child takes)."""
+    rest = text.removeprefix(hf.PREFIX)
+    try:
+        types = hf.model_types()
+    except ApplyError:
+        raise ModelError(f"--model {text} needs transformers, which is not installed; {hf.INSTALL}") from None
+    path = Path(rest).expanduser()
+    if rest in types:
+        return text
+    if "/" not in rest and not rest.startswith((".", "~")) and not path.is_dir():
+        close = difflib.get_close_matches(rest.lower(), types, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ModelError(f"unknown transformers model type {rest!r}; {hint}give a model type (bert, roberta, "
+                         f"...) or a folder written by save_pretrained (nothing is downloaded)") from None
+    if has_control(rest):
+        raise ModelError(f"--model {text!r} holds a control character (a newline, ...); rename the folder")
+    if not path.is_dir():
+        raise ModelError(f"--model {text}: no such folder; give a folder written by save_pretrained (a Hub name "
+                         f"is not downloaded: save the model with save_pretrained first)")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"--model {text}: the folder has no config.json; save the model with save_pretrained")
+    return f"{hf.PREFIX}{path.resolve()}"
+
+
+def _seq_len(text: str, config: object, seq_len: int | None) -> int:
+    length = hf.DEFAULT_SEQ_LEN if seq_len is None else seq_len
+    limit = hf.max_positions(config)
+    if length < 1:
+        raise ModelError(f"--seq-len {length} is not a length; give 1 token or more")
+    if limit is not None and length > limit:
+        said = f"--seq-len {length}" if seq_len is not None else f"the default --seq-len {length}"
+        raise ModelError(f"{said} is above the {limit} positions {text} takes (max_position_embeddings); "
+                         f"give --seq-len {limit} or less")
+    return length

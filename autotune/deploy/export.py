@@ -13,13 +13,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
-from autotune.child import deploy, envfile
+from autotune.child import deploy, envfile, hf
 from autotune.child.envfile import quote, value_text
 from autotune.child.files import write_atomically
 from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
-from autotune.measure.plan import Binding, LaunchPlan, model_knobs
+from autotune.measure.plan import BenchSpec, Binding, LaunchPlan, model_knobs
 from autotune.study import confirmations, records, references
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
@@ -186,7 +186,7 @@ def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
         "AUTOTUNE_MODEL": bench.model,
         "AUTOTUNE_KNOBS": " ".join(f"{k}={value_text(v)}" for k, v in config.values),
         "AUTOTUNE_BATCH_SIZE": str(bench.batch_size),
-        "AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape)),
+        **_input_vars(bench),
         **({"AUTOTUNE_EXAMPLE_INPUTS": bench.example_inputs} if bench.example_inputs else {}),
         **({deploy.TOLERANCE_VAR: str(bench.tolerance)} if bench.tolerance is not None else {}),
         **({deploy.CALIBRATION_VAR: str(bench.calibration_batches)}
@@ -199,6 +199,13 @@ def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
         "AUTOTUNE_INSTANCE_NUMA_NODES": ";".join("" if i.numa_node is None else str(i.numa_node)
                                                  for i in instances),
     }
+
+
+def _input_vars(bench: BenchSpec) -> dict[str, str]:
+    """The inputs' shape: a transformers model's tokens per item and head, another model's item shape."""
+    if hf.is_source(bench.model):
+        return {hf.SEQ_LEN_VAR: str(bench.item_shape[0]), hf.TASK_VAR: bench.task}
+    return {"AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape))}
 
 
 def host_class_of(trial: FrozenTrial) -> str:

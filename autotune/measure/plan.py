@@ -59,6 +59,7 @@ class BenchSpec:
     tolerance: float | None = None  # relative error allowed against eager fp32; None: per precision
     import_path: str = ""  # where a `pkg.module:factory` model is imported from
     example_inputs: str = ""  # a torch.save file of the model's inputs, items along dim 0
+    task: str = ""  # the head of a transformers model (`hf:`); its token inputs' length is item_shape[0]
     calibration_batches: int | None = None  # precision=int8: batches observed; None: quantize.CALIBRATION_BATCHES
 
 
@@ -162,6 +163,7 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         "--cache-dir", bench.cache_dir,
         *(("--import-path", bench.import_path) if bench.import_path else ()),
         *(("--example-inputs", bench.example_inputs) if bench.example_inputs else ()),
+        *(("--task", bench.task) if bench.task else ()),
     )
 
 

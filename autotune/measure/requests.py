@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.base.errors import ConfigError, ModelError, RunFailed
-from autotune.child import runtimes
+from autotune.child import hf, runtimes
 from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.child.errors import LOAD_FAILED
@@ -44,6 +44,8 @@ class BenchRequest:
     cache_dir: Path = Path(CACHE_DIR)
     input_shape: str | None = None
     example_inputs: str | None = None
+    seq_len: int | None = None  # tokens per item of a transformers model's random inputs; None: hf.DEFAULT_SEQ_LEN
+    task: str | None = None  # a transformers model's head; None: hf.DEFAULT_TASK
     tolerance: float | None = None  # None: per precision (convert.TOLERANCE)
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES
 
@@ -67,17 +69,22 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     backend = str(request.config.get("backend"))
     if backend in PEER_BACKENDS and not machine.described and not runtimes.installed(backend):
         raise ConfigError(runtimes.not_installed(backend))
-    spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
+    spec = resolved(request)
     check_batch_fits((request.batch_size,), spec.item_shape)
     bench = BenchSpec(
         model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,
         measure=request.measure, cache_dir=str(request.cache_dir.resolve()), tolerance=request.tolerance,
-        import_path=spec.import_path, example_inputs=spec.example_inputs,
+        import_path=spec.import_path, example_inputs=spec.example_inputs, task=spec.task,
         calibration_batches=request.calibration_batches,
     )
     binder: Binding | None = "numactl" if machine.described else None
     return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
                        binder=binder, parent_env=dict(os.environ))
+
+
+def resolved(request: BenchRequest) -> models.ModelSpec:
+    return models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
+                          seq_len=request.seq_len, task=request.task)
 
 
 def check_batch_fits(batch_sizes: Iterable[int], item_shape: tuple[int, ...]) -> None:
@@ -112,12 +119,16 @@ def exported_request(env: Mapping[str, str], measure: MeasureSettings | None = N
     calibration = env.get(CALIBRATION_VAR, "")
     if calibration and not (calibration.isdigit() and int(calibration) >= 1):
         raise ConfigError(f"{CALIBRATION_VAR}={calibration!r} is not a number of batches (1 or more); export again")
+    seq_len = env.get(hf.SEQ_LEN_VAR, "")
+    if seq_len and not (seq_len.isdigit() and int(seq_len) >= 1):
+        raise ConfigError(f"{hf.SEQ_LEN_VAR}={seq_len!r} is not a number of tokens (1 or more); export again")
     return BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=int(batch),
                         calibration_batches=int(calibration) if calibration else None,
                         config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
                         measure=measure or MeasureSettings(), example_inputs=saved,
                         tolerance=None if tolerance is None else check_tolerance(tolerance, "AUTOTUNE_TOLERANCE="),
-                        input_shape=None if saved else env.get("AUTOTUNE_INPUT_SHAPE"))
+                        input_shape=None if saved else env.get("AUTOTUNE_INPUT_SHAPE"),
+                        seq_len=int(seq_len) if seq_len and not saved else None, task=env.get(hf.TASK_VAR) or None)
 
 
 def check_tolerance(value: float, name: str) -> float:
@@ -131,7 +142,7 @@ def check_tolerance(value: float, name: str) -> float:
 def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600) -> None:
     """A user model (factory, .pt, .pt2, or any --input-shape) is built and run once before
     measuring; a model that cannot is a bad input (exit code 2), not a failed trial."""
-    spec = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
+    spec = resolved(request)
     if spec.needs_probe or request.input_shape is not None:
         _check_runs(request, machine, spec, timeout_s)
     _check_conversion(request, machine, timeout_s)
@@ -140,14 +151,16 @@ def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600)
 def _check_runs(request: BenchRequest, machine: Machine, spec: models.ModelSpec, timeout_s: float) -> None:
     plan = make_plan(BenchRequest(model=request.model, config=Config(), batch_size=1,
                                   cache_dir=request.cache_dir, input_shape=request.input_shape,
-                                  example_inputs=request.example_inputs), machine)
+                                  example_inputs=request.example_inputs, seq_len=request.seq_len,
+                                  task=request.task), machine)
     reason = probe(plan, timeout_s)
     if reason.startswith(LOAD_FAILED):
         raise ModelError(reason)
     if reason:
         shape = "x".join(map(str, spec.item_shape))
-        raise ModelError(f"model {request.model} does not run on input shape {shape}: {reason}; check the model "
-                         f"and --input-shape")
+        tokens = spec.kind == "huggingface" and not spec.example_inputs
+        said, flag = (f"{shape} tokens per item", "--seq-len") if tokens else (f"input shape {shape}", "--input-shape")
+        raise ModelError(f"model {request.model} does not run on {said}: {reason}; check the model and {flag}")
 
 
 def _check_conversion(request: BenchRequest, machine: Machine, timeout_s: float) -> None:

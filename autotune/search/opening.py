@@ -13,6 +13,7 @@ from typing import Any
 
 import optuna
 
+from autotune.child import hf
 from autotune.child.settings import CACHE_DIR, STUDIES_DIR, MeasureSettings
 from autotune.config import models, recipes, space, space_fit
 from autotune.config.knobs import Config
@@ -65,6 +66,8 @@ class SearchRequest:
     seed: int | None = None
     input_shape: str | None = None
     example_inputs: str | None = None
+    seq_len: int | None = None  # a transformers model's tokens per item; None: hf.DEFAULT_SEQ_LEN
+    task: str | None = None  # a transformers model's head; None: hf.DEFAULT_TASK
     tolerance: float | None = None  # None: per precision
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES (not recorded)
     max_latency_ms: float | None = None
@@ -109,9 +112,18 @@ class Search:
 def study_name(request: SearchRequest, model: models.ModelSpec) -> str:
     batch = "-".join(map(str, request.batch_sizes)) if len(request.batch_sizes) > 1 else str(request.batch_size)
     limit = f"-p90max{request.max_latency_ms:g}ms" if request.max_latency_ms else ""
-    stem = storage.safe_name(Path(model.name).stem if model.kind in ("torchscript", "exported") else model.name)
+    stem = storage.safe_name(_stem(model))
     return storage.check_name(request.study if request.study is not None else
                               f"{stem}-bs{batch}-{request.objective}{limit}")
+
+
+def _stem(model: models.ModelSpec) -> str:
+    """A study name's model part: a file's or a folder's name, a transformers model's with its head."""
+    if model.kind in ("torchscript", "exported"):
+        return Path(model.name).stem
+    if model.kind == "huggingface":
+        return f"{Path(model.name.removeprefix(hf.PREFIX)).name}-{model.task}"
+    return model.name
 
 
 def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec, space.SearchSpace]:
@@ -127,7 +139,8 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
                          f"{request.objective} give one --batch-size")
     if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
         raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
-    model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs)
+    model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
+                           seq_len=request.seq_len, task=request.task)
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available["bf16"] = machine_has_bf16()
@@ -162,7 +175,8 @@ def open_search(request: SearchRequest, machine: Machine,
         claims.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings),
                       other_class=bool(mixed))
         notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
-                 *claims.claim_settings(study, settings, SETTING_FLAGS, cls.keys() if request.allow_mixed else ()),
+                 *claims.claim_settings(study, settings, _setting_flags(model),
+                                        cls.keys() if request.allow_mixed else ()),
                  *_restore_kept(study, url, request),
                  *(f"trial {n} was left running by a killed autotune; marked failed"
                    for n in holders.abandon_stale_trials(study, study.get_trials(deepcopy=False)))]
@@ -187,6 +201,12 @@ def _check_pins(study: optuna.Study, pins: Config) -> None:
                          f"give the same pins to resume it, or another --study name")
 
 
+def _setting_flags(model: models.ModelSpec) -> dict[str, str]:
+    """The option behind each setting; a transformers model's input shape is its --seq-len."""
+    tokens = model.kind == "huggingface" and not model.example_inputs
+    return SETTING_FLAGS | ({"input_shape": "--seq-len"} if tokens else {})
+
+
 def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list[str]:
     """Measurements a locked database kept out of the study last time are recorded now."""
     notes = []
@@ -201,7 +221,8 @@ def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
     wanted = {"model": model.name, "batch_size": request.batch_size, "objective": request.objective,
               "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms,
               "pins": request.pins.describe() if request.pins.values else ""}
-    return wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
+    return (wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
+            | ({"task": model.task} if model.task else {}))
 
 
 def _description(request: SearchRequest, machine: Machine, settings: dict[str, Any]) -> dict[str, Any]:
@@ -237,4 +258,5 @@ def bench_request(request: SearchRequest, config: Config, batch: int | None = No
     return requests.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
                                  measure=request.measure, cache_dir=request.cache_dir,
                                  input_shape=request.input_shape, example_inputs=request.example_inputs,
+                                 seq_len=request.seq_len, task=request.task,
                                  tolerance=request.tolerance, calibration_batches=request.calibration_batches)

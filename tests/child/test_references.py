@@ -31,7 +31,7 @@ def tinycnn(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """`--model tinycnn` builds tinynets.cnn as if torchvision had it; the list counts the builds."""
     built: list[str] = []
 
-    def load_model(spec: str, import_path: str) -> Any:
+    def load_model(spec: str, import_path: str, task: str = "") -> Any:
         built.append(spec)
         return tinynets.cnn()
 
