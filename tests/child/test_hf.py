@@ -67,7 +67,7 @@ def test_a_model_without_token_types_gets_none() -> None:
 
 def test_int8_calibration_and_guard_batches_are_their_own_random_tokens(tiny_bert: Path) -> None:
     args = child_args(f"hf:{tiny_bert}", 8, "--batch-size", "2", "--calibration-batches", "2")
-    calibration, guard = build.int8_batches(args)
+    calibration, guard = build.int8_batches(args, ModelKnobs(backend="inductor", precision="int8"))
     timed = build.dataset_of(args)[0]["input_ids"]
     seen = [b["input_ids"][i] for b in calibration + guard for i in range(2)]
     assert len(calibration) == 2 and len(guard) >= 1
