@@ -24,6 +24,7 @@ from typing import Any
 from autotune.child.errors import ApplyError
 
 SEQ_LENS_VAR = "AUTOTUNE_SEQ_LENS"  # the buckets a configuration was measured at, `autotune export` writes them
+SEQ_LEN_WEIGHTS_VAR = "AUTOTUNE_SEQ_LEN_WEIGHTS"  # and their shares of the requests (for measuring it again)
 
 
 class BucketError(ValueError):
@@ -56,6 +57,9 @@ class Buckets:
 
     def text(self) -> str:
         return ",".join(map(str, self.lengths))
+
+    def weights_text(self) -> str:
+        return ",".join(f"{w:.6g}" for w in self.weights)
 
     def fitting(self, length: int) -> int:
         """The smallest bucket that holds `length` tokens, or why none does."""

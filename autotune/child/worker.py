@@ -62,6 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--item-shape", required=True)
     p.add_argument("--example-inputs", default="", help="a torch.save file of inputs, items along dim 0")
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seq-lens", default="", help="sequence-length buckets N,N,...: a round times one batch of each")
+    p.add_argument("--seq-len-weights", default="", help="their shares of the requests, W,W,... (default: equal)")
     for name in MODEL_KNOBS:
         p.add_argument(f"--{name.replace('_', '-')}", choices=KNOBS[name].spellings() or None,  # int: knob parses
                        default=value_text(KNOBS[name].default))
@@ -244,20 +246,28 @@ def main(argv: list[str] | None = None) -> int:
     new_from = outermost_missing(kernels)  # torch._dynamo's import creates the folder, needed or not
     import torch
 
+    from autotune.child import rounds
     from autotune.child.batches import explain
-    from autotune.child.build import build, dataset_of
+    from autotune.child.build import build, dataset_of, knobs_of
     from autotune.child.errors import ApplyError
 
-    dataset: Any = dataset_of(args)  # map-style by protocol; the stubs want a subclass
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=args.batch_size, num_workers=args.dataloader_workers,
+    found = rounds.buckets_of(args)
+    parts = rounds.per_length(args, found)  # one input stream per sequence-length bucket, or the one
+    loaders = [torch.utils.data.DataLoader(
+        dataset_of(part), batch_size=args.batch_size, num_workers=args.dataloader_workers,  # map-style by protocol
         persistent_workers=args.dataloader_workers > 0,
-    )
-    batches = iter(loader)
-    example = next(batches)
+    ) for part in parts]
+    streams = [iter(loader) for loader in loaders]
+    examples = [next(stream) for stream in streams]
+    batches = rounds.rounds(streams)
     try:
         say_phase(args.ready_fd, "building")
-        forward = build(args, example, setup, on_phase=lambda phase: say_phase(args.ready_fd, phase))
+
+        def built(part: argparse.Namespace, example: Any, into: dict[str, Any]) -> Any:
+            return build(part, example, into, on_phase=lambda phase: say_phase(args.ready_fd, phase))
+
+        forward = built(args, examples[0], setup) if found is None else \
+            rounds.build_mixed(parts, examples, found, knobs_of(args).compiled, setup, built)
         if args.probe:
             # what really ran goes with it: the harness checks every preloaded library was used
             write_json(args.result, {"status": "ok", "setup": setup, "runtime": runtime_report(args)})
@@ -286,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = timed_loop(args, forward, batches, window)
     say_done(args.ready_fd)
-    del batches, loader  # stop DataLoader workers so their peak RSS is counted below
+    del batches, streams, loaders  # stop DataLoader workers so their peak RSS is counted below
     result.update(
         status="ok",
         setup=setup,

@@ -39,7 +39,8 @@ def doctor(as_json: bool) -> None:
               help="Plan for another machine: a file with its `lscpu --parse=CPU,Core,Socket,Node`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-         example_inputs: str | None, seq_len: int | None, task: str | None, calibration_batches: int | None,
+         example_inputs: str | None, seq_len: int | None, task: str | None,
+         seq_lens: str | None, seq_len_weights: str | None, calibration_batches: int | None,
          lscpu: Path | None, as_json: bool) -> None:
     """Show what would be launched for a configuration, without running it.
 
@@ -49,6 +50,7 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
     """
     request = requests.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape,
                                                example_inputs=example_inputs, seq_len=seq_len, task=task,
+        buckets=models.parse_buckets(seq_lens, seq_len_weights),
                                                calibration_batches=calibration_batches)
     target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
     emit("plan", requests.make_plan(request, target).to_json(), as_json, display.plan)
@@ -60,7 +62,8 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 @options.no_wait_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-                  example_inputs: str | None, seq_len: int | None, task: str | None, cache_dir: Path,
+                  example_inputs: str | None, seq_len: int | None, task: str | None,
+         seq_lens: str | None, seq_len_weights: str | None, cache_dir: Path,
                   as_json: bool, timeout: float, tolerance: float | None, calibration_batches: int | None,
                   no_wait: bool, **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory.
@@ -75,6 +78,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
     request = requests.BenchRequest.from_flags(model, assignments, batch_size, measure=options.settings(**measure),
                                                cache_dir=cache_dir, input_shape=input_shape,
                                                example_inputs=example_inputs, seq_len=seq_len, task=task,
+        buckets=models.parse_buckets(seq_lens, seq_len_weights),
                                                tolerance=tolerance, calibration_batches=calibration_batches)
     here = machine.this_machine()
     launch = requests.make_plan(request, here)

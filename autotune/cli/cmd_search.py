@@ -14,7 +14,7 @@ import click
 from autotune.base.errors import AutotuneError
 from autotune.cli import display, live, options, verdicts
 from autotune.cli.common import EXIT_FAILED, STUDIES, emit, holding
-from autotune.config import knobs
+from autotune.config import knobs, models
 from autotune.host import machine
 from autotune.measure import requests
 from autotune.measure.objectives import COMPARABLE, metric_of, min_rounds_two_sided, parse_objective
@@ -63,6 +63,7 @@ from autotune.search import opening
 @options.no_wait_option
 @options.json_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, seq_len: int | None, task: str | None,
+         seq_lens: str | None, seq_len_weights: str | None,
            trials: int, pins: tuple[str, ...],
            time_budget: float | None, space_spec: str,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
@@ -91,7 +92,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
         study=study_name, storage=storage, measure=options.settings(**measure),
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout, in_process=warm_replicates),
         cache_dir=cache_dir, seed=seed,
-        input_shape=input_shape, example_inputs=example_inputs, seq_len=seq_len, task=task, tolerance=tolerance,
+        input_shape=input_shape, example_inputs=example_inputs, seq_len=seq_len, task=task,
+        buckets=models.parse_buckets(seq_lens, seq_len_weights), tolerance=tolerance,
         calibration_batches=calibration_batches, command_line=" ".join(["autotune", *sys.argv[1:]]),
         pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,
         confirm_rounds=confirm_rounds if confirm_top else 0, confirm_top=confirm_top)

@@ -124,6 +124,12 @@ def bench_result(data: Mapping[str, Any]) -> None:
                       f"{result['throughput_ips']:.2f}", f"{result['peak_rss_mb']:.0f}", "", "ok",
                       style="bold")
     out.print(table)
+    for inst in result["instances"]:
+        if inst.get("buckets"):
+            each = ", ".join(f"{length} tokens {b['latency_p50_ms']:.2f} ({b['weight']:.0%})"
+                             for length, b in inst["buckets"].items())
+            out.print(f"instance {inst['index']}, per bucket (p50 ms, share of requests): {each}; "
+                      f"its p50 is of the rounds' weighted means")
     if not result["ok"]:
         out.print(f"[red]Failed: {result['reason']}[/red]")
         for inst in result["instances"]:

@@ -155,6 +155,12 @@ def text_options(func: Any) -> Any:
     func = click.option("--task", type=click.Choice(list(hf.TASKS)),
                         help=f"The head of an hf: model (default {hf.DEFAULT_TASK}); its output is what is "
                              f"timed and checked.")(func)
+    func = click.option("--seq-len-weights", metavar="W,W,...",
+                        help="The share of requests at each length of --seq-lens (default: equal), e.g. 5,3,1.")(func)
+    func = click.option("--seq-lens", metavar="N,N,...",
+                        help="Sequence-length buckets of an hf: text model, increasing, e.g. 32,128,384: each "
+                             "configuration is measured at every length (one compiled model each) and their "
+                             "weighted mean is optimised; apply serves any length up to the largest.")(func)
     return click.option("--seq-len", type=click.IntRange(min=1),
                         help=f"Tokens per item of an hf: text model's random inputs (default "
                              f"{hf.DEFAULT_SEQ_LEN}).")(func)

@@ -17,6 +17,7 @@ from typing import Literal
 
 from autotune.base.errors import ModelError
 from autotune.child import hf
+from autotune.child.buckets import BucketError, Buckets
 from autotune.child.envfile import has_control
 from autotune.child.errors import ApplyError
 
@@ -60,6 +61,7 @@ class ModelSpec:
     import_path: str = ""
     example_inputs: str = ""  # a torch.save file of inputs, items along dim 0 (absolute path)
     task: str = ""  # the head of a transformers model (hf.TASKS); "" for the other kinds
+    buckets: Buckets | None = None  # `--seq-lens`: measured at each length (item_shape: the largest)
 
     @property
     def needs_probe(self) -> bool:
@@ -89,12 +91,17 @@ def classification_models() -> tuple[str, ...]:
 
 
 def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: str | None = None,
-            example_inputs: str | None = None, seq_len: int | None = None, task: str | None = None) -> ModelSpec:
+            example_inputs: str | None = None, seq_len: int | None = None, task: str | None = None,
+            buckets: Buckets | None = None) -> ModelSpec:
     """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name.
     `example_inputs` (a torch.save file) replaces the synthetic inputs and gives the item shape.
-    `seq_len` and `task` are for transformers models (`hf:`) alone."""
+    `seq_len` or `buckets` (sequence lengths) and `task` are for transformers models (`hf:`) alone."""
     if input_shape is not None and example_inputs is not None:
         raise ModelError("give --input-shape or --example-inputs, not both (the file's tensors have a shape)")
+    if hf.is_source(text) and buckets is not None:
+        return _bucketed(text, example_inputs, seq_len, task, buckets)
+    if buckets is not None:
+        raise ModelError(f"--seq-lens is for text models (--model hf:NAME); give {text} its input with --input-shape")
     if hf.is_source(text):
         return _huggingface(text, input_shape, example_inputs, seq_len, task)
     if seq_len is not None:
@@ -219,6 +226,32 @@ def _huggingface(text: str, input_shape: str | None, example_inputs: str | None,
     except ApplyError as exc:
         raise ModelError(str(exc)) from None
     return ModelSpec(name, (_seq_len(text, config, seq_len),), "huggingface", task=task)
+
+
+def _bucketed(text: str, example_inputs: str | None, seq_len: int | None, task: str | None,
+              buckets: Buckets) -> ModelSpec:
+    """A transformers model measured at each of `buckets`' lengths, every one within its positions."""
+    if seq_len is not None:
+        raise ModelError("give --seq-len (one length) or --seq-lens (buckets), not both")
+    if example_inputs is not None:
+        raise ModelError("give --seq-lens or --example-inputs, not both (the file's token ids have a length)")
+    try:  # the lengths increase: the largest within the model's positions, all are
+        spec = _huggingface(text, None, None, buckets.lengths[-1], task)
+    except ModelError as exc:
+        raise ModelError(str(exc).replace("--seq-len ", "the largest of --seq-lens ")) from None
+    return replace(spec, buckets=buckets)
+
+
+def parse_buckets(lengths: str | None, weights: str | None) -> Buckets | None:
+    """`--seq-lens` and `--seq-len-weights` as a typed value (None without `--seq-lens`)."""
+    if lengths is None:
+        if weights is not None:
+            raise ModelError("--seq-len-weights weighs the lengths of --seq-lens; give --seq-lens too")
+        return None
+    try:
+        return Buckets.parse(lengths, weights or "")
+    except BucketError as exc:
+        raise ModelError(str(exc)) from None
 
 
 def _hf_name(text: str) -> str:

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
 from autotune.child import deploy, envfile, hf
+from autotune.child.buckets import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR
 from autotune.child.envfile import quote, value_text
 from autotune.child.files import write_atomically
 from autotune.deploy.user_run import EnvFile
@@ -24,7 +25,8 @@ from autotune.study import confirmations, records, references
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
 # file after another never keeps the first one's.
-OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS", deploy.TOLERANCE_VAR)
+OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS", deploy.TOLERANCE_VAR, SEQ_LENS_VAR,
+                 SEQ_LEN_WEIGHTS_VAR)
 # Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
 # that sourcing it reproduces the trial even in a shell that had them set. Nothing else is unset:
 # the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
@@ -203,6 +205,9 @@ def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
 
 def _input_vars(bench: BenchSpec) -> dict[str, str]:
     """The inputs' shape: a transformers model's tokens per item and head, another model's item shape."""
+    if hf.is_source(bench.model) and bench.buckets:
+        return {SEQ_LENS_VAR: bench.buckets.text(), SEQ_LEN_WEIGHTS_VAR: bench.buckets.weights_text(),
+                hf.TASK_VAR: bench.task}
     if hf.is_source(bench.model):
         return {hf.SEQ_LEN_VAR: str(bench.item_shape[0]), hf.TASK_VAR: bench.task}
     return {"AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape))}

@@ -14,6 +14,7 @@ from typing import Any, Literal, cast
 
 from autotune.base.errors import TopologyError
 from autotune.child import deploy
+from autotune.child.buckets import Buckets
 from autotune.child.knobs import ModelKnobs
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config.knobs import Config
@@ -60,6 +61,12 @@ class BenchSpec:
     import_path: str = ""  # where a `pkg.module:factory` model is imported from
     example_inputs: str = ""  # a torch.save file of the model's inputs, items along dim 0
     task: str = ""  # the head of a transformers model (`hf:`); its token inputs' length is item_shape[0]
+    seq_lens: tuple[int, ...] = ()  # sequence-length buckets, each measured (item_shape[0]: the largest)
+    seq_len_weights: tuple[float, ...] = ()  # their shares of the requests, summing to 1
+
+    @property
+    def buckets(self) -> Buckets | None:
+        return Buckets(self.seq_lens, self.seq_len_weights) if self.seq_lens else None
     calibration_batches: int | None = None  # precision=int8: batches observed; None: quantize.CALIBRATION_BATCHES
 
 
@@ -89,6 +96,8 @@ class LaunchPlan:
         """The plan a trial recorded, to run it again exactly (confirmation, compare)."""
         bench = dict(data["bench"])
         bench["item_shape"] = tuple(bench["item_shape"])
+        bench["seq_lens"] = tuple(bench.get("seq_lens", ()))
+        bench["seq_len_weights"] = tuple(bench.get("seq_len_weights", ()))
         bench["measure"] = MeasureSettings(**bench["measure"])
         if bench.get("tolerance") is not None and bench["tolerance"] < 0:
             bench["tolerance"] = None  # recorded before it was optional: negative meant per precision
@@ -164,6 +173,8 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         *(("--import-path", bench.import_path) if bench.import_path else ()),
         *(("--example-inputs", bench.example_inputs) if bench.example_inputs else ()),
         *(("--task", bench.task) if bench.task else ()),
+        *(("--seq-lens", bench.buckets.text(), "--seq-len-weights", bench.buckets.weights_text())
+          if bench.buckets else ()),
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from autotune.base.errors import ConfigError, ModelError, RunFailed
 from autotune.child import hf, runtimes
+from autotune.child.buckets import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR, BucketError, Buckets
 from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.child.errors import LOAD_FAILED
@@ -46,6 +47,7 @@ class BenchRequest:
     example_inputs: str | None = None
     seq_len: int | None = None  # tokens per item of a transformers model's random inputs; None: hf.DEFAULT_SEQ_LEN
     task: str | None = None  # a transformers model's head; None: hf.DEFAULT_TASK
+    buckets: Buckets | None = None  # `--seq-lens`: a transformers model measured at each length
     tolerance: float | None = None  # None: per precision (convert.TOLERANCE)
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES
 
@@ -77,6 +79,8 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
         import_path=spec.import_path, example_inputs=spec.example_inputs, task=spec.task,
         calibration_batches=request.calibration_batches,
     )
+    if spec.buckets:
+        bench = replace(bench, seq_lens=spec.buckets.lengths, seq_len_weights=spec.buckets.weights)
     binder: Binding | None = "numactl" if machine.described else None
     return plan_launch(request.config, bench, machine.topology, machine.libs, sys.executable,
                        binder=binder, parent_env=dict(os.environ))
@@ -84,7 +88,7 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
 
 def resolved(request: BenchRequest) -> models.ModelSpec:
     return models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
-                          seq_len=request.seq_len, task=request.task)
+                          seq_len=request.seq_len, task=request.task, buckets=request.buckets)
 
 
 def check_batch_fits(batch_sizes: Iterable[int], item_shape: tuple[int, ...]) -> None:
@@ -128,7 +132,19 @@ def exported_request(env: Mapping[str, str], measure: MeasureSettings | None = N
                         measure=measure or MeasureSettings(), example_inputs=saved,
                         tolerance=None if tolerance is None else check_tolerance(tolerance, "AUTOTUNE_TOLERANCE="),
                         input_shape=None if saved else env.get("AUTOTUNE_INPUT_SHAPE"),
-                        seq_len=int(seq_len) if seq_len and not saved else None, task=env.get(hf.TASK_VAR) or None)
+                        seq_len=int(seq_len) if seq_len and not saved else None, task=env.get(hf.TASK_VAR) or None,
+                        buckets=exported_buckets(env))
+
+
+def exported_buckets(env: Mapping[str, str]) -> Buckets | None:
+    """The sequence-length buckets an env file records (AUTOTUNE_SEQ_LENS and their weights)."""
+    lengths = env.get(SEQ_LENS_VAR, "").strip()
+    if not lengths:
+        return None
+    try:
+        return Buckets.parse(lengths, env.get(SEQ_LEN_WEIGHTS_VAR, ""))
+    except BucketError as exc:
+        raise ConfigError(f"{SEQ_LENS_VAR}={lengths!r}: {exc}; export again") from None
 
 
 def check_tolerance(value: float, name: str) -> float:
@@ -152,7 +168,7 @@ def _check_runs(request: BenchRequest, machine: Machine, spec: models.ModelSpec,
     plan = make_plan(BenchRequest(model=request.model, config=Config(), batch_size=1,
                                   cache_dir=request.cache_dir, input_shape=request.input_shape,
                                   example_inputs=request.example_inputs, seq_len=request.seq_len,
-                                  task=request.task), machine)
+                                  task=request.task, buckets=request.buckets), machine)
     reason = probe(plan, timeout_s)
     if reason.startswith(LOAD_FAILED):
         raise ModelError(reason)

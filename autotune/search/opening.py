@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 
 from autotune.child import hf
+from autotune.child.buckets import Buckets
 from autotune.child.settings import CACHE_DIR, STUDIES_DIR, MeasureSettings
 from autotune.config import models, recipes, space, space_fit
 from autotune.config.knobs import Config
@@ -68,6 +69,7 @@ class SearchRequest:
     example_inputs: str | None = None
     seq_len: int | None = None  # a transformers model's tokens per item; None: hf.DEFAULT_SEQ_LEN
     task: str | None = None  # a transformers model's head; None: hf.DEFAULT_TASK
+    buckets: Buckets | None = None  # `--seq-lens`: a transformers model measured at each length
     tolerance: float | None = None  # None: per precision
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES (not recorded)
     max_latency_ms: float | None = None
@@ -122,7 +124,8 @@ def _stem(model: models.ModelSpec) -> str:
     if model.kind in ("torchscript", "exported"):
         return Path(model.name).stem
     if model.kind == "huggingface":
-        return f"{Path(model.name.removeprefix(hf.PREFIX)).name}-{model.task}"
+        lengths = f"-seq{'-'.join(map(str, model.buckets.lengths))}" if model.buckets else ""
+        return f"{Path(model.name.removeprefix(hf.PREFIX)).name}-{model.task}{lengths}"
     return model.name
 
 
@@ -140,7 +143,7 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
     if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
         raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
     model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
-                           seq_len=request.seq_len, task=request.task)
+                           seq_len=request.seq_len, task=request.task, buckets=request.buckets)
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available["bf16"] = machine_has_bf16()
@@ -222,7 +225,9 @@ def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
               "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms,
               "pins": request.pins.describe() if request.pins.values else ""}
     return (wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
-            | ({"task": model.task} if model.task else {}))
+            | ({"task": model.task} if model.task else {})
+            | ({"seq_lens": list(model.buckets.lengths), "seq_len_weights": list(model.buckets.weights)}
+               if model.buckets else {}))
 
 
 def _description(request: SearchRequest, machine: Machine, settings: dict[str, Any]) -> dict[str, Any]:
@@ -258,5 +263,5 @@ def bench_request(request: SearchRequest, config: Config, batch: int | None = No
     return requests.BenchRequest(model=request.model, config=config, batch_size=batch or request.batch_size,
                                  measure=request.measure, cache_dir=request.cache_dir,
                                  input_shape=request.input_shape, example_inputs=request.example_inputs,
-                                 seq_len=request.seq_len, task=request.task,
+                                 seq_len=request.seq_len, task=request.task, buckets=request.buckets,
                                  tolerance=request.tolerance, calibration_batches=request.calibration_batches)

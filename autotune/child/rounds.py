@@ -1,0 +1,74 @@
+"""The measuring child with sequence-length buckets (`--seq-lens`): one input stream per length, one
+model per length where the configuration compiles one shape, and the rounds that `timing` times
+(`buckets.Round`, one batch of each length; its sample is the buckets' weighted mean).
+
+Each length is built as a child of its own length would build it (`per_length`), through the same
+`build` and so the same `autotune.apply`: what a bucket measured is what `apply` serves for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from autotune.child.buckets import Buckets, Mixed, Round
+
+# Set-up figures of the buckets' builds, combined into the trial's: times add up, the guard's worst counts.
+WORST = {"max_rel_err": max, "top1_agreement": min, "min_cosine": min}
+
+
+def buckets_of(args: argparse.Namespace) -> Buckets | None:
+    return Buckets.parse(args.seq_lens, args.seq_len_weights) if args.seq_lens else None
+
+
+def per_length(args: argparse.Namespace, found: Buckets | None) -> list[argparse.Namespace]:
+    """The child's arguments for each bucket (its token inputs that long); without buckets, its own."""
+    if found is None:
+        return [args]
+    return [argparse.Namespace(**{**vars(args), "item_shape": str(length)}) for length in found.lengths]
+
+
+def rounds(streams: Sequence[Iterator[Any]]) -> Iterator[Any]:
+    """The batches timed: one stream's, or rounds of one batch of each bucket's stream."""
+    if len(streams) == 1:
+        yield from streams[0]
+        return
+    while True:
+        yield Round(tuple(next(stream) for stream in streams))
+
+
+Build = Callable[[argparse.Namespace, Any, dict[str, Any]], Callable[[Any], Any]]
+
+
+def build_mixed(parts: list[argparse.Namespace], examples: list[Any], found: Buckets, compiled: bool,
+                setup: dict[str, Any], build: Build) -> Mixed:
+    """The forward over the buckets. A configuration that compiles takes one shape: one build per
+    length, each checked on its own example. One that does not (eager) takes any: built once, on the
+    largest example, and called at every length."""
+    if not compiled:
+        forward = build(parts[-1], examples[-1], setup)
+        return Mixed([forward] * len(parts), found, parts[0].batch_size)
+    forwards: list[Callable[[Any], Any]] = []
+    each: dict[str, dict[str, Any]] = {}
+    for part, example, length in zip(parts, examples, found.lengths, strict=True):
+        each[str(length)] = {}
+        forwards.append(build(part, example, each[str(length)]))
+    setup.update(combined(list(each.values())), buckets=each)
+    return Mixed(forwards, found, parts[0].batch_size)
+
+
+def combined(setups: list[dict[str, Any]]) -> dict[str, Any]:
+    """One set-up record for the buckets' builds: times summed, the guard's figures at their worst
+    (`WORST`), a flag only when every bucket's holds, anything else as the largest bucket had it."""
+    merged = dict(setups[-1])
+    for key in {k for s in setups for k in s}:
+        numbers = [s[key] for s in setups if isinstance(s.get(key), (int, float)) and not isinstance(s[key], bool)]
+        flags = [s[key] for s in setups if isinstance(s.get(key), bool)]
+        if flags:  # artifact_hit: every bucket's
+            merged[key] = all(flags)
+        elif key.endswith("_s") and numbers:
+            merged[key] = sum(numbers)
+        elif key in WORST and numbers:
+            merged[key] = WORST[key](numbers)
+    return merged

@@ -1,0 +1,118 @@
+"""A text-classification service loop that runs its model the way autotune measured it, for requests
+of any length.
+
+    autotune search --model hf:bert --seq-lens 32,128,384 --trials 50
+    autotune export best.env --artifacts artifacts/
+    autotune run best.env -- python examples/serve_text.py --model hf:bert --requests 200
+
+The only autotune line is `autotune.apply(model, example)`. With a configuration searched at
+sequence-length buckets (`--seq-lens`), `apply` loads one compiled model per bucket and serves each
+request through the smallest bucket that holds it: padded (the attention mask's zeros keep the
+padding out), its outputs cut back to its own tokens; a request longer than the largest bucket is
+one clear error. Without a configuration the model runs as PyTorch's defaults.
+
+`--model hf:bert` builds BERT's default configuration with random weights seeded as the benchmark
+seeds them (nothing can be downloaded here), so the artifacts `autotune export --artifacts` compiled
+match it; `--model hf:FOLDER` loads a model saved with `save_pretrained`, as a real service does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="hf:bert", help="hf:MODEL_TYPE (random weights) or hf:FOLDER (save_pretrained)")
+    p.add_argument("--task", default="sequence-classification", choices=("sequence-classification",
+                                                                         "feature-extraction"))
+    p.add_argument("--lengths", default="8-384", help="request lengths in tokens, drawn uniformly: LOW-HIGH")
+    p.add_argument("--batch-size", type=int, default=1, help="requests per call")
+    p.add_argument("--requests", type=int, default=100, help="requests to serve after the first")
+    p.add_argument("--seed", type=int, default=1, help="of the request stream")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    return p.parse_args(argv)
+
+
+def load_model(name: str, task: str) -> Any:
+    """What a service loads: a saved folder, or a model type's default configuration with the
+    benchmark's seeded random weights."""
+    import torch
+    import transformers
+
+    source = name.removeprefix("hf:")
+    head = transformers.AutoModel if task == "feature-extraction" else \
+        transformers.AutoModelForSequenceClassification
+    if "/" in source:
+        return head.from_pretrained(source).eval()
+    torch.manual_seed(0)  # the benchmark's seed: the same random weights
+    return head.from_config(transformers.AutoConfig.for_model(source)).eval()
+
+
+def requests(model: Any, count: int, batch: int, low: int, high: int, seed: int) -> list[dict[str, Any]]:
+    """Tokenized requests of mixed lengths, as a service has them after its tokenizer: token ids, an
+    attention mask and, for a model that takes them, token type ids (the inputs the search measured)."""
+    import inspect
+
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    types = "token_type_ids" in inspect.signature(model.forward).parameters
+    made = []
+    for _ in range(count):
+        length = int(torch.randint(low, high + 1, (), generator=generator))
+        ids = torch.randint(1, model.config.vocab_size, (batch, length), generator=generator)
+        made.append({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                     **({"token_type_ids": torch.zeros_like(ids)} if types else {})})
+    return made
+
+
+def bucket_of(serve: Any, length: int) -> str:
+    """The bucket a request of `length` tokens runs in ("any" for a model that takes every length)."""
+    found = getattr(getattr(serve, "run", None), "buckets", None)
+    return str(found.fitting(length)) if found is not None else "any"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    started = time.perf_counter()
+    import torch
+
+    import autotune
+
+    low, _, high = args.lengths.partition("-")
+    model = load_model(args.model, args.task)
+    pending = requests(model, args.requests + 1, args.batch_size, int(low), int(high or low), args.seed)
+    serve = autotune.apply(model, pending[0])  # the one line that deploys what was measured
+    with torch.no_grad():
+        serve(**pending[0])
+    ready_s = time.perf_counter() - started
+    per_bucket: dict[str, list[float]] = {}
+    begin = time.perf_counter()
+    with torch.no_grad():
+        for batch in pending[1:]:
+            t0 = time.perf_counter()
+            serve(**batch)
+            spent_ms = (time.perf_counter() - t0) * 1e3
+            per_bucket.setdefault(bucket_of(serve, batch["input_ids"].shape[1]), []).append(spent_ms)
+    window = time.perf_counter() - begin
+    every = [ms for times in per_bucket.values() for ms in times]
+    configured = serve.knobs.describe() if isinstance(serve, autotune.Applied) else "PyTorch defaults"
+    summary = {"model": args.model, "configuration": configured, "ready_s": round(ready_s, 3),
+               "p50_ms": round(statistics.median(every), 3), "requests": args.requests,
+               "items_per_s": round(args.requests * args.batch_size / window, 3),
+               "buckets": {b: {"p50_ms": round(statistics.median(t), 3), "requests": len(t)}
+                           for b, t in sorted(per_bucket.items(), key=lambda kv: (len(kv[0]), kv[0]))}}
+    print(json.dumps(summary) if args.json else
+          f"{configured}: ready in {ready_s:.1f} s, p50 {summary['p50_ms']:.2f} ms over {args.requests} requests; "
+          + ", ".join(f"{b} tokens: p50 {v['p50_ms']:.2f} ms ({v['requests']})" for b, v in summary["buckets"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
