@@ -47,6 +47,8 @@ ALIASES = {
     "swin": "swin_t",
     "maxvit": "maxvit_t",
 }
+# torchvision's transformer families: attention and MLP blocks, Linear layers all through.
+LINEAR_FAMILIES = ("vit_", "swin_", "swin3d", "maxvit")
 # Models whose default construction expects a larger image than 224x224.
 IMAGE_SIZE = {"inception_v3": 299}
 
@@ -62,6 +64,13 @@ class ModelSpec:
     example_inputs: str = ""  # a torch.save file of inputs, items along dim 0 (absolute path)
     task: str = ""  # the head of a transformers model (hf.TASKS); "" for the other kinds
     buckets: Buckets | None = None  # `--seq-lens`: measured at each length (item_shape: the largest)
+
+    @property
+    def linear_heavy(self) -> bool:
+        """Whether Linear layers carry the model's work (what int8_dynamic and int8_weight_only
+        quantize): transformers and models autotune cannot look into, but not torchvision's
+        convolutional networks, whose one Linear is the classifier."""
+        return self.kind != "torchvision" or self.name.startswith(LINEAR_FAMILIES)
 
     @property
     def needs_probe(self) -> bool:

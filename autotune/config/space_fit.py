@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.child import runtimes
 from autotune.child.envfile import value_text
-from autotune.child.knobs import INT8_KERNELS, PEER_BACKENDS
+from autotune.child.knobs import INT8_KERNELS, LINEAR_INT8, PEER_BACKENDS
 from autotune.config.knobs import KNOBS, Config, KnobValue, conditions, knob
 from autotune.config.space import CORE_BOUND, SAMPLE_ORDER, KnobRange, SearchSpace, SpaceError
 from autotune.host.libs import LIBRARIES
@@ -54,6 +54,19 @@ def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> Sear
             adapted.append(_cap(space.source, rng, cores))
     capped = _fit_instances(tuple(adapted), cores)
     return SearchSpace(space.source, capped, tuple(notes), cores)
+
+
+def for_model(space: SearchSpace, linear_heavy: bool) -> SearchSpace:
+    """int8_dynamic and int8_weight_only quantize Linear layers alone: a model whose work is not in
+    them (a torchvision CNN) is not offered them; a trial of it would measure the same model."""
+    found = next((rng for rng in space.knobs if rng.name == "precision"), None)
+    if linear_heavy or found is None or not set(found.choices) & set(LINEAR_INT8):
+        return space
+    keep = tuple(c for c in found.choices if c not in LINEAR_INT8)
+    ranges = tuple(replace(rng, choices=keep) if rng is found else rng for rng in space.knobs)
+    note = (f"precision={'/'.join(c for c in found.choices if c in LINEAR_INT8)} dropped: they quantize Linear "
+            f"layers, and this model's work is in its convolutions")
+    return SearchSpace(space.source, ranges, (*space.notes, note), space.cores)
 
 
 def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool]) -> SearchSpace:

@@ -150,6 +150,8 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
     available["int8"] = machine_has_int8()
     available |= space_fit.runtimes_installed()
     adapted = space_fit.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
+    if "precision" not in request.pins.as_dict():
+        adapted = space_fit.for_model(adapted, model.linear_heavy)
     return model, space_fit.pin(adapted, request.pins, available)
 
 

@@ -80,3 +80,15 @@ def test_without_transformers_the_fix_is_named(monkeypatch: pytest.MonkeyPatch) 
         resolve("hf:bert")
     assert str(info.value) == f"--model hf:bert needs transformers, which is not installed; {hf.INSTALL}"
     assert hf.INSTALL == "pip install 'autotune[transformers]'"
+
+
+def test_linear_int8_is_offered_to_models_whose_work_is_in_linear_layers() -> None:
+    from autotune.config import space, space_fit
+
+    loaded = space.load(space.find("default"))
+    assert not resolve("resnet18").linear_heavy and resolve("vit_b_16").linear_heavy
+    cnn = space_fit.for_model(loaded, linear_heavy=False)
+    (precision,) = [rng for rng in cnn.knobs if rng.name == "precision"]
+    assert "int8_dynamic" not in precision.choices and "int8" in precision.choices
+    assert any("precision=int8_dynamic/int8_weight_only dropped" in note for note in cnn.notes)
+    assert space_fit.for_model(loaded, linear_heavy=True) is loaded
