@@ -31,6 +31,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,12 @@ def main() -> int:
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=names(MODELS), default=["resnext101", "bert"], help="resnext101,bert")
+    return shared_options(p, "autotune-peers-")
+
+
+def shared_options(p: argparse.ArgumentParser, prefix: str) -> argparse.Namespace:
+    """The flags of a search-then-side-by-side benchmark (this one, transformers.py), parsed, with
+    --out resolved (default: a new temporary folder named `prefix`...)."""
     p.add_argument("--objectives", type=names(BATCH), default=list(BATCH), help="latency,throughput")
     p.add_argument("--trials", type=int, default=50, help="trials of each search (default 50)")
     p.add_argument("--rounds", type=int, default=6, help="interleaved rounds of the side-by-side (default 6)")
@@ -99,7 +106,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="where everything goes (default: a new temporary folder)")
     p.add_argument("extra", nargs="*", help="more `autotune search` flags, after --")
     args = p.parse_args()
-    args.out = (args.out or Path(tempfile.mkdtemp(prefix="autotune-peers-"))).resolve()
+    args.out = (args.out or Path(tempfile.mkdtemp(prefix=prefix))).resolve()
     return args
 
 
@@ -115,24 +122,35 @@ def names(known: dict[str, Any]) -> Any:
 
 def run_part(args: argparse.Namespace, model: str, objective: str) -> dict[str, Any]:
     """One (model, objective): search, export, then every contender side by side."""
-    folder = args.out / f"{model}-{objective}"
-    (folder / "tmp").mkdir(parents=True, exist_ok=True)
     source = [*model_flags(args, model), "--batch-size", str(BATCH[objective])]
+    part = search_and_compare(args, args.out / f"{model}-{objective}", source, objective, peer_contenders)
+    return {"model": model, **part}
+
+
+def search_and_compare(args: argparse.Namespace, folder: Path, source: list[str], objective: str,
+                       pick: Callable[[dict[str, Any]], list[Contender]], *export: str) -> dict[str, Any]:
+    """A fresh search in `folder`, its export (with `export`'s flags), then side by side the defaults,
+    the recipes `pick` takes from the study's records and the exported winner."""
+    (folder / "tmp").mkdir(parents=True, exist_ok=True)
     seed = ["--seed", str(args.seed)] if args.seed is not None else []
     search = autotune(folder, "search", *source, "--objective", objective, "--trials", str(args.trials),
                       *seed, *args.extra, log="search.log")
-    export = autotune(folder, "export", "best.env", log="export.log")
+    exported = autotune(folder, "export", "best.env", *export, log="export.log")
     study = read_study(folder)
-    recipes = recipes_of(study)
-    contenders = [Contender("PyTorch defaults", "defaults", ()), *recipes, *missing_peers(recipes),
-                  winner(folder, export, study)]
+    contenders = [Contender("PyTorch defaults", "defaults", ()), *pick(study), winner(folder, exported, study)]
     order_seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
     runs = side_by_side(args, folder, source, objective, contenders, order_seed)
-    return {"model": model, "objective": objective, "batch_size": BATCH[objective], "folder": str(folder),
+    return {"objective": objective, "batch_size": BATCH[objective], "folder": str(folder),
             "order_seed": order_seed, "search_exit": search,
-            "export_exit": export, "study": study.get("name"),
+            "export_exit": exported, "study": study.get("name"),
             "verdict": study.get("verdict"), "contenders": [asdict(c) for c in contenders], "runs": runs,
             "summary": peers_report.summarise(contenders, runs, objective)}
+
+
+def peer_contenders(study: dict[str, Any]) -> list[Contender]:
+    """Every recipe the study ran, and the issue's peers where it ran none."""
+    recipes = recipes_of(study)
+    return [*recipes, *missing_peers(recipes)]
 
 
 def model_flags(args: argparse.Namespace, model: str) -> list[str]:
@@ -210,12 +228,17 @@ def winner(folder: Path, export_exit: int, study: dict[str, Any]) -> Contender:
 
 def exported_trial(folder: Path, study: dict[str, Any]) -> str:
     """Which trial the export wrote (its header line names it) and the recipe it is, if it is one."""
-    header = (folder / "best.env").read_text().partition("\n")[0]
-    number = re.search(r"trial (\d+)", header)
+    number = exported_number(folder)
     if number is None:
         return ""
-    recipe = next((r["name"] for r in study["recipes"] if r["trial"] == int(number[1])), None)
-    return f"trial {number[1]}" + (f", the recipe {recipe!r}" if recipe else "")
+    recipe = next((r["name"] for r in study["recipes"] if r["trial"] == number), None)
+    return f"trial {number}" + (f", the recipe {recipe!r}" if recipe else "")
+
+
+def exported_number(folder: Path) -> int | None:
+    """The number of the trial folder/best.env holds (its header line names it)."""
+    number = re.search(r"trial (\d+)", (folder / "best.env").read_text().partition("\n")[0])
+    return int(number[1]) if number else None
 
 
 def side_by_side(args: argparse.Namespace, folder: Path, source: list[str], objective: str,
@@ -248,7 +271,9 @@ def bench(args: argparse.Namespace, folder: Path, source: list[str], objective: 
     metric = "latency_p50_ms" if objective == "latency" else "throughput_ips"
     ok = bool(result.get("ok"))
     return {"ok": ok, "value": result.get(metric) if ok else None, "reason": str(result.get("reason", ""))[:KEPT],
-            "exit": done.returncode, "p90_ms": result.get("latency_p90_ms"), "peak_rss_mb": result.get("peak_rss_mb")}
+            "exit": done.returncode, "p90_ms": result.get("latency_p90_ms"), "peak_rss_mb": result.get("peak_rss_mb"),
+            "buckets": peers_report.bucket_p50s(result.get("instances", [])) if ok else {},
+            "instances": len(result.get("instances", []))}
 
 
 def command_line() -> str:

@@ -71,11 +71,20 @@ def versus_peers(values: list[list[float | None]], peers: list[int], winner: int
             "best_by_median": labels[best] if best is not None else None, "against_best": paired(fixed)}
 
 
+def bucket_p50s(instances: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per sequence-length bucket, the median over the instances of its p50 ms ({} without buckets)."""
+    seen: dict[str, list[float]] = {}
+    for instance in instances:
+        for length, bucket in (instance.get("buckets") or {}).items():
+            seen.setdefault(length, []).append(float(bucket["latency_p50_ms"]))
+    return {length: stats.median(p50s) for length, p50s in seen.items()}
+
+
 def markdown(found: dict[str, Any], part: dict[str, Any]) -> str:
     lower = part["objective"] == "latency"
     unit = "p50 ms" if lower else "items/s"
     lines = [f"### {part['model']}, {part['objective']} (batch {part['batch_size']})", "",
-             f"Command: `{found['command']}` · commit {found['commit']} · host: {found['host']} · {found['date']}", "",
+             provenance_line(found), "",
              f"| contender | knobs | {unit}: median (min-max) | speedup over defaults (Hodges-Lehmann, interval) "
              "| rounds ok | note |", "|---|---|---|---|---|---|"]
     for contender, summary in zip(part["contenders"], part["summary"]["rows"], strict=True):
@@ -84,14 +93,20 @@ def markdown(found: dict[str, Any], part: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table_row(contender: dict[str, Any], summary: dict[str, Any]) -> str:
+def provenance_line(found: dict[str, Any]) -> str:
+    return f"Command: `{found['command']}` · commit {found['commit']} · host: {found['host']} · {found['date']}"
+
+
+def table_row(contender: dict[str, Any], summary: dict[str, Any], before_value: Sequence[str] = ()) -> str:
+    """A contender's row; `before_value`: cells of its own (one per sequence length) before its value."""
     knobs = "-" if contender.get("unavailable") else " ".join(contender["knobs"]) or "defaults"
     value = (f"{summary['median']:.1f} ({summary['min']:.1f}-{summary['max']:.1f})" if "median" in summary
              else "failed: " + "; ".join(summary["failures"])[:200].replace("|", "/"))
     speedup = "1.00x (the reference)" if contender["kind"] == "defaults" else speedup_text(summary["speedup"])
     note = contender["note"].replace("|", "/")
     kind = {"expert": " (expert recipe)", "peer": " (peer recipe)"}.get(contender["kind"], "")
-    return (f"| {contender['label']}{kind} | {knobs} | {value} | {speedup} "
+    own = "".join(f"{cell} | " for cell in before_value)
+    return (f"| {contender['label']}{kind} | {knobs} | {own}{value} | {speedup} "
             f"| {summary['ok_rounds']}/{summary['rounds']} | {note} |")
 
 

@@ -35,8 +35,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=1, help="requests per call")
     p.add_argument("--requests", type=int, default=100, help="requests to serve after the first")
     p.add_argument("--seed", type=int, default=1, help="of the request stream")
+    p.add_argument("--group", type=lengths, default=(), help="lengths like 32,128,384: without a configuration's "
+                   "buckets, report the times per bucket of these lengths (to compare eager with buckets)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     return p.parse_args(argv)
+
+
+def lengths(text: str) -> tuple[int, ...]:
+    return tuple(sorted(int(n) for n in text.split(",") if n.strip()))
 
 
 def load_model(name: str, task: str) -> Any:
@@ -72,10 +78,13 @@ def requests(model: Any, count: int, batch: int, low: int, high: int, seed: int)
     return made
 
 
-def bucket_of(serve: Any, length: int) -> str:
-    """The bucket a request of `length` tokens runs in ("any" for a model that takes every length)."""
+def bucket_of(serve: Any, length: int, group: tuple[int, ...]) -> str:
+    """The bucket a request of `length` tokens runs in; for a model that takes every length, the
+    smallest `--group` length that holds it ("any" without --group)."""
     found = getattr(getattr(serve, "run", None), "buckets", None)
-    return str(found.fitting(length)) if found is not None else "any"
+    if found is not None:
+        return str(found.fitting(length))
+    return next((str(n) for n in group if length <= n), f"over {group[-1]}" if group else "any")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             serve(**batch)
             spent_ms = (time.perf_counter() - t0) * 1e3
-            per_bucket.setdefault(bucket_of(serve, batch["input_ids"].shape[1]), []).append(spent_ms)
+            per_bucket.setdefault(bucket_of(serve, batch["input_ids"].shape[1], args.group), []).append(spent_ms)
     window = time.perf_counter() - begin
     every = [ms for times in per_bucket.values() for ms in times]
     configured = serve.knobs.describe() if isinstance(serve, autotune.Applied) else "PyTorch defaults"

@@ -1,0 +1,165 @@
+"""BERT-base at sequence-length buckets: PyTorch's defaults, the expert recipes and autotune's
+confirmed winner, then a mixed-length request stream served through `apply` (issue 40).
+
+For each objective (batch 1 latency, batch 8 throughput): a fresh `autotune search --seq-lens
+32,128,384` in a folder of its own (each configuration measured at every length, one compiled model
+per length, its figure the weighted mean over the lengths), `autotune export best.env --artifacts`,
+then side by side as benchmarks/peers.py does it (each contender a fresh `autotune bench` process
+per round, in a balanced random order): the defaults, every expert recipe the study ran, and the
+exported winner. Then the replay: examples/serve_text.py serving requests of lengths drawn
+uniformly up to the largest bucket, once as eager PyTorch (its times grouped by the same buckets)
+and once under `autotune run best.env` (the one `apply` line: the exported artifacts, each request
+padded to the smallest bucket that holds it). Each bucket's served p50 is set against the p50 the
+search recorded for the exported trial: within 10% or not (the issue's Done-when).
+
+Everything goes to OUT/transformers.json after each part; each objective's markdown, ready for
+benchmarks/RESULTS.md, goes to OUT/<objective>.md and stdout (benchmarks/transformers_report.py).
+
+Time: a BERT-base inductor compile takes about a minute per length per configuration on 2 cores, so
+a 50-trial search at three lengths takes several hours (4-5 h with its confirmation), the side by
+side (about six contenders, six rounds, each a fresh process compiling three lengths) 1-2 h more:
+about 6 h per objective, 12 h for both.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --out /tmp/bert-buckets       # both: ~12 h
+    PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --objectives latency --trials 20
+    PYTHONPATH=. .venv/bin/python -c "from pathlib import Path; from tests.support.hf import save_tiny_bert; \\
+        save_tiny_bert(Path('/tmp/tinybench/tiny'))"
+    PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --model hf:/tmp/tinybench/tiny --seq-lens 8,16,32 \\
+        --trials 3 --rounds 2 --requests 30 --duration 0.5 --warmup-time 0.3 --out /tmp/tinybench/out -- \\
+        --space quick --confirm-top 1 --confirm-rounds 5 --replicates 1 --duration 0.5 --warmup-time 0.3
+        # smoke run on a tiny BERT, about 12 min
+
+(This file's name shadows the transformers package for code run from benchmarks/: nothing here
+imports it; the processes it starts run from their own folders.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import peers
+import peers_report
+import transformers_report
+
+from autotune.child.buckets import BucketError, Buckets
+from autotune.measure import stats
+from autotune.study import storage
+
+SERVE = peers.REPO / "examples" / "serve_text.py"
+ARTIFACTS = "artifacts"  # the export's compiled models, one per bucket, which the replay's `apply` loads
+
+
+def main() -> int:
+    args = parse()
+    args.out.mkdir(parents=True, exist_ok=True)
+    peers.say(f"transformers: {args.model} at {args.buckets.text()} x {args.objectives}, {args.trials} trials, "
+              f"{args.rounds} rounds, {args.requests} requests, out {args.out}")
+    found: dict[str, Any] = {"command": command_line(), **peers_report.provenance(peers.cli_env(args.out)),
+                             "model": args.model, "lengths": list(args.buckets.lengths),
+                             "weights": list(args.buckets.weights), "args": {k: str(v) for k, v in vars(args).items()},
+                             "parts": []}
+    for objective in args.objectives:
+        part = run_part(args, objective)
+        found["parts"].append(part)
+        save(args.out, found)
+        part["replay"] = replay(args, part)
+        save(args.out, found)
+        table = transformers_report.markdown(found, part)
+        (args.out / f"{objective}.md").write_text(table)
+        print(table, flush=True)
+    return 0
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="hf:bert", help="hf:TYPE (default hf:bert: BERT-base's default configuration) "
+                   "or hf:FOLDER (written by save_pretrained)")
+    p.add_argument("--seq-lens", default="32,128,384", help="the buckets, increasing (default 32,128,384)")
+    p.add_argument("--seq-len-weights", default="", help="their shares of the requests (default: equal)")
+    p.add_argument("--requests", type=int, default=200, help="requests of the replay, per server (default 200)")
+    p.add_argument("--lengths", default="", help="the replay's request lengths LOW-HIGH (default 1 to the largest "
+                   "bucket)")
+    args = peers.shared_options(p, "autotune-transformers-")
+    try:
+        args.buckets = Buckets.parse(args.seq_lens, args.seq_len_weights)
+    except BucketError as exc:
+        p.error(str(exc))
+    source = args.model.removeprefix("hf:")
+    if "/" in source:  # a folder: the processes run elsewhere
+        args.model = f"hf:{Path(source).expanduser().resolve()}"
+    args.lengths = args.lengths or f"1-{args.buckets.lengths[-1]}"
+    return args
+
+
+def run_part(args: argparse.Namespace, objective: str) -> dict[str, Any]:
+    """One objective: search, export with artifacts, the defaults, expert recipes and winner side by
+    side, and what the search recorded at each bucket for the exported trial."""
+    source = ["--model", args.model, "--seq-lens", args.buckets.text(), "--seq-len-weights",
+              args.buckets.weights_text(), "--batch-size", str(peers.BATCH[objective])]
+    part = peers.search_and_compare(args, args.out / objective, source, objective, experts, "--artifacts", ARTIFACTS)
+    return {**part, "measured": measured(Path(part["folder"]), part["export_exit"])}
+
+
+def experts(study: dict[str, Any]) -> list[peers.Contender]:
+    """The expert recipes the study ran (its peer recipes are benchmarks/peers.py's)."""
+    return [c for c in peers.recipes_of(study) if c.kind == "expert"]
+
+
+def measured(folder: Path, export_exit: int) -> dict[str, Any]:
+    """The exported trial's p50 at each bucket, as the search recorded it."""
+    number = peers.exported_number(folder) if export_exit == 0 else None
+    if number is None:
+        return {"trial": None, "buckets": {}}
+    trials = storage.find_study(folder / "studies", None, None).get_trials(deepcopy=False)
+    record = next((t.user_attrs for t in trials if t.number == number), {})
+    return {"trial": number, "buckets": peers_report.bucket_p50s(record.get("instances", []))}
+
+
+def replay(args: argparse.Namespace, part: dict[str, Any]) -> dict[str, Any]:
+    """The same request stream served as eager PyTorch and through `apply` under the exported env file."""
+    folder = Path(part["folder"])
+    serve = [sys.executable, str(SERVE), "--model", args.model, "--lengths", args.lengths, "--batch-size",
+             str(part["batch_size"]), "--requests", str(args.requests), "--json"]
+    eager = served(folder, [*serve, "--group", args.buckets.text()], "serve-eager.log")
+    applied = (served(folder, [sys.executable, "-m", "autotune", "run", "best.env", "--", *serve], "serve-apply.log")
+               if part["export_exit"] == 0 else {"ok": False, "reason": "no best.env: the export failed"})
+    return {"lengths": args.lengths, "requests": args.requests, "eager": eager, "apply": applied}
+
+
+def served(folder: Path, command: list[str], log: str) -> dict[str, Any]:
+    """serve_text.py's summaries (one per instance under `autotune run`), each bucket's p50 the
+    median over the instances."""
+    peers.say(f"{folder.name}: $ {shlex.join(command)} (log: {folder / log})")
+    done = subprocess.run(command, cwd=folder, env=peers.cli_env(folder), capture_output=True, text=True,
+                          check=False, stdin=subprocess.DEVNULL)
+    (folder / log).write_text(done.stdout + done.stderr)
+    summaries = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not summaries:
+        reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}, no output"])[-1]
+        return {"ok": False, "reason": reason[:peers.KEPT], "exit": done.returncode}
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for summary in summaries:
+        for bucket, found in summary["buckets"].items():
+            seen.setdefault(bucket, []).append(found)
+    buckets = {b: {"p50_ms": stats.median([f["p50_ms"] for f in each]), "requests": sum(f["requests"] for f in each)}
+               for b, each in seen.items()}
+    return {"ok": True, "exit": 0, "configuration": summaries[0]["configuration"], "instances": len(summaries),
+            "ready_s": max(s["ready_s"] for s in summaries), "buckets": buckets, "summaries": summaries}
+
+
+def save(out: Path, found: dict[str, Any]) -> None:
+    (out / "transformers.json").write_text(json.dumps(found, indent=2, default=str) + "\n")
+
+
+def command_line() -> str:
+    return shlex.join(["PYTHONPATH=.", ".venv/bin/python", "benchmarks/transformers.py", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
