@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.child import deploy, hf, quantize, references
 from autotune.child.batches import call, explain, leaves
+from autotune.child.buckets import Buckets
 from autotune.child.deploy import Deployment
 from autotune.child.errors import LOAD_FAILED, ApplyError
 from autotune.child.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
@@ -251,11 +252,12 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
     setup["model"] = args.model
     knobs = knobs_of(args)
     artifacts = Path(args.artifacts) if args.artifacts else Path(args.cache_dir, "artifacts")
-    deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan")
+    lengths = Buckets.parse(args.seq_lens).lengths if args.seq_lens and knobs.shapes == "dynamic" else ()
+    deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan", lengths)
     if knobs.is_default:
         return _timed_first_call(_load_timed(args, setup), example, setup)
     calibration, guard = int8_batches(args, knobs)
-    checked = deploy.checked_batches(example, knobs, calibration, guard)
+    checked = deploy.checked_batches(example, deployment, calibration, guard)
     entry = references.entry_path(Path(args.cache_dir), args.model, checked) \
         if knobs.compiled and references.applies(args.model) else None
     known = references.lookup(entry) if entry else None

@@ -41,12 +41,12 @@ def rounds(streams: Sequence[Iterator[Any]]) -> Iterator[Any]:
 Build = Callable[[argparse.Namespace, Any, dict[str, Any]], Callable[[Any], Any]]
 
 
-def build_mixed(parts: list[argparse.Namespace], examples: list[Any], found: Buckets, compiled: bool,
+def build_mixed(parts: list[argparse.Namespace], examples: list[Any], found: Buckets, one_shape: bool,
                 setup: dict[str, Any], build: Build) -> Mixed:
-    """The forward over the buckets. A configuration that compiles takes one shape: one build per
-    length, each checked on its own example. One that does not (eager) takes any: built once, on the
-    largest example, and called at every length."""
-    if not compiled:
+    """The forward over the buckets. A configuration that compiles one shape: one build per length,
+    each checked on its own example. One that takes any (eager; shapes=dynamic, checked at every
+    length): built once, on the largest example, and called at every length."""
+    if not one_shape:
         forward = build(parts[-1], examples[-1], setup)
         return Mixed([forward] * len(parts), found, parts[0].batch_size)
     forwards: list[Callable[[Any], Any]] = []

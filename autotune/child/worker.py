@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             return build(part, example, into, on_phase=lambda phase: say_phase(args.ready_fd, phase))
 
         forward = built(args, examples[0], setup) if found is None else \
-            rounds.build_mixed(parts, examples, found, knobs_of(args).compiled, setup, built)
+            rounds.build_mixed(parts, examples, found, knobs_of(args).one_shape, setup, built)
         if args.probe:
             # what really ran goes with it: the harness checks every preloaded library was used
             write_json(args.result, {"status": "ok", "setup": setup, "runtime": runtime_report(args)})

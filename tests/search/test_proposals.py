@@ -414,7 +414,7 @@ def test_every_precision_and_layout_compiles_at_the_best_trials_threads(tmp_path
     ran = {pruning.compile_key(opened.space, space.config_of_params(t.params)) for t in trials}
     offered = opened.space.get("precision").choices  # type: ignore[union-attr]
     assert "int8_dynamic" not in offered  # a CNN: its work is not in Linear layers (space_fit.for_model)
-    assert {(p, m, threads[2]) for p in offered for m in ("contiguous", "channels_last")} <= ran
+    assert {(p, m, threads[2], "buckets") for p in offered for m in ("contiguous", "channels_last")} <= ran
     covering = [t for t in trials if str(t.user_attrs.get("proposed_by", "")).startswith("coverage")]
     assert covering and min(t.number for t in covering) > max(t.number for t in trials if t.user_attrs.get("recipe"))
 
