@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.child import deploy, hf, quantize, references
 from autotune.child.batches import call, explain, leaves
-from autotune.child.buckets import Buckets
+from autotune.child.buckets import Buckets, spread
 from autotune.child.deploy import Deployment
 from autotune.child.errors import LOAD_FAILED, ApplyError
 from autotune.child.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
@@ -104,6 +104,23 @@ class SyntheticTokens:
         return self.items[index % len(self.items)]
 
 
+class SpreadTokens:
+    """Text inputs of several lengths (`buckets.spread`), a batch at a time: the items of batch k
+    (indices k*batch_size ...) are `lengths[k % len(lengths)]` tokens long, so that DataLoader's
+    batches cycle through the lengths, the first the longest."""
+
+    def __init__(self, lengths: tuple[int, ...], tokens: hf.Tokens, batch_size: int, pool: int = 8,
+                 seed: int = 0) -> None:
+        self.lengths, self.batch_size = lengths, batch_size
+        self.pools = {length: SyntheticTokens(length, tokens, pool, seed) for length in lengths}
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> Any:
+        return self.pools[self.lengths[index // self.batch_size % len(self.lengths)]][index]
+
+
 class SavedInputs:
     """A user's own inputs (`--example-inputs FILE`): items are slices along dim 0 of a saved
     tensor, tuple/list of tensors, or dict of tensors, cycled; integer token ids stay integers."""
@@ -151,10 +168,15 @@ def example_count(loaded: Any, path: str = "the example inputs") -> int:
 
 
 def dataset_of(args: argparse.Namespace, pool: int = 8, seed: int = 0) -> Any:
-    """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model."""
+    """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model, of
+    lengths spread over its bucket where `rounds.per_length` says so (`shortest`)."""
     shape = tuple(int(n) for n in args.item_shape.split("x"))
     text = hf.is_source(args.model) and not args.example_inputs
-    return dataset_for(shape, args.example_inputs, pool, seed, hf.token_inputs(args.model, args.task) if text else None)
+    tokens = hf.token_inputs(args.model, args.task) if text else None
+    shortest = getattr(args, "shortest", shape[0])
+    if tokens is not None and shortest < shape[0]:
+        return SpreadTokens(spread(shortest, shape[0]), tokens, args.batch_size, pool, seed)
+    return dataset_for(shape, args.example_inputs, pool, seed, tokens)
 
 
 def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "", pool: int = 8, seed: int = 0,

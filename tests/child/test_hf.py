@@ -149,3 +149,25 @@ def test_transformers_is_an_extra_that_setup_installs() -> None:
     assert extras["transformers"] == ["transformers>=5.2,<6"]
     assert "transformers" in setup_extras()
     assert hf.INSTALL == "pip install 'autotune[transformers]'"
+
+
+def test_a_model_that_takes_any_length_is_fed_lengths_spread_over_each_bucket(tiny_bert: Path) -> None:
+    """Eager and shapes=dynamic run a request at its own length, where a model per bucket pads it to
+    the bucket: their streams cycle through lengths spread over the bucket, the longest first."""
+    from torch.utils.data import DataLoader
+
+    from autotune.child import buckets, rounds
+
+    args = child_args(f"hf:{tiny_bert}", 32, "--seq-lens", "8,32", "--batch-size", "2")
+    found = rounds.buckets_of(args)
+    padded = rounds.per_length(args, found)
+    assert [(p.item_shape, p.shortest) for p in padded] == [("8", 8), ("32", 32)]
+    spread = rounds.per_length(args, found, any_length=True)
+    assert [(p.item_shape, p.shortest) for p in spread] == [("8", 1), ("32", 9)]
+    stream = iter(DataLoader(build.dataset_of(spread[1]), batch_size=2))
+    lengths = [tuple(next(stream)["input_ids"].shape) for _ in range(9)]
+    assert lengths == [(2, n) for n in (32, 9, 12, 15, 18, 22, 25, 28, 32)]
+    assert buckets.spread(129, 384) == (384, 129, 165, 201, 238, 274, 311, 347)
+    assert buckets.spread(5, 5) == (5,) and buckets.spread(1, 2) == (2, 1)
+    fixed = iter(DataLoader(build.dataset_of(padded[1]), batch_size=2))
+    assert {tuple(next(fixed)["input_ids"].shape) for _ in range(9)} == {(2, 32)}
