@@ -150,18 +150,11 @@ def trim(output: Any, bucket: int, length: int) -> Any:
     return _pytree.tree_map(cut, output)
 
 
-SPREAD = 8  # lengths a bucket's requests are measured at, for a model that takes any length
-
-
-def spread(shortest: int, longest: int, count: int = SPREAD) -> tuple[int, ...]:
-    """The lengths a bucket's stream cycles through for a model that takes any length (eager,
-    shapes=dynamic), standing for requests spread evenly over the bucket (`shortest`..`longest`
-    tokens): the longest first (the example a dynamic model is exported at), then evenly from the
-    shortest. A model per bucket pads every one of them to `longest`, so it is measured there alone."""
-    if shortest >= longest:
-        return (longest,)
-    steps = [shortest + (longest - shortest) * k // (count - 1) for k in range(count - 1)]
-    return (longest, *dict.fromkeys(n for n in steps if n != longest))
+def middle(shortest: int, longest: int) -> int:
+    """The length that stands for a bucket's requests (`shortest`..`longest` tokens, taken as spread
+    evenly) for a model that takes any length (eager, shapes=dynamic): their mean. A model per bucket
+    pads every one of them to `longest`, so it is timed there."""
+    return (shortest + longest + 1) // 2
 
 
 def dynamic_shapes(example: Any, variadic: bool = False) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.child import deploy, hf, quantize, references
 from autotune.child.batches import call, explain, leaves
-from autotune.child.buckets import Buckets, spread
+from autotune.child.buckets import Buckets, middle
 from autotune.child.deploy import Deployment
 from autotune.child.errors import LOAD_FAILED, ApplyError
 from autotune.child.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
@@ -104,21 +104,21 @@ class SyntheticTokens:
         return self.items[index % len(self.items)]
 
 
-class SpreadTokens:
-    """Text inputs of several lengths (`buckets.spread`), a batch at a time: the items of batch k
-    (indices k*batch_size ...) are `lengths[k % len(lengths)]` tokens long, so that DataLoader's
-    batches cycle through the lengths, the first the longest."""
+class MiddleTokens:
+    """Text inputs for a model that takes any length, standing for a bucket's requests: the first
+    batch (the example a dynamic model is exported and guarded at) `longest` tokens long, every
+    later one `middle` (`buckets.middle`), so that timed samples all have one length."""
 
-    def __init__(self, lengths: tuple[int, ...], tokens: hf.Tokens, batch_size: int, pool: int = 8,
+    def __init__(self, longest: int, middle: int, tokens: hf.Tokens, batch_size: int, pool: int = 8,
                  seed: int = 0) -> None:
-        self.lengths, self.batch_size = lengths, batch_size
-        self.pools = {length: SyntheticTokens(length, tokens, pool, seed) for length in lengths}
+        self.batch_size = batch_size
+        self.first, self.rest = (SyntheticTokens(n, tokens, pool, seed) for n in (longest, middle))
 
     def __len__(self) -> int:
         return 1 << 30
 
     def __getitem__(self, index: int) -> Any:
-        return self.pools[self.lengths[index // self.batch_size % len(self.lengths)]][index]
+        return (self.first if index < self.batch_size else self.rest)[index]
 
 
 class SavedInputs:
@@ -168,14 +168,14 @@ def example_count(loaded: Any, path: str = "the example inputs") -> int:
 
 
 def dataset_of(args: argparse.Namespace, pool: int = 8, seed: int = 0) -> Any:
-    """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model, of
-    lengths spread over its bucket where `rounds.per_length` says so (`shortest`)."""
+    """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model, after the
+    first batch of the middle length of its bucket where `rounds.per_length` says so (`shortest`)."""
     shape = tuple(int(n) for n in args.item_shape.split("x"))
     text = hf.is_source(args.model) and not args.example_inputs
     tokens = hf.token_inputs(args.model, args.task) if text else None
     shortest = getattr(args, "shortest", shape[0])
     if tokens is not None and shortest < shape[0]:
-        return SpreadTokens(spread(shortest, shape[0]), tokens, args.batch_size, pool, seed)
+        return MiddleTokens(shape[0], middle(shortest, shape[0]), tokens, args.batch_size, pool, seed)
     return dataset_for(shape, args.example_inputs, pool, seed, tokens)
 
 

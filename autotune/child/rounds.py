@@ -1,5 +1,5 @@
 """The measuring child with sequence-length buckets (`--seq-lens`): one input stream per bucket (of
-its length, or of lengths spread over it for a model that takes any length), one model per length
+its length, or of its requests' middle length for a model that takes any length), one model per length
 where the configuration compiles one shape (`ModelKnobs.one_shape`), and the rounds that `timing`
 times (`buckets.Round`, one batch of each bucket; its sample is the buckets' weighted mean).
 
@@ -25,9 +25,9 @@ def buckets_of(args: argparse.Namespace) -> Buckets | None:
 
 def per_length(args: argparse.Namespace, found: Buckets | None, any_length: bool = False) -> list[argparse.Namespace]:
     """The child's arguments for each bucket: its token inputs that long, or, for a model that takes
-    any length (`any_length`: eager, shapes=dynamic), spread over the bucket from the token after the
-    bucket below (`shortest`, `buckets.spread`): such a model runs each request at its own length,
-    where a model per bucket pads it. Without buckets, the child's own arguments."""
+    any length (`any_length`: eager, shapes=dynamic), timed at the middle of the bucket's requests, from
+    the token after the bucket below (`shortest`, `buckets.middle`): such a model runs each request at
+    its own length, where a model per bucket pads it. Without buckets, the child's own arguments."""
     if found is None:
         return [args]
     floors = (0, *found.lengths[:-1])
