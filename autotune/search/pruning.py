@@ -351,10 +351,11 @@ def held(space: SearchSpace, trials: Sequence[FrozenTrial], klass: str, digest: 
 
 def uncovered(space: SearchSpace, trials: Sequence[FrozenTrial],
               klass: str) -> list[tuple[dict[str, KnobValue], int]]:
-    """(configuration, batch size) of each precision x layout the space offers that no trial of
-    host class `klass` ran at the thread count of this class's best trial: the best's configuration
-    with backend=inductor and that precision and layout, in the space's order, as knob values (they
-    may still set a knob inductor makes inapplicable: the proposer samples the nearest valid one)."""
+    """(configuration, batch size) of each precision x layout (x shapes, with sequence-length buckets)
+    the space offers that no trial of host class `klass` ran at the thread count of this class's best
+    trial: the best's configuration with backend=inductor and that precision and layout, in the space's
+    order, as knob values (they may still set a knob inductor makes inapplicable: the proposer samples
+    the nearest valid one)."""
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     best = evidence(space, finished, klass).best
     precisions, layouts = space.get("precision"), space.get("memory_format")
@@ -366,13 +367,15 @@ def uncovered(space: SearchSpace, trials: Sequence[FrozenTrial],
         return []
     tried = {_key_of(space, t) for t in measured_here(trials, klass)
              if t.state == TrialState.RUNNING or records.counts(t) or records.awaits_retry(t)}
+    offered = space.get("shapes")
     found = []
     for precision in precisions.choices:
         for layout in layouts.choices:
-            wanted = base.as_dict() | {"backend": "inductor", "precision": precision, "memory_format": layout,
-                                       "omp_threads": best.threads}
-            if (str(precision), str(layout), best.threads, str(base.get("shapes"))) not in tried:
-                found.append((wanted, int(trial.user_attrs.get("batch_size", 1))))
+            for shapes in offered.choices if offered is not None else (base.get("shapes"),):
+                wanted = base.as_dict() | {"backend": "inductor", "precision": precision, "memory_format": layout,
+                                           "omp_threads": best.threads} | ({"shapes": shapes} if offered else {})
+                if (str(precision), str(layout), best.threads, str(shapes)) not in tried:
+                    found.append((wanted, int(trial.user_attrs.get("batch_size", 1))))
     return found
 
 

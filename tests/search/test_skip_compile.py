@@ -289,3 +289,16 @@ def test_a_search_ends_when_what_has_not_run_is_held_on_unchanged_evidence(
     skipped = [t.user_attrs["config"] for t in opened.study.get_trials() if records.SKIPPED in t.user_attrs]
     assert sorted(skipped) == [f"backend=inductor memory_format=channels_last precision=fp32 omp_threads=1 "
                                f"allocator={allocator}" for allocator in ("default", "jemalloc")]
+
+
+def test_coverage_offers_both_shapes_where_the_space_has_buckets() -> None:
+    """With sequence-length buckets (`shapes` in the space) each precision x layout is covered at the
+    best's threads with a model per bucket and with one dynamic model; without buckets, as before."""
+    study = searched()
+    offered = pruning.uncovered(DEFAULT, study.get_trials(), HERE)
+    keys = [pruning.compile_key(DEFAULT, Config.from_mapping(dict(wanted))) for wanted, _ in offered]
+    assert ("int8", "channels_last", 2, "dynamic") in keys and ("int8", "channels_last", 2, "buckets") not in keys
+    assert keys[:2] == [("fp32", "contiguous", 2, "buckets"), ("fp32", "contiguous", 2, "dynamic")]
+    unbucketed = space_fit.for_buckets(DEFAULT, bucketed=False)
+    assert {key[3] for key in (pruning.compile_key(unbucketed, Config.from_mapping(dict(wanted)))
+                               for wanted, _ in pruning.uncovered(unbucketed, study.get_trials(), HERE))} == {"buckets"}
