@@ -371,7 +371,7 @@ def uncovered(space: SearchSpace, trials: Sequence[FrozenTrial],
     found = []
     for precision in precisions.choices:
         for layout in layouts.choices:
-            for shapes in offered.choices if offered is not None else (base.get("shapes"),):
+            for shapes in offered.choices if offered is not None else (str(base.get("shapes")),):
                 wanted = base.as_dict() | {"backend": "inductor", "precision": precision, "memory_format": layout,
                                            "omp_threads": best.threads} | ({"shapes": shapes} if offered else {})
                 if (str(precision), str(layout), best.threads, str(shapes)) not in tried:
