@@ -8,8 +8,9 @@ of any length.
 The only autotune line is `autotune.apply(model, example)`. With a configuration searched at
 sequence-length buckets (`--seq-lens`), `apply` loads one compiled model per bucket and serves each
 request through the smallest bucket that holds it: padded (the attention mask's zeros keep the
-padding out), its outputs cut back to its own tokens; a request longer than the largest bucket is
-one clear error. Without a configuration the model runs as PyTorch's defaults.
+padding out), its outputs cut back to its own tokens; with `shapes=dynamic`, one compiled model runs
+each request at its own length. A request longer than the largest bucket is one clear error. Without
+a configuration the model runs as PyTorch's defaults.
 
 `--model hf:bert` builds BERT's default configuration with random weights seeded as the benchmark
 seeds them (nothing can be downloaded here), so the artifacts `autotune export --artifacts` compiled

@@ -196,7 +196,7 @@ def test_another_thread_count_compiles_from_the_saved_quantized_graph(tmp_path: 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
     chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
     model = tinynets.cnn().eval()
-    known = deploy.eager_outputs(model, deploy.checked_batches(images[0], chosen.knobs, images))
+    known = deploy.eager_outputs(model, deploy.checked_batches(images[0], chosen, images))
     threads = torch.get_num_threads()
     setups: list[dict[str, Any]] = [{}, {}, {}]
     try:

@@ -74,12 +74,26 @@ def batch_size(batch: Any) -> int:
     return int(leaves(batch)[0].shape[0])
 
 
-def layout(batch: Any) -> list[str]:
+def layout(batch: Any, any_length: bool = False) -> list[str]:
     """Shape, dtype and layout of each input tensor (dict inputs by name): what a compiled model
-    was made for."""
+    was made for. `any_length`: a token tensor's length (dim 1) written as `L`, for a model exported
+    with a dynamic sequence dimension."""
     if isinstance(batch, dict):
-        return [f"{name}={entry}" for name in sorted(batch) for entry in layout(batch[name])]
-    return [f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}:{_format(t)}" for t in leaves(batch)]
+        return [f"{name}={entry}" for name in sorted(batch) for entry in layout(batch[name], any_length)]
+    return [f"{'x'.join(_dims(t, any_length))}:{str(t.dtype).replace('torch.', '')}:{_format(t)}"
+            for t in leaves(batch)]
+
+
+def _dims(tensor: Any, any_length: bool) -> list[str]:
+    dims = [str(n) for n in tensor.shape]
+    return [dims[0], "L"] if any_length and is_tokens(tensor) else dims
+
+
+def is_tokens(x: Any) -> bool:
+    """A token tensor of a text model: 2-D integer [batch, sequence] (input ids, attention mask)."""
+    import torch
+
+    return isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point() and not x.is_complex()
 
 
 def _format(tensor: Any) -> str:

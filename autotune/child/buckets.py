@@ -6,7 +6,9 @@ example's shape) takes one shape. A text service's requests vary in length, so a
 `--seq-lens 32,128,384` measures every configuration at each length and `apply` builds one model per
 length: an incoming batch is padded to the smallest bucket that fits (token ids, attention mask and
 token type ids with zeros: the mask's zeros keep the padding out of attention) and the outputs that
-run along the sequence are cut back to the real tokens.
+run along the sequence are cut back to the real tokens. With `shapes=dynamic` (backend=inductor) one
+AOTInductor model is exported with a dynamic sequence dimension up to the largest bucket instead,
+and each batch runs at its own length, unpadded (`Ranged`).
 
 The inputs of a text model are its token tensors: 2-D integer tensors [batch, sequence]. torch is
 imported inside functions.
@@ -21,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.child.batches import is_tokens, split
 from autotune.child.errors import ApplyError
 
 SEQ_LENS_VAR = "AUTOTUNE_SEQ_LENS"  # the buckets a configuration was measured at, `autotune export` writes them
@@ -99,13 +102,7 @@ def _tokens(batch: Any) -> list[Any]:
     """The token tensors of a batch: its 2-D integer tensors."""
     from torch.utils import _pytree
 
-    return [t for t in _pytree.tree_leaves(batch) if _is_tokens(t)]
-
-
-def _is_tokens(x: Any) -> bool:
-    import torch
-
-    return isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point() and not x.is_complex()
+    return [t for t in _pytree.tree_leaves(batch) if is_tokens(t)]
 
 
 def sequence_length(batch: Any) -> int:
@@ -127,7 +124,7 @@ def fit(batch: Any, length: int) -> Any:
     from torch.utils import _pytree
 
     def resize(x: Any) -> Any:
-        if not _is_tokens(x) or x.shape[1] == length:
+        if not is_tokens(x) or x.shape[1] == length:
             return x
         if x.shape[1] > length:
             return x[:, :length].contiguous()
@@ -151,6 +148,40 @@ def trim(output: Any, bucket: int, length: int) -> Any:
         return x
 
     return _pytree.tree_map(cut, output)
+
+
+def middle(shortest: int, longest: int) -> int:
+    """The length that stands for a bucket's requests (`shortest`..`longest` tokens, taken as spread
+    evenly) for a model that takes any length (eager, shapes=dynamic): their mean. A model per bucket
+    pads every one of them to `longest`, so it is timed there."""
+    return (shortest + longest + 1) // 2
+
+
+def dynamic_shapes(example: Any, variadic: bool = False) -> Any:
+    """torch.export's `dynamic_shapes` for `example` (as `batches.split` gives it to export): dim 1 of
+    every token tensor is one dimension, from 1 token to the example's length; the rest is static.
+    Keyword inputs are named; positional ones go in order, or, for a module whose forward takes
+    `*args` (`variadic`), as that one argument."""
+    import torch
+    from torch.utils import _pytree
+
+    tokens = torch.export.Dim("tokens", min=1, max=sequence_length(example))
+    args, kwargs = split(example)
+    spec = _pytree.tree_map(lambda x: {1: tokens} if is_tokens(x) else None, kwargs if kwargs else args)
+    return spec if kwargs or not variadic else {"args": spec}
+
+
+class Ranged:
+    """The forward `apply` returns for `shapes=dynamic`: one model for every length up to the
+    largest bucket, each batch run at its own length; a longer one is refused as `Bucketed` refuses it."""
+
+    def __init__(self, forward: Callable[[Any], Any], lengths: Sequence[int]) -> None:
+        self.forward = forward
+        self.buckets = Buckets(tuple(lengths), (1.0 / len(lengths),) * len(lengths))
+
+    def __call__(self, batch: Any) -> Any:
+        self.buckets.fitting(sequence_length(batch))
+        return self.forward(batch)
 
 
 class Bucketed:

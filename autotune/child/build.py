@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.child import deploy, hf, quantize, references
 from autotune.child.batches import call, explain, leaves
+from autotune.child.buckets import Buckets, middle
 from autotune.child.deploy import Deployment
 from autotune.child.errors import LOAD_FAILED, ApplyError
 from autotune.child.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
@@ -103,6 +104,23 @@ class SyntheticTokens:
         return self.items[index % len(self.items)]
 
 
+class MiddleTokens:
+    """Text inputs for a model that takes any length, standing for a bucket's requests: the first
+    batch (the example a dynamic model is exported and guarded at) `longest` tokens long, every
+    later one `middle` (`buckets.middle`), so that timed samples all have one length."""
+
+    def __init__(self, longest: int, middle: int, tokens: hf.Tokens, batch_size: int, pool: int = 8,
+                 seed: int = 0) -> None:
+        self.batch_size = batch_size
+        self.first, self.rest = (SyntheticTokens(n, tokens, pool, seed) for n in (longest, middle))
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.first if index < self.batch_size else self.rest)[index]
+
+
 class SavedInputs:
     """A user's own inputs (`--example-inputs FILE`): items are slices along dim 0 of a saved
     tensor, tuple/list of tensors, or dict of tensors, cycled; integer token ids stay integers."""
@@ -150,10 +168,15 @@ def example_count(loaded: Any, path: str = "the example inputs") -> int:
 
 
 def dataset_of(args: argparse.Namespace, pool: int = 8, seed: int = 0) -> Any:
-    """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model."""
+    """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model, after the
+    first batch of the middle length of its bucket where `rounds.per_length` says so (`shortest`)."""
     shape = tuple(int(n) for n in args.item_shape.split("x"))
     text = hf.is_source(args.model) and not args.example_inputs
-    return dataset_for(shape, args.example_inputs, pool, seed, hf.token_inputs(args.model, args.task) if text else None)
+    tokens = hf.token_inputs(args.model, args.task) if text else None
+    shortest = getattr(args, "shortest", shape[0])
+    if tokens is not None and shortest < shape[0]:
+        return MiddleTokens(shape[0], middle(shortest, shape[0]), tokens, args.batch_size, pool, seed)
+    return dataset_for(shape, args.example_inputs, pool, seed, tokens)
 
 
 def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "", pool: int = 8, seed: int = 0,
@@ -251,11 +274,12 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
     setup["model"] = args.model
     knobs = knobs_of(args)
     artifacts = Path(args.artifacts) if args.artifacts else Path(args.cache_dir, "artifacts")
-    deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan")
+    lengths = Buckets.parse(args.seq_lens).lengths if args.seq_lens and knobs.shapes == "dynamic" else ()
+    deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan", lengths)
     if knobs.is_default:
         return _timed_first_call(_load_timed(args, setup), example, setup)
     calibration, guard = int8_batches(args, knobs)
-    checked = deploy.checked_batches(example, knobs, calibration, guard)
+    checked = deploy.checked_batches(example, deployment, calibration, guard)
     entry = references.entry_path(Path(args.cache_dir), args.model, checked) \
         if knobs.compiled and references.applies(args.model) else None
     known = references.lookup(entry) if entry else None

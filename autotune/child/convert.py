@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import cpu, linear_int8, peers, runtimes
+from autotune.child import buckets, cpu, linear_int8, peers, runtimes
 from autotune.child.artifacts import (
     ARTIFACT_FORMAT,
     GRAPH_KIND,
@@ -223,7 +223,7 @@ def _loaded(path: Path, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
     start = time.perf_counter()
     loaded = peers.load(path, knobs, example) if knobs.peer else load(path, knobs.backend)
     setup["artifact_load_s"] = time.perf_counter() - start
-    return ShapeChecked(loaded, example)
+    return ShapeChecked(loaded, example, any_length=knobs.shapes == "dynamic")
 
 
 def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
@@ -248,8 +248,11 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
         save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), described)
         return None
     try:
-        exported = _export(model, example, knobs.precision)
+        exported = _export(model, example, knobs)
     except Exception as exc:
+        if knobs.shapes == "dynamic":  # the knob's point is one artifact: torch.compile would recompile per length
+            raise ApplyError(f"shapes=dynamic: torch.export could not export the model with a dynamic sequence "
+                             f"length ({explain(exc)}); use shapes=buckets") from exc
         setup["aot_fallback"] = f"torch.export failed ({explain(exc)}); torch.compile"
         return _jit_compiled(model)
     save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
@@ -306,19 +309,29 @@ class ShapeChecked:
     than it was compiled for (AOTInductor checks nothing unless asked; a trace bakes sizes in):
     every call is checked, and refused with one line."""
 
-    def __init__(self, compiled: Any, example: Any) -> None:
-        self.compiled, self.expected = compiled, layout(example)
+    def __init__(self, compiled: Any, example: Any, any_length: bool = False) -> None:
+        """`any_length`: exported with a dynamic sequence length, up to the example's (shapes=dynamic)."""
+        self.compiled, self.any_length = compiled, any_length
+        self.expected = layout(example, any_length)
+        self.lengths = buckets.Buckets((buckets.sequence_length(example),), (1.0,)) if any_length else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        got = layout(kwargs if kwargs and not args else args)
+        batch = kwargs if kwargs and not args else args
+        got = layout(batch, self.any_length)
         if got != self.expected:
             raise ApplyError(f"the compiled model takes inputs {'; '.join(self.expected)}, not {'; '.join(got)}; "
                              f"apply it with an example of each shape you serve")
+        if self.lengths is not None:
+            self.lengths.fitting(buckets.sequence_length(batch))
         return self.compiled(*args, **kwargs)
 
 
-def _export(model: Any, example: Any, precision: Precision) -> Any:
+def _export(model: Any, example: Any, knobs: ModelKnobs) -> Any:
+    """The model (bf16: under autocast) as torch.export captures it on `example`; shapes=dynamic
+    makes its sequence length a dimension, up to the example's (`buckets.dynamic_shapes`)."""
     import torch
+
+    precision = knobs.precision
 
     class Autocast(torch.nn.Module):
         """bf16 autocast inside forward, so that the exported graph holds the casts."""
@@ -332,8 +345,9 @@ def _export(model: Any, example: Any, precision: Precision) -> Any:
                 return self.inner(*args, **kwargs)
 
     args, kwargs = split(example)
+    dynamic = buckets.dynamic_shapes(example, variadic=True) if knobs.shapes == "dynamic" else None
     with torch.no_grad():
-        return torch.export.export(Autocast(model), args, kwargs)
+        return torch.export.export(Autocast(model), args, kwargs, dynamic_shapes=dynamic)
 
 
 def _jit_compiled(model: Any) -> Any:
@@ -354,10 +368,13 @@ def _trace(model: Any, example: Any) -> Any:
 def saved_knobs(knobs: ModelKnobs) -> dict[str, Any]:
     """The knobs an artifact is keyed by. A peer's runtime settings apply when it loads the file, so
     one file serves them all (OpenVINO's bf16 too: its inference precision); a PyTorch artifact
-    bakes in every knob but the peers' own."""
+    bakes in every knob but the peers' own (`shapes` only where it is dynamic)."""
     if knobs.peer:
         return {"backend": knobs.backend, "precision": "fp32" if knobs.precision == "bf16" else knobs.precision}
-    return {name: value for name, value in asdict(knobs).items() if name not in PEER_KNOBS}
+    saved = {name: value for name, value in asdict(knobs).items() if name not in PEER_KNOBS}
+    if knobs.shapes != "dynamic":  # what every artifact was before `shapes` existed: their keys stay
+        saved.pop("shapes")
+    return saved
 
 
 def artifact_meta(knobs: ModelKnobs, example: Any, weights: str, calibration: str = "") -> dict[str, Any]:

@@ -154,7 +154,8 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
 
     A configuration searched at sequence-length buckets (`--seq-lens`) compiles one model per length
     and serves a batch of token inputs of any length up to the largest bucket: padded to the smallest
-    bucket that holds it, its outputs cut back to its own tokens.
+    bucket that holds it, its outputs cut back to its own tokens; with shapes=dynamic, one model
+    for every length up to the largest, each batch run at its own length.
 
     A transformers model comes back as the benchmark child ran it (`hf.wrap`), configured or not:
     its output is its head's tensor (logits, last hidden state), not a ModelOutput.
@@ -164,6 +165,9 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     if chosen is None or (chosen.knobs.is_default and not check):
         _report(chosen)
         return model
+    if chosen.knobs.shapes == "dynamic" and not chosen.seq_lens:
+        raise ApplyError(f"{chosen.source} sets shapes=dynamic without the sequence lengths it serves "
+                         f"({buckets.SEQ_LENS_VAR}); export the env file again")
     if chosen.seq_lens and chosen.knobs.compiled:
         applied = apply_buckets(model, example_inputs, chosen, check=check, calibration=calibration)
     else:
@@ -188,8 +192,14 @@ def apply_buckets(model: Any, example_inputs: Any, chosen: Deployment, *, check:
                   calibration: Sequence[Any] = ()) -> Applied:
     """A compiled model takes one shape: one per bucket of `chosen.seq_lens`, each applied to the
     example (and calibration) padded or cut to its length, behind one forward that serves any length
-    up to the largest bucket (`buckets.Bucketed`). `setup["buckets"]` holds each one's setup."""
+    up to the largest bucket (`buckets.Bucketed`). `setup["buckets"]` holds each one's setup.
+    shapes=dynamic: one model, applied at the largest length, serves every length (`buckets.Ranged`)."""
     buckets.sequence_length(example_inputs)  # token inputs, or one line saying buckets need them
+    if not chosen.knobs.one_shape:
+        longest = chosen.seq_lens[-1]
+        one = apply_deployment(_own_copy(model, chosen.knobs), buckets.fit(example_inputs, longest), chosen,
+                               check=check, calibration=[buckets.fit(batch, longest) for batch in calibration])
+        return Applied(buckets.Ranged(one.run, chosen.seq_lens), chosen.knobs, one.setup)
     parts = {length: apply_deployment(_own_copy(model, chosen.knobs), buckets.fit(example_inputs, length), chosen,
                                       check=check, calibration=[buckets.fit(batch, length) for batch in calibration])
              for length in chosen.seq_lens}
@@ -211,7 +221,7 @@ def apply_deployment(model: Any, example_inputs: Any, chosen: Deployment, *, che
     setup = {} if setup is None else setup
     model = model.eval()
     int8 = chosen.knobs.precision == "int8"
-    checked = checked_batches(example_inputs, chosen.knobs, calibration, guard_inputs)
+    checked = checked_batches(example_inputs, chosen, calibration, guard_inputs)
     with torch.no_grad():
         if check and references is None:
             references = eager_outputs(model, checked)
@@ -234,17 +244,20 @@ def apply_saved(example_inputs: Any, chosen: Deployment, weights: str, reference
                          on_phase or (lambda phase: None))
     if forward is None:
         return None
-    checked = checked_batches(example_inputs, chosen.knobs, calibration, guard_inputs)
+    checked = checked_batches(example_inputs, chosen, calibration, guard_inputs)
     return _checked(forward, example_inputs, checked, references, chosen, setup)
 
 
-def checked_batches(example_inputs: Any, knobs: ModelKnobs, calibration: Sequence[Any] = (),
+def checked_batches(example_inputs: Any, chosen: Deployment, calibration: Sequence[Any] = (),
                     guard_inputs: Sequence[Any] = ()) -> list[Any]:
-    """The batches the guard compares with eager fp32: the example, and for every int8 the guard's
-    own batches (default: the calibration batches)."""
-    if not knobs.quantized:
-        return [example_inputs]
-    return [example_inputs, *(guard_inputs or calibration)]
+    """The batches the guard compares with eager fp32: the example; with shapes=dynamic, the example
+    cut to each shorter bucket too (one model serves every length); for every int8, the guard's own
+    batches (default: the calibration batches)."""
+    shorter = [buckets.fit(example_inputs, length) for length in chosen.seq_lens[:-1]] \
+        if chosen.knobs.shapes == "dynamic" else []
+    if not chosen.knobs.quantized:
+        return [example_inputs, *shorter]
+    return [example_inputs, *shorter, *(guard_inputs or calibration)]
 
 
 def eager_outputs(model: Any, batches: Sequence[Any]) -> list[list[Any]]:
@@ -268,10 +281,26 @@ def _checked(forward: Callable[[Any], Any], example_inputs: Any, checked: list[A
     setup["output_digest"] = digest(output)
     if references:
         guard(references[0], leaves(output), chosen.knobs.precision, chosen.tolerance, setup)
+    if references and not chosen.knobs.quantized:
+        _other_lengths_guard(forward, checked[1:], references[1:], chosen, setup)
     if references and chosen.knobs.quantized:
         _int8_guard(forward, leaves(output), checked, references, chosen, setup)
     _report(chosen)
     return Applied(forward, chosen.knobs, setup)
+
+
+def _other_lengths_guard(forward: Callable[[Any], Any], checked: list[Any], references: list[list[Any]],
+                         chosen: Deployment, setup: dict[str, Any]) -> None:
+    """fp32's and bf16's guard on the further checked batches (shapes=dynamic: the shorter lengths);
+    the worst relative error is recorded."""
+    import torch
+
+    for batch, reference in zip(checked, references, strict=True):
+        each: dict[str, Any] = {}
+        with torch.no_grad():
+            guard(reference, leaves(forward(batch)), chosen.knobs.precision, chosen.tolerance, each)
+        if each["max_rel_err"] > setup["max_rel_err"]:
+            setup.update(each)
 
 
 def _int8_guard(forward: Callable[[Any], Any], first: list[Any], checked: list[Any], references: list[list[Any]],
@@ -314,7 +343,8 @@ def _quantized(example: Any, knobs: ModelKnobs, calibration: Sequence[Any], setu
     """int8's graph: quantized on the calibration batches (default: the example), in the layout the
     knobs give every input."""
     calibrated = [inputs(batch, knobs) for batch in calibration or [example]]
-    return Quantized(lambda model, ex: quantize.quantized_export(model, ex, calibrated, setup),
+    return Quantized(lambda model, ex: quantize.quantized_export(model, ex, calibrated, setup,
+                                                                 dynamic=knobs.shapes == "dynamic"),
                      quantize.digest(calibrated), quantize.load_graph, calibrated)
 
 

@@ -77,6 +77,7 @@ class Knob:
 TORCH_BACKENDS = ("eager", "torchscript", "inductor")
 PEER_BACKENDS = ("openvino", "onnxruntime")
 PRECISIONS = ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")
+SHAPES = ("buckets", "dynamic")  # how a compiled model serves sequence-length buckets (`autotune.child.buckets`)
 # torchao's quantize_ on the model's nn.Linear layers, no calibration (`linear_int8`).
 LINEAR_INT8: tuple[Precision, ...] = ("int8_dynamic", "int8_weight_only")
 # Quantized: judged by top-1 agreement and cosine similarity with eager fp32 (`quantize.agreement_guard`).
@@ -115,6 +116,11 @@ def _knob_table() -> dict[str, Knob]:
              "int8_dynamic = torchao's dynamic int8 of every nn.Linear, activations quantized as it runs (VNNI or "
              "AMX); int8_weight_only = torchao's int8 weights of every nn.Linear, computed in fp32 (eager, inductor)",
              choices=PRECISIONS, default="fp32", only_when=dense, model=True),
+        Knob("shapes", "choice", "with sequence-length buckets (--seq-lens): buckets = one AOTInductor model per "
+             "length, each request padded to the smallest bucket that holds it; dynamic = one AOTInductor model "
+             "exported with a dynamic sequence dimension (torch.export), each request run at its own length up to "
+             "the largest bucket", choices=SHAPES, default="buckets", only_when=(("backend", ("inductor",)),),
+             model=True),
         Knob("ov_hint", "choice", "OpenVINO's performance hint: latency (one stream, all threads) or throughput "
              "(several streams)", choices=("latency", "throughput"), default="latency", only_when=openvino,
              model=True),
@@ -201,6 +207,9 @@ Precision = Literal["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 
 
+Shapes = Literal["buckets", "dynamic"]
+
+
 OvHint = Literal["latency", "throughput"]
 
 
@@ -219,6 +228,7 @@ class ModelKnobs:
     memory_format: MemoryFormat = "contiguous"
     mkldnn: bool = False
     weight_cache: bool = False
+    shapes: Shapes = "buckets"
     ov_hint: OvHint = "latency"
     ov_streams: int = 0
     ov_pinning: bool = True
@@ -253,6 +263,11 @@ class ModelKnobs:
     def compiled(self) -> bool:
         """A configuration whose converted model is saved as an artifact and loaded back."""
         return self.saved_as_torchscript or self.backend == "inductor" or self.peer
+
+    @property
+    def one_shape(self) -> bool:
+        """A compiled model that takes its example's shape alone: one per sequence-length bucket."""
+        return self.compiled and self.shapes != "dynamic"
 
     def describe(self) -> str:
         changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}

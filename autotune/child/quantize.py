@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.child import buckets
 from autotune.child.artifacts import hash_tensor
 from autotune.child.batches import call, explain, split
 from autotune.child.convert import TOLERANCE
@@ -31,19 +32,22 @@ CALIBRATION_BATCHES = 4  # default `--calibration-batches`: batches of the examp
 GUARD_ITEMS = 32  # inputs (rounded up to whole batches) the int8 guard compares with eager fp32
 
 
-def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup: dict[str, Any]) -> Any:
+def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup: dict[str, Any],
+                     dynamic: bool = False) -> Any:
     """The model captured, observed on the calibration batches, quantized, and exported again for
-    AOTInductor. Any failure is an ApplyError naming the operator where it could be told."""
+    AOTInductor; `dynamic` (shapes=dynamic): with a dynamic sequence length up to the example's
+    (`buckets.dynamic_shapes`). Any failure is an ApplyError naming the operator where it could be told."""
     import time
 
     import torch
 
     quantizer_cls, prepare_pt2e, convert_pt2e, default_config = _torchao()
     args, kwargs = split(example)
+    shapes = buckets.dynamic_shapes(example) if dynamic else None
     start = time.perf_counter()
     with torch.enable_grad():  # under no_grad, export groups a reused module's calls (resnet's relu) into one
         try:
-            captured = torch.export.export(model, args, kwargs, strict=True).module()
+            captured = torch.export.export(model, args, kwargs, strict=True, dynamic_shapes=shapes).module()
         except Exception as exc:
             raise ApplyError(f"precision=int8: torch.export could not capture the model at {failed_op(exc)} "
                              f"({explain(exc)}); use precision=fp32 or bf16 for it") from exc
@@ -54,7 +58,8 @@ def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup
         _step("calibrate", lambda: [call(prepared, batch) for batch in calibration])
         converted = _step("convert", lambda: convert_pt2e(prepared))
         setup["quantize_s"] = time.perf_counter() - start
-        return _step("export", lambda: torch.export.export(converted, args, kwargs, strict=True))
+        return _step("export", lambda: torch.export.export(converted, args, kwargs, strict=True,
+                                                           dynamic_shapes=shapes))
 
 
 def load_graph(path: Path) -> Any:
@@ -133,11 +138,11 @@ def digest(batches: Sequence[Any]) -> str:
     return hashed.hexdigest()[:20]
 
 
-def rows(outputs: Sequence[Any]) -> Any:
-    """One row per input item: every output tensor of a batch flattened after dim 0, batches stacked."""
+def rows(batch: Sequence[Any]) -> Any:
+    """One row per input item of a batch: its output tensors flattened after dim 0, side by side."""
     import torch
 
-    return torch.cat([torch.cat([t.float().reshape(t.shape[0], -1) for t in batch], dim=1) for batch in outputs])
+    return torch.cat([t.float().reshape(t.shape[0], -1) for t in batch], dim=1)
 
 
 def agreement_guard(reference: Sequence[Any], output: Sequence[Any], precision: Precision, tolerance: float,
@@ -145,15 +150,19 @@ def agreement_guard(reference: Sequence[Any], output: Sequence[Any], precision: 
     """The guard of every int8 precision (`ModelKnobs.quantized`): each item's top-1 answer and the
     cosine similarity of its output with eager fp32's; fails when more than `tolerance` of the items
     change their top-1 answer, or any item's cosine similarity falls below 1 - tolerance.
-    `reference`/`output`: per batch, its output tensors."""
+    `reference`/`output`: per batch, its output tensors (batches of different sequence lengths
+    compare item by item: shapes=dynamic checks every bucket's)."""
     import torch
 
-    ref, out = rows(reference), rows(output)
-    if ref.shape != out.shape:
-        raise WrongAnswers(f"output shape changed: {tuple(out.shape)} instead of eager fp32's {tuple(ref.shape)}")
-    figures = {"top1_agreement": float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean()),
-               "min_cosine": float(torch.nn.functional.cosine_similarity(ref, out, dim=1).min()),
-               "guard_items": int(ref.shape[0])}
+    agree, cosine = [], []
+    for ref_batch, out_batch in zip(reference, output, strict=True):
+        ref, out = rows(ref_batch), rows(out_batch)
+        if ref.shape != out.shape:
+            raise WrongAnswers(f"output shape changed: {tuple(out.shape)} instead of eager fp32's {tuple(ref.shape)}")
+        agree.append(ref.argmax(dim=1) == out.argmax(dim=1))
+        cosine.append(torch.nn.functional.cosine_similarity(ref, out, dim=1))
+    figures = {"top1_agreement": float(torch.cat(agree).float().mean()), "min_cosine": float(torch.cat(cosine).min()),
+               "guard_items": sum(len(a) for a in agree)}
     judge(figures, precision, tolerance, setup)
 
 

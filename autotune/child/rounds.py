@@ -1,6 +1,7 @@
-"""The measuring child with sequence-length buckets (`--seq-lens`): one input stream per length, one
-model per length where the configuration compiles one shape, and the rounds that `timing` times
-(`buckets.Round`, one batch of each length; its sample is the buckets' weighted mean).
+"""The measuring child with sequence-length buckets (`--seq-lens`): one input stream per bucket (of
+its length, or of its requests' middle length for a model that takes any length), one model per length
+where the configuration compiles one shape (`ModelKnobs.one_shape`), and the rounds that `timing`
+times (`buckets.Round`, one batch of each bucket; its sample is the buckets' weighted mean).
 
 Each length is built as a child of its own length would build it (`per_length`), through the same
 `build` and so the same `autotune.apply`: what a bucket measured is what `apply` serves for it.
@@ -22,11 +23,17 @@ def buckets_of(args: argparse.Namespace) -> Buckets | None:
     return Buckets.parse(args.seq_lens, args.seq_len_weights) if args.seq_lens else None
 
 
-def per_length(args: argparse.Namespace, found: Buckets | None) -> list[argparse.Namespace]:
-    """The child's arguments for each bucket (its token inputs that long); without buckets, its own."""
+def per_length(args: argparse.Namespace, found: Buckets | None, any_length: bool = False) -> list[argparse.Namespace]:
+    """The child's arguments for each bucket: its token inputs that long, or, for a model that takes
+    any length (`any_length`: eager, shapes=dynamic), timed at the middle of the bucket's requests, from
+    the token after the bucket below (`shortest`, `buckets.middle`): such a model runs each request at
+    its own length, where a model per bucket pads it. Without buckets, the child's own arguments."""
     if found is None:
         return [args]
-    return [argparse.Namespace(**{**vars(args), "item_shape": str(length)}) for length in found.lengths]
+    floors = (0, *found.lengths[:-1])
+    return [argparse.Namespace(**{**vars(args), "item_shape": str(length),
+                                  "shortest": floor + 1 if any_length else length})
+            for floor, length in zip(floors, found.lengths, strict=True)]
 
 
 def rounds(streams: Sequence[Iterator[Any]]) -> Iterator[Any]:
@@ -41,12 +48,12 @@ def rounds(streams: Sequence[Iterator[Any]]) -> Iterator[Any]:
 Build = Callable[[argparse.Namespace, Any, dict[str, Any]], Callable[[Any], Any]]
 
 
-def build_mixed(parts: list[argparse.Namespace], examples: list[Any], found: Buckets, compiled: bool,
+def build_mixed(parts: list[argparse.Namespace], examples: list[Any], found: Buckets, one_shape: bool,
                 setup: dict[str, Any], build: Build) -> Mixed:
-    """The forward over the buckets. A configuration that compiles takes one shape: one build per
-    length, each checked on its own example. One that does not (eager) takes any: built once, on the
-    largest example, and called at every length."""
-    if not compiled:
+    """The forward over the buckets. A configuration that compiles one shape: one build per length,
+    each checked on its own example. One that takes any (eager; shapes=dynamic, checked at every
+    length): built once, on the largest example, and called at every length."""
+    if not one_shape:
         forward = build(parts[-1], examples[-1], setup)
         return Mixed([forward] * len(parts), found, parts[0].batch_size)
     forwards: list[Callable[[Any], Any]] = []

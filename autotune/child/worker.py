@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.child.errors import ApplyError
 
     found = rounds.buckets_of(args)
-    parts = rounds.per_length(args, found)  # one input stream per sequence-length bucket, or the one
+    parts = rounds.per_length(args, found, not knobs_of(args).one_shape)  # a stream per bucket, or the one
     loaders = [torch.utils.data.DataLoader(
         dataset_of(part), batch_size=args.batch_size, num_workers=args.dataloader_workers,  # map-style by protocol
         persistent_workers=args.dataloader_workers > 0,
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             return build(part, example, into, on_phase=lambda phase: say_phase(args.ready_fd, phase))
 
         forward = built(args, examples[0], setup) if found is None else \
-            rounds.build_mixed(parts, examples, found, knobs_of(args).compiled, setup, built)
+            rounds.build_mixed(parts, examples, found, knobs_of(args).one_shape, setup, built)
         if args.probe:
             # what really ran goes with it: the harness checks every preloaded library was used
             write_json(args.result, {"status": "ok", "setup": setup, "runtime": runtime_report(args)})

@@ -72,6 +72,13 @@ class ModelSpec:
         convolutional networks, whose one Linear is the classifier."""
         return self.kind != "torchvision" or self.name.startswith(LINEAR_FAMILIES)
 
+    def check_shapes(self, shapes: object) -> None:
+        """shapes=dynamic is one compiled model for every sequence length of the buckets: without
+        buckets it has nothing to serve."""
+        if shapes == "dynamic" and self.buckets is None:
+            raise ModelError("shapes=dynamic serves sequence-length buckets with one compiled model; it needs "
+                             "--seq-lens (an hf: text model, e.g. --seq-lens 32,128,384); add it or drop shapes")
+
     @property
     def needs_probe(self) -> bool:
         """User models and user inputs are tried once (build + one forward) before any run, to fail

@@ -69,6 +69,15 @@ def for_model(space: SearchSpace, linear_heavy: bool) -> SearchSpace:
     return SearchSpace(space.source, ranges, (*space.notes, note), space.cores)
 
 
+def for_buckets(space: SearchSpace, bucketed: bool) -> SearchSpace:
+    """`shapes` chooses how a compiled model serves sequence-length buckets (`--seq-lens`): without
+    buckets there is nothing to choose, and the knob is not searched."""
+    if bucketed or space.get("shapes") is None:
+        return space
+    return SearchSpace(space.source, tuple(rng for rng in space.knobs if rng.name != "shapes"), space.notes,
+                       space.cores)
+
+
 def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool]) -> SearchSpace:
     """The adapted space with each pinned knob fixed to its value (added where the space lacks it),
     and the knobs its condition depends on narrowed to the values that keep it applying, so that

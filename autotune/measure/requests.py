@@ -72,6 +72,7 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     if backend in PEER_BACKENDS and not machine.described and not runtimes.installed(backend):
         raise ConfigError(runtimes.not_installed(backend))
     spec = resolved(request)
+    spec.check_shapes(request.config.get("shapes"))
     check_batch_fits((request.batch_size,), spec.item_shape)
     bench = BenchSpec(
         model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,

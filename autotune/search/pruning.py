@@ -80,8 +80,10 @@ from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import RunResult
 from autotune.study import records
 
-CompileKey = tuple[str, str, int]  # what an inductor artifact is compiled for: precision, memory format, threads
-KEY_NAMES = ("precision", "memory_format", "omp_threads")
+# What an inductor artifact is compiled for: precision, memory format, threads, and shapes (one model per
+# sequence-length bucket, or one dynamic model: different kernels, so a step between them is measured, not assumed).
+CompileKey = tuple[str, str, int, str]
+KEY_NAMES = ("precision", "memory_format", "omp_threads", "shapes")
 
 
 def separated(mine: Sequence[float], best: Sequence[float], metric: Metric, margin: float = MARGIN) -> bool:
@@ -227,8 +229,8 @@ def compile_key(space: SearchSpace, config: Config) -> CompileKey | None:
     full = space.as_run(config)
     if full is None or full.get("backend") != "inductor":
         return None
-    precision, layout, threads = (full.get(name) for name in KEY_NAMES)
-    return str(precision), str(layout), int(threads or 0)
+    precision, layout, threads, shapes = (full.get(name) for name in KEY_NAMES)
+    return str(precision), str(layout), int(threads or 0), str(shapes)
 
 
 def measured_here(trials: Sequence[FrozenTrial], klass: str) -> list[FrozenTrial]:
@@ -330,9 +332,11 @@ def skip_compile(study: optuna.Study, space: SearchSpace, objective: Objective, 
     predicted = _predict(seen.fastest, key)
     if predicted is None or predicted.value <= SKIP_COMPILE * best.value:
         return None
-    precision, layout, threads = key
-    return Skip(f"not compiled: {precision} {layout} at {threads} thread(s) predicted at {predicted.value:.2f} ms "
-                f"({predicted.why()}), more than {SKIP_COMPILE:g}x trial {best.number}'s {best.value:.2f} ms",
+    precision, layout, threads, shapes = key
+    dynamic = " shapes=dynamic" if shapes == "dynamic" else ""
+    return Skip(f"not compiled: {precision} {layout}{dynamic} at {threads} thread(s) predicted at "
+                f"{predicted.value:.2f} ms ({predicted.why()}), more than {SKIP_COMPILE:g}x trial {best.number}'s "
+                f"{best.value:.2f} ms",
                 seen.mark())
 
 
@@ -347,10 +351,11 @@ def held(space: SearchSpace, trials: Sequence[FrozenTrial], klass: str, digest: 
 
 def uncovered(space: SearchSpace, trials: Sequence[FrozenTrial],
               klass: str) -> list[tuple[dict[str, KnobValue], int]]:
-    """(configuration, batch size) of each precision x layout the space offers that no trial of
-    host class `klass` ran at the thread count of this class's best trial: the best's configuration
-    with backend=inductor and that precision and layout, in the space's order, as knob values (they
-    may still set a knob inductor makes inapplicable: the proposer samples the nearest valid one)."""
+    """(configuration, batch size) of each precision x layout (x shapes, with sequence-length buckets)
+    the space offers that no trial of host class `klass` ran at the thread count of this class's best
+    trial: the best's configuration with backend=inductor and that precision and layout, in the space's
+    order, as knob values (they may still set a knob inductor makes inapplicable: the proposer samples
+    the nearest valid one)."""
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     best = evidence(space, finished, klass).best
     precisions, layouts = space.get("precision"), space.get("memory_format")
@@ -362,13 +367,15 @@ def uncovered(space: SearchSpace, trials: Sequence[FrozenTrial],
         return []
     tried = {_key_of(space, t) for t in measured_here(trials, klass)
              if t.state == TrialState.RUNNING or records.counts(t) or records.awaits_retry(t)}
+    offered = space.get("shapes")
     found = []
     for precision in precisions.choices:
         for layout in layouts.choices:
-            wanted = base.as_dict() | {"backend": "inductor", "precision": precision, "memory_format": layout,
-                                       "omp_threads": best.threads}
-            if (str(precision), str(layout), best.threads) not in tried:
-                found.append((wanted, int(trial.user_attrs.get("batch_size", 1))))
+            for shapes in offered.choices if offered is not None else (str(base.get("shapes")),):
+                wanted = base.as_dict() | {"backend": "inductor", "precision": precision, "memory_format": layout,
+                                           "omp_threads": best.threads} | ({"shapes": shapes} if offered else {})
+                if (str(precision), str(layout), best.threads, str(shapes)) not in tried:
+                    found.append((wanted, int(trial.user_attrs.get("batch_size", 1))))
     return found
 
 

@@ -101,6 +101,50 @@ def test_the_bucketed_model_compiled_one_model_per_bucket_and_refuses_a_longer_i
         bucketed(**tokens(33))
 
 
+@pytest.fixture(scope="module")
+def ranged(tmp_path_factory: pytest.TempPathFactory) -> autotune.Applied:
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", shapes="dynamic"),
+                               artifacts=tmp_path_factory.mktemp("artifacts"), seq_lens=(8, 16, 32))
+    return deploy.apply_buckets(tinynets.masked_tokens(), tokens(12), chosen, check=True)
+
+
+@pytest.mark.parametrize("length", [1, 3, 8, 12, 32])
+def test_shapes_dynamic_runs_each_batch_at_its_own_length_as_eager(ranged: autotune.Applied, length: int) -> None:
+    batch = tokens(length, seed=length)
+    hidden, logits = ranged(**batch)
+    want_hidden, want_logits = eager(tinynets.masked_tokens(), batch)
+    assert hidden.shape == want_hidden.shape == (2, length, 32)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hidden, want_hidden, rtol=1e-4, atol=1e-5)
+
+
+def test_shapes_dynamic_is_one_artifact_checked_at_every_bucket_and_refuses_a_longer_input(
+        ranged: autotune.Applied) -> None:
+    assert "buckets" not in ranged.setup and ranged.setup["artifact_file"].endswith(".pt2")
+    assert len(list(Path(ranged.setup["artifact_file"]).parent.glob("*.pt2"))) == 1
+    assert ranged.setup["max_rel_err"] <= 1e-3
+    with pytest.raises(autotune.ApplyError, match=r"an input of 33 tokens is longer than the largest bucket \(32\)"):
+        ranged(**tokens(33))
+    with pytest.raises(autotune.ApplyError, match=r"the compiled model takes inputs .*input_ids=2xL:int64"):
+        ranged(**tokens(8, size=3))  # the batch size stays the example's
+
+
+def test_the_guard_of_shapes_dynamic_compares_every_shorter_bucket_with_eager() -> None:
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", shapes="dynamic"), seq_lens=(8, 16, 32))
+    checked = deploy.checked_batches(tokens(32), chosen)
+    assert [buckets.sequence_length(batch) for batch in checked] == [32, 8, 16]
+    one_each = deploy.checked_batches(tokens(32), deploy.Deployment(ModelKnobs(backend="inductor"), seq_lens=(8, 32)))
+    assert len(one_each) == 1  # a model per bucket is checked on its own length
+
+
+def test_shapes_dynamic_without_the_buckets_it_serves_is_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var, value in deploy.to_env(ModelKnobs(backend="inductor", shapes="dynamic")).items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(autotune.ApplyError, match="sets shapes=dynamic without the sequence lengths it serves "
+                                                  r"\(AUTOTUNE_SEQ_LENS\); export the env file again"):
+        autotune.apply(tinynets.masked_tokens(), tokens(12))
+
+
 def test_an_eager_configuration_needs_no_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**deploy.to_env(ModelKnobs(precision="bf16")), buckets.SEQ_LENS_VAR: "8,16"}
     chosen = deploy.from_env(env)
@@ -145,3 +189,22 @@ def test_a_round_over_buckets_is_one_sample_weighted_by_the_buckets_shares() -> 
     # the stream of 3:1 requests serves 2 items per `weighted` ms, whatever the round's wall time
     assert result["items"] / sum(result["iterations_ms"]) * 1e3 == pytest.approx(2 / weighted * 1e3, rel=0.2)
     assert result["buckets"]["8"]["calls"] == 5 and result["buckets"]["16"]["latency_p50_ms"] >= 10
+
+
+@pytest.mark.parametrize("positional", [False, True])
+@pytest.mark.parametrize("variadic", [False, True])
+def test_dynamic_shapes_fit_the_module_torch_export_is_given(positional: bool, variadic: bool) -> None:
+    class Variadic(torch.nn.Module):  # as `convert` wraps a model for bf16's autocast
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner(*args, **kwargs)
+
+    example = tokens(32)
+    batch = (example["input_ids"], example["attention_mask"]) if positional else example
+    module = Variadic(tinynets.masked_tokens()) if variadic else tinynets.masked_tokens()
+    args, kwargs = batches.split(batch)
+    exported = torch.export.export(module, args, kwargs, dynamic_shapes=buckets.dynamic_shapes(batch, variadic))
+    assert [str(r) for r in exported.range_constraints.values()] == ["VR[1, 32]"]

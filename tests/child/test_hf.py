@@ -149,3 +149,25 @@ def test_transformers_is_an_extra_that_setup_installs() -> None:
     assert extras["transformers"] == ["transformers>=5.2,<6"]
     assert "transformers" in setup_extras()
     assert hf.INSTALL == "pip install 'autotune[transformers]'"
+
+
+def test_a_model_that_takes_any_length_is_timed_at_the_middle_of_each_bucket(tiny_bert: Path) -> None:
+    """Eager and shapes=dynamic run a request at its own length, where a model per bucket pads it to
+    the bucket: after one batch of the bucket's length (the example), their streams hold the middle
+    of the bucket's requests, from the token after the bucket below."""
+    from torch.utils.data import DataLoader
+
+    from autotune.child import buckets, rounds
+
+    args = child_args(f"hf:{tiny_bert}", 32, "--seq-lens", "8,32", "--batch-size", "2")
+    found = rounds.buckets_of(args)
+    padded = rounds.per_length(args, found)
+    assert [(p.item_shape, p.shortest) for p in padded] == [("8", 8), ("32", 32)]
+    spread = rounds.per_length(args, found, any_length=True)
+    assert [(p.item_shape, p.shortest) for p in spread] == [("8", 1), ("32", 9)]
+    stream = iter(DataLoader(build.dataset_of(spread[1]), batch_size=2))
+    assert [tuple(next(stream)["input_ids"].shape) for _ in range(4)] == [(2, 32), (2, 21), (2, 21), (2, 21)]
+    assert [buckets.middle(1, 32), buckets.middle(33, 128), buckets.middle(129, 384), buckets.middle(5, 5)] == \
+        [17, 81, 257, 5]
+    fixed = iter(DataLoader(build.dataset_of(padded[1]), batch_size=2))
+    assert {tuple(next(fixed)["input_ids"].shape) for _ in range(4)} == {(2, 32)}

@@ -54,6 +54,8 @@ def empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
          "Error: --seq-len-weights weighs the lengths of --seq-lens; give --seq-lens too"),
         (["--model", "hf:bert", "--seq-lens", "32,64", "--seq-len-weights", "1"],
          "Error: --seq-len-weights gives 1 weights for 2 lengths; give one per length of --seq-lens"),
+        (["--model", "hf:bert", "--set", "backend=inductor", "--set", "shapes=dynamic"],
+         "Error: shapes=dynamic serves sequence-length buckets with one compiled model; it needs --seq-lens"),
     ],
 )
 def test_each_mistake_is_one_line_exit_2_and_nothing_written(capsys: pytest.CaptureFixture[str], empty: Path,

@@ -92,3 +92,15 @@ def test_linear_int8_is_offered_to_models_whose_work_is_in_linear_layers() -> No
     assert "int8_dynamic" not in precision.choices and "int8" in precision.choices
     assert any("precision=int8_dynamic/int8_weight_only dropped" in note for note in cnn.notes)
     assert space_fit.for_model(loaded, linear_heavy=True) is loaded
+
+
+def test_shapes_is_searched_only_with_sequence_length_buckets() -> None:
+    from autotune.config import space, space_fit
+
+    loaded = space.load(space.find("default"))
+    assert loaded.get("shapes") is not None and loaded.get("shapes").choices == ("buckets", "dynamic")
+    assert space_fit.for_buckets(loaded, bucketed=True) is loaded
+    assert space_fit.for_buckets(loaded, bucketed=False).get("shapes") is None
+    with pytest.raises(ModelError, match="shapes=dynamic serves sequence-length buckets with one compiled model"):
+        resolve("resnet18").check_shapes("dynamic")
+    resolve("resnet18").check_shapes("buckets")  # the default: a model per shape is what compiling does anyway

@@ -64,12 +64,12 @@ def test_the_model_knobs_types_and_defaults_are_the_tables() -> None:
     from dataclasses import fields
     from typing import get_args
 
-    from autotune.child.knobs import KNOBS, MODEL_KNOBS, Backend, MemoryFormat, ModelKnobs, Precision
+    from autotune.child.knobs import KNOBS, MODEL_KNOBS, Backend, MemoryFormat, ModelKnobs, Precision, Shapes
 
     assert {f.name for f in fields(ModelKnobs)} == set(MODEL_KNOBS)
     assert {name: getattr(ModelKnobs(), name) for name in MODEL_KNOBS} == {n: KNOBS[n].default for n in MODEL_KNOBS}
-    assert [get_args(t) for t in (Backend, Precision, MemoryFormat)] == [
-        KNOBS["backend"].choices, KNOBS["precision"].choices, KNOBS["memory_format"].choices]
+    assert [get_args(t) for t in (Backend, Precision, MemoryFormat, Shapes)] == [
+        KNOBS["backend"].choices, KNOBS["precision"].choices, KNOBS["memory_format"].choices, KNOBS["shapes"].choices]
 
 
 def test_the_child_flags_take_the_knobs_values_and_the_protocol_defaults() -> None:

@@ -1,7 +1,7 @@
 """Sequence-length buckets for real: a tiny BERT folder searched at three lengths through the installed
-command, its winner exported with compiled artifacts, and examples/serve_text.py serving mixed lengths
-under `autotune run` with the one `apply` line, loading those artifacts; the bucketed model answers as
-eager for lengths inside, between and beyond the buckets."""
+command (shapes=buckets and shapes=dynamic), its winner exported with compiled artifacts, and
+examples/serve_text.py serving mixed lengths under `autotune run` with the one `apply` line, loading
+those artifacts; the bucketed model answers as eager for lengths inside, between and beyond the buckets."""
 
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ QUICK = ["--duration", "0.2", "--warmup", "1", "--warmup-time", "0", "--min-iter
 STUDY = "tiny-bert-sequence-classification-seq8-16-32-bs1-latency"
 
 
-def test_search_export_and_serve_mixed_lengths(tmp_path: Path, tiny_bert: Path) -> None:
+@pytest.mark.parametrize(("shapes", "packages"), [("buckets", 3), ("dynamic", 1)])  # one model per bucket, or one
+def test_search_export_and_serve_mixed_lengths(tmp_path: Path, tiny_bert: Path, shapes: str, packages: int) -> None:
     proc = autotune_cli(tmp_path, "search", "--model", f"hf:{tiny_bert}", "--seq-lens", "8,16,32",
                         "--seq-len-weights", "1,2,1", "--trials", "2", "--space", "quick", "--set", "backend=inductor",
-                        "--set", "instances=1", "--replicates", "1", "--confirm-top", "0", *QUICK)
+                        "--set", f"shapes={shapes}", "--set", "instances=1", "--replicates", "1", "--confirm-top", "0",
+                        *QUICK)
     assert proc.returncode == 0, proc.stderr
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY}.db")
     assert study.user_attrs["seq_lens"] == [8, 16, 32] and study.user_attrs["seq_len_weights"] == [0.25, 0.5, 0.25]
@@ -44,14 +46,17 @@ def test_search_export_and_serve_mixed_lengths(tmp_path: Path, tiny_bert: Path) 
     assert proc.returncode == 0, proc.stderr
     env = (tmp_path / "best.env").read_text()
     assert f"{buckets.SEQ_LENS_VAR}='8,16,32'" in env and "AUTOTUNE_BACKEND='inductor'" in env
+    assert f"AUTOTUNE_SHAPES='{shapes}'" in env
     compiled = sorted((tmp_path / "artifacts").glob("*.pt2"))
-    assert len(compiled) == 3  # one per bucket
+    assert len(compiled) == packages
 
     proc = autotune_cli(tmp_path, "run", "best.env", "--", sys.executable, str(ROOT / "examples" / "serve_text.py"),
                         "--model", f"hf:{tiny_bert}", "--lengths", "3-32", "--requests", "30", "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["configuration"] == "backend=inductor" and set(summary["buckets"]) <= {"8", "16", "32"}
+    configured = "backend=inductor shapes=dynamic" if shapes == "dynamic" else "backend=inductor"
+    assert summary["configuration"] == configured
+    assert set(summary["buckets"]) <= {"8", "16", "32"}
     assert sum(b["requests"] for b in summary["buckets"].values()) == 30
     assert sorted((tmp_path / "artifacts").glob("*.pt2")) == compiled  # loaded, none compiled again
     assert "warning" not in proc.stderr

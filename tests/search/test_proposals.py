@@ -320,7 +320,8 @@ def test_a_claim_reads_the_study_once_and_its_ask_once_more(tmp_path: Path, here
 
 
 def test_a_recipe_as_run_sets_every_knob_of_the_space_at_what_runs() -> None:
-    adapted = space_fit.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
+    bucketed = space_fit.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
+    adapted = space_fit.for_buckets(bucketed, bucketed=False)  # an image model's space: no `shapes`
     baseline = adapted.as_run(Config())
     assert baseline is not None and baseline.describe() == (
         "backend=eager mkldnn=off memory_format=contiguous precision=fp32 omp_threads=2 omp_runtime=gnu "
@@ -329,6 +330,8 @@ def test_a_recipe_as_run_sets_every_knob_of_the_space_at_what_runs() -> None:
     assert compiled is not None and compiled.describe() == (
         "backend=inductor memory_format=channels_last precision=int8 omp_threads=2 omp_runtime=gnu "
         "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")
+    with_buckets = bucketed.as_run(Config.from_mapping(recipes.COMPILE_INT8))  # --seq-lens: one model per length
+    assert with_buckets is not None and with_buckets.get("shapes") == "buckets"
     two = adapted.as_run(Config.from_mapping({"instances": 2}))
     assert two is not None and two.get("omp_threads") == 1  # all the cores an instance has
     small = space_fit.adapt(space.load(SPACE), 8, {})
@@ -414,7 +417,7 @@ def test_every_precision_and_layout_compiles_at_the_best_trials_threads(tmp_path
     ran = {pruning.compile_key(opened.space, space.config_of_params(t.params)) for t in trials}
     offered = opened.space.get("precision").choices  # type: ignore[union-attr]
     assert "int8_dynamic" not in offered  # a CNN: its work is not in Linear layers (space_fit.for_model)
-    assert {(p, m, threads[2]) for p in offered for m in ("contiguous", "channels_last")} <= ran
+    assert {(p, m, threads[2], "buckets") for p in offered for m in ("contiguous", "channels_last")} <= ran
     covering = [t for t in trials if str(t.user_attrs.get("proposed_by", "")).startswith("coverage")]
     assert covering and min(t.number for t in covering) > max(t.number for t in trials if t.user_attrs.get("recipe"))
 

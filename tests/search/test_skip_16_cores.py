@@ -35,7 +35,10 @@ NOISE = 0.03
 RECIPES = (("fp32", "channels_last"), ("bf16", "channels_last"), ("int8", "channels_last"))
 
 
-def true_ms(key: pruning.CompileKey) -> float:
+Key = tuple[str, str, int]  # precision, layout, threads: a pruning.CompileKey at shapes=buckets
+
+
+def true_ms(key: Key) -> float:
     precision, layout, threads = key
     serial = SERIAL[precision]
     return ONE_THREAD_MS[(precision, layout)] * (serial + (1 - serial) / threads) * (ALL_CORES if threads == CORES
@@ -46,7 +49,7 @@ KEYS = [(p, layout, t) for p, layout in ONE_THREAD_MS for t in range(1, CORES + 
 BEST_MS = min(true_ms(k) for k in KEYS)
 
 
-def compiled(key: pruning.CompileKey) -> Config:
+def compiled(key: Key) -> Config:
     precision, layout, threads = key
     return Config.from_mapping({"backend": "inductor", "memory_format": layout, "precision": precision,
                                 "omp_threads": threads})
@@ -72,12 +75,12 @@ def opened(rng: random.Random, disturbed: float = 1.0) -> optuna.Study:
     return study
 
 
-def replay(seed: int, proposals: int = 80) -> list[tuple[pruning.CompileKey, int | None]]:
+def replay(seed: int, proposals: int = 80) -> list[tuple[Key, int | None]]:
     """Each proposed key, and the best trial's threads when it was skipped (None: measured)."""
     rng = random.Random(seed)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = opened(rng)
-    decided: list[tuple[pruning.CompileKey, int | None]] = []
+    decided: list[tuple[Key, int | None]] = []
     for _ in range(proposals):
         key = rng.choice(KEYS)
         skip = pruning.skip_compile(study, HOST, "latency", compiled(key), HERE)
@@ -120,7 +123,7 @@ def test_a_disturbed_bf16_at_16_threads_no_longer_skips_every_bf16_key() -> None
     # with int8's layout step measured at 16 threads, bf16 contiguous at 16 is predicted from the
     # disturbed recipe, past 1.5x the best; it compiles all the same, at the best trial's threads
     measure(study, compiled(("int8", "contiguous", CORES)), true_ms(("int8", "contiguous", CORES)))
-    predicted = pruning.predict_compile(HOST, study.get_trials(), ("bf16", "contiguous", CORES), HERE)
+    predicted = pruning.predict_compile(HOST, study.get_trials(), ("bf16", "contiguous", CORES, "buckets"), HERE)
     best = pruning.evidence(HOST, study.get_trials(), HERE).best
     assert best is not None and best.threads == CORES
     assert predicted is not None and predicted.value > 1.5 * best.value
