@@ -173,14 +173,14 @@ def dynamic_shapes(example: Any, variadic: bool = False) -> Any:
 
 class Ranged:
     """The forward `apply` returns for `shapes=dynamic`: one model for every length up to the
-    largest bucket, each batch run at its own length; a longer one is refused as `Bucketed` refuses it."""
+    largest bucket, each batch run at its own length (the compiled model's `ShapeChecked` refuses a
+    longer one, as `Bucketed` does); `buckets` says which bucket a length falls in."""
 
     def __init__(self, forward: Callable[[Any], Any], lengths: Sequence[int]) -> None:
         self.forward = forward
         self.buckets = Buckets(tuple(lengths), (1.0 / len(lengths),) * len(lengths))
 
     def __call__(self, batch: Any) -> Any:
-        self.buckets.fitting(sequence_length(batch))
         return self.forward(batch)
 
 
