@@ -9,7 +9,7 @@ program must read the same rules as the harness and import nothing of it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from autotune.child import cpu, runtimes
@@ -163,6 +163,9 @@ MODEL_KNOBS = tuple(name for name, k in KNOBS.items() if k.model)
 # The settings of OpenVINO or ONNX Runtime alone (their condition names only those backends).
 PEER_KNOBS = tuple(name for name, k in KNOBS.items()
                    if any(other == "backend" and set(allowed) <= set(PEER_BACKENDS) for other, allowed in k.only_when))
+# A peer runtime's settings that place its work on the cores (the hint that sizes its streams, the
+# streams, pinning, the executor and its threads): every operation computes what it did without them.
+PLACEMENT_KNOBS = ("ov_hint", "ov_streams", "ov_pinning", "ort_execution", "ort_inter_threads")
 # Conditions of one value rather than of the whole knob: int8 is quantized through torch.export and
 # AOTInductor, or by a peer's own quantizer, so it needs a backend that quantizes. torchao's tensor
 # subclasses run in eager and through torch.export; TorchScript cannot trace int8_dynamic (an
@@ -268,6 +271,14 @@ class ModelKnobs:
     def one_shape(self) -> bool:
         """A compiled model that takes its example's shape alone: one per sequence-length bucket."""
         return self.compiled and self.shapes != "dynamic"
+
+    @property
+    def answers(self) -> str:
+        """What decides the answers the model gives, described: every model knob but a peer's
+        placement of its work (`PLACEMENT_KNOBS`). The process knobs (threads, OpenMP, allocator,
+        instances) are not model knobs: between thread counts only the order of a reduction's
+        additions differs, far below what the guard tolerates."""
+        return replace(self, **{name: getattr(ModelKnobs(), name) for name in PLACEMENT_KNOBS}).describe()
 
     def describe(self) -> str:
         changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}

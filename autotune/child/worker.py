@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.child import rounds
     from autotune.child.batches import explain
     from autotune.child.build import build, dataset_of, knobs_of
-    from autotune.child.errors import ApplyError
+    from autotune.child.errors import ApplyError, WrongAnswers
 
     found = rounds.buckets_of(args)
     parts = rounds.per_length(args, found, not knobs_of(args).one_shape)  # a stream per bucket, or the one
@@ -285,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             setup["warmup_s"] = time.perf_counter() - warmup_start
     except Exception as exc:  # the model's own failure is this configuration's result
         reason = str(exc) if isinstance(exc, ApplyError) else explain(exc)
-        write_json(args.result, {"status": "error", "reason": reason, "setup": setup})
+        # the guard's verdict on the converted model: every process that runs this model answers the same
+        write_json(args.result, {"status": "error", "reason": reason, "wrong_answers": isinstance(exc, WrongAnswers),
+                                 "setup": setup})
         remove_empty(kernels, new_from)
         return EXIT_BENCH_ERROR
     window = wait_for_go(args.ready_fd, args.duration)

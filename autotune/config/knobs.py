@@ -75,6 +75,11 @@ class Config:
             raw[name] = value
         return cls.from_mapping(raw)
 
+    @classmethod
+    def from_description(cls, described: str) -> Config:
+        """A configuration as `describe` wrote it ("defaults" for none)."""
+        return cls.from_assignments([] if described == "defaults" else described.split())
+
     def as_dict(self) -> dict[str, KnobValue]:
         return dict(self.values)
 
@@ -111,7 +116,7 @@ class Config:
 def identity_of(described: str) -> str:
     """`Config.identity` of a recorded description; a knob this autotune no longer knows keeps it as is."""
     try:
-        return Config.from_assignments([] if described == "defaults" else described.split()).identity()
+        return Config.from_description(described).identity()
     except ConfigError:
         return described
 

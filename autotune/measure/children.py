@@ -209,7 +209,8 @@ def collect(child: Child) -> InstanceResult:
     if child.forced_reason:
         return InstanceResult(index, False, child.forced_reason, code, tail)
     if payload is not None and payload.get("status") == "error":
-        return InstanceResult(index, False, str(payload.get("reason")), code, tail)
+        return InstanceResult(index, False, str(payload.get("reason")), code, tail,
+                              wrong_answers=payload.get("wrong_answers") is True)
     if code is not None and code < 0:
         return InstanceResult(index, False, f"crashed with {_signal_name(-code)}", code, tail)
     if code != 0:

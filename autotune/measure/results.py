@@ -23,6 +23,7 @@ class InstanceResult:
     returncode: int | None
     stderr_tail: str
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    wrong_answers: bool = False  # failed the guard against eager fp32: the converted model's verdict
 
     def percentile(self, q: float) -> float:
         return percentile(self.metrics["latencies_ms"], q)
@@ -151,7 +152,7 @@ def instance_summary(result: InstanceResult) -> dict[str, Any]:
         if "buckets" in m:  # sequence-length buckets: each one's median call, its calls and weight
             out["buckets"] = m["buckets"]
     else:
-        out["stderr_tail"] = result.stderr_tail
+        out.update(stderr_tail=result.stderr_tail, wrong_answers=result.wrong_answers)
     return out
 
 

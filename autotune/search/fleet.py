@@ -157,7 +157,8 @@ def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
         return worker.proposer.again(retry)
     held = pruning.held(worker.space, trials, worker.klass, worker.digest)
     cover = pruning.uncovered(worker.space, trials, worker.klass)
-    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held, cover)
+    wrong = records.wrong_models(trials, worker.digest, worker.klass)
+    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held, cover, wrong)
     waiting = undecided.pending(trials, worker.digest)
     if proposal is None and waiting:  # nothing else left: the noisy stops are measured again now
         return worker.proposer.again(waiting[0])

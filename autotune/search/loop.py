@@ -112,11 +112,7 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
             break  # the other workers run the trials left
         if claimed is None:
             _patiently(search, lambda: records.record_end(study, {"by": "space exhausted"}))
-            skipped = _patiently(search, lambda: records.not_compiled_configs(study.get_trials(deepcopy=False),
-                                                                              search.settings_digest))
-            more = f", and {skipped} more were not compiled, predicted to lose" if skipped else ""
-            return (f"every configuration of the space has run ({records.distinct_configs(study)} distinct, "
-                    f"baseline included{more}); widen the space (--space) to search further")
+            return _exhausted(search)
         trial_began = clock()
         try:
             with fleet.never_left_running(search.worker(), claimed.trial), storage.heartbeat(study, claimed.trial):
@@ -129,6 +125,20 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
                             claimed.trial.number))
     _patiently(search, lambda: records.record_end(study, {"by": "trials"}))
     return ""
+
+
+def _exhausted(search: Search) -> str:
+    """Why nothing is left to propose, with what was left out: compiles predicted to lose, and the
+    other configurations of models that gave wrong answers."""
+    trials = _patiently(search, lambda: search.study.get_trials(deepcopy=False))
+    skipped = records.not_compiled_configs(trials, search.settings_digest)
+    more = f", and {skipped} more were not compiled, predicted to lose" if skipped else ""
+    wrong = sorted(records.wrong_models(trials, search.settings_digest, search.klass).values())
+    if wrong:
+        more += (f", and no other configuration of the model{'s' if len(wrong) > 1 else ''} that gave wrong answers "
+                 f"in trial{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}")
+    return (f"every configuration of the space has run ({records.distinct_configs(search.study)} distinct, "
+            f"baseline included{more}); widen the space (--space) to search further")
 
 
 def _time_budget(request: SearchRequest) -> budget.TimeBudget | None:
@@ -333,6 +343,7 @@ def _unsaved(search: Search, trial: optuna.Trial, outcome: Outcome) -> dict[str,
             "reason": outcome.reason, "summary": measurement.summary() if measurement.ok else {},
             "cause": records.failure_cause(measurement) if not measurement.ok else (
                 records.UNDECIDED if outcome.undecided is not None else ""),
+            records.WRONG_ANSWERS: not measurement.ok and records.answered_wrong(measurement),
             "samples_ms": measurement.samples(), "runs": [run.summary() for run in measurement.runs]}
 
 

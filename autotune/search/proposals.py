@@ -6,7 +6,9 @@ leaves no trial behind. When it keeps proposing configurations that ran (TPE doe
 settled on a region), the next trial is the configuration nearest its last proposal that has not
 run: fewest knobs changed, ties broken at random. That keeps exploiting where the sampler points
 instead of spending a trial on a repeat. When every configuration of the space has run there is
-nothing to propose, and the search stops and says so.
+nothing to propose, and the search stops and says so. A configuration whose model gave wrong
+answers in an earlier trial (the guard's verdict, the same in every process that runs that model)
+is not proposed either: only the recipes run regardless, as named references.
 
 The copy shows the sampler every trial with every knob the space samples: the baseline and the
 recipes set few, and the rest run at their defaults (`_as_sampled`).
@@ -15,9 +17,9 @@ recipes set few, and the rest run at their defaults (`_as_sampled`).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import optuna
@@ -29,11 +31,12 @@ from autotune.child.envfile import value_text
 from autotune.config.knobs import KNOBS, Config, KnobValue
 from autotune.config.recipes import Recipe
 from autotune.config.space import BATCH_PARAM, SearchSpace, config_of_params, knob_of_param
-from autotune.study import storage
+from autotune.study import records, storage
 
 RETRIES = 8  # proposals asked of the sampler before taking the nearest configuration that has not run
 RANDOM_TRIES = 10_000  # a space too large to list: random draws looking for one that has not run
 Identity = tuple[str, int]  # (configuration as a user types it, batch size)
+Model = tuple[str, int]  # (what decides its answers, batch size): `records.model_of`
 COVERED = ("backend", "precision", "memory_format", "omp_threads")  # what a coverage proposal must keep
 
 
@@ -69,20 +72,23 @@ class Proposer:
         return len(self.batch_sizes) > 1
 
     def next(self, study: optuna.Study, trials: Sequence[FrozenTrial], measured: set[Identity],
-             cover: Sequence[tuple[Mapping[str, KnobValue], int]] = ()) -> Proposal | None:
+             cover: Sequence[tuple[Mapping[str, KnobValue], int]] = (),
+             wrong: Collection[Model] = ()) -> Proposal | None:
         """The next configuration to measure, or None when every one of the space has run: the
         recipes, then `cover` (configurations the search compiles before the sampler's next,
         `pruning.uncovered`), then the sampler's. `trials`: the study's, as the caller read them
-        (the sampler sees them, nothing reads again)."""
+        (the sampler sees them, nothing reads again). Beyond the recipes, nothing of a model in
+        `wrong` (`records.wrong_models`: it gave wrong answers) is proposed."""
         for recipe in self.recipes:
             proposal = self._recipe(recipe)
             if proposal.identity not in measured:
                 return proposal
+        is_open = partial(_open, measured=measured, wrong=wrong)
         for wanted, batch in cover:
             config = self.space.sample(_Preferring(wanted))
             if all(config.as_dict().get(k) == v for k, v in wanted.items() if k in COVERED):
                 proposal = self._fixed(config, batch, "coverage: a precision and layout at the best's threads")
-                if proposal.identity not in measured:
+                if is_open(proposal.config, proposal.batch):
                     return proposal
         last: Proposal | None = None
         # A sampler of its own: Optuna's samplers cache per study and refuse a second one; seeded
@@ -91,9 +97,9 @@ class Proposer:
         probe = _in_memory_copy(study.directions, trials, self.sampler(seed), self.space)
         for _ in range(RETRIES):
             last = self._ask(probe)
-            if last.identity not in measured:
+            if is_open(last.config, last.batch):
                 return last
-        return self._nearest_unmeasured(last, measured, len(trials))
+        return self._nearest_unmeasured(last, is_open, len(trials))
 
     def again(self, trial: FrozenTrial) -> Proposal:
         """A configuration that stopped on a noisy window (study/undecided.py), measured again as it
@@ -116,12 +122,13 @@ class Proposer:
             else self.batch_sizes[0]
         return Proposal(config, batch, dict(trial.params))
 
-    def _nearest_unmeasured(self, proposed: Proposal | None, measured: set[Identity], salt: int) -> Proposal | None:
+    def _nearest_unmeasured(self, proposed: Proposal | None, is_open: Callable[[Config, int], bool],
+                            salt: int) -> Proposal | None:
         rng = random.Random(f"{self.seed}-{salt}")
         configs = _listed(self.space)
         if configs is None:
-            return self._random_unmeasured(rng, measured)
-        candidates = [(c, b) for c in configs for b in self.batch_sizes if (c.identity(), b) not in measured]
+            return self._random_unmeasured(rng, is_open)
+        candidates = [(c, b) for c in configs for b in self.batch_sizes if is_open(c, b)]
         if not candidates:
             return None
         rng.shuffle(candidates)
@@ -130,17 +137,22 @@ class Proposer:
         config, batch = candidates[0]
         return self._fixed(config, batch, "nearest unmeasured")
 
-    def _random_unmeasured(self, rng: random.Random, measured: set[Identity]) -> Proposal | None:
+    def _random_unmeasured(self, rng: random.Random, is_open: Callable[[Config, int], bool]) -> Proposal | None:
         for _ in range(RANDOM_TRIES):
             config = self.space.sample(_RandomSuggester(rng))
             batch = rng.choice(self.batch_sizes)
-            if (config.identity(), batch) not in measured:
+            if is_open(config, batch):
                 return self._fixed(config, batch, "random unmeasured")
         return None
 
     def _fixed(self, config: Config, batch: int, origin: str) -> Proposal:
         params = self.space.params(config) | ({BATCH_PARAM: batch} if self.searches_batch else {})
         return Proposal(config, batch, params, origin=origin)
+
+
+def _open(config: Config, batch: int, measured: set[Identity], wrong: Collection[Model]) -> bool:
+    """Whether a configuration may be proposed: it has not run, and its model gave no wrong answers."""
+    return (config.identity(), batch) not in measured and (not wrong or records.model_of(config, batch) not in wrong)
 
 
 @lru_cache(maxsize=4)

@@ -16,10 +16,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.base.errors import INTERRUPTED_BY
-from autotune.config.knobs import identity_of
+from autotune.base.errors import INTERRUPTED_BY, ConfigError
+from autotune.config.knobs import Config, identity_of
 from autotune.measure.objectives import Metric
-from autotune.measure.plan import LaunchPlan
+from autotune.measure.plan import LaunchPlan, model_knobs
 from autotune.measure.replicates import Measurement
 from autotune.measure.results import STDERR_TAIL_CHARS, RunResult
 
@@ -35,6 +35,7 @@ LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fai
 SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predicted to lose
 SKIPPED_ON = "not_compiled_on"  # a skipped trial's: what its prediction read (pruning.Evidence.mark)
 HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
+WRONG_ANSWERS = "wrong_answers"  # a failed trial's: its converted model failed the guard (`wrong_models`)
 
 
 def baseline(study: optuna.Study, klass: str | None = None) -> FrozenTrial | None:
@@ -273,6 +274,38 @@ def record_failed_run(trial: optuna.Trial, measurement: Measurement) -> None:
     tail = next((i.stderr_tail for i in failed.instances if not i.ok and i.stderr_tail), "")
     record_failure(trial, measurement.reason, _run_cause(failed), tail)
     trial.set_user_attr("instances", failed.summary()["instances"])
+    if answered_wrong(measurement):
+        trial.set_user_attr(WRONG_ANSWERS, True)
+
+
+def answered_wrong(measurement: Measurement) -> bool:
+    """Whether a failed measurement's model failed the guard: an instance of its failed run answered
+    differently from eager fp32 (whatever stopped the others: the verdict is on the model)."""
+    return any(i.wrong_answers for i in next(r for r in measurement.runs if not r.ok).instances)
+
+
+def model_of(config: Config, batch: int) -> tuple[str, int]:
+    """(what decides its answers, batch size): configurations alike in both answer alike
+    (`ModelKnobs.answers`)."""
+    return model_knobs(config).answers, batch
+
+
+def wrong_models(trials: Sequence[FrozenTrial], digest: str, klass: str) -> dict[tuple[str, int], int]:
+    """`model_of` each model that gave wrong answers on this host class under these settings (the
+    tolerance, the calibration), and the first trial that showed it: a search proposes no other
+    configuration of it, as every process running it gets the same verdict."""
+    found: dict[tuple[str, int], int] = {}
+    for trial in sorted(trials, key=lambda t: t.number):
+        attrs = trial.user_attrs
+        if (trial.state != TrialState.FAIL or not attrs.get(WRONG_ANSWERS) or attrs.get("settings_digest") != digest
+                or attrs.get(HOST_CLASS, klass) != klass):
+            continue
+        try:
+            config = Config.from_description(str(attrs.get("config")))
+        except ConfigError:  # a knob this autotune no longer knows
+            continue
+        found.setdefault(model_of(config, int(attrs.get("batch_size", 0))), trial.number)
+    return found
 
 
 def _run_cause(failed: RunResult) -> str:
@@ -297,6 +330,8 @@ def restore_kept(study: optuna.Study, path: Path, max_latency_ms: float | None) 
     trial.set_user_attr("restored_from", str(path))
     if state == TrialState.FAIL:
         record_failure(trial, data["reason"], data.get("cause", ERROR))
+        if data.get(WRONG_ANSWERS) is True:
+            trial.set_user_attr(WRONG_ANSWERS, True)
     elif state == TrialState.PRUNED:
         record_pruned(trial, data["reason"])
     else:

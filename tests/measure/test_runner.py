@@ -94,6 +94,14 @@ def test_a_failing_child_is_a_failed_result(behaviour: str, reason: str) -> None
     assert no_children_left()
 
 
+def test_a_child_that_failed_the_guard_says_so_apart_from_its_reason() -> None:
+    wrong = run_plan(plan_of("wrong-answers"), timeout_s=60)
+    assert wrong.reason == "instance 0: wrong answers: max relative error 0.2 > tolerance 0.001"
+    assert wrong.instances[0].wrong_answers and wrong.summary()["instances"][0]["wrong_answers"] is True
+    assert not run_plan(plan_of("bench-error"), timeout_s=60).instances[0].wrong_answers
+    assert not run_plan(plan_of("crash-early"), timeout_s=60).instances[0].wrong_answers
+
+
 def test_crash_late_keeps_the_stderr_tail() -> None:
     result = run_plan(plan_of("crash-late"), timeout_s=60)
     assert "about to crash" in result.instances[0].stderr_tail

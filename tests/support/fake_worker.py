@@ -100,10 +100,13 @@ def main() -> None:
     if "--profile" in args:
         payload["profile"] = profiled(behaviour, int(args["--profile"]), args["--trace"])
     if behaviour == "bench-error":
-        payload = {"status": "error", "reason": "mkldnn: aten::foo has no mkldnn kernel"}
+        payload = {"status": "error", "reason": "mkldnn: aten::foo has no mkldnn kernel", "wrong_answers": False}
+    if behaviour == "wrong-answers":
+        payload = {"status": "error", "reason": "wrong answers: max relative error 0.2 > tolerance 0.001",
+                   "wrong_answers": True}
     with open(result, "w") as f:
         json.dump(payload, f)
-    sys.exit(3 if behaviour == "bench-error" else 0)
+    sys.exit(3 if payload["status"] == "error" else 0)
 
 
 if __name__ == "__main__":
