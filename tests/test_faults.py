@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
+import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from autotune.base import tempdirs
@@ -129,6 +130,27 @@ def test_a_truncated_study_is_damaged_too(damaged_study: Path, capsys: pytest.Ca
     code, _, err = run_cli(capsys, "export", "best.env")
     assert (code, err) == (2, f"Error: the study database {damaged_study.resolve()} is damaged (database disk "
                               "image is malformed); restore it from a copy or use another --study\n")
+
+
+def _full(statement: str) -> sqlalchemy.exc.OperationalError:
+    return sqlalchemy.exc.OperationalError(statement, {}, sqlite3.OperationalError("database or disk is full"))
+
+
+def test_a_full_disk_under_the_study_is_one_line_said_once(tmp_path: Path) -> None:
+    """A second storage failure while the first is handled (a rollback, a cleanup) has that error as
+    its context: the line is that error's, not wrapped again (a search that filled its disk printed
+    it three times over)."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    with pytest.raises(storage.StudyError) as caught, storage.storage_errors(url):
+        try:
+            with storage.storage_errors(url):
+                raise _full("INSERT INTO trials")
+        except storage.StudyError:
+            raise _full("ROLLBACK")  # noqa: B904  (its context: the error above)
+    assert str(caught.value) == (
+        f"the disk holding the study database {url} is full (database or disk is full); free space there "
+        "(`autotune cache --prune --older-than 1d` removes compiled models unused for a day) and run again: the "
+        "trials recorded so far are kept")
 
 
 PLAIN_ENV = """# autotune configuration: hand-written for a test

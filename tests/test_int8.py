@@ -275,3 +275,26 @@ def test_aotinductor_compiles_under_no_grad_whatever_the_callers_grad_mode(tmp_p
         convert._aot_compile(object(), tmp_path / "a.pt2")
         assert torch.is_grad_enabled()
     assert seen == [False]
+
+
+@pytest.mark.parametrize(("said", "expected"), [
+    ("CppCompileError: C++ compile error\n/usr/bin/ld: final link failed: No space left on device",
+     "AOTInductor could not compile the model: no space left on the disk of its build folder ({folder}) or of "
+     "TMPDIR; free space there and run again"),
+    ("CppCompileError: C++ compile error\nx.cpp:1: error: 'y' was not declared",
+     "AOTInductor could not compile the model (RuntimeError: CppCompileError: C++ compile error); check that a C++ "
+     "compiler is installed, or use backend=torchscript"),
+])
+def test_a_compile_that_ran_out_of_disk_says_so_not_that_the_compiler_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: str, expected: str) -> None:
+    import torch._inductor
+
+    from autotune.child import convert
+
+    def fail(exported: object, package_path: str, inductor_configs: object) -> None:
+        raise RuntimeError(said)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fail)
+    with pytest.raises(ApplyError) as caught:
+        convert._aot_compile(object(), tmp_path / "a.pt2")
+    assert str(caught.value) == expected.format(folder=tmp_path)

@@ -36,6 +36,7 @@ from autotune.child.knobs import LINEAR_INT8, PEER_KNOBS, QUANTIZED, ModelKnobs,
 # the same input; every int8 (`QUANTIZED`), the share of inputs whose top-1 answer may change, and
 # how far below 1 any input's cosine similarity may fall (quantize.agreement_guard).
 AGREEMENT_TOLERANCE = 1e-2
+NO_SPACE = "No space left on device"  # ENOSPC as the C library words it, in a compiler's or linker's output
 TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, **dict.fromkeys(QUANTIZED, AGREEMENT_TOLERANCE)}
 
 
@@ -300,6 +301,9 @@ def _aot_compile(exported: Any, tmp: Path) -> None:
             torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
                                                      inductor_configs={"freezing": True})
     except Exception as exc:
+        if NO_SPACE in str(exc):  # the compiler's own output, inside inductor's error: not a missing compiler
+            raise ApplyError(f"AOTInductor could not compile the model: no space left on the disk of its build "
+                             f"folder ({tmp.parent}) or of TMPDIR; free space there and run again") from exc
         raise ApplyError(f"AOTInductor could not compile the model ({explain(exc)}); "
                          f"check that a C++ compiler is installed, or use backend=torchscript") from exc
 

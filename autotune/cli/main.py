@@ -11,6 +11,7 @@ The commands live by what they are about: `cmd_machine.py`, `cmd_search.py`, `cm
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 from typing import NoReturn
@@ -81,11 +82,26 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = _fail(str(exc), EXIT_USAGE)
     except RunFailed as exc:
         code = _fail(str(exc), EXIT_FAILED)
+    except OSError as exc:
+        if "--debug" in args:
+            raise
+        full = _disk_full(exc)
+        code = _fail(full, EXIT_FAILED) if full else _fail(crash.error_line(exc, args), EXIT_INTERNAL)
     except Exception as exc:  # a bug or an unexpected outside failure: one line naming its report, unless --debug
         if "--debug" in args:
             raise
         code = _fail(crash.error_line(exc, args), EXIT_INTERNAL)
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def _disk_full(exc: OSError) -> str:
+    """A full disk (or quota) is the machine's state, not a bug: what to free, instead of a crash report
+    that could not be written there either."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return (f"no space left on the disk{where}; free space there (`autotune cache` shows what compiled models "
+            "take, `autotune cache --prune --older-than 1d` removes those unused for a day) and run again")
 
 
 def _help_hint(exc: click.ClickException) -> str:

@@ -55,18 +55,22 @@ COMPILE_INT8 = {**COMPILE, "precision": "int8"}
 
 
 # Each runtime at its own defaults (OpenVINO's LATENCY hint, ONNX Runtime's full graph optimization),
-# and OpenVINO's int8 through NNCF where int8 is offered (as the expert int8 recipe).
+# then OpenVINO's bf16 inference precision where the CPU has bf16 (as the expert bf16 recipe; OpenVINO
+# does not always pick it by itself: on an AVX-512 EPYC without AMX its defaults ran fp32) and its int8
+# through NNCF where int8 is offered (as the expert int8 recipe).
 PEERS = {"openvino": "OpenVINO defaults (LATENCY hint)", "onnxruntime": "ONNX Runtime defaults"}
+PEER_BF16 = {"openvino": "OpenVINO bf16"}
 PEER_INT8 = {"openvino": "OpenVINO int8 (NNCF)"}
 
 
-def peer_recipes(installed: Mapping[str, bool], int8: bool) -> list[Recipe]:
+def peer_recipes(installed: Mapping[str, bool], bf16: bool, int8: bool) -> list[Recipe]:
     """The peer recipes of the runtimes installed here (`installed`: backend -> its packages are)."""
     found = []
     for backend in (b for b in PEER_BACKENDS if installed.get(b, False)):
         found.append(Recipe(PEERS[backend], Config.from_mapping({"backend": backend})))
-        if int8 and backend in PEER_INT8:
-            found.append(Recipe(PEER_INT8[backend], Config.from_mapping({"backend": backend, "precision": "int8"})))
+        for offered, names, precision in ((bf16, PEER_BF16, "bf16"), (int8, PEER_INT8, "int8")):
+            if offered and backend in names:
+                found.append(Recipe(names[backend], Config.from_mapping({"backend": backend, "precision": precision})))
     return found
 
 
@@ -84,7 +88,7 @@ def recipes(topology: Topology, objective: str, bf16: bool, int8: bool = False,
     if int8:
         experts.append(Recipe("compile+int8+channels_last", Config.from_mapping(COMPILE_INT8)))
     found = []
-    for group in (peer_recipes(installed or {}, int8), experts):
+    for group in (peer_recipes(installed or {}, bf16, int8), experts):
         found += group + ([_per_node(r, topology) for r in group] if objective != "latency" else [])
     return found
 

@@ -32,6 +32,7 @@ LOCK_WAIT_S = 120.0  # how long a write waits for a study database another proce
 LOCK_PAUSE_S = (0.5, 5.0)  # first and longest pause between two attempts (doubling in between)
 LOCKED = ("database is locked", "database table is locked")
 DAMAGED = ("malformed", "file is not a database", "database disk image")
+FULL = ("database or disk is full", "No space left on device", "Disk quota exceeded")
 WAITING = "note: waiting for the study database (locked by another process)"
 T = TypeVar("T")
 # A running trial's autotune writes a heartbeat this often; a RUNNING trial without one for
@@ -87,6 +88,9 @@ def storage_errors(url: str) -> Iterator[None]:
                          f"is not installed; install it into autotune's environment, or use "
                          f"postgresql+psycopg://user@host/db (setup.sh installs psycopg)") from None
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError) as exc:
+        root = _root(exc)
+        if isinstance(root, StudyError):  # raised inside, then a cleanup failed: already said, not again
+            raise root from None
         raise storage_error(url, _root_reason(exc)) from None
 
 
@@ -95,6 +99,10 @@ def storage_error(url: str, reason: str) -> StudyError:
         where = url[len(SQLITE):] if url.startswith(SQLITE) else shown(url)
         return StudyError(f"the study database {where} is damaged ({reason}); restore it from a copy or use "
                           "another --study")
+    if any(mark in reason for mark in FULL):
+        return StudyError(f"the disk holding the study database {shown(url)} is full ({reason}); free space there "
+                          "(`autotune cache --prune --older-than 1d` removes compiled models unused for a day) and "
+                          "run again: the trials recorded so far are kept")
     if any(mark in reason for mark in LOCKED):
         return StudyLocked(f"the study database {shown(url)} is locked by another process ({reason}); close what "
                            "holds it (optuna-dashboard, sqlite3) and rerun")

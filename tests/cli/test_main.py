@@ -3,6 +3,7 @@ an internal error is one `Error:` line naming its saved traceback, exit code 3."
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import stat
@@ -259,3 +260,18 @@ def test_a_knob_of_one_runtime_set_with_another_backend_is_one_line_and_writes_n
                              *RUNS[command])
     assert (code, out, err) == (2, "", message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_is_exit_1_and_one_line_saying_what_to_free_with_no_crash_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "/srv/studies/tmp/run-1")
+
+    monkeypatch.setattr(display, "knobs", full)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, out, err = run_cli(capsys, "knobs")
+    assert (code, out) == (EXIT_FAILED, "")
+    assert err == ("Error: no space left on the disk writing /srv/studies/tmp/run-1; free space there (`autotune "
+                   "cache` shows what compiled models take, `autotune cache --prune --older-than 1d` removes those "
+                   "unused for a day) and run again\n")
+    assert not list(tmp_path.iterdir())  # no crash report: this is no bug

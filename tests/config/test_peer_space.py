@@ -118,22 +118,31 @@ def test_a_peer_recipe_as_run_sets_its_runtime_s_knobs_at_their_defaults_and_no_
     assert "ort_inter_threads" not in full.describe() and "omp_runtime" not in full.describe()
 
 
-@pytest.mark.parametrize(("objective", "int8", "installed", "expected"), [
-    ("latency", True, {"openvino": True, "onnxruntime": True},
+@pytest.mark.parametrize(("objective", "bf16", "int8", "installed", "expected"), [
+    ("latency", False, True, {"openvino": True, "onnxruntime": True},
      ["OpenVINO defaults (LATENCY hint)", "OpenVINO int8 (NNCF)", "ONNX Runtime defaults", "seed"]),
-    ("latency", False, {"openvino": True, "onnxruntime": False}, ["OpenVINO defaults (LATENCY hint)", "seed"]),
-    ("latency", True, None, ["seed"]),
-    ("throughput", False, {"onnxruntime": True},
+    ("latency", True, True, {"openvino": True, "onnxruntime": True},
+     ["OpenVINO defaults (LATENCY hint)", "OpenVINO bf16", "OpenVINO int8 (NNCF)", "ONNX Runtime defaults", "seed"]),
+    ("latency", False, False, {"openvino": True, "onnxruntime": False}, ["OpenVINO defaults (LATENCY hint)", "seed"]),
+    ("latency", True, True, None, ["seed"]),
+    ("throughput", True, False, {"onnxruntime": True},
      ["ONNX Runtime defaults", "ONNX Runtime defaults, one instance per node", "seed"]),
+    ("throughput", True, False, {"openvino": True},
+     ["OpenVINO defaults (LATENCY hint)", "OpenVINO bf16", "OpenVINO defaults (LATENCY hint), one instance per node",
+      "OpenVINO bf16, one instance per node", "seed"]),
 ])
 def test_peer_recipes_come_first_where_their_runtime_is_installed(
-        objective: str, int8: bool, installed: dict[str, bool] | None, expected: list[str]) -> None:
-    found = recipes.recipes(lscpu("xeon_2s_ht"), objective, False, int8, installed)
+        objective: str, bf16: bool, int8: bool, installed: dict[str, bool] | None, expected: list[str]) -> None:
+    found = recipes.recipes(lscpu("xeon_2s_ht"), objective, bf16, int8, installed)
     assert [r.name for r in found][:len(expected)] == expected
     assert [r.peer for r in found][:len(expected)] == [True] * (len(expected) - 1) + [False]
     by_name = {r.name: r.config.describe() for r in found}
     assert by_name.get("OpenVINO int8 (NNCF)", "backend=openvino precision=int8") == "backend=openvino precision=int8"
-    if objective == "throughput":
+    assert by_name.get("OpenVINO bf16", "backend=openvino precision=bf16") == "backend=openvino precision=bf16"
+    if objective == "throughput" and bf16 and (installed or {}).get("openvino"):
+        assert by_name["OpenVINO bf16, one instance per node"] == (
+            "backend=openvino precision=bf16 omp_threads=4 instances=2")
+    if objective == "throughput" and (installed or {}).get("onnxruntime"):
         assert by_name["ONNX Runtime defaults, one instance per node"] == (
             "backend=onnxruntime omp_threads=4 instances=2")
 
@@ -145,5 +154,9 @@ def test_peer_recipes_run_where_the_space_offers_them() -> None:
                                           "ONNX Runtime defaults"]
     kept, note = recipes.fitting(found, adapted(int8=False))
     assert "OpenVINO int8 (NNCF) (precision=int8)" in note
+    bf16 = recipes.recipes(lscpu("xeon_2s_ht"), "latency", True, False, {"openvino": True})
+    assert "OpenVINO bf16" in [r.name for r in recipes.fitting(bf16, adapted())[0]]
+    kept, note = recipes.fitting(bf16, adapted(bf16=False))  # a CPU without bf16: the space does not offer it
+    assert "OpenVINO bf16" not in [r.name for r in kept] and "OpenVINO bf16 (precision=bf16)" in note
     kept, note = recipes.fitting(found, space_fit.adapt(space.load(space.find("quick")), 4, EVERYTHING))
     assert not any(r.peer for r in kept) and "ONNX Runtime defaults (backend=onnxruntime)" in note
