@@ -15,12 +15,12 @@ search recorded for the exported trial: within 10% or not (the issue's Done-when
 Everything goes to OUT/transformers.json after each part; each objective's markdown, ready for
 benchmarks/RESULTS.md, goes to OUT/<objective>.md and stdout (benchmarks/transformers_report.py).
 
-Time: a BERT-base inductor compile takes about a minute per length per configuration on 2 cores, so
-a 50-trial search at three lengths takes several hours (4-5 h with its confirmation), the side by
-side (about six contenders, six rounds, each a fresh process compiling three lengths) 1-2 h more:
-about 6 h per objective, 12 h for both.
+Time and disk, batch 1 latency on the 2-core AVX-512 EPYC (2026-12-05): the 50-trial search 31 min,
+its confirmation 12, the export 2, the side by side (six contenders, five rounds) 14, the replay 2:
+about 1 h. Batch 8 takes longer. The compiled models the search keeps (studies/cache under OUT) took
+23 GB for that one objective: give it 25 GB free per objective.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --out /tmp/bert-buckets       # both: ~12 h
+    PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --objectives latency --rounds 5 --out /tmp/bert-buckets
     PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --objectives latency --trials 20
     PYTHONPATH=. .venv/bin/python -c "from pathlib import Path; from tests.support.hf import save_tiny_bert; \\
         save_tiny_bert(Path('/tmp/tinybench/tiny'))"
