@@ -149,8 +149,8 @@ def test_a_full_disk_under_the_study_is_one_line_said_once(tmp_path: Path) -> No
             raise _full("ROLLBACK")  # noqa: B904  (its context: the error above)
     assert str(caught.value) == (
         f"the disk holding the study database {url} is full (database or disk is full); free space there "
-        "(`autotune cache --prune --older-than 1d` removes compiled models unused for a day) and run again: the "
-        "trials recorded so far are kept")
+        "(`autotune cache` shows what compiled models take, `autotune cache --prune --older-than 1d` removes those "
+        "unused for a day) and run again: the trials recorded so far are kept")
 
 
 PLAIN_ENV = """# autotune configuration: hand-written for a test

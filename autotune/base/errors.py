@@ -29,6 +29,9 @@ class RunFailed(Exception):
     """A measurement that ran and failed (exit code 1): not the user's input, but not a success."""
 
 
+# What to do about a full disk, wherever autotune meets one (the CLI, the study storage).
+FREE_DISK = ("free space there (`autotune cache` shows what compiled models take, `autotune cache --prune "
+             "--older-than 1d` removes those unused for a day)")
 INTERRUPTED_BY = "interrupted by"  # how every trial cut short by a stop from outside begins its reason
 SIGNAL_CAUSES = {"SIGINT": "the user (Ctrl-C)", "SIGTERM": "SIGTERM (asked to stop)",
                  "SIGHUP": "SIGHUP (the terminal closed)"}

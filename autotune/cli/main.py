@@ -19,7 +19,7 @@ from typing import NoReturn
 import click
 
 from autotune.base import tempdirs
-from autotune.base.errors import AutotuneError, Interrupted, RunFailed
+from autotune.base.errors import FREE_DISK, AutotuneError, Interrupted, RunFailed
 from autotune.child.errors import ApplyError
 from autotune.cli import cmd_machine, cmd_result, cmd_search, crash
 from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
@@ -100,8 +100,7 @@ def _disk_full(exc: OSError) -> str:
     if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
         return ""
     where = f" writing {exc.filename}" if exc.filename else ""
-    return (f"no space left on the disk{where}; free space there (`autotune cache` shows what compiled models "
-            "take, `autotune cache --prune --older-than 1d` removes those unused for a day) and run again")
+    return f"no space left on the disk{where}; {FREE_DISK} and run again"
 
 
 def _help_hint(exc: click.ClickException) -> str:

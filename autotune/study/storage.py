@@ -20,7 +20,7 @@ import optuna
 import sqlalchemy.exc
 from optuna.trial import TrialState
 
-from autotune.base.errors import AutotuneError
+from autotune.base.errors import FREE_DISK, AutotuneError
 
 NAME_LENGTH = 100
 NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_LENGTH - 1}}}$")
@@ -100,8 +100,7 @@ def storage_error(url: str, reason: str) -> StudyError:
         return StudyError(f"the study database {where} is damaged ({reason}); restore it from a copy or use "
                           "another --study")
     if any(mark in reason for mark in FULL):
-        return StudyError(f"the disk holding the study database {shown(url)} is full ({reason}); free space there "
-                          "(`autotune cache --prune --older-than 1d` removes compiled models unused for a day) and "
+        return StudyError(f"the disk holding the study database {shown(url)} is full ({reason}); {FREE_DISK} and "
                           "run again: the trials recorded so far are kept")
     if any(mark in reason for mark in LOCKED):
         return StudyLocked(f"the study database {shown(url)} is locked by another process ({reason}); close what "
