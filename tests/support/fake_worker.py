@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from autotune.child.worker import symbol_owner
+from autotune.child.worker import die_with_parent, symbol_owner
 
 # With `--profile K`: per-call self and total CPU microseconds and calls of made-up ops, by
 # behaviour, reported as totals over the K calls the way the real child does.
@@ -49,6 +49,7 @@ def main() -> None:
         behaviour = behaviour.removesuffix("-when-held") if "--hold" in sys.argv else "ok"
     args = dict(zip(sys.argv[2::2], sys.argv[3::2], strict=False))  # `--hold`, a flag, comes last
     result, ready_fd = args["--result"], int(args["--ready-fd"])
+    die_with_parent(int(args.get("--parent-pid", "-1")))  # as the real child: a killed autotune leaves no fake behind
     if behaviour == "crash-early":
         os.kill(os.getpid(), signal.SIGSEGV)
     if behaviour in ("helper-left", "grandchild-hang"):  # the first succeeds, as a child that skips teardown may
