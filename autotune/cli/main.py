@@ -82,15 +82,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = _fail(str(exc), EXIT_USAGE)
     except RunFailed as exc:
         code = _fail(str(exc), EXIT_FAILED)
-    except OSError as exc:
-        if "--debug" in args:
-            raise
-        full = _disk_full(exc)
-        code = _fail(full, EXIT_FAILED) if full else _fail(crash.error_line(exc, args), EXIT_INTERNAL)
     except Exception as exc:  # a bug or an unexpected outside failure: one line naming its report, unless --debug
         if "--debug" in args:
             raise
-        code = _fail(crash.error_line(exc, args), EXIT_INTERNAL)
+        full = _disk_full(exc) if isinstance(exc, OSError) else ""
+        code = _fail(full, EXIT_FAILED) if full else _fail(crash.error_line(exc, args), EXIT_INTERNAL)
     sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
