@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.child import deploy, hf, quantize, references
 from autotune.child.batches import call, explain, leaves
-from autotune.child.buckets import Buckets, middle
+from autotune.child.buckets import Buckets
 from autotune.child.deploy import Deployment
 from autotune.child.errors import LOAD_FAILED, ApplyError
 from autotune.child.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
@@ -104,21 +104,24 @@ class SyntheticTokens:
         return self.items[index % len(self.items)]
 
 
-class MiddleTokens:
+class SpreadTokens:
     """Text inputs for a model that takes any length, standing for a bucket's requests: the first
-    batch (the example a dynamic model is exported and guarded at) `longest` tokens long, every
-    later one `middle` (`buckets.middle`), so that timed samples all have one length."""
+    batch `longest` tokens long (the example a dynamic model is exported and guarded at), then batches
+    cycling through `lengths` (`buckets.spread`), so that a round's sweep holds one of each."""
 
-    def __init__(self, longest: int, middle: int, tokens: hf.Tokens, batch_size: int, pool: int = 8,
+    def __init__(self, longest: int, lengths: tuple[int, ...], tokens: hf.Tokens, batch_size: int, pool: int = 8,
                  seed: int = 0) -> None:
-        self.batch_size = batch_size
-        self.first, self.rest = (SyntheticTokens(n, tokens, pool, seed) for n in (longest, middle))
+        self.batch_size, self.lengths = batch_size, lengths
+        self.first = SyntheticTokens(longest, tokens, pool, seed)
+        self.pools = {length: SyntheticTokens(length, tokens, pool, seed) for length in lengths}
 
     def __len__(self) -> int:
         return 1 << 30
 
     def __getitem__(self, index: int) -> Any:
-        return (self.first if index < self.batch_size else self.rest)[index]
+        if index < self.batch_size:
+            return self.first[index]
+        return self.pools[self.lengths[(index // self.batch_size - 1) % len(self.lengths)]][index]
 
 
 class SavedInputs:
@@ -169,13 +172,14 @@ def example_count(loaded: Any, path: str = "the example inputs") -> int:
 
 def dataset_of(args: argparse.Namespace, pool: int = 8, seed: int = 0) -> Any:
     """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model, after the
-    first batch of the middle length of its bucket where `rounds.per_length` says so (`shortest`)."""
+    first batch cycling over the lengths spread across its bucket where `rounds.per_length` says so
+    (`lengths`)."""
     shape = tuple(int(n) for n in args.item_shape.split("x"))
     text = hf.is_source(args.model) and not args.example_inputs
     tokens = hf.token_inputs(args.model, args.task) if text else None
-    shortest = getattr(args, "shortest", shape[0])
-    if tokens is not None and shortest < shape[0]:
-        return MiddleTokens(shape[0], middle(shortest, shape[0]), tokens, args.batch_size, pool, seed)
+    lengths = tuple(getattr(args, "lengths", shape[:1]))
+    if tokens is not None and lengths != shape[:1]:
+        return SpreadTokens(shape[0], lengths, tokens, args.batch_size, pool, seed)
     return dataset_for(shape, args.example_inputs, pool, seed, tokens)
 
 

@@ -1,7 +1,8 @@
 """The measuring child with sequence-length buckets (`--seq-lens`): one input stream per bucket (of
-its length, or of its requests' middle length for a model that takes any length), one model per length
-where the configuration compiles one shape (`ModelKnobs.one_shape`), and the rounds that `timing`
-times (`buckets.Round`, one batch of each bucket; its sample is the buckets' weighted mean).
+its length, or cycling over lengths spread across its requests for a model that takes any length), one
+model per length where the configuration compiles one shape (`ModelKnobs.one_shape`), and the rounds
+that `timing` times (`buckets.Round`, a sweep over each bucket's lengths; its sample is the buckets'
+weighted mean).
 
 Each length is built as a child of its own length would build it (`per_length`), through the same
 `build` and so the same `autotune.apply`: what a bucket measured is what `apply` serves for it.
@@ -13,7 +14,7 @@ import argparse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from autotune.child.buckets import Buckets, Mixed, Round
+from autotune.child.buckets import Buckets, Mixed, Round, spread
 
 # Set-up figures of the buckets' builds, combined into the trial's: times add up, the guard's worst counts.
 WORST = {"max_rel_err": max, "top1_agreement": min, "min_cosine": min}
@@ -24,25 +25,28 @@ def buckets_of(args: argparse.Namespace) -> Buckets | None:
 
 
 def per_length(args: argparse.Namespace, found: Buckets | None, any_length: bool = False) -> list[argparse.Namespace]:
-    """The child's arguments for each bucket: its token inputs that long, or, for a model that takes
-    any length (`any_length`: eager, shapes=dynamic), timed at the middle of the bucket's requests, from
-    the token after the bucket below (`shortest`, `buckets.middle`): such a model runs each request at
-    its own length, where a model per bucket pads it. Without buckets, the child's own arguments."""
+    """The child's arguments for each bucket: its token inputs that long (`lengths`: the bucket's own),
+    or, for a model that takes any length (`any_length`: eager, shapes=dynamic), the lengths spread over
+    the bucket's requests, from the token after the bucket below (`buckets.spread`): such a model runs
+    each request at its own length, where a model per bucket pads it. Without buckets, the child's own
+    arguments."""
     if found is None:
         return [args]
     floors = (0, *found.lengths[:-1])
     return [argparse.Namespace(**{**vars(args), "item_shape": str(length),
-                                  "shortest": floor + 1 if any_length else length})
+                                  "lengths": spread(floor + 1, length) if any_length else (length,)})
             for floor, length in zip(floors, found.lengths, strict=True)]
 
 
-def rounds(streams: Sequence[Iterator[Any]]) -> Iterator[Any]:
-    """The batches timed: one stream's, or rounds of one batch of each bucket's stream."""
-    if len(streams) == 1:
+def rounds(streams: Sequence[Iterator[Any]], sweeps: Sequence[int] = ()) -> Iterator[Any]:
+    """The batches timed: without buckets, the one stream's; with them, rounds of a sweep over each
+    bucket's lengths (`sweeps[i]` batches of stream i, the lengths it cycles through, in order)."""
+    if not sweeps:
         yield from streams[0]
         return
     while True:
-        yield Round(tuple(next(stream) for stream in streams))
+        yield Round(tuple(tuple(next(stream) for _ in range(count))
+                          for stream, count in zip(streams, sweeps, strict=True)))
 
 
 Build = Callable[[argparse.Namespace, Any, dict[str, Any]], Callable[[Any], Any]]
@@ -55,14 +59,14 @@ def build_mixed(parts: list[argparse.Namespace], examples: list[Any], found: Buc
     length): built once, on the largest example, and called at every length."""
     if not one_shape:
         forward = build(parts[-1], examples[-1], setup)
-        return Mixed([forward] * len(parts), found, parts[0].batch_size)
+        return Mixed([forward] * len(parts), found, parts[0].batch_size, [part.lengths for part in parts])
     forwards: list[Callable[[Any], Any]] = []
     each: dict[str, dict[str, Any]] = {}
     for part, example, length in zip(parts, examples, found.lengths, strict=True):
         each[str(length)] = {}
         forwards.append(build(part, example, each[str(length)]))
     setup.update(combined(list(each.values())), buckets=each)
-    return Mixed(forwards, found, parts[0].batch_size)
+    return Mixed(forwards, found, parts[0].batch_size, [part.lengths for part in parts])
 
 
 def combined(setups: list[dict[str, Any]]) -> dict[str, Any]:

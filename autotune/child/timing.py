@@ -61,8 +61,9 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
         cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
         time.sleep(max(window.start - time.monotonic(), 0.0))
         start = time.monotonic()
-        checks = GiveUpChecks(start, args.give_up_after, args.give_up_iterations, args.give_up_above_ms)
-        while time.monotonic() < window.end or len(latencies_ms) < args.min_iterations:
+        every_n = samples(args.give_up_iterations, forward)
+        checks = GiveUpChecks(start, args.give_up_after, every_n, args.give_up_above_ms)
+        while time.monotonic() < window.end or len(latencies_ms) < samples(args.min_iterations, forward):
             t_fetch = time.perf_counter()
             batch = next(batches)
             latency_ms, served = one_sample(forward, batch)
@@ -80,6 +81,14 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
     if isinstance(forward, Mixed):
         result["buckets"] = forward.summary()
     return result | checks.verdict()
+
+
+def samples(calls: int, forward: Any) -> int:
+    """Samples that hold `calls` calls of each model (`--min-iterations`, `--give-up-iterations`): a
+    round over buckets whose sweeps hold several lengths (a model that takes any length) makes that
+    many calls per bucket, and its sample is their mean."""
+    per_sample = forward.sweep if isinstance(forward, Mixed) else 1
+    return -(-calls // per_sample)
 
 
 def one_sample(forward: Any, batch: Any) -> tuple[float, float]:

@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ) for part in parts]
     streams = [iter(loader) for loader in loaders]
     examples = [next(stream) for stream in streams]
-    batches = rounds.rounds(streams)
+    batches = rounds.rounds(streams, [len(part.lengths) for part in parts] if found else [])
     try:
         say_phase(args.ready_fd, "building")
 

@@ -126,7 +126,7 @@ def bench_result(data: Mapping[str, Any]) -> None:
     out.print(table)
     for inst in result["instances"]:
         if inst.get("buckets"):
-            each = ", ".join(f"{length} tokens {b['latency_p50_ms']:.2f} ({b['weight']:.0%})"
+            each = ", ".join(f"{length} tokens {b['latency_p50_ms']:.2f} ({b['weight']:.0%}{spread_text(length, b)})"
                              for length, b in inst["buckets"].items())
             out.print(f"instance {inst['index']}, per bucket (p50 ms, share of requests): {each}; "
                       f"its p50 is of the rounds' weighted means")
@@ -136,6 +136,13 @@ def bench_result(data: Mapping[str, Any]) -> None:
             if not inst["ok"] and inst.get("stderr_tail"):
                 out.print(f"--- instance {inst['index']} output (tail) ---")
                 out.print(inst["stderr_tail"].rstrip(), markup=False)
+
+
+def spread_text(bucket: str, recorded: Mapping[str, Any]) -> str:
+    """Where a bucket was timed at lengths spread over its requests (a model that takes any length),
+    which: their mean is the bucket's figure."""
+    lengths = recorded.get("lengths") or [int(bucket)]
+    return "" if lengths == [int(bucket)] else f"; mean of {'/'.join(map(str, lengths))} tokens"
 
 
 def knobs(all_knobs: Iterable[Knob]) -> None:

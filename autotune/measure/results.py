@@ -149,7 +149,7 @@ def instance_summary(result: InstanceResult) -> dict[str, Any]:
                    setup_peak_rss_mb=m["setup_peak_rss_mb"], peak_rss_note=m.get("peak_rss_note", ""),
                    samples=len(m["latencies_ms"]), window=m.get("window"), window_s=m["window_s"],
                    late_start_s=m.get("late_start_s"), setup=m.get("setup", {}), runtime=m.get("runtime", {}))
-        if "buckets" in m:  # sequence-length buckets: each one's median call, its calls and weight
+        if "buckets" in m:  # sequence-length buckets: each one's median sweep, its sweeps, lengths and weight
             out["buckets"] = m["buckets"]
     else:
         out.update(stderr_tail=result.stderr_tail, wrong_answers=result.wrong_answers)

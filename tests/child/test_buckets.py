@@ -179,7 +179,7 @@ def test_a_round_over_buckets_is_one_sample_weighted_by_the_buckets_shares() -> 
         return forward
 
     mixed = buckets.Mixed([slow(spent[8]), slow(spent[16])], buckets.Buckets.parse("8,16", "3,1"), batch_size=2)
-    rounds = iter([buckets.Round((tokens(8), tokens(16)))] * 100)
+    rounds = iter([buckets.Round(((tokens(8),), (tokens(16),)))] * 100)
     args = argparse.Namespace(min_iterations=5, give_up_after=0.0, give_up_iterations=1, give_up_above_ms=())
     now = timing.time.monotonic()
     result = timing.timed_loop(args, mixed, rounds, timing.Window(now, now))
@@ -188,7 +188,41 @@ def test_a_round_over_buckets_is_one_sample_weighted_by_the_buckets_shares() -> 
     assert all(weighted <= sample <= weighted * 1.5 + 1 for sample in result["latencies_ms"])
     # the stream of 3:1 requests serves 2 items per `weighted` ms, whatever the round's wall time
     assert result["items"] / sum(result["iterations_ms"]) * 1e3 == pytest.approx(2 / weighted * 1e3, rel=0.2)
-    assert result["buckets"]["8"]["calls"] == 5 and result["buckets"]["16"]["latency_p50_ms"] >= 10
+    assert result["buckets"]["8"]["sweeps"] == 5 and result["buckets"]["16"]["latency_p50_ms"] >= 10
+    assert result["buckets"]["8"]["lengths"] == [8]
+
+
+def test_a_sweep_times_a_bucket_at_the_mean_of_its_lengths() -> None:
+    """A model that takes any length is timed at lengths spread over the bucket, every one in each
+    sample: the bucket's figure is their mean call, and the stream's items count every call."""
+    def by_length(batch: Any) -> Any:  # 0.5 ms a token
+        deadline = timing.time.perf_counter() + buckets.sequence_length(batch) * 0.0005
+        while timing.time.perf_counter() < deadline:
+            pass
+        return batch
+
+    mixed = buckets.Mixed([by_length], buckets.Buckets.parse("16"), batch_size=2, spreads=[(4, 12)])
+    rounds = iter([buckets.Round(((tokens(4), tokens(12)),))] * 100)
+    args = argparse.Namespace(min_iterations=12, give_up_after=0.0, give_up_iterations=1, give_up_above_ms=())
+    now = timing.time.monotonic()
+    result = timing.timed_loop(args, mixed, rounds, timing.Window(now, now))
+    assert len(result["latencies_ms"]) == 6  # --min-iterations counts the model's calls: 2 a sample
+    assert all(4.0 <= sample <= 6.0 + 1 for sample in result["latencies_ms"])  # the mean of 2 and 6 ms
+    # two calls a round, each of 2 items: a stream of such requests serves 2 items per 4 ms
+    assert result["items"] == pytest.approx(6 * 2 * 2, rel=0.3)
+    assert result["buckets"]["16"] | {"latency_p50_ms": 0} == {"latency_p50_ms": 0, "sweeps": 6, "lengths": [4, 12],
+                                                                  "weight": 1.0}
+
+
+def test_the_lengths_that_stand_for_a_bucket_are_the_middles_of_equal_parts() -> None:
+    assert buckets.spread(1, 32) == (5, 13, 21, 29)
+    assert buckets.spread(33, 128) == (45, 69, 93, 117)
+    assert buckets.spread(129, 384) == (161, 225, 289, 353)
+    assert buckets.spread(5, 5) == (5,) and buckets.spread(1, 2) == (1, 2)
+    assert buckets.spread(1, 3, count=8) == (1, 2, 3)
+    # the midpoint rule: for a cost linear in the length, their mean is the mean over every length
+    lengths = buckets.spread(129, 384)
+    assert sum(lengths) / len(lengths) == pytest.approx(sum(range(129, 385)) / 256, abs=0.5)
 
 
 @pytest.mark.parametrize("positional", [False, True])
@@ -208,3 +242,18 @@ def test_dynamic_shapes_fit_the_module_torch_export_is_given(positional: bool, v
     args, kwargs = batches.split(batch)
     exported = torch.export.export(module, args, kwargs, dynamic_shapes=buckets.dynamic_shapes(batch, variadic))
     assert [str(r) for r in exported.range_constraints.values()] == ["VR[1, 32]"]
+
+
+def test_a_round_interleaves_the_buckets_as_a_stream_mixes_them() -> None:
+    """A short request after a long one costs more than after another short one: a round calls the
+    first length of each bucket, then the second of each, so each bucket is timed among the others."""
+    called: list[int] = []
+
+    def record(batch: Any) -> Any:
+        called.append(buckets.sequence_length(batch))
+        return batch
+
+    mixed = buckets.Mixed([record, record], buckets.Buckets.parse("8,32"), batch_size=1, spreads=[(2, 6), (12, 24)])
+    outputs = mixed(buckets.Round(((tokens(2), tokens(6)), (tokens(12), tokens(24)))))
+    assert called == [2, 12, 6, 24]
+    assert [[buckets.sequence_length(o) for o in each] for each in outputs] == [[2, 6], [12, 24]]

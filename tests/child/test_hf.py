@@ -151,10 +151,11 @@ def test_transformers_is_an_extra_that_setup_installs() -> None:
     assert hf.INSTALL == "pip install 'autotune[transformers]'"
 
 
-def test_a_model_that_takes_any_length_is_timed_at_the_middle_of_each_bucket(tiny_bert: Path) -> None:
+def test_a_model_that_takes_any_length_is_timed_at_lengths_spread_over_each_bucket(tiny_bert: Path) -> None:
     """Eager and shapes=dynamic run a request at its own length, where a model per bucket pads it to
-    the bucket: after one batch of the bucket's length (the example), their streams hold the middle
-    of the bucket's requests, from the token after the bucket below."""
+    the bucket: after one batch of the bucket's length (the example), their streams cycle over the
+    lengths that stand for the bucket's requests, from the token after the bucket below, and a round
+    holds one batch of each (a sweep)."""
     from torch.utils.data import DataLoader
 
     from autotune.child import buckets, rounds
@@ -162,12 +163,29 @@ def test_a_model_that_takes_any_length_is_timed_at_the_middle_of_each_bucket(tin
     args = child_args(f"hf:{tiny_bert}", 32, "--seq-lens", "8,32", "--batch-size", "2")
     found = rounds.buckets_of(args)
     padded = rounds.per_length(args, found)
-    assert [(p.item_shape, p.shortest) for p in padded] == [("8", 8), ("32", 32)]
+    assert [(p.item_shape, p.lengths) for p in padded] == [("8", (8,)), ("32", (32,))]
     spread = rounds.per_length(args, found, any_length=True)
-    assert [(p.item_shape, p.shortest) for p in spread] == [("8", 1), ("32", 9)]
+    assert [(p.item_shape, p.lengths) for p in spread] == [("8", (2, 4, 6, 8)), ("32", (12, 18, 24, 30))]
     stream = iter(DataLoader(build.dataset_of(spread[1]), batch_size=2))
-    assert [tuple(next(stream)["input_ids"].shape) for _ in range(4)] == [(2, 32), (2, 21), (2, 21), (2, 21)]
-    assert [buckets.middle(1, 32), buckets.middle(33, 128), buckets.middle(129, 384), buckets.middle(5, 5)] == \
-        [17, 81, 257, 5]
+    assert [tuple(next(stream)["input_ids"].shape) for _ in range(6)] == \
+        [(2, 32), (2, 12), (2, 18), (2, 24), (2, 30), (2, 12)]
     fixed = iter(DataLoader(build.dataset_of(padded[1]), batch_size=2))
     assert {tuple(next(fixed)["input_ids"].shape) for _ in range(4)} == {(2, 32)}
+    streams = [iter(DataLoader(build.dataset_of(part), batch_size=2)) for part in spread]
+    for stream in streams:
+        next(stream)  # the examples
+    first = next(rounds.rounds(streams, [len(part.lengths) for part in spread]))
+    assert isinstance(first, buckets.Round)
+    assert [[buckets.sequence_length(b) for b in sweep] for sweep in first.sweeps] == [[2, 4, 6, 8], [12, 18, 24, 30]]
+
+
+def test_one_bucket_is_timed_in_rounds_too(tiny_bert: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from autotune.child import buckets, rounds
+
+    args = child_args(f"hf:{tiny_bert}", 16, "--seq-lens", "16")
+    parts = rounds.per_length(args, rounds.buckets_of(args))
+    stream = iter(DataLoader(build.dataset_of(parts[0]), batch_size=1))
+    assert isinstance(next(rounds.rounds([stream], [1])), buckets.Round)
+    assert not isinstance(next(rounds.rounds([stream])), buckets.Round)

@@ -38,3 +38,16 @@ def test_the_buckets_builds_combine_into_one_setup_record() -> None:
             {"compile_s": 3.0, "max_rel_err": 1e-4, "min_cosine": 0.99, "artifact_hit": True, "model": "m"}]
     assert rounds.combined(each) == {"compile_s": 5.0, "max_rel_err": 1e-4, "min_cosine": 0.99,
                                      "artifact_hit": False, "model": "m"}
+
+
+def test_bench_says_which_lengths_stood_for_a_bucket(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import display
+
+    instance = {"index": 0, "buckets": {
+        "8": {"latency_p50_ms": 1.5, "sweeps": 4, "lengths": [8], "weight": 0.5},
+        "32": {"latency_p50_ms": 4.25, "sweeps": 4, "lengths": [12, 18, 24, 30], "weight": 0.5}}}
+    ok = {"ok": True, "latency_p50_ms": 2.9, "latency_p90_ms": 3.0, "throughput_ips": 340.0, "peak_rss_mb": 100.0}
+    display.bench_result({"result": ok | {"instances": [ok | instance | {"samples": 4}]}})
+    out = " ".join(capsys.readouterr().out.split())
+    assert "8 tokens 1.50 (50%)," in out
+    assert "32 tokens 4.25 (50%; mean of 12/18/24/30 tokens)" in out
