@@ -6,11 +6,12 @@ For each objective (batch 1 latency, batch 8 throughput): a fresh `autotune sear
 per length, its figure the weighted mean over the lengths), `autotune export best.env --artifacts`,
 then side by side as benchmarks/peers.py does it (each contender a fresh `autotune bench` process
 per round, in a balanced random order): the defaults, every expert recipe the study ran, and the
-exported winner. Then the replay: examples/serve_text.py serving requests of lengths drawn
-uniformly up to the largest bucket, once as eager PyTorch (its times grouped by the same buckets)
+exported winner. Then the replay: examples/serve_text.py serving requests of lengths spread evenly
+up to the largest bucket in a random order, once as eager PyTorch (its times grouped by the same buckets)
 and once under `autotune run best.env` (the one `apply` line: the exported artifacts, each request
-padded to the smallest bucket that holds it). Each bucket's served p50 is set against the p50 the
-search recorded for the exported trial: within 10% or not (the issue's Done-when).
+padded to the smallest bucket that holds it). Each bucket's served mean is set against the figure
+the search recorded for the exported trial (the p50 of its rounds, each round's bucket time the mean
+over the lengths that stand for the bucket): within 10% or not (the issue's Done-when).
 
 Everything goes to OUT/transformers.json after each part; each objective's markdown, ready for
 benchmarks/RESULTS.md, goes to OUT/<objective>.md and stdout (benchmarks/transformers_report.py).
@@ -133,8 +134,8 @@ def replay(args: argparse.Namespace, part: dict[str, Any]) -> dict[str, Any]:
 
 
 def served(folder: Path, command: list[str], log: str) -> dict[str, Any]:
-    """serve_text.py's summaries (one per instance under `autotune run`), each bucket's p50 the
-    median over the instances."""
+    """serve_text.py's summaries (one per instance under `autotune run`), each bucket's p50 and mean
+    the median over the instances."""
     peers.say(f"{folder.name}: $ {shlex.join(command)} (log: {folder / log})")
     done = subprocess.run(command, cwd=folder, env=peers.cli_env(folder), capture_output=True, text=True,
                           check=False, stdin=subprocess.DEVNULL)
@@ -147,7 +148,8 @@ def served(folder: Path, command: list[str], log: str) -> dict[str, Any]:
     for summary in summaries:
         for bucket, found in summary["buckets"].items():
             seen.setdefault(bucket, []).append(found)
-    buckets = {b: {"p50_ms": stats.median([f["p50_ms"] for f in each]), "requests": sum(f["requests"] for f in each)}
+    buckets = {b: {"p50_ms": stats.median([f["p50_ms"] for f in each]),
+                   "mean_ms": stats.median([f["mean_ms"] for f in each]), "requests": sum(f["requests"] for f in each)}
                for b, each in seen.items()}
     return {"ok": True, "exit": 0, "configuration": summaries[0]["configuration"], "instances": len(summaries),
             "ready_s": max(s["ready_s"] for s in summaries), "buckets": buckets, "summaries": summaries}
