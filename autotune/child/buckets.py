@@ -156,9 +156,9 @@ SPREAD = 4  # lengths a bucket's requests are timed at, for a model that takes a
 def spread(shortest: int, longest: int, count: int = SPREAD) -> tuple[int, ...]:
     """The lengths that stand for a bucket's requests (`shortest`..`longest` tokens, taken as spread
     evenly) for a model that takes any length (eager, shapes=dynamic): the middles of `count` equal
-    parts of the range, so that their mean cost is the bucket's mean request cost (the midpoint rule)
-    however uneven the cost is from one length to the next. A model per bucket pads every request to
-    `longest`, so it is timed there alone."""
+    parts of the range, so that their mean cost is the bucket's mean request cost by the midpoint rule
+    (exact for a cost linear in the length, close for a smooth one). A model per bucket pads every
+    request to `longest`, so it is timed there alone."""
     if shortest >= longest:
         return (longest,)
     span = longest - shortest + 1
