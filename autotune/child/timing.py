@@ -61,9 +61,9 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
         cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
         time.sleep(max(window.start - time.monotonic(), 0.0))
         start = time.monotonic()
-        every_n = samples(args.give_up_iterations, forward)
+        every_n, needed = samples(args.give_up_iterations, forward), samples(args.min_iterations, forward)
         checks = GiveUpChecks(start, args.give_up_after, every_n, args.give_up_above_ms)
-        while time.monotonic() < window.end or len(latencies_ms) < samples(args.min_iterations, forward):
+        while time.monotonic() < window.end or len(latencies_ms) < needed:
             t_fetch = time.perf_counter()
             batch = next(batches)
             latency_ms, served = one_sample(forward, batch)
