@@ -40,6 +40,7 @@ import peers_report
 
 from autotune.child.envfile import read as read_env
 from autotune.child.knobs import PEER_BACKENDS
+from autotune.measure.results import bucket_p50s
 from autotune.search.confirm import schedule
 from autotune.study import storage
 
@@ -272,7 +273,7 @@ def bench(args: argparse.Namespace, folder: Path, source: list[str], objective: 
     ok = bool(result.get("ok"))
     return {"ok": ok, "value": result.get(metric) if ok else None, "reason": str(result.get("reason", ""))[:KEPT],
             "exit": done.returncode, "p90_ms": result.get("latency_p90_ms"), "peak_rss_mb": result.get("peak_rss_mb"),
-            "buckets": peers_report.bucket_p50s(result.get("instances", [])) if ok else {},
+            "buckets": bucket_p50s(result.get("instances", [])) if ok else {},
             "instances": len(result.get("instances", []))}
 
 

@@ -71,15 +71,6 @@ def versus_peers(values: list[list[float | None]], peers: list[int], winner: int
             "best_by_median": labels[best] if best is not None else None, "against_best": paired(fixed)}
 
 
-def bucket_p50s(instances: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Per sequence-length bucket, the median over the instances of its p50 ms ({} without buckets)."""
-    seen: dict[str, list[float]] = {}
-    for instance in instances:
-        for length, bucket in (instance.get("buckets") or {}).items():
-            seen.setdefault(length, []).append(float(bucket["latency_p50_ms"]))
-    return {length: stats.median(p50s) for length, p50s in seen.items()}
-
-
 def markdown(found: dict[str, Any], part: dict[str, Any]) -> str:
     lower = part["objective"] == "latency"
     unit = "p50 ms" if lower else "items/s"

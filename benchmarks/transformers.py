@@ -10,8 +10,9 @@ exported winner. Then the replay: examples/serve_text.py serving requests of len
 up to the largest bucket in a random order, once as eager PyTorch (its times grouped by the same buckets)
 and once under `autotune run best.env` (the one `apply` line: the exported artifacts, each request
 padded to the smallest bucket that holds it). Each bucket's served mean is set against the figure
-the search recorded for the exported trial (the p50 of its rounds, each round's bucket time the mean
-over the lengths that stand for the bucket): within 10% or not (the issue's Done-when).
+the search measured for the exported trial (the median of its p50s over the confirmation's rounds,
+each a fresh process; the search trial's own p50 where the confirmation did not run it; a bucket's
+time the mean over the lengths that stand for it): within 10% or not (the issue's Done-when).
 
 Everything goes to OUT/transformers.json after each part; each objective's markdown, ready for
 benchmarks/RESULTS.md, goes to OUT/<objective>.md and stdout (benchmarks/transformers_report.py).
@@ -50,7 +51,8 @@ import transformers_report
 
 from autotune.child.buckets import BucketError, Buckets
 from autotune.measure import stats
-from autotune.study import storage
+from autotune.measure.results import bucket_p50s
+from autotune.study import confirmations, storage
 
 SERVE = peers.REPO / "examples" / "serve_text.py"
 ARTIFACTS = "artifacts"  # the export's compiled models, one per bucket, which the replay's `apply` loads
@@ -113,13 +115,20 @@ def experts(study: dict[str, Any]) -> list[peers.Contender]:
 
 
 def measured(folder: Path, export_exit: int) -> dict[str, Any]:
-    """The exported trial's p50 at each bucket, as the search recorded it."""
+    """The exported trial's p50 at each bucket: the median over its confirmation's rounds (each a
+    fresh process, interleaved with the baseline and the references), or the search trial's one
+    process where the confirmation did not run it."""
     number = peers.exported_number(folder) if export_exit == 0 else None
     if number is None:
-        return {"trial": None, "buckets": {}}
-    trials = storage.find_study(folder / "studies", None, None).get_trials(deepcopy=False)
-    record = next((t.user_attrs for t in trials if t.number == number), {})
-    return {"trial": number, "buckets": peers_report.bucket_p50s(record.get("instances", []))}
+        return {"trial": None, "buckets": {}, "source": ""}
+    study = storage.find_study(folder / "studies", None, None)
+    verdict = study.user_attrs.get("confirmation") or {}
+    confirmed = confirmations.buckets_of(verdict, number) if verdict else {}
+    if confirmed:
+        return {"trial": number, "buckets": confirmed, "source": f"its {verdict['rounds']} confirmation rounds"}
+    record = next((t.user_attrs for t in study.get_trials(deepcopy=False) if t.number == number), {})
+    return {"trial": number, "buckets": bucket_p50s(record.get("instances", [])),
+            "source": "its search trial"}
 
 
 def replay(args: argparse.Namespace, part: dict[str, Any]) -> dict[str, Any]:

@@ -70,8 +70,9 @@ def replay(found: dict[str, Any], part: dict[str, Any]) -> list[str]:
              f"(spread evenly, random order), "
              f"batch {part['batch_size']}", "",
              "| bucket | eager p50 ms (requests) | apply p50 ms (requests) | apply over eager (p50) | apply mean ms "
-             f"| search's measured ms (trial {trial}) | side by side: winner's ms | served mean / measured "
-             f"| within {TOLERANCE:.0%} |", "|---|---|---|---|---|---|---|---|---|"]
+             f"| measured ms (trial {trial}, {measured.get('source') or 'its search trial'}) "
+             f"| side by side: winner's ms | served mean / measured | within {TOLERANCE:.0%} |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for length in map(str, found["lengths"]):
         served, eager_p50, mean = of(applied, length), of(eager, length), of(applied, length, "mean_ms")
         wanted = measured["buckets"].get(length)
@@ -83,7 +84,8 @@ def replay(found: dict[str, Any], part: dict[str, Any]) -> list[str]:
     lines += ["", served_line("eager", eager), served_line("apply", applied),
               "- apply over eager: eager p50 / apply p50 (above 1: apply is faster); eager runs each request at its "
               "own length, apply pads it to its bucket (shapes=dynamic: runs it at its own length); measured: the "
-              "search's p50 for the bucket, a model that takes any length timed at four lengths spread over it "
+              "exported trial's p50 for the bucket (the median over its confirmation's rounds where it ran in "
+              "them), a model that takes any length timed at four lengths spread over it "
               "(their mean, the mean request's cost); served mean / measured: what the stream's requests in the "
               "bucket cost on average against it"]
     return lines

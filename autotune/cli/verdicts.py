@@ -37,6 +37,8 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
     which = int(verdict.get("number", 1))
     out.print(confirmations.heading(verdict["significant"], which, which) + verdict["message"],
               markup=False, soft_wrap=True)
+    if per_bucket := confirmations.buckets_sentence(verdict, confirmations.recommended(verdict)):
+        out.print(per_bucket, markup=False, soft_wrap=True)
     if "host" in verdict:
         out.print(f"measured on host {verdict['host']} (host class {verdict['host_class']})", markup=False,
                   soft_wrap=True)

@@ -171,9 +171,10 @@ def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> lis
     if confirmations.recommended(confirmation) != number:
         return [f"# note: confirmation chose trial {confirmations.recommended(confirmation)}; this file is "
                 f"trial {number}"]
-    if confirmation["significant"]:
-        return [f"# confirmed: {confirmation['message']}"]
-    return [f"# baseline exported: {confirmation['message']}"]
+    said = [f"# confirmed: {confirmation['message']}" if confirmation["significant"]
+            else f"# baseline exported: {confirmation['message']}"]
+    per_bucket = confirmations.buckets_sentence(confirmation, number)
+    return said + ([f"# {per_bucket}"] if per_bucket else [])
 
 
 def _shared_env(envs: list[dict[str, str]]) -> dict[str, str]:

@@ -6,7 +6,7 @@ Aggregated metrics exist only when every instance succeeded; a failure is a resu
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,6 +57,11 @@ class RunResult:
         spans = [span_s(i.metrics) for i in self.instances]
         longest = max(spans, default=0.0)
         return sum(float(i.metrics["items"]) for i in self.instances) / longest if longest > 0 else 0.0
+
+    @property
+    def bucket_p50s_ms(self) -> dict[str, float]:
+        """Per sequence-length bucket, the median over the instances of its p50 ms ({} without buckets)."""
+        return bucket_p50s([i.metrics for i in self.instances])
 
     @property
     def peak_rss_mb(self) -> float:
@@ -154,6 +159,16 @@ def instance_summary(result: InstanceResult) -> dict[str, Any]:
     else:
         out.update(stderr_tail=result.stderr_tail, wrong_answers=result.wrong_answers)
     return out
+
+
+def bucket_p50s(instances: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per sequence-length bucket, the median over `instances` (each one's metrics or summary, with
+    its `buckets`) of the bucket's p50 ms ({} without buckets)."""
+    seen: dict[str, list[float]] = {}
+    for instance in instances:
+        for length, bucket in (instance.get("buckets") or {}).items():
+            seen.setdefault(length, []).append(float(bucket["latency_p50_ms"]))
+    return {length: median(p50s) for length, p50s in seen.items()}
 
 
 def combine(results: tuple[InstanceResult, ...], wall_s: float,

@@ -19,7 +19,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -69,6 +69,7 @@ class RoundRun:
     p90_ms: float | None
     reason: str = ""
     wall_s: float | None = None
+    buckets: Mapping[str, float] = field(default_factory=dict)  # per sequence-length bucket, its p50 ms
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, tim
 def _round_run(result: RunResult, metric: Metric) -> RoundRun:
     if not result.ok:
         return RoundRun(None, None, result.reason, result.wall_s)
-    return RoundRun(metric_value(result, metric), result.latency_p90_ms, wall_s=result.wall_s)
+    return RoundRun(metric_value(result, metric), result.latency_p90_ms, wall_s=result.wall_s,
+                    buckets=result.bucket_p50s_ms)
 
 
 def paired(reference: Sequence[float | None], candidate: Sequence[float | None], metric: Metric,
@@ -220,6 +222,7 @@ def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | 
         "baseline_median": _median([v for v in reference if v is not None]),
         "baseline_failed_runs": sum(v is None for v in reference),
         "baseline_process_wall_s": _process_wall(measured.runs[0]) if measured else None,
+        "baseline_buckets": _buckets(measured.runs[0]) if measured else {},
         "winner_trial": best["trial"] if best else base.number,
         "recommended_trial": against_recipe.recommended(best["trial"], versus, versus_peer) if best else base.number,
         "against_recipe": versus, "against_peer": versus_peer,
@@ -321,6 +324,17 @@ def _process_wall(runs: Sequence[RoundRun]) -> float | None:
     return round(stats.median(walls), 3) if walls else None
 
 
+def _buckets(runs: Sequence[RoundRun]) -> dict[str, float]:
+    """Per sequence-length bucket, the median over the rounds of its p50 ms ({} without buckets):
+    what a deployment of this contender should serve each bucket at, measured in the same rounds as
+    the verdict rather than in the trial's one process."""
+    seen: dict[str, list[float]] = {}
+    for run in runs:
+        for length, p50 in run.buckets.items():
+            seen.setdefault(length, []).append(p50)
+    return {length: round(stats.median(p50s), 4) for length, p50s in seen.items()}
+
+
 def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float | None], metric: Metric,
          min_effect: float, max_latency_ms: float | None) -> dict[str, Any]:
     """One candidate's line of the verdict; only a candidate whose every run succeeded within the
@@ -328,7 +342,7 @@ def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float
     ran = [r.value for r in runs if r.value is not None]
     row: dict[str, Any] = {"trial": trial.number, "config": trial.user_attrs.get("config"),
                            "failed_runs": len(runs) - len(ran), "median": _median(ran),
-                           "process_wall_s": _process_wall(runs),
+                           "process_wall_s": _process_wall(runs), "buckets": _buckets(runs),
                            "status": "ok", "reason": "", "speedup": None, "ci": None, "ci_label": None,
                            "ci_coverage": None, "p_value": None, "significant": False}
     row.update(_disqualified(runs, max_latency_ms))

@@ -55,3 +55,23 @@ def recommended(verdict: Mapping[str, Any]) -> int:
     with (the simpler) or that is faster, or the peer that is faster (search/against_recipe.py); a
     verdict from before recipes were compared recommends its winner."""
     return int(verdict.get("recommended_trial", verdict["winner_trial"]))
+
+
+def buckets_of(verdict: Mapping[str, Any], trial: int) -> dict[str, float]:
+    """Per sequence-length bucket, trial `trial`'s p50 ms over the verdict's rounds ({} when the
+    verdict did not run it, or ran no buckets): the baseline, a candidate, or the expert recipe or
+    peer it was compared with."""
+    if trial == verdict.get("baseline_trial"):
+        return dict(verdict.get("baseline_buckets") or {})
+    rows = [*verdict.get("candidates", []),
+            *(found["against_baseline"] for kind in ("against_recipe", "against_peer")
+              if (found := verdict.get(kind)) and "against_baseline" in found)]
+    return next((dict(row.get("buckets") or {}) for row in rows if row.get("trial") == trial), {})
+
+
+def buckets_sentence(verdict: Mapping[str, Any], trial: int) -> str:
+    """'trial 18 per bucket, median p50 over the 10 rounds: 32 tokens 9.05 ms, ...' ('' without
+    buckets): the speed a deployment of `trial` should serve each bucket at."""
+    found = buckets_of(verdict, trial)
+    return (f"trial {trial} per bucket, median p50 over the {verdict['rounds']} rounds: "
+            + ", ".join(f"{length} tokens {ms:.2f} ms" for length, ms in found.items())) if found else ""

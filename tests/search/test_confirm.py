@@ -12,6 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.cli import verdicts
 from autotune.config.knobs import Config
 from autotune.deploy import export
 from autotune.host.machine import Machine
@@ -269,3 +270,53 @@ def test_a_study_confirmed_before_verdicts_were_kept_counts_its_one() -> None:
     assert confirmations.count(legacy) == 1 and confirmations.number(legacy) == 1
     assert confirmations.which(legacy) == "confirmation 1 of 1"
     assert confirmations.heading(True, 1, 1) == "Confirmed: "
+
+
+def with_buckets(result: RunResult, count: int) -> RunResult:
+    """`result` as a run of a model timed at buckets 32 and 128: each bucket's p50 a share of the run's
+    median that changes from round to round (`count`), so that the verdict's figure is a median over rounds."""
+    p50 = result.latency_p50_ms
+    buckets = {"32": {"latency_p50_ms": p50 * (0.2 + 0.01 * count), "sweeps": 10, "lengths": [32], "weight": 1.0},
+               "128": {"latency_p50_ms": p50 * (0.8 + 0.01 * count), "sweeps": 10, "lengths": [128], "weight": 1.0}}
+    instance = dataclasses.replace(result.instances[0], metrics={**result.instances[0].metrics, "buckets": buckets})
+    return dataclasses.replace(result, instances=(instance,))
+
+
+def test_the_verdict_keeps_each_contenders_bucket_times_over_its_rounds(tmp_path: Path, here: Machine,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Per bucket, the median over the rounds of each run's p50: the speed a deployment of the winner
+    should serve each bucket at, which export writes and the confirmation prints."""
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    calls = Counter[str]()
+
+    def bucketed(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        calls[plan.config.describe()] += 1
+        return with_buckets(slow_intel(plan, timeout_s), calls[plan.config.describe()])
+
+    verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=one_by_one(bucketed))
+    winner = verdict["winner_trial"]
+    row = next(r for r in verdict["candidates"] if r["trial"] == winner)
+    # The winner's runs had a median of 50.35 ms, its bucket shares 0.21-0.26 and 0.81-0.86 over six rounds.
+    assert row["buckets"] == {"32": pytest.approx(50.35 * 0.235, rel=1e-3),
+                              "128": pytest.approx(50.35 * 0.835, rel=1e-3)}
+    assert verdict["baseline_buckets"]["128"] == pytest.approx(100.35 * 0.835, rel=1e-3)
+    assert confirmations.buckets_of(verdict, winner) == row["buckets"]
+    assert confirmations.buckets_of(verdict, verdict["baseline_trial"]) == verdict["baseline_buckets"]
+    said = f"trial {winner} per bucket, median p50 over the 6 rounds: 32 tokens 11.83 ms, 128 tokens 42.04 ms"
+    assert f"# {said}" in export.render(result, export.pick_trial(result, None)).splitlines()
+    assert confirmations.recommended(verdict) == winner
+    verdicts.confirmation(verdict)
+    assert said in capsys.readouterr().out.splitlines()
+
+
+def test_a_reference_that_was_not_a_candidate_has_its_bucket_times_from_its_own_row() -> None:
+    verdict = {"rounds": 10, "baseline_trial": 0, "baseline_buckets": {"32": 20.0}, "candidates": [
+        {"trial": 5, "buckets": {"32": 9.0}}], "against_recipe": {"against_baseline": {"trial": 8, "buckets": {
+            "32": 12.5, "128": 30.0}}}, "against_peer": None}
+    assert confirmations.buckets_of(verdict, 8) == {"32": 12.5, "128": 30.0}
+    assert confirmations.buckets_of(verdict, 3) == {}  # not run in these rounds
+    assert confirmations.buckets_sentence(verdict, 8) == (
+        "trial 8 per bucket, median p50 over the 10 rounds: 32 tokens 12.50 ms, 128 tokens 30.00 ms")
+    assert confirmations.buckets_sentence({**verdict, "candidates": [{"trial": 5}]}, 5) == ""  # a study without buckets
