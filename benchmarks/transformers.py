@@ -12,7 +12,10 @@ and once under `autotune run best.env` (the one `apply` line: the exported artif
 padded to the smallest bucket that holds it). Each bucket's served mean is set against the figure
 the search measured for the exported trial (the median of its p50s over the confirmation's rounds,
 each a fresh process; the search trial's own p50 where the confirmation did not run it; a bucket's
-time the mean over the lengths that stand for it): within 10% or not (the issue's Done-when).
+time the mean over the lengths that stand for it): within 10% or not (the issue's Done-when). One
+replay against one figure cannot show 10% on a machine whose speed drifts more than that; for the
+served speed paired with the measured one over rounds, run benchmarks/served_vs_measured.py on OUT's
+export folder.
 
 Everything goes to OUT/transformers.json after each part; each objective's markdown, ready for
 benchmarks/RESULTS.md, goes to OUT/<objective>.md and stdout (benchmarks/transformers_report.py).
