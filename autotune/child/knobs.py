@@ -174,6 +174,9 @@ VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = {
     ("precision", "bf16"): (("backend", ("eager", "torchscript", "inductor", "openvino")),),
     ("precision", "int8"): (("backend", ("inductor", *PEER_BACKENDS)),),
     **{("precision", value): (("backend", ("eager", "inductor")), ("weight_cache", ("off",))) for value in LINEAR_INT8},
+    # OpenVINO's runtime frees memory the preloaded malloc did not allocate ("free(): invalid pointer",
+    # SIGABRT; SIGBUS once): every such run crashed, resnet18 and BERT alike (OpenVINO 2026.4.1).
+    **{("allocator", value): (("backend", (*TORCH_BACKENDS, "onnxruntime")),) for value in ("jemalloc", "tcmalloc")},
 }
 
 

@@ -41,7 +41,7 @@ def test_each_runtime_s_knobs_are_sampled_with_its_backend_only() -> None:
     fitted = adapted()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
-    seen = set()
+    seen, seen_allocators = set(), set()
     for _ in range(400):
         trial = study.ask()
         config = fitted.sample(trial)  # Config.from_mapping checks every condition
@@ -56,9 +56,13 @@ def test_each_runtime_s_knobs_are_sampled_with_its_backend_only() -> None:
             assert 0 <= int(values["ov_streams"]) <= int(values["omp_threads"])  # type: ignore[call-overload]
         if backend == "onnxruntime":
             assert values["precision"] in ("fp32", "int8")  # no bf16 in ONNX Runtime
+        if backend == "openvino":  # its runtime crashed under every preloaded malloc
+            assert values.get("allocator", "default") == "default"
+        seen_allocators.add((backend == "openvino", values.get("allocator", "default")))
         study.tell(trial, 1.0)
     assert {("openvino", "bf16", "sequential"), ("onnxruntime", "int8", "parallel")} <= {
         (b, p, "sequential" if b == "openvino" else e) for b, p, e in seen}
+    assert {(False, "jemalloc"), (False, "tcmalloc"), (True, "default")} <= seen_allocators
 
 
 def test_a_backend_whose_runtime_is_not_installed_is_dropped_with_a_note() -> None:
@@ -102,6 +106,9 @@ def test_a_knob_of_one_runtime_with_another_backend_breaks_its_condition() -> No
         pins("ov_hint=throughput", "backend=inductor")
     with pytest.raises(ConfigError, match=r"^omp_runtime applies only with backend=eager/torchscript/inductor"):
         pins("omp_runtime=intel", "backend=openvino")
+    with pytest.raises(ConfigError, match=r"^allocator=jemalloc applies only with backend=eager/torchscript/inductor/"
+                                          r"onnxruntime \(here backend=openvino\)"):
+        pins("allocator=jemalloc", "backend=openvino")
     fitted = space_fit.pin(adapted(), pins("backend=onnxruntime"), EVERYTHING)
     with pytest.raises(SpaceError, match="--set omp_runtime=intel needs backend=eager/torchscript/inductor, which "
                                          "the search space"):
