@@ -72,12 +72,6 @@ class ModelSpec:
         convolutional networks, whose one Linear is the classifier."""
         return self.kind != "torchvision" or self.name.startswith(LINEAR_FAMILIES)
 
-    @property
-    def scriptable(self) -> bool:
-        """Whether `torch.jit.script` may take the model (weight_cache with mkldnn scripts it): not a
-        transformers model, whose configuration class has no source TorchScript can read."""
-        return self.kind != "huggingface"
-
     def check_shapes(self, shapes: object) -> None:
         """shapes=dynamic is one compiled model for every sequence length of the buckets: without
         buckets it has nothing to serve."""

@@ -69,20 +69,6 @@ def for_model(space: SearchSpace, linear_heavy: bool) -> SearchSpace:
     return SearchSpace(space.source, ranges, (*space.notes, note), space.cores)
 
 
-def for_scripting(space: SearchSpace, scriptable: bool) -> SearchSpace:
-    """weight_cache=on with mkldnn=on scripts the model (`torch.jit.script`), which TorchScript cannot
-    do for a model it cannot read the source of (a transformers model's configuration): such a model
-    is not offered weight_cache (its default, off, stays), whose other half, trace and freeze,
-    backend=torchscript does."""
-    found = space.get("weight_cache")
-    if scriptable or found is None or True not in found.choices:
-        return space
-    ranges = tuple(rng for rng in space.knobs if rng is not found)
-    note = ("weight_cache=on dropped: with mkldnn it scripts the model, which TorchScript cannot do for a "
-            "transformers model; backend=torchscript traces and freezes it")
-    return SearchSpace(space.source, ranges, (*space.notes, note), space.cores)
-
-
 def for_buckets(space: SearchSpace, bucketed: bool) -> SearchSpace:
     """`shapes` chooses how a compiled model serves sequence-length buckets (`--seq-lens`): without
     buckets there is nothing to choose, and the knob is not searched."""

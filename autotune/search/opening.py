@@ -152,8 +152,6 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
     adapted = space_fit.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
     if "precision" not in request.pins.as_dict():
         adapted = space_fit.for_model(adapted, model.linear_heavy)
-    if "weight_cache" not in request.pins.as_dict():
-        adapted = space_fit.for_scripting(adapted, model.scriptable)
     model.check_shapes(request.pins.as_dict().get("shapes"))
     adapted = space_fit.for_buckets(adapted, model.buckets is not None)
     return model, space_fit.pin(adapted, request.pins, available)

@@ -104,16 +104,3 @@ def test_shapes_is_searched_only_with_sequence_length_buckets() -> None:
     with pytest.raises(ModelError, match="shapes=dynamic serves sequence-length buckets with one compiled model"):
         resolve("resnet18").check_shapes("dynamic")
     resolve("resnet18").check_shapes("buckets")  # the default: a model per shape is what compiling does anyway
-
-
-def test_weight_cache_is_not_offered_to_a_model_torchscript_cannot_script() -> None:
-    """weight_cache=on with mkldnn=on scripts the model: a transformers model failed every such trial
-    ("Failed to get source for BertConfig.__init__"), 6 of a 50-trial search."""
-    from autotune.config import space, space_fit
-
-    loaded = space.load(space.find("default"))
-    assert resolve("resnet18").scriptable and not resolve("hf:bert").scriptable
-    text = space_fit.for_scripting(loaded, scriptable=False)
-    assert text.get("weight_cache") is None and text.get("mkldnn") is not None
-    assert any(note.startswith("weight_cache=on dropped: with mkldnn it scripts the model") for note in text.notes)
-    assert space_fit.for_scripting(loaded, scriptable=True) is loaded

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from autotune.child import hf
-from autotune.config.knobs import Config
 from autotune.deploy import export
 from autotune.host.machine import Machine
 from autotune.measure import requests
@@ -52,19 +51,3 @@ def test_the_export_plans_the_same_child_again(tmp_path: Path, here: Machine, ti
     assert (again.bench.model, again.bench.item_shape, again.bench.task) == (f"hf:{tiny_bert}", (16,),
                                                                              "feature-extraction")
     assert again.instances[0].command[-2:] == ("--task", "feature-extraction")
-
-
-def test_a_transformers_search_is_not_offered_weight_cache(tmp_path: Path, here: Machine, tiny_bert: Path) -> None:
-    """With mkldnn it scripts the model, which TorchScript cannot do for a transformers model: the
-    space drops it and says so, and the seed's recipe, which sets it, is left out with a note."""
-    from autotune.config import space
-
-    opened = opening.open_search(request(tmp_path, 1, model=f"hf:{tiny_bert}", seq_len=16,
-                                         space=space.find("default")), here)
-    assert opened.space.get("weight_cache") is None
-    assert any(note.startswith("weight_cache=on dropped") for note in opened.notes)
-    assert any("recipes not run" in note and "seed" in note for note in opened.notes)
-    pins = Config.from_assignments(["weight_cache=on"])
-    pinned = opening.open_search(request(tmp_path, 1, model=f"hf:{tiny_bert}", seq_len=16, study="pinned",
-                                         space=space.find("default"), pins=pins), here)
-    assert pinned.space.get("weight_cache") is not None  # asked for by name: the user's to try
