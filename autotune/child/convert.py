@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import buckets, cpu, linear_int8, peers, runtimes
+from autotune.child import buckets, cpu, hf, linear_int8, peers, runtimes
 from autotune.child.artifacts import (
     ARTIFACT_FORMAT,
     GRAPH_KIND,
@@ -245,7 +245,7 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
 
     if knobs.saved_as_torchscript:
         with torch.no_grad(), autocast(knobs.precision):
-            scripted = torch.jit.script(model) if knobs.mkldnn else torch.jit.freeze(_trace(model, example))
+            scripted = _torchscript(model, example, knobs)
         save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), described)
         return None
     try:
@@ -358,6 +358,18 @@ def _jit_compiled(model: Any) -> Any:
     import torch
 
     return torch.compile(model, backend="inductor", options={"freezing": True})
+
+
+def _torchscript(model: Any, example: Any, knobs: ModelKnobs) -> Any:
+    """backend=torchscript and weight_cache: traced and frozen. With mkldnn, not frozen (freezing
+    inlines the oneDNN weights, which torch.jit.save cannot write) and scripted, as the seed's recipe
+    does; a transformers model is traced instead: TorchScript cannot script it (it cannot read the
+    source of the model's configuration class)."""
+    import torch
+
+    if not knobs.mkldnn:
+        return torch.jit.freeze(_trace(model, example))
+    return _trace(model, example) if hf.is_wrapped(model) else torch.jit.script(model)
 
 
 def _trace(model: Any, example: Any) -> Any:

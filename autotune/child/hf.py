@@ -163,6 +163,11 @@ def wrapped(model: Any) -> Any:
     return wrap(model) if is_transformers_model(model) else model
 
 
+def is_wrapped(model: Any) -> bool:
+    """A transformers model as `wrap` returns it."""
+    return isinstance(model, _head_output())
+
+
 def wrap(model: Any) -> Any:
     """`model` as a module whose output is its head's tensor; the one wrapper the child and
     `autotune.apply` use, so both run (and fingerprint) the same module."""

@@ -105,8 +105,9 @@ def _knob_table() -> dict[str, Knob]:
              choices=(*TORCH_BACKENDS, *PEER_BACKENDS), default="eager", model=True),
         Knob("mkldnn", "bool", "convert model and input to the mkldnn (oneDNN) layout (eager only)",
              default=False, only_when=eager, model=True),
-        Knob("weight_cache", "bool", "the seed's recipe 2.c for eager models: trace (script with "
-             "mkldnn), freeze, save and load, cached on disk", default=False, only_when=eager, model=True),
+        Knob("weight_cache", "bool", "the seed's recipe 2.c for eager models: trace and freeze (with "
+             "mkldnn: script, or trace a transformers model), save and load, cached on disk", default=False,
+             only_when=eager, model=True),
         Knob("memory_format", "choice", "model weights and inputs in this layout (PyTorch backends)",
              choices=("contiguous", "channels_last"), default="contiguous", only_when=(*dense, *torch_run),
              model=True),

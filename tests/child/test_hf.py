@@ -120,6 +120,24 @@ def test_a_folder_never_loads_the_artifact_of_other_weights(tmp_path: Path) -> N
     assert again["artifact_hit"] is False and again["artifact_file"] != made["artifact_file"]
 
 
+@TRACED
+def test_the_seed_recipe_caches_a_transformers_model_converted_to_mkldnn(tiny_bert: Path, tmp_path: Path) -> None:
+    """mkldnn with weight_cache: TorchScript cannot script a transformers model, so it is traced; the
+    saved file loads in the next process's place and answers as eager does."""
+    chosen = deploy.Deployment(ModelKnobs(mkldnn=True, weight_cache=True), artifacts=tmp_path)
+    eager = run(build.load_model(f"hf:{tiny_bert}", "", ""), token_batch())
+
+    def applied() -> deploy.Applied:
+        return deploy.apply_deployment(build.load_model(f"hf:{tiny_bert}", "", ""), token_batch(), chosen,
+                                       check=True)
+
+    made, loaded = applied(), applied()
+    assert made.setup["artifact_hit"] is False and loaded.setup["artifact_hit"] is True
+    assert isinstance(torch.jit.load(made.setup["artifact_file"]), torch.jit.ScriptModule)
+    assert torch.allclose(loaded(**token_batch()), eager, atol=1e-5)
+    assert loaded.setup["max_rel_err"] <= 1e-4
+
+
 def test_hf_models_never_use_the_kept_eager_outputs(tiny_bert: Path) -> None:
     """Kept outputs (references) are named by the model's name; a folder's weights change under its path."""
     assert not references.applies(f"hf:{tiny_bert}") and not references.applies("hf:bert")
