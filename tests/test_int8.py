@@ -221,6 +221,49 @@ def test_another_thread_count_compiles_from_the_saved_quantized_graph(tmp_path: 
 
 @pytest.mark.e2e
 @NEEDS_INT8
+def test_apply_without_calibration_loads_the_artifact_the_study_calibrated(tmp_path: Path) -> None:
+    """The study's child calibrates on batches of its own and leaves them beside the artifact: a
+    program applying the same model without batches of its own calibrates on those, so it loads the
+    artifact that was measured instead of quantizing and compiling another on its example. A model
+    with other weights, or a damaged file, calibrates on its example as before."""
+    import torch
+
+    from autotune.child import deploy
+    from tests.fixtures.models import tinynets
+
+    images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
+
+    def applied(model: Any, example: Any, calibration: list[Any]) -> dict[str, Any]:
+        setup: dict[str, Any] = {}
+        deploy.apply_deployment(model, example, chosen, check=True, setup=setup, calibration=calibration)
+        return setup
+
+    study = applied(tinynets.cnn(), images[0], images[1:])
+    saved = sorted(tmp_path.glob("int8calibration-*.pt"))
+    assert study["calibration"] == "given" and len(saved) == 1
+    served = applied(tinynets.cnn(), images[3], [])
+    assert served["calibration"] == f"saved: {saved[0].name}"
+    assert served["artifact_hit"] and served["artifact_file"] == study["artifact_file"]
+    assert "quantize_s" not in served and served["top1_agreement"] >= 0.99
+    assert applied(tinynets.cnn(), images[3], images[:2])["calibration"] == "given"  # the caller's own win
+    assert sorted(tmp_path.glob("int8calibration-*.pt")) == saved  # and do not replace the study's
+
+    other = tinynets.cnn()
+    with torch.no_grad():
+        other[0].weight.mul_(1.5)
+    retrained = applied(other, images[3], [])
+    assert retrained["calibration"] == "the example" and not retrained["artifact_hit"]
+    saved[0].write_bytes(b"not a tensor file")
+    damaged = applied(tinynets.cnn(), images[3], [])
+    assert damaged["calibration"] == "the example" and not damaged["artifact_hit"]
+    described = json.loads(Path(f"{saved[0]}.json").read_text())
+    assert described["batches"] == 3 and described["calibration"] == \
+        json.loads(Path(f"{study['artifact_file']}.json").read_text())["calibration"]
+
+
+@pytest.mark.e2e
+@NEEDS_INT8
 def test_the_int8_guard_is_reused_only_for_the_same_answer_and_judged_again(tmp_path: Path) -> None:
     """The guard's figures are kept in the artifact's description: a later process loading the
     same artifact for the same inputs reuses them when its answer on the example is the guarded

@@ -14,7 +14,7 @@ import inspect
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,28 @@ def mark_used(path: Path) -> None:
         os.utime(f"{path}.json")
 
 
+def save_batches(path: Path, batches: Sequence[Any], meta: dict[str, Any]) -> None:
+    """Input batches (tensors, tuples or dicts of them) saved as dense tensors, with their description."""
+    import torch
+    from torch.utils import _pytree
+
+    dense = [_pytree.tree_map(lambda x: x.to_dense() if isinstance(x, torch.Tensor) and x.is_mkldnn else x, batch)
+             for batch in batches]
+    save_artifact(path, lambda tmp: torch.save(dense, str(tmp)), meta)
+
+
+def load_batches(path: Path) -> list[Any] | None:
+    """Batches `save_batches` wrote; None when the file cannot be read as such (damaged, or from
+    something else), which the caller treats as not saved."""
+    import torch
+
+    try:
+        loaded = torch.load(str(path), weights_only=True)
+    except Exception:
+        return None
+    return loaded if isinstance(loaded, list) and loaded else None
+
+
 def installed_torch_version() -> str:
     """`torch.__version__` without importing torch (seconds): read from torch/version.py, which the
     build writes; what `artifact_meta` records."""
@@ -83,6 +105,7 @@ def installed_torch_version() -> str:
 
 
 GRAPH_KIND = "int8graph"  # the file name's prefix of int8's quantized graph (`convert.graph_path`)
+CALIBRATION_KIND = "int8calibration"  # the prefix of the batches int8 was calibrated on (`convert.calibration_path`)
 
 
 def artifact_path(folder: Path, meta: dict[str, Any], suffix: str, kind: str = "") -> Path:

@@ -8,6 +8,7 @@ so what is measured is what a user's program runs.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 import time
@@ -20,12 +21,15 @@ from typing import Any
 from autotune.child import buckets, cpu, hf, linear_int8, peers, runtimes
 from autotune.child.artifacts import (
     ARTIFACT_FORMAT,
+    CALIBRATION_KIND,
     GRAPH_KIND,
     artifact_path,
     fingerprint,
     load,
+    load_batches,
     mark_used,
     save_artifact,
+    save_batches,
     stale_artifacts,
 )
 from autotune.child.batches import autocast, call, dense, explain, inputs, layout, split
@@ -43,12 +47,17 @@ TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, **dict.fromkeys
 @dataclass(frozen=True)
 class Quantized:
     """How precision=int8 gets its graph (`quantize.quantized_export` on the calibration batches,
-    bound by `deploy`), and what names those batches in the artifact's key."""
+    bound by `deploy`), and what names those batches in the artifact's key. Batches the caller gave
+    (`given`) are saved beside the artifact; a caller who gave none gets the ones saved for this very
+    model, knobs and inputs (`rebind` binds the same quantizer to them), so that it loads the artifact
+    they made: the one the study measured."""
 
     export: Callable[[Any, Any], Any]  # (model, example) -> ExportedProgram
     calibration: str
     load: Callable[[Path], Any]  # a quantized graph `torch.export.save`d -> ExportedProgram
     batches: Sequence[Any] = ()  # the calibration batches, which OpenVINO's and ONNX Runtime's quantizers observe
+    given: bool = True  # the caller's own batches; False: the example alone, for want of any
+    rebind: Callable[[Sequence[Any]], Quantized] | None = None
 
 
 def _quiet(phase: str) -> None:
@@ -95,11 +104,10 @@ def load_saved(example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts
     without the model. None when neither is saved in `artifacts`."""
     knobs.check()
     example = inputs(example, knobs)
-    meta = artifact_meta(knobs, example, weights, quantized.calibration if quantized else "")
+    quantized, meta = calibrated(artifacts, artifact_meta(knobs, example, weights), quantized, setup)
     path = _saved_path(artifacts, meta, knobs)
     if path.exists():
-        setup["artifact_file"], setup["artifact_hit"] = str(path), True
-        mark_used(path)
+        _hit(path, meta, quantized, setup)
     elif quantized is None or not graph_path(artifacts, meta).exists():
         return None
     else:
@@ -187,11 +195,10 @@ def _load_or_build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str,
                    weights: str, on_phase: Callable[[str], None], quantized: Quantized | None) -> Any:
     if knobs.precision == "int8" and quantized is None:
         raise ApplyError("precision=int8 needs its calibration: apply it through autotune.apply")
-    meta = artifact_meta(knobs, example, weights, quantized.calibration if quantized else "")
+    quantized, meta = calibrated(folder, artifact_meta(knobs, example, weights), quantized, setup)
     path = _saved_path(folder, meta, knobs)
     if path.exists():
-        setup["artifact_file"], setup["artifact_hit"] = str(path), True
-        mark_used(path)
+        _hit(path, meta, quantized, setup)
     else:
         fallback = _compile_into(path, model, example, knobs, setup, folder, meta, on_phase, quantized)
         if fallback is not None:
@@ -211,6 +218,51 @@ def _compile_into(path: Path, model: Any, example: Any, knobs: ModelKnobs, setup
     if fallback is None:
         setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
     return fallback
+
+
+def _hit(path: Path, meta: dict[str, Any], quantized: Quantized | None, setup: dict[str, Any]) -> None:
+    """A saved artifact found; int8's calibration kept beside it when it is not yet (an artifact made
+    before autotune kept them)."""
+    setup["artifact_file"], setup["artifact_hit"] = str(path), True
+    mark_used(path)
+    if quantized is not None:
+        _keep_calibration(path.parent, meta, quantized)
+
+
+def calibrated(folder: Path, meta: dict[str, Any], quantized: Quantized | None,
+               setup: dict[str, Any]) -> tuple[Quantized | None, dict[str, Any]]:
+    """int8's calibration and the artifact's key with it. Without batches of the caller's, the ones
+    that quantized this very model, knobs and inputs into `folder` before (the study's, which
+    `autotune export --artifacts` leaves there), else the example alone; `setup["calibration"]` says
+    which."""
+    if quantized is None:
+        return None, meta
+    saved = calibration_path(folder, meta)
+    batches = None if quantized.given or quantized.rebind is None or not saved.exists() else load_batches(saved)
+    if batches is not None and quantized.rebind is not None:
+        quantized = quantized.rebind(batches)
+        mark_used(saved)
+        setup["calibration"] = f"saved: {saved.name}"
+    else:
+        setup["calibration"] = "given" if quantized.given else "the example"
+    return quantized, meta | {"calibration": quantized.calibration}
+
+
+def calibration_path(folder: Path, meta: dict[str, Any]) -> Path:
+    """Where the batches that calibrated int8 for this model, knobs and inputs are kept: the
+    artifact's key without the thread count and the calibration itself."""
+    return artifact_path(folder, {k: v for k, v in meta.items() if k not in ("threads", "model", "calibration")}, ".pt",
+                         kind=CALIBRATION_KIND)
+
+
+def _keep_calibration(folder: Path, described: dict[str, Any], quantized: Quantized) -> None:
+    """The caller's calibration batches beside the artifact they quantized, unless some are kept
+    already (the first, the study's, stay: what `calibrated` gives a caller without any)."""
+    path = calibration_path(folder, described)
+    if quantized.given and not path.exists():
+        meta = {k: v for k, v in described.items() if k != "threads"} | {"batches": len(quantized.batches)}
+        with contextlib.suppress(ApplyError):  # a folder it cannot write (deployed read-only) loads as before
+            save_batches(path, quantized.batches, meta)
 
 
 def _saved_path(folder: Path, meta: dict[str, Any], knobs: ModelKnobs) -> Path:
@@ -237,10 +289,13 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
     if knobs.peer:  # `peers.save` adds the output's structure to the description before it is written
         batches = quantized.batches if quantized else ()
         save_artifact(path, lambda tmp: peers.save(model, example, knobs, tmp, path, batches, described), described)
+        if quantized is not None:
+            _keep_calibration(path.parent, described, quantized)
         return None
     if quantized is not None:
         exported = _int8_graph(model, example, quantized, path.parent, described, setup)
         save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
+        _keep_calibration(path.parent, described, quantized)
         return None
 
     if knobs.saved_as_torchscript:

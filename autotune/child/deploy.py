@@ -149,8 +149,10 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
     int8_dynamic, int8_weight_only) work on a copy: your `model` stays as it was.
 
     precision=int8 calibrates on `calibration` (batches like `example_inputs`, say a few hundred
-    real inputs; default: `example_inputs` alone), and `check=True` compares top-1 answers and
-    cosine similarity with eager fp32 on those batches.
+    real inputs), and `check=True` compares top-1 answers and cosine similarity with eager fp32 on
+    those batches. Without them it calibrates on the batches the study calibrated this very model on,
+    which the benchmark child keeps beside the artifact (so it loads the artifact that was measured),
+    else on `example_inputs` alone.
 
     A configuration searched at sequence-length buckets (`--seq-lens`) compiles one model per length
     and serves a batch of token inputs of any length up to the largest bucket: padded to the smallest
@@ -340,12 +342,18 @@ def _reusable(record: dict[str, Any], now: list[float]) -> bool:
 
 
 def _quantized(example: Any, knobs: ModelKnobs, calibration: Sequence[Any], setup: dict[str, Any]) -> Quantized:
-    """int8's graph: quantized on the calibration batches (default: the example), in the layout the
-    knobs give every input."""
-    calibrated = [inputs(batch, knobs) for batch in calibration or [example]]
-    return Quantized(lambda model, ex: quantize.quantized_export(model, ex, calibrated, setup,
-                                                                 dynamic=knobs.shapes == "dynamic"),
-                     quantize.digest(calibrated), quantize.load_graph, calibrated)
+    """int8's graph: quantized on the calibration batches, in the layout the knobs give every input.
+    Without any, on the batches kept for this model beside its artifact (the study's: what it was
+    measured with), else on the example (`convert.calibrated`)."""
+
+    def on(batches: Sequence[Any], given: bool) -> Quantized:
+        calibrated = [inputs(batch, knobs) for batch in batches]
+        return Quantized(lambda model, ex: quantize.quantized_export(model, ex, calibrated, setup,
+                                                                     dynamic=knobs.shapes == "dynamic"),
+                         quantize.digest(calibrated), quantize.load_graph, calibrated, given,
+                         lambda saved: on(saved, given=False))
+
+    return on(calibration, given=True) if calibration else on([example], given=False)
 
 
 def digest(output: Any) -> list[float]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.base.errors import AutotuneError
 from autotune.child import cpu, deploy, peers, references, runtimes
-from autotune.child.artifacts import ARTIFACT_FORMAT, GRAPH_KIND, installed_torch_version
+from autotune.child.artifacts import ARTIFACT_FORMAT, CALIBRATION_KIND, GRAPH_KIND, installed_torch_version
 from autotune.child.convert import saved_knobs
 from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
@@ -31,6 +31,7 @@ from autotune.child.knobs import ModelKnobs
 ARTIFACT_SUFFIXES = (".pt2", ".pt", *peers.SUFFIX.values())
 KINDS = {".pt2": "inductor artifact", ".pt": "torchscript artifact",
          **{suffix: f"{backend} artifact" for backend, suffix in peers.SUFFIX.items()}}
+CALIBRATION = "int8 calibration batches"  # what `apply` without batches of its own calibrates on (convert.calibrated)
 REFERENCES = "eager outputs"  # child.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
 
@@ -108,9 +109,12 @@ def _artifact(path: Path, here: Here) -> Entry:
 
 def _kind(path: Path) -> str:
     """What an artifact file is; int8's quantized graph, from which each thread count's artifact is
-    compiled, is no artifact an env file loads (so none keeps it)."""
+    compiled, is no artifact an env file loads (so none keeps it); int8's calibration batches are
+    what `apply` without batches of its own loads, so that it loads the artifact they made."""
     if path.name.startswith(f"{GRAPH_KIND}-"):
         return "int8 quantized graph"
+    if path.name.startswith(f"{CALIBRATION_KIND}-"):
+        return CALIBRATION
     return KINDS[path.suffix]
 
 
@@ -188,7 +192,8 @@ def _looks_like_version(name: str) -> bool:
 
 
 def _kept(entry: Entry, exports: Sequence[Export]) -> Entry:
-    if not entry.kind.endswith("artifact"):
+    """An artifact, or the calibration batches an int8 one was made from, that an env file here loads."""
+    if not entry.kind.endswith("artifact") and entry.kind != CALIBRATION:
         return entry
     meta = _read_meta(Path(f"{entry.path}.json")) or {}
     names = tuple(e.name for e in exports if _points_to(e, entry.path, meta))

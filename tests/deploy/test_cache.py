@@ -129,6 +129,19 @@ def test_an_int8_graph_is_listed_as_such_and_no_env_file_keeps_it(tmp_path: Path
     assert [e.path.name for e in cache.to_prune(entries.values(), 30 * DAY, time.time(), False)] == [graph.name]
 
 
+def test_int8_calibration_batches_are_listed_and_kept_by_the_env_file_that_loads_them(tmp_path: Path) -> None:
+    """`apply` without batches of its own calibrates on the ones an int8 artifact was made from: an
+    env file of the folder keeps them as it keeps the artifact (any thread count's)."""
+    folder = tmp_path / "artifacts"
+    int8 = ModelKnobs(backend="inductor", precision="int8")
+    batches = artifact(folder, "int8calibration-a.pt", int8, age_s=40 * DAY, batches=4)
+    entries = {e.path.name: e for e in cache.scan(tmp_path, HERE, [cache.Export("best.env", folder, int8, 1)])}
+    assert entries[batches.name].kind == cache.CALIBRATION and entries[batches.name].kept_by == ("best.env",)
+    assert cache.to_prune(entries.values(), 30 * DAY, time.time(), False) == []
+    alone = cache.scan(tmp_path, HERE, [])
+    assert [e.path.name for e in cache.to_prune(alone, 30 * DAY, time.time(), False)] == [batches.name]
+
+
 def test_a_guard_record_is_kept_in_the_description_and_a_damaged_one_is_no_record(tmp_path: Path) -> None:
     from autotune.child.artifacts import guard_record, remember_guard
 

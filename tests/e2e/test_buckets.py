@@ -17,6 +17,7 @@ import transformers
 import autotune
 from autotune.child import buckets, deploy
 from autotune.child.knobs import ModelKnobs
+from tests.conftest import NEEDS_INT8
 from tests.support.cli import autotune as autotune_cli
 from tests.support.hf import token_batch
 
@@ -29,12 +30,18 @@ QUICK = ["--duration", "0.2", "--warmup", "1", "--warmup-time", "0", "--min-iter
 STUDY = "tiny-bert-sequence-classification-seq8-16-32-bs1-latency"
 
 
-@pytest.mark.parametrize(("shapes", "packages"), [("buckets", 3), ("dynamic", 1)])  # one model per bucket, or one
-def test_search_export_and_serve_mixed_lengths(tmp_path: Path, tiny_bert: Path, shapes: str, packages: int) -> None:
+@pytest.mark.parametrize(("shapes", "packages", "precision"), [
+    ("buckets", 3, "fp32"), ("dynamic", 1, "fp32"),  # one model per bucket, or one
+    # int8: the artifact and the quantized graph it was compiled from; `apply` calibrates on the study's batches
+    pytest.param("dynamic", 2, "int8", marks=NEEDS_INT8)])
+def test_search_export_and_serve_mixed_lengths(tmp_path: Path, tiny_bert: Path, shapes: str, packages: int,
+                                               precision: str) -> None:
     proc = autotune_cli(tmp_path, "search", "--model", f"hf:{tiny_bert}", "--seq-lens", "8,16,32",
                         "--seq-len-weights", "1,2,1", "--trials", "2", "--space", "quick", "--set", "backend=inductor",
-                        "--set", f"shapes={shapes}", "--set", "instances=1", "--replicates", "1", "--confirm-top", "0",
-                        *QUICK)
+                        "--set", f"shapes={shapes}", "--set", f"precision={precision}", "--set", "instances=1",
+                        "--replicates", "1", "--confirm-top", "0",
+                        *(["--calibration-batches", "2", "--tolerance", "0.05"] if precision == "int8" else []),  # a tiny
+                        *QUICK)  # random BERT's int8: cosine 0.988
     assert proc.returncode == 0, proc.stderr
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY}.db")
     assert study.user_attrs["seq_lens"] == [8, 16, 32] and study.user_attrs["seq_len_weights"] == [0.25, 0.5, 0.25]
@@ -56,7 +63,8 @@ def test_search_export_and_serve_mixed_lengths(tmp_path: Path, tiny_bert: Path, 
                         "--model", f"hf:{tiny_bert}", "--lengths", "3-32", "--requests", "30", "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    configured = "backend=inductor shapes=dynamic" if shapes == "dynamic" else "backend=inductor"
+    configured = "backend=inductor" + (" precision=int8" if precision == "int8" else "") + \
+        (" shapes=dynamic" if shapes == "dynamic" else "")
     assert summary["configuration"] == configured
     assert set(summary["buckets"]) <= {"8", "16", "32"}
     assert sum(b["requests"] for b in summary["buckets"].values()) == 30
