@@ -169,6 +169,7 @@ def cli_env(folder: Path) -> dict[str, str]:
     """This checkout's autotune and benchmarks.models first, and a TMPDIR of the part's own (inductor
     builds its headers again, as for a new user)."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    (folder / "tmp").mkdir(parents=True, exist_ok=True)  # AOTInductor's loader fails in a TMPDIR that is not there
     return {**os.environ, "PYTHONPATH": path, "TMPDIR": str(folder / "tmp")}
 
 

@@ -57,7 +57,10 @@ def main() -> int:
              "confirmed": confirmed(args.folder), "buckets": summarise(rounds)}
     save(args, rounds, found)
     print(markdown(args, found))
-    return 0
+    failed = sorted({r[kind]["reason"] for r in rounds for kind in ("bench", "serve") if not r[kind]["ok"]})
+    for reason in failed:
+        print(f"failed: {reason}", file=sys.stderr)
+    return 0 if found["buckets"] else 1
 
 
 def parse() -> argparse.Namespace:
@@ -88,7 +91,8 @@ def bench(args: argparse.Namespace, env: dict[str, str], number: int) -> dict[st
     if done.returncode != 0:
         return {"ok": False, "reason": tail(done)}
     result = json.loads(done.stdout)["result"]
-    return {"ok": bool(result.get("ok")), "buckets": bucket_p50s(result.get("instances", []))}
+    return {"ok": bool(result.get("ok")), "reason": str(result.get("reason") or ""),
+            "buckets": bucket_p50s(result.get("instances", []))}
 
 
 def serve(args: argparse.Namespace, env: dict[str, str], number: int) -> dict[str, Any]:
