@@ -214,9 +214,12 @@ def _compile_into(path: Path, model: Any, example: Any, knobs: ModelKnobs, setup
     setup["artifact_stale"] = stale_artifacts(folder, meta)
     on_phase("compiling")
     start = time.perf_counter()
-    fallback = _build(model, example, knobs, setup, path, meta | {"model": _label(model, setup)}, quantized)
+    described = meta | {"model": _label(model, setup)}
+    fallback = _build(model, example, knobs, setup, path, described, quantized)
     if fallback is None:
         setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
+    if fallback is None and quantized is not None:
+        _keep_calibration(folder, described, quantized)
     return fallback
 
 
@@ -238,9 +241,10 @@ def calibrated(folder: Path, meta: dict[str, Any], quantized: Quantized | None,
     if quantized is None:
         return None, meta
     saved = calibration_path(folder, meta)
-    batches = None if quantized.given or quantized.rebind is None or not saved.exists() else load_batches(saved)
-    if batches is not None and quantized.rebind is not None:
-        quantized = quantized.rebind(batches)
+    rebind = None if quantized.given else quantized.rebind
+    batches = load_batches(saved) if rebind is not None and saved.exists() else None
+    if rebind is not None and batches is not None:
+        quantized = rebind(batches)
         mark_used(saved)
         setup["calibration"] = f"saved: {saved.name}"
     else:
@@ -289,13 +293,10 @@ def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], p
     if knobs.peer:  # `peers.save` adds the output's structure to the description before it is written
         batches = quantized.batches if quantized else ()
         save_artifact(path, lambda tmp: peers.save(model, example, knobs, tmp, path, batches, described), described)
-        if quantized is not None:
-            _keep_calibration(path.parent, described, quantized)
         return None
     if quantized is not None:
         exported = _int8_graph(model, example, quantized, path.parent, described, setup)
         save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
-        _keep_calibration(path.parent, described, quantized)
         return None
 
     if knobs.saved_as_torchscript:

@@ -40,8 +40,9 @@ def test_search_export_and_serve_mixed_lengths(tmp_path: Path, tiny_bert: Path, 
                         "--seq-len-weights", "1,2,1", "--trials", "2", "--space", "quick", "--set", "backend=inductor",
                         "--set", f"shapes={shapes}", "--set", f"precision={precision}", "--set", "instances=1",
                         "--replicates", "1", "--confirm-top", "0",
-                        *(["--calibration-batches", "2", "--tolerance", "0.05"] if precision == "int8" else []),  # a tiny
-                        *QUICK)  # random BERT's int8: cosine 0.988
+                        # a tiny random BERT's int8 reaches cosine 0.988, under the default tolerance's 0.99
+                        *(["--calibration-batches", "2", "--tolerance", "0.05"] if precision == "int8" else []),
+                        *QUICK)
     assert proc.returncode == 0, proc.stderr
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY}.db")
     assert study.user_attrs["seq_lens"] == [8, 16, 32] and study.user_attrs["seq_len_weights"] == [0.25, 0.5, 0.25]
