@@ -153,11 +153,20 @@ def host(env: dict[str, str]) -> str:
         seen = json.loads(done.stdout)
     except json.JSONDecodeError:
         return f"unknown (autotune doctor exited {done.returncode})"
-    isa = " ".join(flag for flag, present in seen.get("isa", {}).items() if present) or "no listed ISA extension"
-    runtimes = seen.get("runtimes")
-    extra = f", runtimes {json.dumps(runtimes, sort_keys=True)}" if runtimes else ""
+    return host_line(seen)
+
+
+def host_line(seen: dict[str, Any]) -> str:
+    """`autotune doctor --json`'s report as the results file names a host: the ISA flags it has and lacks, and
+    the peer runtimes' package versions."""
+    flags = seen.get("isa", {})
+    isa = " ".join(flag for flag, present in flags.items() if present) or "no listed ISA extension"
+    lacks = " ".join(flag for flag, present in flags.items() if not present)
+    versions = [f"{name} {version}" for info in (seen.get("runtimes") or {}).values()
+                for name, version in info.get("versions", {}).items() if version]
     return (f"{seen.get('cpu_model')}, {seen.get('physical_cores')} cores ({seen.get('logical_cpus')} CPUs, "
-            f"{seen.get('usable_physical_cores')} usable), {isa}; torch {seen.get('torch')}{extra}")
+            f"{seen.get('usable_physical_cores')} usable), {isa}" + (f", no {lacks}" if lacks else "")
+            + f"; torch {seen.get('torch')}" + "".join(f", {v}" for v in versions))
 
 
 def clock() -> str:
