@@ -20,10 +20,10 @@ export folder.
 Everything goes to OUT/transformers.json after each part; each objective's markdown, ready for
 benchmarks/RESULTS.md, goes to OUT/<objective>.md and stdout (benchmarks/transformers_report.py).
 
-Time and disk, batch 1 latency on the 2-core AVX-512 EPYC (2026-12-05): the 50-trial search 31 min,
-its confirmation 12, the export 2, the side by side (six contenders, five rounds) 14, the replay 2:
-about 1 h. Batch 8 takes longer. The compiled models the search keeps (studies/cache under OUT) took
-23 GB for that one objective: give it 25 GB free per objective.
+Time and disk, batch 1 latency on the 2-core AVX-512 EPYC (two runs, 2026-12-05): the 50-trial search
+31-35 min, its confirmation 12-21, the export 2, the side by side (six contenders, five rounds) 14-16,
+the replay 2: 1 h to 1 h 15. Batch 8 takes longer. The compiled models the search keeps (studies/cache
+under OUT) took 23-26 GB for that one objective: give it 30 GB free per objective.
 
     PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --objectives latency --rounds 5 --out /tmp/bert-buckets
     PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --objectives latency --trials 20
