@@ -20,7 +20,7 @@ from autotune.child.files import write_atomically
 from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
-from autotune.measure.plan import BenchSpec, Binding, LaunchPlan, model_knobs
+from autotune.measure.plan import PRIMITIVE_CACHE_VAR, BenchSpec, Binding, LaunchPlan, model_knobs, serving_env
 from autotune.study import confirmations, records, references
 
 # Variables an export sets only for some configurations; unset otherwise, so that sourcing one
@@ -32,7 +32,7 @@ OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS", deploy.TOLERAN
 # the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
 # the user's, even though a measured child did not inherit them.
 TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
-               "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD")
+               "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", PRIMITIVE_CACHE_VAR)
 
 
 class ExportError(AutotuneError):
@@ -69,7 +69,9 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
     understand; `artifacts` is the folder of compiled artifacts that `apply` loads."""
     plan = records.plan_of(trial)
     attrs, sattrs = trial.user_attrs, study.user_attrs
-    shared = _shared_env([dict(i.env) for i in plan.instances])
+    # serving_env as well for a trial recorded before it: its child timed a few lengths per bucket,
+    # which the cache held either way, so the file still reproduces what was measured
+    shared = {**_shared_env([dict(i.env) for i in plan.instances]), **serving_env(plan.config, plan.bench)}
     lines = [
         f"{envfile.HEADER}: study {study.study_name}, trial {trial.number}",
         f"# model {sattrs.get('model')}, batch size {sattrs.get('batch_size')}, "

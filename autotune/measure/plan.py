@@ -190,7 +190,7 @@ def plan_launch(
     """The whole launch. `binder` forces a binding tool (e.g. numactl when planning elsewhere)."""
     groups = _placement(config, topology)
     binding: Binding = "none" if groups is None else (binder or best_binder(libs))
-    shared_env = _runtime_env(config, libs)
+    shared_env = {**_runtime_env(config, libs), **serving_env(config, bench)}
     argv = worker_command(python, bench, config)
     instances = []
     for index, cores in enumerate(groups or [None]):
@@ -233,6 +233,22 @@ def _runtime_env(config: Config, libs: Libraries) -> dict[str, str]:
     if preload:
         env["LD_PRELOAD"] = ":".join(str(p) for p in preload)
     return env
+
+
+# oneDNN keeps 1024 primitives (a kernel JIT-compiled for one shape) by default. A model with a dynamic
+# sequence length has a few per length (BERT-base int8: 4, one per distinct Linear shape); a stream over
+# every length up to 384 tokens needs ~1540 and, in 1024, recompiled them as it went: requests of 1-32
+# tokens took 18% longer than with room for all (benchmarks/dynamic_lengths.py). Room for 16 per length.
+PRIMITIVE_CACHE_VAR = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+PRIMITIVES_PER_LENGTH, PRIMITIVE_CACHE_DEFAULT = 16, 1024
+
+
+def serving_env(config: Config, bench: BenchSpec) -> dict[str, str]:
+    """What a model that runs each request at its own length (shapes=dynamic) needs to serve every
+    length of its buckets: a oneDNN primitive cache with room for them all."""
+    if config.get("shapes") != "dynamic" or not bench.seq_lens:
+        return {}
+    return {PRIMITIVE_CACHE_VAR: str(max(PRIMITIVE_CACHE_DEFAULT, PRIMITIVES_PER_LENGTH * max(bench.seq_lens)))}
 
 
 def _placement(config: Config, topology: Topology) -> list[list[PhysicalCore]] | None:

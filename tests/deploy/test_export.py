@@ -178,3 +178,20 @@ def test_sourcing_a_file_unsets_what_an_earlier_one_set(tmp_path: Path, searched
               "echo \"${AUTOTUNE_ARTIFACTS-unset} ${AUTOTUNE_EXAMPLE_INPUTS-unset}\"")
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["unset", "unset"]
+
+
+def test_a_dynamic_text_trial_recorded_before_the_cache_rule_exports_room_for_every_length(
+        tmp_path: Path, searched: optuna.Study) -> None:
+    trial = copy.deepcopy(export.pick_trial(searched, None))
+    plan = trial.user_attrs["plan"]
+    plan["config"] = {"backend": "inductor", "shapes": "dynamic"}
+    plan["bench"] = {**plan["bench"], "model": "hf:bert", "item_shape": [384], "seq_lens": [32, 128, 384],
+                     "seq_len_weights": [0.5, 0.25, 0.25]}
+    assert export.PRIMITIVE_CACHE_VAR not in plan["instances"][0]["env"]  # as a search before the rule recorded it
+    trial.user_attrs = {**trial.user_attrs, "plan": plan}
+    path = tmp_path / "best.env"
+    export.write(path, export.render(searched, trial))
+    assert sourced(path)[export.PRIMITIVE_CACHE_VAR] == "6144"
+    export.write(path, export.render(searched, export.pick_trial(searched, None)))
+    assert export.PRIMITIVE_CACHE_VAR in path.read_text().split("\nunset ")[1].splitlines()[0].split()
+    assert export.PRIMITIVE_CACHE_VAR not in sourced(path)

@@ -10,7 +10,14 @@ from autotune.base.errors import LibraryMissing, TopologyError
 from autotune.config.knobs import Config
 from autotune.host.libs import Libraries
 from autotune.host.topology import Topology
-from autotune.measure.plan import JEMALLOC_CONF, BenchSpec, LaunchPlan, child_environment, plan_launch
+from autotune.measure.plan import (
+    JEMALLOC_CONF,
+    PRIMITIVE_CACHE_VAR,
+    BenchSpec,
+    LaunchPlan,
+    child_environment,
+    plan_launch,
+)
 from tests.conftest import lscpu
 
 BENCH = BenchSpec(model="resnet18", item_shape=(3, 224, 224))
@@ -125,6 +132,20 @@ def test_allocators_preload_with_their_tuning(fake_libs: Libraries) -> None:
     assert tcmalloc["LD_PRELOAD"].endswith("libtcmalloc_minimal.so.4")
     assert "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD" in tcmalloc
     assert "MALLOC_CONF" not in tcmalloc
+
+
+@pytest.mark.parametrize(("shapes", "lengths", "capacity"), [
+    ("dynamic", (32, 128, 384), "6144"),  # 16 primitives for each length up to 384
+    ("dynamic", (8, 16), "1024"),  # never below oneDNN's own default
+    ("buckets", (32, 128, 384), None),  # one shape per compiled model: the default holds them
+])
+def test_a_model_that_runs_every_length_gets_a_primitive_cache_for_them(
+        shapes: str, lengths: tuple[int, ...], capacity: str | None, fake_libs: Libraries) -> None:
+    bench = BenchSpec(model="hf:bert", item_shape=(lengths[-1],), seq_lens=lengths,
+                      seq_len_weights=tuple(1 / len(lengths) for _ in lengths))
+    plan = plan_launch(Config.from_assignments(["backend=inductor", f"shapes={shapes}", "omp_threads=2"]), bench,
+                       lscpu("amd_1s_smt"), fake_libs, "python")
+    assert plan.instances[0].env.get(PRIMITIVE_CACHE_VAR) == capacity
 
 
 def test_missing_library_names_the_package(fake_libs: Libraries) -> None:
