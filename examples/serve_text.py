@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"model": args.model, "configuration": configured, "ready_s": round(ready_s, 3),
                "p50_ms": round(statistics.median(every), 3), "requests": args.requests,
                "items_per_s": round(args.requests * args.batch_size / window, 3),
+               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                "buckets": {b: {"p50_ms": round(statistics.median(t), 3), "mean_ms": round(statistics.fmean(t), 3),
                                "requests": len(t)}
                            for b, t in sorted(per_bucket.items(), key=lambda kv: (len(kv[0]), kv[0]))}}
