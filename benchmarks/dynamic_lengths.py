@@ -27,6 +27,7 @@ from typing import Any
 
 import peers
 import peers_report
+import served_vs_measured
 
 from autotune.child.envfile import read as read_env
 from autotune.measure.plan import PRIMITIVE_CACHE_DEFAULT, PRIMITIVE_CACHE_VAR
@@ -56,20 +57,13 @@ def main() -> int:
 
 
 def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--folder", type=Path, required=True, help="where `autotune export best.env --artifacts "
-                   "artifacts` of a shapes=dynamic configuration ran")
-    p.add_argument("--rounds", type=int, default=6, help="rounds of one process per cache (default 6)")
-    p.add_argument("--seed", type=int, default=random.SystemRandom().randrange(2**31), help="seed of the order")
-    args = p.parse_args()
-    args.folder = args.folder.resolve()
-    found = args.folder / "best.env"
-    if not found.is_file():
-        p.error(f"{args.folder} has no best.env: run `autotune export best.env --artifacts artifacts` there first")
-    if PRIMITIVE_CACHE_VAR not in read_env(found).env:
-        p.error(f"{found} sets no {PRIMITIVE_CACHE_VAR}: export a shapes=dynamic configuration with this checkout")
-    if args.rounds < 2:
-        p.error(f"--rounds {args.rounds}: give 2 or more, to pair them")
+    p = served_vs_measured.export_rounds_parser(__doc__, "where `autotune export best.env --artifacts artifacts` "
+                                                "of a shapes=dynamic configuration ran", "rounds of one process "
+                                                "per cache")
+    args = served_vs_measured.checked(p, p.parse_args())
+    if PRIMITIVE_CACHE_VAR not in read_env(args.folder / "best.env").env:
+        p.error(f"{args.folder / 'best.env'} sets no {PRIMITIVE_CACHE_VAR}: export a shapes=dynamic configuration "
+                "with this checkout")
     return args
 
 

@@ -64,15 +64,25 @@ def main() -> int:
 
 
 def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--folder", type=Path, required=True, help="where `autotune export best.env --artifacts` ran, "
-                   "with the study under studies/")
-    p.add_argument("--rounds", type=int, default=6, help="rounds of one bench and one served stream (default 6)")
+    p = export_rounds_parser(__doc__, "where `autotune export best.env --artifacts` ran, with the study under "
+                             "studies/", "rounds of one bench and one served stream")
     p.add_argument("--lengths", default="", help="the stream's request lengths LOW-HIGH (default 1 to the largest "
                    "bucket)")
     p.add_argument("--requests", type=int, default=200, help="requests in the stream (default 200)")
+    return checked(p, p.parse_args())
+
+
+def export_rounds_parser(doc: str | None, folder_help: str, rounds_help: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that pairs processes over rounds in an export's folder."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--folder", type=Path, required=True, help=folder_help)
+    p.add_argument("--rounds", type=int, default=6, help=f"{rounds_help} (default 6)")
     p.add_argument("--seed", type=int, default=random.SystemRandom().randrange(2**31), help="seed of the order")
-    args = p.parse_args()
+    return p
+
+
+def checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the folder resolved, once it holds an export and the rounds can be paired."""
     args.folder = args.folder.resolve()
     if not (args.folder / "best.env").is_file():
         p.error(f"{args.folder} has no best.env: run `autotune export best.env --artifacts artifacts` there first")
