@@ -6,6 +6,11 @@ weighted mean).
 
 Each length is built as a child of its own length would build it (`per_length`), through the same
 `build` and so the same `autotune.apply`: what a bucket measured is what `apply` serves for it.
+
+A dynamic model (`shapes=dynamic`) is timed as a service that has run a while holds it (`fill`):
+oneDNN keeps a primitive per shape it ran, and a process holding hundreds runs short requests slower
+than one holding the few dozen the rounds alone make (benchmarks/RESULTS.md, "A service's primitive
+cache").
 """
 
 from __future__ import annotations
@@ -14,7 +19,12 @@ import argparse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from autotune.child.buckets import Buckets, Mixed, Round, spread
+from autotune.child.buckets import Buckets, Mixed, Round, fit, spread
+
+# Lengths a dynamic model serves once before it is timed, the shortest first: a BERT-base int8 model then
+# holds 512 oneDNN primitives, and its short requests cost what they cost beside the 805-1540 of a
+# service that has seen every length (with the few dozen of the rounds alone they read 5-6% faster).
+FILL_LENGTHS = 128
 
 # Set-up figures of the buckets' builds, combined into the trial's: times add up, the guard's worst counts.
 WORST = {"max_rel_err": max, "top1_agreement": min, "min_cosine": min}
@@ -83,3 +93,21 @@ def combined(setups: list[dict[str, Any]]) -> dict[str, Any]:
         elif key in WORST and numbers:
             merged[key] = WORST[key](numbers)
     return merged
+
+
+def fill(forward: Mixed, example: Any, longest: int, count: int = FILL_LENGTHS) -> dict[str, Any]:
+    """Serve one batch at each of the `count` shortest lengths up to `longest` through a model that
+    takes any length (`example`, the largest bucket's first batch, cut to each), as a service that has
+    served requests of every length has: its per-shape caches (oneDNN's primitives) as full as a
+    service's, so that the rounds time what a request costs there. The set-up record's figures.
+
+    The worker fills a dynamic model only. Eager also takes any length, but its fill cost 13 s a
+    process for BERT-base at batch 1 (4 s for the dynamic int8 model), it is the baseline every
+    confirmation round measures, and an eager figure that reads fast only makes speedups smaller."""
+    import time
+
+    start = time.perf_counter()
+    lengths = range(1, min(count, longest) + 1)
+    for length in lengths:
+        forward.forwards[-1](fit(example, length))
+    return {"fill_lengths": len(lengths), "fill_s": time.perf_counter() - start}

@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             setup["held_s"] = time.perf_counter() - held_from
         say_phase(args.ready_fd, "warming up")
         with torch.no_grad():
+            if found is not None and knobs_of(args).shapes == "dynamic":  # not eager: see rounds.fill
+                setup.update(rounds.fill(forward, examples[-1], found.lengths[-1]))
             warmup_start = time.perf_counter()
             setup["warmup_iterations"] = warm_up(args, forward, batches)
             setup["warmup_s"] = time.perf_counter() - warmup_start

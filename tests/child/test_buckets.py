@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import autotune
-from autotune.child import batches, buckets, deploy, timing
+from autotune.child import batches, buckets, deploy, rounds, timing
 from autotune.child.knobs import ModelKnobs
 from tests.fixtures.models import tinynets
 
@@ -257,3 +257,24 @@ def test_a_round_interleaves_the_buckets_as_a_stream_mixes_them() -> None:
     outputs = mixed(buckets.Round(((tokens(2), tokens(6)), (tokens(12), tokens(24)))))
     assert called == [2, 12, 6, 24]
     assert [[buckets.sequence_length(o) for o in each] for each in outputs] == [[2, 6], [12, 24]]
+
+
+def test_a_model_that_takes_any_length_serves_the_shortest_lengths_once_before_it_is_timed() -> None:
+    """As a service that has served many lengths holds it (oneDNN keeps a primitive per shape, and a
+    process holding hundreds runs short requests slower): one batch of the example's size at each length from 1, cut
+    from the largest bucket's example, through the model the rounds time."""
+    called: list[tuple[int, int, bool]] = []
+
+    def record(batch: Any) -> Any:
+        called.append((buckets.sequence_length(batch), int(batch["input_ids"].shape[0]),
+                       all(t.is_contiguous() for t in batch.values())))
+        return batch
+
+    mixed = buckets.Mixed([record, record], buckets.Buckets.parse("8,32"), batch_size=2, spreads=[(2, 6), (12, 24)])
+    example = tokens(32, size=2)
+    done = rounds.fill(mixed, example, 32, count=20)
+    assert called == [(length, 2, True) for length in range(1, 21)]
+    assert done["fill_lengths"] == 20 and done["fill_s"] >= 0
+    called.clear()  # never past the largest bucket: the model takes no longer input
+    assert rounds.fill(mixed, example, 32)["fill_lengths"] == 32 and [c[0] for c in called] == list(range(1, 33))
+    assert example["input_ids"].shape == (2, 32)  # the example itself is left whole

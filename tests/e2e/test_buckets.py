@@ -51,6 +51,9 @@ def test_search_export_and_serve_mixed_lengths(tmp_path: Path, tiny_bert: Path, 
     assert sorted(measured, key=int) == ["8", "16", "32"] and all(b["sweeps"] >= 1 for b in measured.values())
     # one model per bucket is timed at the bucket's length; one dynamic model at lengths spread over it
     assert measured["16"]["lengths"] == ([10, 12, 14, 16] if shapes == "dynamic" else [16])
+    # a dynamic model is timed after it served every length up to the largest bucket once, as a service has
+    setup = winner.user_attrs["instances"][0]["setup"]
+    assert setup.get("fill_lengths") == (32 if shapes == "dynamic" else None)
 
     proc = autotune_cli(tmp_path, "export", "best.env", "--study", STUDY, "--artifacts", "artifacts")
     assert proc.returncode == 0, proc.stderr
