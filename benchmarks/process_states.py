@@ -38,6 +38,7 @@ from typing import Any
 
 import peers
 import peers_report
+from served_vs_measured import configuration_args
 
 from autotune.child.envfile import EnvFileError
 from autotune.child.envfile import read as read_env
@@ -109,10 +110,7 @@ def parse() -> argparse.Namespace:
 
 def child_argv(folder: Path, env: dict[str, str]) -> list[str]:
     """The measuring child's arguments for the exported configuration, as `autotune plan` launches it."""
-    knobs = [flag for knob in env["AUTOTUNE_KNOBS"].split() for flag in ("--set", knob)]
-    done = subprocess.run([sys.executable, "-m", "autotune", "plan", "--model", env["AUTOTUNE_MODEL"], "--seq-lens",
-                           env["AUTOTUNE_SEQ_LENS"], "--seq-len-weights", env["AUTOTUNE_SEQ_LEN_WEIGHTS"],
-                           "--batch-size", env["AUTOTUNE_BATCH_SIZE"], *knobs, "--json"],
+    done = subprocess.run([sys.executable, "-m", "autotune", "plan", *configuration_args(env), "--json"],
                           cwd=folder, env=peers.cli_env(folder), capture_output=True, text=True, check=True)
     command: list[str] = json.loads(done.stdout)["instances"][0]["command"]
     return command[command.index("autotune.child.worker") + 1:]

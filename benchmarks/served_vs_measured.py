@@ -93,16 +93,20 @@ def checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Na
 
 def bench(args: argparse.Namespace, env: dict[str, str], number: int) -> dict[str, Any]:
     """`autotune bench` of the exported configuration: each bucket's p50 ms."""
-    knobs = [flag for knob in env["AUTOTUNE_KNOBS"].split() for flag in ("--set", knob)]
-    command = [sys.executable, "-m", "autotune", "bench", "--model", env["AUTOTUNE_MODEL"], "--seq-lens",
-               env["AUTOTUNE_SEQ_LENS"], "--seq-len-weights", env["AUTOTUNE_SEQ_LEN_WEIGHTS"], "--batch-size",
-               env["AUTOTUNE_BATCH_SIZE"], *knobs, "--json"]
+    command = [sys.executable, "-m", "autotune", "bench", *configuration_args(env), "--json"]
     done = run(args, command, f"bench-{number}.log")
     if done.returncode != 0:
         return {"ok": False, "reason": tail(done)}
     result = json.loads(done.stdout)["result"]
     return {"ok": bool(result.get("ok")), "reason": str(result.get("reason") or ""),
             "buckets": bucket_p50s(result.get("instances", []))}
+
+
+def configuration_args(env: dict[str, str]) -> list[str]:
+    """`autotune bench`'s (and `plan`'s) options for the configuration an exported env file holds."""
+    knobs = [flag for knob in env["AUTOTUNE_KNOBS"].split() for flag in ("--set", knob)]
+    return ["--model", env["AUTOTUNE_MODEL"], "--seq-lens", env["AUTOTUNE_SEQ_LENS"], "--seq-len-weights",
+            env["AUTOTUNE_SEQ_LEN_WEIGHTS"], "--batch-size", env["AUTOTUNE_BATCH_SIZE"], *knobs]
 
 
 def serve(args: argparse.Namespace, env: dict[str, str], number: int) -> dict[str, Any]:
