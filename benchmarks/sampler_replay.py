@@ -153,7 +153,7 @@ class Table:
 def machine_recipes(table: Table) -> tuple[recipes.Recipe, ...]:
     """The recipes a latency search on this machine (the table's) runs, fitted to the replay space;
     with its defaults filled in, a recipe is one of the table's configurations."""
-    kept, _ = recipes.fitting(recipes.recipes(machine.this_machine().topology, "latency", bf16=True), table.space)
+    kept, _ = recipes.fitting(recipes.recipes(machine.this_machine().topology, "latency"), table.space)
     return kept
 
 

@@ -8,41 +8,55 @@ from pathlib import Path
 
 import pytest
 
-from autotune.child import cpu, runtimes
+from autotune.child import runtimes
 from autotune.child.knobs import PEER_BACKENDS
 from autotune.config import space_fit
+from autotune.host import capabilities, topology
+from autotune.host.capabilities import PROBE_DIR_ENV
 from autotune.host.libs import Libraries
 from autotune.host.lock import LOCK_ENV
 from autotune.host.machine import Machine
 from autotune.host.topology import Topology, from_lscpu_file
 
 pytest.register_assert_rewrite("tests.support")  # before they are imported: their asserts explain failures too
+from tests.support import probes  # noqa: E402
 from tests.support.pg import NoServer, Server, server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# Tests that run bf16 or int8 in an autotune process need a CPU where autotune allows them (its
-# refusal elsewhere is tested with a made-up CPU: child/test_deploy.py, test_int8.py, config/test_space.py).
+# The tests' autotune processes keep one kernel probe for this host (under test-artifacts/, which git
+# ignores), so that the suite probes once per machine; and the marks below read it.
+os.environ.setdefault(PROBE_DIR_ENV, str(ROOT / "test-artifacts" / "probe"))
+HOST_PROBE = capabilities.load(ROOT / "test-artifacts", len(topology.detect().usable_cores))
+
+
+def _refused(precision: str, runtime: str = "torch") -> str:
+    return next(filter(None, (HOST_PROBE.refusal(runtime, precision, op) for op in ("conv", "matmul"))), "")
+
+
+# Tests that run bf16 or int8 in an autotune process need a CPU whose kernel probe offers them (their
+# refusal is tested with made-up probes: host/test_capabilities.py, config/test_space.py, test_int8.py).
 # The machines this suite runs on differ: an AMD EPYC with avx512_bf16 and VNNI, another with AVX2 only.
-NEEDS_BF16 = pytest.mark.skipif(not cpu.has_bf16(), reason=f"{cpu.cpuinfo()[0]} has neither avx512_bf16 nor AMX, "
-                                                           f"where autotune refuses precision=bf16")
+NEEDS_BF16 = pytest.mark.skipif(bool(_refused("bf16")),
+                                reason=f"this CPU's kernel probe refuses bf16: {_refused('bf16')}")
 NEEDS_PEERS = pytest.mark.skipif(not (runtimes.installed("openvino") and runtimes.installed("onnxruntime")),
                                  reason="OpenVINO or ONNX Runtime is not installed (./setup.sh installs both)")
-NEEDS_INT8 = pytest.mark.skipif(not cpu.has_int8(), reason=f"{cpu.cpuinfo()[0]} has no VNNI or AMX, where "
-                                                           f"autotune refuses precision=int8")
+NEEDS_INT8 = pytest.mark.skipif(bool(_refused("int8")),
+                                reason=f"this CPU's kernel probe refuses int8: {_refused('int8')}")
+
+
+@pytest.fixture(autouse=True)
+def made_up_probe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search or bench in this process sees a CPU where every precision runs (`tests.support.probes`),
+    whatever this one is, unless the test runs real benchmarks (e2e) or tests the probe itself (real_probe)."""
+    if request.node.get_closest_marker("e2e") or request.node.get_closest_marker("real_probe"):
+        return
+    monkeypatch.setattr(capabilities, "load", lambda *args, **kwargs: probes.everything_runs())
 
 
 def lscpu(name: str) -> Topology:
     return from_lscpu_file(FIXTURES / "lscpu" / f"{name}.txt")
-
-
-@pytest.fixture
-def bf16_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bf16 allowed in this process whatever the CPU: autotune refuses it where the CPU lacks
-    avx512_bf16 and AMX because it is slow there, but torch computes it on any x86 CPU, so the
-    answers and plumbing a test checks in-process hold everywhere."""
-    monkeypatch.setattr(cpu, "has_bf16", lambda: True)
 
 
 @pytest.fixture

@@ -18,53 +18,92 @@ from autotune.child.knobs import ModelKnobs
 from autotune.config import space, space_fit
 from autotune.config.knobs import Config
 from autotune.host import machine
+from autotune.host.capabilities import Probe
 from autotune.measure import requests
 from autotune.search import opening
 from tests.conftest import FIXTURES, NEEDS_INT8
+from tests.support import probes
 from tests.support.cli import run_cli
 from tests.support.spaces import FakeTrial
 
 XEON = FIXTURES / "lscpu" / "xeon_2s_ht.txt"
-NO_VNNI = ("Intel(R) Xeon(R) CPU E5-2690 v4", frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}))
-VNNI = ("Intel(R) Xeon(R) Gold 6248", frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}))
+NO_VNNI = ("AMD EPYC 7B13", frozenset({"avx2", "fma"}))  # a Zen 3: AVX2, no AVX-512, no VNNI
 
 
-def search_space(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, frozenset[str]]) -> space.SearchSpace:
+def search_space(monkeypatch: pytest.MonkeyPatch, probe: Probe,
+                 flags: tuple[str, frozenset[str]] = NO_VNNI) -> space.SearchSpace:
     monkeypatch.setattr(cpu, "cpuinfo", lambda: flags)
     # a model whose work is in Linear layers, so int8_dynamic and int8_weight_only are offered too
     request = opening.SearchRequest(model="vit_b_16", trials=2, space=space.find("default"))
-    return opening.validate(request, machine.described_machine(XEON))[1]
+    return opening.validate(request, machine.described_machine(XEON), probe)[1]
 
 
-def test_int8_is_not_offered_on_a_cpu_without_vnni_or_amx(monkeypatch: pytest.MonkeyPatch) -> None:
-    adapted = search_space(monkeypatch, NO_VNNI)
-    assert adapted.get("precision").choices == ("fp32", "bf16", "int8_weight_only")  # type: ignore[union-attr]
-    assert "precision=int8 dropped: this CPU has neither VNNI (avx512_vnni, avx_vnni) nor AMX" in adapted.notes
-    assert machine.report(machine.described_machine(XEON))["precisions"] == {"bf16": True, "int8": False}
-    with pytest.raises(ApplyError, match="precision=int8 needs a CPU with VNNI"):
-        ModelKnobs(backend="inductor", precision="int8").check()
-    with pytest.raises(ConfigError, match="precision=int8 needs a CPU with VNNI"):
-        requests.make_plan(requests.BenchRequest("resnet18", Config.from_assignments(
-            ["backend=inductor", "precision=int8"])), machine.this_machine())
+def test_int8_is_offered_on_a_cpu_without_vnni_whose_probe_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CPU flag decides: a Zen 3 without VNNI whose probe runs int8 well gets every int8."""
+    adapted = search_space(monkeypatch, probes.everything_runs())
+    assert adapted.get("precision").choices == (  # type: ignore[union-attr]
+        "fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")
+    assert not [n for n in adapted.notes if "precision" in n]
+    ModelKnobs(backend="inductor", precision="int8").check()
+    ModelKnobs(precision="int8_dynamic").check()
+    requests.make_plan(requests.BenchRequest("resnet18", Config.from_assignments(
+        ["backend=inductor", "precision=int8"])), machine.this_machine())
 
 
-def test_int8_is_offered_with_vnni_and_only_with_a_backend_that_quantizes(monkeypatch: pytest.MonkeyPatch) -> None:
-    adapted = search_space(monkeypatch, VNNI)
-    assert adapted.get("precision").choices == ("fp32", "int8", "int8_dynamic", "int8_weight_only")  # type: ignore[union-attr]
-    assert machine.report(machine.described_machine(XEON))["precisions"] == {"bf16": False, "int8": True}
+def test_a_precision_whose_probe_fails_is_dropped_with_the_probe_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = {**probes.failing("torch:int8:conv", "RuntimeError: could not create a primitive"),
+              **probes.failing("torch:int8:matmul", "RuntimeError: could not create a primitive")}
+    adapted = search_space(monkeypatch, probes.probe(failed))
+    assert "int8" in adapted.get("precision").choices  # type: ignore[union-attr]  # OpenVINO's and ONNX Runtime's run
+    assert ("precision=int8 only with backend=openvino/onnxruntime: with inductor, its probe failed: RuntimeError: "
+            "could not create a primitive") in adapted.notes
+    small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
+    assert "backend=inductor precision=int8" not in {c.describe() for c in small.configurations() or []}
+    everywhere = {f"{r}:int8:{op}": probes.failing("", "RuntimeError: no int8")[""]
+                  for r in ("torch", "openvino", "onnxruntime") for op in ("conv", "matmul")}
+    adapted = search_space(monkeypatch, probes.probe(everywhere))
+    assert "int8" not in adapted.get("precision").choices  # type: ignore[union-attr]
+    assert ("precision=int8 dropped: PyTorch: its probe failed: RuntimeError: no int8; OpenVINO: its probe failed: "
+            "RuntimeError: no int8; ONNX Runtime: its probe failed: RuntimeError: no int8") in adapted.notes
+
+
+def test_a_precision_measured_3x_slower_than_fp32_is_dropped_with_the_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
+    slow = {"torch:int8_dynamic:matmul": {"gops": {"1": 33.0, "2": 66.0}}}
+    adapted = search_space(monkeypatch, probes.probe(slow))
+    assert "int8_dynamic" not in adapted.get("precision").choices  # type: ignore[union-attr]
+    assert "precision=int8_dynamic dropped: it measured 3.0x slower than fp32 in its probe (matmul)" in adapted.notes
+    # `bench` measures it all the same, and says why a search does not offer it
+    note = requests.check_runs_here(requests.BenchRequest("vit_b_16", Config.from_assignments(
+        ["precision=int8_dynamic"])), probes.probe(slow))
+    assert note == ("precision=int8_dynamic with backend=eager: it measured 3.0x slower than fp32 in its probe "
+                    "(matmul), so a search does not offer it")
+
+
+def test_bench_refuses_a_precision_its_probe_could_not_run_in_one_line() -> None:
+    failed = probes.probe(probes.failing("torch:int8:conv", "RuntimeError: could not create a primitive"))
+    with pytest.raises(ConfigError, match=r"^precision=int8 cannot run here with backend=inductor: its probe failed: "
+                                          r"RuntimeError: could not create a primitive; use precision=fp32 \(or "
+                                          r"`autotune doctor --probe` to measure this CPU again\)$"):
+        requests.check_runs_here(requests.BenchRequest("resnet18", Config.from_assignments(
+            ["backend=inductor", "precision=int8"])), failed)
+
+
+def test_int8_is_offered_only_with_a_backend_that_quantizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapted = search_space(monkeypatch, probes.probe(probes.failing("torch:bf16:matmul", "RuntimeError: no")))
+    assert adapted.get("precision").choices == ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")  # type: ignore[union-attr]
     small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
     assert {c.describe() for c in small.configurations() or []} == {
-        "defaults", "backend=eager precision=fp32", "backend=torchscript precision=fp32",
+        "backend=eager precision=fp32", "backend=torchscript precision=fp32",
         "backend=inductor precision=fp32", "backend=inductor precision=int8", "backend=openvino precision=fp32",
-        "backend=openvino precision=int8", "backend=onnxruntime precision=fp32",
+        "backend=openvino precision=int8", "backend=openvino precision=bf16", "backend=onnxruntime precision=fp32",
         "backend=onnxruntime precision=int8", "backend=eager precision=int8_dynamic",
         "backend=eager precision=int8_weight_only", "backend=inductor precision=int8_dynamic",
-        "backend=inductor precision=int8_weight_only"} - {"defaults"}
+        "backend=inductor precision=int8_weight_only"}
 
 
 def test_precision_is_its_own_optuna_parameter_where_int8_is_not_offered() -> None:
     """Optuna refuses other choices under one parameter name across trials."""
-    adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={"bf16": True, "int8": True})
+    adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={})
     eager = FakeTrial()
     adapted.sample(_Fixed(eager, backend="eager"))
     eager_param = "precision (fp32/bf16/int8_dynamic/int8_weight_only)"

@@ -34,3 +34,12 @@ REMEASURE = 0.25  # IQR/median above this takes more replicates, at most `max_ex
 # A trial's autotune judged dead (base/processes.py): the process now holding its pid started more
 # than this apart from the recorded start (psutil gives it to 1/100 s; boot time is read whole).
 SAME_START_S = 0.1
+
+# What the kernel probe must show for a precision to be offered on this CPU (host/capabilities.py).
+# Relative error against fp32 on the probe's inputs, at most: bf16 measured 0.002-0.003 and int8
+# 0.004-0.008 where they work; int8 whose 16-bit sums saturate 0.09, torchao's dynamic int8 on an
+# AVX2-limited EPYC 0.36.
+PROBE_AGREES = {"bf16": 0.02, "int8": 0.05}
+# A precision this many times slower than fp32 at every thread count probed is not offered: bf16
+# emulated on an AVX2-limited EPYC measured 5-33x slower.
+PROBE_SLOWER = 2.0

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import buckets, cpu, hf, linear_int8, peers, runtimes
+from autotune.child import buckets, cpu, hf, kernels, linear_int8, peers, runtimes
 from autotune.child.artifacts import (
     ARTIFACT_FORMAT,
     CALIBRATION_KIND,
@@ -458,6 +458,9 @@ def artifact_meta(knobs: ModelKnobs, example: Any, weights: str, calibration: st
         meta["runtime"] = runtimes.version(knobs.backend)
     if calibration:
         meta["calibration"] = calibration  # int8: what the quantizer observed
+    remedy = kernels.remedy(knobs.backend) if knobs.precision == "int8" else ""
+    if remedy:
+        meta["int8_remedy"] = remedy  # quantized otherwise: another artifact
     # Inductor bakes the thread count into its kernels (`omp parallel num_threads(N)`, and no
     # parallel loops at all for 1 thread), so each thread count is its own artifact.
     return meta | ({"threads": torch.get_num_threads()} if knobs.backend == "inductor" else {})

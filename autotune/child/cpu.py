@@ -1,17 +1,21 @@
-"""This CPU's model name and instruction-set flags: what decides whether bf16, int8 (or an artifact
-compiled elsewhere) can run here. Read by the child and the parent alike."""
+"""This CPU's model name and instruction-set flags, and the instruction-set limits the environment
+sets: what a compiled artifact (and a host class, and the kernel probe) is keyed by. Which
+precisions run here, and how fast, is not read off these flags: the kernel probe measures it
+(`autotune.child.kernels`, `autotune.host.capabilities`)."""
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import re
 from pathlib import Path
 
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-# The x86 int8 kernels oneDNN picks (and torchao's x86 quantizer assumes: full uint8 range) need VNNI or AMX.
-INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+# What the environment can limit the instruction set to (oneDNN's JIT, ATen's kernels, inductor's
+# code, OpenVINO's CPU plugin): `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` makes an AVX-512
+# machine run what an AVX2 one does.
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 
 
 @functools.lru_cache(maxsize=1)
@@ -27,12 +31,9 @@ def cpuinfo() -> tuple[str, frozenset[str]]:
             frozenset(flags.group(1).split()) if flags else frozenset())
 
 
-def has_bf16() -> bool:
-    return any(flag in cpuinfo()[1] for flag in BF16_FLAGS)
-
-
-def has_int8() -> bool:
-    return any(flag in cpuinfo()[1] for flag in INT8_FLAGS)
+def isa_limits() -> dict[str, str]:
+    """The instruction-set limits this environment sets, as set."""
+    return {name: os.environ[name] for name in ISA_LIMITS if os.environ.get(name)}
 
 
 # Flag families a compiler may emit instructions from: an artifact is keyed by all of them.
@@ -40,5 +41,7 @@ KERNEL_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "bmi", "sse", "vpclmul", "g
 
 
 def isa() -> tuple[str, ...]:
-    """The flags that change which instructions a compiled artifact may contain."""
-    return tuple(sorted(flag for flag in cpuinfo()[1] if flag.startswith(KERNEL_FLAG_PREFIXES)))
+    """The flags that change which instructions a compiled artifact may contain, and the limits
+    the environment puts on them (`NAME=VALUE`, none unless set)."""
+    flags = sorted(flag for flag in cpuinfo()[1] if flag.startswith(KERNEL_FLAG_PREFIXES))
+    return (*flags, *(f"{name}={value}" for name, value in sorted(isa_limits().items())))

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,3 +34,15 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
     with replacing(target) as tmp:
         tmp.write_text(text, encoding="utf-8")
         os.chmod(tmp, 0o644)
+
+
+def unwritable(folder: Path) -> str:
+    """Why `folder` cannot be made or written into ("" when it can): it is made where missing, and
+    a file is tried in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return ""

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from autotune.child import cpu, runtimes
+from autotune.child import runtimes
 from autotune.child.envfile import SWITCH, value_text
 from autotune.child.errors import ApplyError
 
@@ -82,10 +82,6 @@ SHAPES = ("buckets", "dynamic")  # how a compiled model serves sequence-length b
 LINEAR_INT8: tuple[Precision, ...] = ("int8_dynamic", "int8_weight_only")
 # Quantized: judged by top-1 agreement and cosine similarity with eager fp32 (`quantize.agreement_guard`).
 QUANTIZED: tuple[Precision, ...] = ("int8", *LINEAR_INT8)
-# The precisions whose matmuls multiply int8 by int8: oneDNN's u8s8 kernels need VNNI or AMX to be fast
-# (without them the 16-bit intermediate sums can saturate, which torchao's reduce_range works around).
-# int8_weight_only is not one: its int8 weights are scaled back to fp32 before an fp32 matmul, so any CPU runs it.
-INT8_KERNELS: tuple[Precision, ...] = ("int8", "int8_dynamic")
 
 
 def _knob_table() -> dict[str, Knob]:
@@ -112,10 +108,10 @@ def _knob_table() -> dict[str, Knob]:
              choices=("contiguous", "channels_last"), default="contiguous", only_when=(*dense, *torch_run),
              model=True),
         Knob("precision", "choice", "fp32; bf16 = autocast, or OpenVINO's bf16 inference precision (offered where "
-             "the CPU has avx512_bf16 or AMX); int8 = static quantization calibrated on the example batches: PT2E "
-             "for inductor, NNCF for openvino, QDQ for onnxruntime (offered where the CPU has VNNI or AMX); "
-             "int8_dynamic = torchao's dynamic int8 of every nn.Linear, activations quantized as it runs (VNNI or "
-             "AMX); int8_weight_only = torchao's int8 weights of every nn.Linear, computed in fp32 (eager, inductor)",
+             "the kernel probe measured bf16 run well); int8 = static quantization calibrated on the example "
+             "batches: PT2E for inductor, NNCF for openvino, QDQ for onnxruntime; int8_dynamic = torchao's dynamic "
+             "int8 of every nn.Linear, activations quantized as it runs; int8_weight_only = torchao's int8 weights "
+             "of every nn.Linear, computed in fp32 (eager, inductor)",
              choices=PRECISIONS, default="fp32", only_when=dense, model=True),
         Knob("shapes", "choice", "with sequence-length buckets (--seq-lens): buckets = one AOTInductor model per "
              "length, each request padded to the smallest bucket that holds it; dynamic = one AOTInductor model "
@@ -294,19 +290,15 @@ class ModelKnobs:
         return cls(**{name: values[name] for name in MODEL_KNOBS if name in values})  # type: ignore[arg-type]
 
     def check(self) -> None:
-        """Combinations the conversions cannot honour (the knobs' conditions), and what this machine cannot run."""
+        """Combinations the conversions cannot honour (the knobs' conditions), and a runtime or a
+        torch build this machine lacks. Whether a precision runs well on this CPU is the kernel
+        probe's to say, when a search chooses; a configuration that was chosen is converted as asked."""
         values = asdict(self)
         problem = broken_condition(values, [name for name in MODEL_KNOBS if values[name] != KNOBS[name].default])
         if problem:
             raise ApplyError(problem)
         if self.peer and not runtimes.installed(self.backend):
             raise ApplyError(runtimes.not_installed(self.backend))
-        if self.precision == "bf16" and not cpu.has_bf16():
-            raise ApplyError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
-                             "use precision=fp32 (search again on this machine)")
-        if self.precision in INT8_KERNELS and not cpu.has_int8():
-            raise ApplyError(f"precision={self.precision} needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and "
-                             f"this one has none; use precision=fp32 (search again on this machine)")
         if self.mkldnn:
             import torch
 

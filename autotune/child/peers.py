@@ -11,6 +11,10 @@ torch tensors, so that a user's program does not change when the winner is anoth
   are the process's thread count. precision=int8: ONNX Runtime's static quantization (QDQ, uint8
   activations, int8 weights per channel) on the calibration batches.
 
+Where this CPU's int8 kernels saturate their 16-bit sums (`kernels.saturates`, measured on the
+runtime itself: CPUs without VNNI), NNCF quantizes with its overflow fix and ONNX Runtime with
+reduce_range, both 7-bit weights.
+
 What is saved depends only on the model, the inputs, the precision, the runtime and the CPU; the
 runtime's settings apply when it is loaded, so every setting loads the same file.
 
@@ -28,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.child import kernels
 from autotune.child.batches import explain, split
 from autotune.child.errors import ApplyError
 from autotune.child.knobs import ModelKnobs
@@ -132,7 +137,8 @@ def _nncf_quantized(model: Any, converted: Any, calibration: Sequence[Any]) -> A
     transformer = any("attention" in type(m).__name__.lower() for m in model.modules())
     try:
         return nncf.quantize(converted, nncf.Dataset(batches), subset_size=len(batches),
-                             model_type=nncf.ModelType.TRANSFORMER if transformer else None)
+                             model_type=nncf.ModelType.TRANSFORMER if transformer else None,
+                             advanced_parameters=_overflow_fix())
     except Exception as exc:
         raise ApplyError(f"precision=int8: NNCF could not quantize the OpenVINO model ({explain(exc)}); use "
                          f"precision=fp32 or bf16 with backend=openvino") from exc
@@ -171,10 +177,19 @@ def _ort_quantized(exported: Path, tmp: Path, calibration: Sequence[Any], folder
     try:
         quant_pre_process(str(exported), str(prepared))
         quantize_static(str(prepared), str(tmp), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        reduce_range=bool(kernels.remedy("onnxruntime")))
     except Exception as exc:
         raise ApplyError(f"precision=int8: ONNX Runtime's static quantization failed ({explain(exc)}); use "
                          f"precision=fp32 with backend=onnxruntime") from exc
+
+
+def _overflow_fix() -> Any:
+    """NNCF's 7-bit weights on every layer where this CPU's int8 sums saturate (`kernels.saturates`,
+    measured), else NNCF's own choice."""
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+
+    return AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE) if kernels.remedy("openvino") else None
 
 
 def _failed_at(exc: BaseException) -> str:

@@ -242,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     # Compiled kernels persist, one folder per torch version (so `autotune cache` can tell which ones
     # this torch can still use), and a repeated configuration does not compile again.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.cache_dir, "inductor", installed_torch_version())))
-    kernels = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    new_from = outermost_missing(kernels)  # torch._dynamo's import creates the folder, needed or not
+    inductor_cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    new_from = outermost_missing(inductor_cache)  # torch._dynamo's import creates the folder, needed or not
     import torch
 
-    from autotune.child import rounds
+    from autotune.child import kernels, rounds
     from autotune.child.batches import explain
     from autotune.child.build import build, dataset_of, knobs_of
     from autotune.child.errors import ApplyError, WrongAnswers
@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
 
         forward = built(args, examples[0], setup) if found is None else \
             rounds.build_mixed(parts, examples, found, knobs_of(args).one_shape, setup, built)
+        if found is None and knobs_of(args).is_default:  # PyTorch's defaults: the model's own work, once per study
+            setup["flops_per_item"] = kernels.model_flops(forward, examples[0]) / args.batch_size
         if args.probe:
             # what really ran goes with it: the harness checks every preloaded library was used
             write_json(args.result, {"status": "ok", "setup": setup, "runtime": runtime_report(args)})
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         # the guard's verdict on the converted model: every process that runs this model answers the same
         write_json(args.result, {"status": "error", "reason": reason, "wrong_answers": isinstance(exc, WrongAnswers),
                                  "setup": setup})
-        remove_empty(kernels, new_from)
+        remove_empty(inductor_cache, new_from)
         return EXIT_BENCH_ERROR
     window = wait_for_go(args.ready_fd, args.duration)
     if args.profile > 0:

@@ -14,22 +14,34 @@ import click
 
 from autotune.base.errors import AutotuneError
 from autotune.cli import display, options
-from autotune.cli.common import EXIT_FAILED, emit, holding
+from autotune.cli.common import EXIT_FAILED, emit, holding, note
 from autotune.config import knobs, models
-from autotune.host import machine
+from autotune.host import capabilities, machine
 from autotune.measure import requests
 
 
 @click.command()
+@options.cache_dir_option
+@click.option("--probe", "rerun", is_flag=True,
+              help="Measure again what this CPU runs and how fast (the kernel probe), instead of the kept figures.")
+@options.no_wait_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def doctor(as_json: bool) -> None:
-    """What autotune sees on this machine and which knobs it can use.
+def doctor(cache_dir: Path, rerun: bool, no_wait: bool, as_json: bool) -> None:
+    """What autotune sees on this machine, which precisions each runtime runs here and how fast.
+
+    The precisions and peaks come from the kernel probe: a convolution and a matmul in every
+    precision and runtime, and the memory bandwidth, measured once per host and library versions
+    (about 15 s) and kept in the cache folder.
 
     \b
     Example:
-      autotune doctor --json
+      autotune doctor
+      autotune doctor --probe --json
     """
-    emit("doctor", machine.report(machine.this_machine()), as_json, display.doctor)
+    here = machine.this_machine()
+    with holding("doctor", no_wait):
+        probe = capabilities.load(cache_dir, len(here.topology.usable_cores), rerun=rerun, say=note)
+    emit("doctor", machine.report(here) | {"probe": probe.to_json()}, as_json, display.doctor)
 
 
 @click.command()
@@ -83,6 +95,10 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
     here = machine.this_machine()
     launch = requests.make_plan(request, here)
     with holding("bench", no_wait):
+        probe = capabilities.load(cache_dir, len(here.topology.usable_cores), say=note)
+        slower = requests.check_runs_here(request, probe)
+        if slower:
+            note(slower)
         requests.check_model(request, here, timeout)
         with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
                             f"{len(launch.instances)} instance(s)", quiet=as_json) as on_phase:
@@ -144,8 +160,8 @@ def cache_command(cache_dir: Path, prune: bool, older_than: float | None, includ
     if chosen and not dry_run:
         with holding("cache --prune", no_wait):  # never delete what a measurement is loading
             failed = [why for why in map(cache.remove, chosen) if why]
-    for note in notes + failed:
-        display.err.print(f"note: {note}", markup=False, soft_wrap=True)
+    for line in notes + failed:
+        note(line)
     data = {"cache_dir": str(cache_dir), "entries": [e.to_json() for e in entries], "pruned": prune,
             "dry_run": dry_run, "removed": [str(e.path) for e in chosen], "failed": failed}
     emit("cache", data, as_json, lambda _: display.cache(entries, chosen, prune and not dry_run, time.time()))

@@ -13,9 +13,9 @@ import click
 
 from autotune.base.errors import AutotuneError
 from autotune.cli import display, live, options, verdicts
-from autotune.cli.common import EXIT_FAILED, STUDIES, emit, holding
+from autotune.cli.common import EXIT_FAILED, STUDIES, emit, holding, note
 from autotune.config import knobs, models
-from autotune.host import machine
+from autotune.host import capabilities, machine
 from autotune.measure import requests
 from autotune.measure.objectives import COMPARABLE, metric_of, min_rounds_two_sided, parse_objective
 from autotune.measure.plan import LaunchPlan
@@ -100,9 +100,10 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
     here = machine.this_machine()
     opening.validate(request, here)  # a bad input is said at once, not after waiting for the machine
     with holding("search", no_wait):
-        opened = opening.open_search(request, here, check=requests.check_model)
-        for note in opened.notes:
-            display.err.print(f"note: {note}", markup=False)
+        probe = capabilities.load(cache_dir, len(here.topology.usable_cores), say=note)
+        opened = opening.open_search(request, here, check=requests.check_model, probe=probe)
+        for line in opened.notes:
+            note(line)
         progress = live.SearchProgress(request.objective, replicates=replicates, warm=warm_replicates)
         try:
             stopped = loop.run_search(opened, here, progress, _reporting(progress))

@@ -24,6 +24,11 @@ def holding(command: str, no_wait: bool) -> AbstractContextManager[None]:
                         say=lambda line: display.err.print(line, markup=False, soft_wrap=True))
 
 
+def note(line: str) -> None:
+    """A line for the user beside the output (on stderr): `note: ...`."""
+    display.err.print(f"note: {line}", markup=False, soft_wrap=True)
+
+
 def emit(kind: str, data: dict[str, Any], as_json: bool, render: Any) -> None:
     if as_json:
         click.echo(json.dumps(display.json_document(kind, data), indent=2, default=str))

@@ -71,8 +71,10 @@ def doctor(report: Mapping[str, Any]) -> None:
     siblings = report["smt_siblings"]
     table.add_row("smt_siblings", ", ".join(f"{c}:{s}" for c, s in siblings.items()) or "none")
     table.add_row("isa", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["isa"].items()))
-    table.add_row("precisions", " ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["precisions"].items()))
+    if report["isa_limits"]:
+        table.add_row("isa_limits", " ".join(f"{k}={v}" for k, v in report["isa_limits"].items()))
     out.print(table)
+    probe(report["probe"])
     libs = new_table("Libraries", "library", "path", "install if missing")
     for name, info in report["libraries"].items():
         libs.add_row(name, info["path"] or "[red]missing[/red]", info["install"] or "")
@@ -89,6 +91,26 @@ def doctor(report: Mapping[str, Any]) -> None:
     for backend, info in report["runtimes"].items():
         if info["install"]:
             out.print(f"[yellow]backend={backend} needs {info['name']}: {escape(info['install'])}[/yellow]")
+
+
+def probe(data: Mapping[str, Any]) -> None:
+    """The kernel probe: each runtime's precisions, their GOP/s per thread count, and whether a search offers them."""
+    threads = data["threads"]
+    table = new_table(f"What this CPU runs (kernel probe, {data['measured_at']})", "runtime", "precision", "op",
+                      *(f"GOP/s {t}T" for t in threads), "x fp32", "rel. error", "offered")
+    for kernel in data["kernels"]:
+        gops = [f"{kernel['gops'][str(t)]:.0f}" if str(t) in kernel["gops"] else "-" for t in threads]
+        ratio = f"{kernel['over_fp32']:.2f}" if kernel["over_fp32"] is not None else "-"
+        error = f"{kernel['rel_error']:.4f}" if kernel["rel_error"] is not None else "-"
+        verdict = "[red]no: " + escape(kernel["refusal"]) + "[/red]" if kernel["refusal"] else "yes"
+        if kernel["remedy"]:
+            verdict += f" ({kernel['remedy']}: 16-bit sums saturate here)"
+        table.add_row(kernel["runtime"], kernel["precision"], kernel["op"], *gops, ratio, error, verdict)
+    out.print(table)
+    if data["bandwidth"]:
+        out.print("memory bandwidth (STREAM): " + ", ".join(
+            f"{t} thread(s) copy {b['copy_gbs']:.1f} GB/s, triad {b['triad_gbs']:.1f} GB/s"
+            for t, b in data["bandwidth"].items()))
 
 
 def plan(data: Mapping[str, Any]) -> None:
@@ -167,6 +189,10 @@ def search_summary(body: Mapping[str, Any]) -> None:
         out.print(recipe_words(body["versus_recipes"]), soft_wrap=True, highlight=False, markup=False)
     if body["accounting"]:
         accounting(body["accounting"])
+    if body["efficiency"]:
+        from autotune.study.efficiency import words
+
+        out.print(f"against this CPU: {words(body['efficiency'])}", soft_wrap=True, highlight=False, markup=False)
 
 
 def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], storage: str) -> None:

@@ -16,7 +16,7 @@ from autotune.deploy import export
 from autotune.measure.objectives import Metric, unit_of
 from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, median
 from autotune.search.confirm import Rounds
-from autotune.study import confirmations, records
+from autotune.study import confirmations, efficiency, records
 from autotune.study.storage import shown
 
 # What each best trial reports besides its number, configuration and values.
@@ -45,7 +45,7 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
             "versus_recipes": export.recipe_comparison(study, best[0]) if best else None,
             "accounting": attrs.get("accounting"), "stopped": stopped or None,
             "confirmation": attrs.get("confirmation"), "confirmations": confirmations.count(attrs),
-            "confirmed_now": confirmed_now}
+            "confirmed_now": confirmed_now, "efficiency": efficiency.of_recommended(study)}
 
 
 def comparison(measured: Rounds, metric: Metric, result: PairedComparison | None) -> dict[str, Any]:

@@ -72,6 +72,11 @@ class ModelSpec:
         convolutional networks, whose one Linear is the classifier."""
         return self.kind != "torchvision" or self.name.startswith(LINEAR_FAMILIES)
 
+    @property
+    def probe_op(self) -> str:
+        """The operation of the kernel probe this model's work is like (`autotune.child.kernels`)."""
+        return "matmul" if self.linear_heavy else "conv"
+
     def check_shapes(self, shapes: object) -> None:
         """shapes=dynamic is one compiled model for every sequence length of the buckets: without
         buckets it has nothing to serve."""

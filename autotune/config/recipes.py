@@ -20,6 +20,7 @@ from autotune.base.errors import ConfigError
 from autotune.child.knobs import PEER_BACKENDS
 from autotune.config.knobs import Config, KnobValue
 from autotune.config.space import SearchSpace
+from autotune.host.capabilities import Refused
 from autotune.host.topology import Topology
 
 
@@ -50,45 +51,46 @@ def _launcher(cores: int) -> dict[str, KnobValue]:
 
 COMPILE = {"backend": "inductor", "memory_format": "channels_last"}
 COMPILE_BF16 = {**COMPILE, "precision": "bf16"}
-# Vendors' CPU inference guides put int8 first for throughput where VNNI or AMX runs it.
+# Vendors' CPU inference guides put int8 first for throughput; offered wherever the probe runs it well.
 COMPILE_INT8 = {**COMPILE, "precision": "int8"}
 
 
 # Each runtime at its own defaults (OpenVINO's LATENCY hint, ONNX Runtime's full graph optimization),
-# then OpenVINO's bf16 inference precision where the CPU has bf16 (as the expert bf16 recipe; OpenVINO
-# does not always pick it by itself: on an AVX-512 EPYC without AMX its defaults ran fp32) and its int8
-# through NNCF where int8 is offered (as the expert int8 recipe).
+# then OpenVINO's bf16 inference precision where its probe runs bf16 well (as the expert bf16 recipe;
+# OpenVINO does not always pick it by itself: on an AVX-512 EPYC without AMX its defaults ran fp32) and
+# its int8 through NNCF where its probe runs int8 (as the expert int8 recipe).
 PEERS = {"openvino": "OpenVINO defaults (LATENCY hint)", "onnxruntime": "ONNX Runtime defaults"}
 PEER_BF16 = {"openvino": "OpenVINO bf16"}
 PEER_INT8 = {"openvino": "OpenVINO int8 (NNCF)"}
 
 
-def peer_recipes(installed: Mapping[str, bool], bf16: bool, int8: bool) -> list[Recipe]:
-    """The peer recipes of the runtimes installed here (`installed`: backend -> its packages are)."""
+def peer_recipes(installed: Mapping[str, bool], refused: Refused) -> list[Recipe]:
+    """The peer recipes of the runtimes installed here (`installed`: backend -> its packages are),
+    but those this CPU's probe refused (`refused`: (backend, precision) -> why)."""
     found = []
-    for backend in (b for b in PEER_BACKENDS if installed.get(b, False)):
+    for backend in (b for b in PEER_BACKENDS if installed.get(b, False) and (b, "fp32") not in refused):
         found.append(Recipe(PEERS[backend], Config.from_mapping({"backend": backend})))
-        for offered, names, precision in ((bf16, PEER_BF16, "bf16"), (int8, PEER_INT8, "int8")):
-            if offered and backend in names:
+        for names, precision in ((PEER_BF16, "bf16"), (PEER_INT8, "int8")):
+            if backend in names and (backend, precision) not in refused:
                 found.append(Recipe(names[backend], Config.from_mapping({"backend": backend, "precision": precision})))
     return found
 
 
-def recipes(topology: Topology, objective: str, bf16: bool, int8: bool = False,
+def recipes(topology: Topology, objective: str, refused: Refused | None = None,
             installed: Mapping[str, bool] | None = None) -> list[Recipe]:
     """The known recipes for this machine and objective, in the order a search runs them: the peer
     recipes of the runtimes `installed` (backend -> whether its packages are; none when None), then
-    the experts'."""
-    cores = len(topology.usable_cores)
+    the experts'; a recipe whose precision this CPU's probe refused (`refused`) is not among them."""
+    cores, refused = len(topology.usable_cores), refused or {}
     experts = [Recipe("seed", Config.from_mapping(_seed(cores))),
                Recipe("pytorch-launcher", Config.from_mapping(_launcher(cores))),
                Recipe("compile+channels_last", Config.from_mapping(COMPILE))]
-    if bf16:
+    if ("inductor", "bf16") not in refused:
         experts.append(Recipe("compile+bf16+channels_last", Config.from_mapping(COMPILE_BF16)))
-    if int8:
+    if ("inductor", "int8") not in refused:
         experts.append(Recipe("compile+int8+channels_last", Config.from_mapping(COMPILE_INT8)))
     found = []
-    for group in (peer_recipes(installed or {}, bf16, int8), experts):
+    for group in (peer_recipes(installed or {}, refused), experts):
         found += group + ([_per_node(r, topology) for r in group] if objective != "latency" else [])
     return found
 

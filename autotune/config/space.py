@@ -89,6 +89,9 @@ class KnobRange:
     step: int = 1
     log: bool = False
     when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Conditions of single values that this machine adds to the knob table's (`VALUE_CONDITIONS`):
+    # (value, condition), e.g. precision=bf16 only with the backends whose probe runs it fast.
+    value_when: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = ()
 
     @property
     def is_range(self) -> bool:
@@ -97,10 +100,15 @@ class KnobRange:
     def applies(self, sampled: Mapping[str, KnobValue]) -> bool:
         return _holds(self.when, sampled)
 
+    def value_condition(self, value: KnobValue) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """What must hold for this knob to take `value`: the knob table's condition and this machine's."""
+        text = value_text(value)
+        return VALUE_CONDITIONS.get((self.name, text), ()) + dict(self.value_when).get(text, ())
+
     def offered(self, sampled: Mapping[str, KnobValue]) -> tuple[KnobValue, ...]:
         """The choices whose own condition holds for what `sampled` holds (precision=int8 needs
         a backend that quantizes)."""
-        return tuple(c for c in self.choices if _holds(VALUE_CONDITIONS.get((self.name, value_text(c)), ()), sampled))
+        return tuple(c for c in self.choices if _holds(self.value_condition(c), sampled))
 
     def param(self, sampled: Mapping[str, KnobValue]) -> str:
         """The Optuna parameter that samples this knob: its name, or, when a value's condition
@@ -232,6 +240,8 @@ class SearchSpace:
             k.name: ({"choices": [value_text(c) for c in k.choices]} if k.choices else
                      {"low": k.low, "high": k.high, "step": k.step, "log": k.log})
             | ({"when": {n: list(v) for n, v in k.when}} if k.when else {})
+            | ({"value_when": {value: {n: list(v) for n, v in cond} for value, cond in k.value_when}}
+               if k.value_when else {})
             for k in self.knobs}}
 
 

@@ -1,6 +1,7 @@
-"""A loaded search space fitted to one machine: what it lacks (libraries, runtimes, bf16, int8)
-dropped with a note, ranges of cores capped at its cores, and the knobs a user pinned with `--set`;
-and how a study's recorded space differs from this host's.
+"""A loaded search space fitted to one machine: what it lacks (libraries, runtimes) dropped with a
+note, the backends and precisions its kernel probe refused dropped with the probe's words, ranges
+of cores capped at its cores, and the knobs a user pinned with `--set`; and how a study's recorded
+space differs from this host's.
 """
 
 from __future__ import annotations
@@ -11,25 +12,25 @@ from typing import Any
 
 from autotune.child import runtimes
 from autotune.child.envfile import value_text
-from autotune.child.knobs import INT8_KERNELS, LINEAR_INT8, PEER_BACKENDS
-from autotune.config.knobs import KNOBS, Config, KnobValue, conditions, knob
+from autotune.child.kernels import RUNTIME_OF
+from autotune.child.knobs import LINEAR_INT8, PEER_BACKENDS
+from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, KnobValue, conditions, knob
 from autotune.config.space import CORE_BOUND, SAMPLE_ORDER, KnobRange, SearchSpace, SpaceError
+from autotune.host.capabilities import Refused
 from autotune.host.libs import LIBRARIES
 
-# Which library, runtime or CPU feature each choice needs, so a machine without it never samples it.
+# Which library or runtime each choice needs, so a machine without it never samples it.
 NEEDS: dict[tuple[str, str], str] = {
     ("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
     ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
-    ("precision", "bf16"): "bf16", **{("precision", value): "int8" for value in INT8_KERNELS},
     **{("backend", backend): backend for backend in PEER_BACKENDS}}
 
 
 # What is missing when a need is not met, and what to do about it.
 MISSING = {**{name: f"{name} is not installed ({spec.install})" for name, spec in LIBRARIES.items()},
            **{backend: f"{spec.name} is not installed; install it with {spec.install}"
-              for backend, spec in runtimes.RUNTIMES.items()},
-           "bf16": "this CPU has neither avx512_bf16 nor AMX",
-           "int8": "this CPU has neither VNNI (avx512_vnni, avx_vnni) nor AMX"}
+              for backend, spec in runtimes.RUNTIMES.items()}}
+RUNTIME_NAMES = {"torch": "PyTorch", "openvino": "OpenVINO", "onnxruntime": "ONNX Runtime"}
 
 
 def runtimes_installed() -> dict[str, bool]:
@@ -78,7 +79,62 @@ def for_buckets(space: SearchSpace, bucketed: bool) -> SearchSpace:
                        space.cores)
 
 
-def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool]) -> SearchSpace:
+def for_probe(space: SearchSpace, refused: Refused) -> SearchSpace:
+    """The space without what this CPU's kernel probe refused: a backend whose fp32 failed, a
+    precision no backend of the space runs well here (dropped), or runs well on some backends only
+    (offered with those alone). Every note gives the probe's reason."""
+    notes: list[str] = []
+    ranges = {rng.name: rng for rng in space.knobs}
+    if "backend" in ranges:
+        ranges["backend"] = _drop_backends(space.source, ranges["backend"], refused, notes)
+    backends = tuple(map(value_text, ranges["backend"].choices)) if "backend" in ranges else (
+        value_text(KNOBS["backend"].default),)
+    if "precision" in ranges:
+        ranges["precision"] = _fit_precisions(space.source, ranges["precision"], backends, refused, notes)
+    return SearchSpace(space.source, tuple(ranges.values()), (*space.notes, *notes), space.cores)
+
+
+def _drop_backends(source: str, rng: KnobRange, refused: Refused, notes: list[str]) -> KnobRange:
+    keep = tuple(b for b in rng.choices if (value_text(b), "fp32") not in refused)
+    notes += [f"backend={value_text(b)} dropped: {refused[(value_text(b), 'fp32')]}"
+              for b in rng.choices if b not in keep]
+    if not keep:
+        raise SpaceError(f"{source}: knobs.backend: no backend runs on this machine ({'; '.join(notes)})")
+    return replace(rng, choices=keep)
+
+
+def _fit_precisions(source: str, rng: KnobRange, backends: tuple[str, ...], refused: Refused,
+                    notes: list[str]) -> KnobRange:
+    keep, only = [], []
+    for value in rng.choices:
+        text = value_text(value)
+        allowed = dict(VALUE_CONDITIONS.get(("precision", text), ())).get("backend", backends)
+        candidates = tuple(b for b in backends if b in allowed)
+        fine = tuple(b for b in candidates if (b, text) not in refused)
+        if candidates and not fine:
+            notes.append(f"precision={text} dropped: {_reasons(candidates, text, refused)}")
+            continue
+        keep.append(value)
+        if len(fine) < len(candidates):
+            only.append((text, (("backend", fine),)))
+            refusing = tuple(b for b in candidates if b not in fine)
+            notes.append(f"precision={text} only with backend={'/'.join(fine)}: with "
+                         f"{'/'.join(refusing)}, {_reasons(refusing, text, refused)}")
+    if not keep:
+        raise SpaceError(f"{source}: knobs.precision: no choice runs on this machine ({'; '.join(notes)})")
+    return replace(rng, choices=tuple(keep), value_when=tuple(only))
+
+
+def _reasons(backends: tuple[str, ...], precision: str, refused: Refused) -> str:
+    """The probe's reasons, once per runtime (inductor and eager share PyTorch's), named where several."""
+    said = {RUNTIME_OF[b]: refused[(b, precision)] for b in backends}
+    if len(said) == 1:
+        return next(iter(said.values()))
+    return "; ".join(f"{RUNTIME_NAMES[runtime]}: {why}" for runtime, why in said.items())
+
+
+def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool],
+        refused: Refused | None = None) -> SearchSpace:
     """The adapted space with each pinned knob fixed to its value (added where the space lacks it),
     and the knobs its condition depends on narrowed to the values that keep it applying, so that
     every sampled configuration holds the pins. A pin the machine or the space cannot honour is
@@ -87,17 +143,35 @@ def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool]) -> Sear
         return space
     for name, value in pins.values:
         _check_pin_fits_machine(name, value, space.cores, available)
+    _check_pins_run_here(pins, refused or {})
     ranges = {rng.name: rng for rng in space.knobs}
     for name, value in pins.values:
         ranges[name] = _pinned_range(space, name, value)
     for name, value in pins.values:
-        for other, allowed in conditions(name, value):
+        for other, allowed in conditions(name, value) + _machine_condition(space, name, value):
             if other not in pins.as_dict() and other in ranges:
                 ranges[other] = _narrowed(space.source, ranges[other], allowed, f"{name}={pins.text(name)}")
     _check_pinned_cores(pins, ranges, space.cores)
     ordered = tuple(ranges[name] for name in SAMPLE_ORDER if name in ranges)
     note = f"pinned: {pins.describe()} (searched in every trial but the baseline, which stays PyTorch's defaults)"
     return SearchSpace(space.source, _fit_instances(ordered, space.cores), (*space.notes, note), space.cores)
+
+
+def _machine_condition(space: SearchSpace, name: str, value: KnobValue) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    rng = space.get(name)
+    return dict(rng.value_when).get(value_text(value), ()) if rng is not None else ()
+
+
+def _check_pins_run_here(pins: Config, refused: Refused) -> None:
+    """A pinned precision (with the pinned backend, or PyTorch's) the probe refused: its reason."""
+    pinned = pins.as_dict()
+    if "precision" not in pinned:
+        return
+    backend, precision = value_text(pins.get("backend")), value_text(pinned["precision"])
+    why = refused.get((backend, precision))
+    if why:
+        raise SpaceError(f"--set precision={precision} cannot run well here with backend={backend}: {why}; "
+                         f"drop that --set (or `autotune doctor --probe` to measure again)")
 
 
 def _check_pin_fits_machine(name: str, value: KnobValue, cores: int, available: Mapping[str, bool]) -> None:
@@ -119,7 +193,7 @@ def _pinned_range(space: SearchSpace, name: str, value: KnobValue) -> KnobRange:
     when = rng.when if rng is not None else definition.only_when
     if definition.kind == "int" and name in ("omp_threads", "instances"):
         return KnobRange(name, low=int(value), high=int(value), when=when)
-    return KnobRange(name, choices=(value,), when=when)
+    return KnobRange(name, choices=(value,), when=when, value_when=rng.value_when if rng is not None else ())
 
 
 def _offers(rng: KnobRange, value: KnobValue) -> bool:

@@ -42,14 +42,6 @@ def described_machine(lscpu: Path) -> Machine:
     return Machine(topology.from_lscpu_file(lscpu), libs.discover(), described=True)
 
 
-def machine_has_bf16() -> bool:
-    return cpu.has_bf16()
-
-
-def machine_has_int8() -> bool:
-    return cpu.has_int8()
-
-
 def torch_versions() -> dict[str, str | None]:
     import torch
 
@@ -120,7 +112,7 @@ def report(machine: Machine) -> dict[str, Any]:
         "usable_physical_cores": len(topo.usable_cores),
         "cpu_quota_cores": topology.cpu_quota(),
         "isa": {flag: flag in flags for flag in ISA_FLAGS},
-        "precisions": {"bf16": cpu.has_bf16(), "int8": cpu.has_int8()},
+        "isa_limits": cpu.isa_limits(),
         **torch_versions(),
         "libraries": {
             name: {"path": str(path) if path else None,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,12 +16,15 @@ from autotune.child.buckets import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR, BucketErro
 from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.child.errors import LOAD_FAILED
-from autotune.child.knobs import INT8_KERNELS, PEER_BACKENDS
+from autotune.child.files import unwritable
+from autotune.child.knobs import PEER_BACKENDS
 from autotune.child.peers import CONVERT_FAILED
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models
 from autotune.config.knobs import Config
-from autotune.host.machine import Machine, machine_has_bf16, machine_has_int8, memory_gib
+from autotune.host import capabilities
+from autotune.host.capabilities import Probe
+from autotune.host.machine import Machine, memory_gib
 from autotune.measure.plan import (
     BenchSpec,
     Binding,
@@ -60,14 +62,20 @@ class BenchRequest:
                    batch_size=batch_size, **options)  # type: ignore[arg-type]
 
 
+def check_runs_here(request: BenchRequest, probe: Probe) -> str:
+    """Refuse a precision this CPU's kernel probe found cannot run with the backend asked for (its
+    reason); one it measured far slower than fp32 runs, and the note returned says so ("" when none)."""
+    backend, precision = request.config.text("backend"), request.config.text("precision")
+    op = resolved(request).probe_op
+    why = capabilities.refusals(probe, op, slow=False).get((backend, precision))
+    if why:
+        raise ConfigError(f"precision={precision} cannot run here with backend={backend}: {why}; use precision=fp32 "
+                          f"(or `autotune doctor --probe` to measure this CPU again)")
+    slower = capabilities.refusals(probe, op).get((backend, precision))
+    return f"precision={precision} with backend={backend}: {slower}, so a search does not offer it" if slower else ""
+
+
 def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
-    if request.config.get("precision") == "bf16" and not machine.described and not machine_has_bf16():
-        raise ConfigError("precision=bf16 needs a CPU with avx512_bf16 or AMX, and this one has neither; "
-                          "use precision=fp32")
-    precision = request.config.get("precision")
-    if precision in INT8_KERNELS and not machine.described and not machine_has_int8():
-        raise ConfigError(f"precision={precision} needs a CPU with VNNI (avx512_vnni, avx_vnni) or AMX, and this one "
-                          f"has none; use precision=fp32")
     backend = str(request.config.get("backend"))
     if backend in PEER_BACKENDS and not machine.described and not runtimes.installed(backend):
         raise ConfigError(runtimes.not_installed(backend))
@@ -208,13 +216,9 @@ def build_artifacts(plan: LaunchPlan, folder: Path, timeout_s: float) -> bool:
         return False
     if has_control(str(folder.resolve())):
         raise ConfigError(f"--artifacts {str(folder)!r} holds a control character; choose another folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"--artifacts {str(folder)!r} is not a writable folder ({exc.strerror}); "
-                          f"choose another") from None
+    why = unwritable(folder)
+    if why:
+        raise ConfigError(f"--artifacts {str(folder)!r} is not a writable folder ({why}); choose another")
     reason = probe(plan, timeout_s, "--artifacts", str(folder.resolve()))
     if reason:
         raise RunFailed(f"could not build the artifacts for {plan.config.describe()}: {reason}")

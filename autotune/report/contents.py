@@ -33,7 +33,7 @@ from autotune.report.importance import (
     importance,
     marginals,
 )
-from autotune.study import confirmations, records, references
+from autotune.study import confirmations, efficiency, records, references
 
 PROFILES = "profiles"  # studies/profiles/<study name>/*.trace.json, written by `autotune profile`
 TRACE_GLOB = "*.trace.json"
@@ -154,6 +154,7 @@ class Report:
     failures: tuple[FailureGroup, ...]
     context: Mapping[str, Mapping[str, Any]]
     traces: tuple[Path, ...]
+    efficiency: Mapping[str, Any] | None = None  # the recommended (or best) trial against this CPU's peak
 
 
 def gather(study: optuna.Study, studies_dir: Path) -> Report:
@@ -172,7 +173,8 @@ def gather(study: optuna.Study, studies_dir: Path) -> Report:
         marginals=tuple(x for m in metrics for x in marginals(rows, m)),
         forest=forest(study.user_attrs.get("confirmation"), confirmations.count(study.user_attrs)),
         tradeoff=tradeoff(study),
-        failures=failures(trials), context=context(study.user_attrs), traces=traces(studies_dir, study.study_name))
+        failures=failures(trials), context=context(study.user_attrs), traces=traces(studies_dir, study.study_name),
+        efficiency=efficiency.of_recommended(study))
 
 
 def metrics_of(objective: str) -> tuple[Metric, ...]:
@@ -313,4 +315,5 @@ def summary(report: Report, output: Path) -> dict[str, Any]:
         "failures": [{"state": g.state, "cause": g.cause, "reason": g.reason, "trials": list(g.trials)}
                      for g in report.failures],
         "traces": [str(p) for p in report.traces],
+        "efficiency": report.efficiency,
     }

@@ -25,7 +25,7 @@ from autotune.child.files import write_atomically
 from autotune.measure.objectives import Metric, lower_is_better
 from autotune.report.contents import METRIC_LABELS, FailureGroup, Forest, ForestRow, History, Report, TradeoffPoint
 from autotune.report.importance import IMPORTANCE_EVALUATOR, Importance, Marginal
-from autotune.study import confirmations
+from autotune.study import confirmations, efficiency
 
 HISTORY, IMPORTANCE, FOREST, TRADEOFF = "history", "importance", "forest", "tradeoff"
 MARGINAL_COLUMNS = 3
@@ -97,6 +97,8 @@ def _summary(report: Report) -> str:
             lines.append(best.versus_recipes)
     if report.forest is not None:
         lines.append(_heading(report.forest) + report.forest.message)
+    if report.efficiency is not None:
+        lines.append(f"against this CPU: {efficiency.words(report.efficiency)}")
     return "<section>" + "".join(f"<p>{_esc(line)}</p>" for line in lines) + "</section>"
 
 

@@ -18,15 +18,9 @@ from autotune.child.buckets import Buckets
 from autotune.child.settings import CACHE_DIR, STUDIES_DIR, MeasureSettings
 from autotune.config import models, recipes, space, space_fit
 from autotune.config.knobs import Config
-from autotune.host.machine import (
-    Machine,
-    class_id,
-    fingerprint,
-    host_class,
-    machine_has_bf16,
-    machine_has_int8,
-    torch_versions,
-)
+from autotune.host import capabilities
+from autotune.host.capabilities import Probe
+from autotune.host.machine import Machine, class_id, fingerprint, host_class, torch_versions
 from autotune.measure import requests
 from autotune.measure.objectives import OBJECTIVES, Objective, parse_objective
 from autotune.measure.replicates import ReplicatePolicy
@@ -129,8 +123,10 @@ def _stem(model: models.ModelSpec) -> str:
     return model.name
 
 
-def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec, space.SearchSpace]:
-    """Everything that can be wrong with the request, checked before the study is touched."""
+def validate(request: SearchRequest, machine: Machine,
+             probe: Probe | None = None) -> tuple[models.ModelSpec, space.SearchSpace]:
+    """Everything that can be wrong with the request, checked before the study is touched; with
+    this CPU's kernel probe, the backends and precisions it refused are left out of the space."""
     parse_objective(request.objective, OBJECTIVES, StudyError)
     if request.trials < 1:
         raise StudyError(f"--trials {request.trials} is not allowed; use 1 or more")
@@ -146,22 +142,26 @@ def validate(request: SearchRequest, machine: Machine) -> tuple[models.ModelSpec
                            seq_len=request.seq_len, task=request.task, buckets=request.buckets)
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
-    available["bf16"] = machine_has_bf16()
-    available["int8"] = machine_has_int8()
     available |= space_fit.runtimes_installed()
     adapted = space_fit.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
+    refused = capabilities.refusals(probe, model.probe_op) if probe is not None else {}
+    adapted = space_fit.for_probe(adapted, refused)
     if "precision" not in request.pins.as_dict():
         adapted = space_fit.for_model(adapted, model.linear_heavy)
     model.check_shapes(request.pins.as_dict().get("shapes"))
     adapted = space_fit.for_buckets(adapted, model.buckets is not None)
-    return model, space_fit.pin(adapted, request.pins, available)
+    return model, space_fit.pin(adapted, request.pins, available, refused)
 
 
 def open_search(request: SearchRequest, machine: Machine,
-                check: Callable[[requests.BenchRequest, Machine], None] | None = None) -> Search:
+                check: Callable[[requests.BenchRequest, Machine], None] | None = None,
+                probe: Probe | None = None) -> Search:
     """Validate everything (and, with `check`, run a user model once) before the study is touched;
-    then create or resume it, failing the trials a killed autotune left running."""
-    model, adapted = validate(request, machine)
+    then create or resume it, failing the trials a killed autotune left running. `probe`: this
+    CPU's kernel probe (None: the kept one, or a new one)."""
+    cores = len(machine.topology.usable_cores)
+    probe = probe or capabilities.load(request.cache_dir, cores)
+    model, adapted = validate(request, machine, probe)
     if check is not None:
         check(bench_request(request, request.pins), machine)  # a pinned peer backend converts the model once
     name = study_name(request, model)
@@ -170,7 +170,7 @@ def open_search(request: SearchRequest, machine: Machine,
     study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed, liar),
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     settings, cls = _settings(request, model, machine), host_class(machine)
-    found = recipes.recipes(machine.topology, request.objective, machine_has_bf16(), machine_has_int8(),
+    found = recipes.recipes(machine.topology, request.objective, capabilities.refusals(probe, model.probe_op),
                             space_fit.runtimes_installed())
     known, left_out = recipes.fitting(found, adapted, request.pins)
     # In one worker at a time, as claiming a trial (fleet.claim): two hosts of different classes
@@ -181,6 +181,7 @@ def open_search(request: SearchRequest, machine: Machine,
         mixed = fleet.claim_class(study, cls, request.allow_mixed)
         claims.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings),
                       other_class=bool(mixed))
+        study.set_user_attr("probe", probe.summary(cores) | {"op": model.probe_op})  # study/efficiency.py
         notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
                  *claims.claim_settings(study, settings, _setting_flags(model),
                                         cls.keys() if request.allow_mixed else ()),

@@ -396,6 +396,10 @@ def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Map
     trial.set_user_attr("speedup_throughput", round(speedups[1], 4))
     trial.set_user_attr("instances", measurement.runs[-1].summary()["instances"])
     trial.set_user_attr("first_call_s", first_call(measurement))
+    work = next((inst.metrics["setup"]["flops_per_item"] for run in measurement.runs for inst in run.instances
+                 if "flops_per_item" in inst.metrics.get("setup", {})), None)
+    if work:
+        trial.set_user_attr("flops_per_item", work)  # the model's work, counted by the baseline's process
 
 
 def first_call(measurement: Measurement) -> dict[str, float]:

@@ -13,6 +13,7 @@ from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.config.space import SAMPLE_ORDER, SHRINKS_WITH, SpaceError
 from tests.conftest import lscpu
+from tests.support import probes
 
 DEFAULT = space.find("default")
 EVERYTHING = {"bf16": True, "int8": True}  # libraries and runtimes: present unless said otherwise
@@ -140,7 +141,7 @@ def test_a_peer_recipe_as_run_sets_its_runtime_s_knobs_at_their_defaults_and_no_
 ])
 def test_peer_recipes_come_first_where_their_runtime_is_installed(
         objective: str, bf16: bool, int8: bool, installed: dict[str, bool] | None, expected: list[str]) -> None:
-    found = recipes.recipes(lscpu("xeon_2s_ht"), objective, bf16, int8, installed)
+    found = recipes.recipes(lscpu("xeon_2s_ht"), objective, probes.refusing(bf16=not bf16, int8=not int8), installed)
     assert [r.name for r in found][:len(expected)] == expected
     assert [r.peer for r in found][:len(expected)] == [True] * (len(expected) - 1) + [False]
     by_name = {r.name: r.config.describe() for r in found}
@@ -155,15 +156,18 @@ def test_peer_recipes_come_first_where_their_runtime_is_installed(
 
 
 def test_peer_recipes_run_where_the_space_offers_them() -> None:
-    found = recipes.recipes(lscpu("xeon_2s_ht"), "latency", False, True, {"openvino": True, "onnxruntime": True})
+    found = recipes.recipes(lscpu("xeon_2s_ht"), "latency", probes.refusing(bf16=True),
+                            {"openvino": True, "onnxruntime": True})
     kept, _ = recipes.fitting(found, adapted())
     assert [r.name for r in kept][:3] == ["OpenVINO defaults (LATENCY hint)", "OpenVINO int8 (NNCF)",
                                           "ONNX Runtime defaults"]
-    kept, note = recipes.fitting(found, adapted(int8=False))
+    no_int8 = space_fit.for_probe(adapted(), probes.refusing(int8=True))  # a CPU whose probe refused every int8
+    kept, note = recipes.fitting(found, no_int8)
     assert "OpenVINO int8 (NNCF) (precision=int8)" in note
-    bf16 = recipes.recipes(lscpu("xeon_2s_ht"), "latency", True, False, {"openvino": True})
+    bf16 = recipes.recipes(lscpu("xeon_2s_ht"), "latency", probes.refusing(int8=True), {"openvino": True})
     assert "OpenVINO bf16" in [r.name for r in recipes.fitting(bf16, adapted())[0]]
-    kept, note = recipes.fitting(bf16, adapted(bf16=False))  # a CPU without bf16: the space does not offer it
+    no_bf16 = space_fit.for_probe(adapted(), probes.refusing(bf16=True))
+    kept, note = recipes.fitting(bf16, no_bf16)  # a space another CPU's probe fitted
     assert "OpenVINO bf16" not in [r.name for r in kept] and "OpenVINO bf16 (precision=bf16)" in note
     kept, note = recipes.fitting(found, space_fit.adapt(space.load(space.find("quick")), 4, EVERYTHING))
     assert not any(r.peer for r in kept) and "ONNX Runtime defaults (backend=onnxruntime)" in note

@@ -9,7 +9,9 @@ import pytest
 
 from autotune.config import space, space_fit
 from autotune.config.space import SpaceError
+from autotune.host import capabilities
 from tests.conftest import ROOT
+from tests.support import probes
 from tests.support.spaces import FakeTrial
 
 ALL_LIBS = {"libiomp5": True, "libomp": True, "jemalloc": True, "tcmalloc": True}
@@ -113,11 +115,20 @@ def test_adapt_drops_missing_libraries_and_caps_ranges() -> None:
                              "(apt-get install libtcmalloc-minimal4)")
 
 
-def test_bf16_is_dropped_on_a_cpu_without_it() -> None:
-    adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={**ALL_LIBS, "bf16": False})
-    assert adapted.get("precision").choices == (  # type: ignore[union-attr]  # the int8s need VNNI (or nothing)
-        "fp32", "int8", "int8_dynamic", "int8_weight_only")
-    assert "precision=bf16 dropped: this CPU has neither avx512_bf16 nor AMX" in adapted.notes
+def test_bf16_slow_in_pytorch_stays_only_for_the_runtime_that_runs_it_well() -> None:
+    """An AVX2 CPU emulates bf16 in PyTorch (32x slower than fp32 in its probe) while OpenVINO runs it."""
+    slow = {f"torch:bf16:{op}": {"gops": {"1": 3.1, "2": 6.2}} for op in ("conv", "matmul")}
+    adapted = space_fit.for_probe(space_fit.adapt(space.load(space.find("default")), cores=2, available=ALL_LIBS),
+                                  capabilities.refusals(probes.probe(slow), "conv"))
+    assert adapted.get("precision").choices == (  # type: ignore[union-attr]
+        "fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")
+    assert adapted.notes[-1] == ("precision=bf16 only with backend=openvino: with eager/torchscript/inductor, it "
+                                 "measured 32.3x slower than fp32 in its probe (conv)")
+    small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
+    assert {c.describe() for c in small.configurations() or []} >= {"backend=openvino precision=bf16"}
+    assert not [c for c in small.configurations() or [] if c.get("precision") == "bf16"
+                and c.get("backend") != "openvino"]
+    assert "value_when" in adapted.to_json()["knobs"]["precision"]  # a study records it: another host differs
 
 
 def test_a_host_of_another_class_may_cap_only_the_core_bound_knobs_at_its_cores() -> None:

@@ -159,7 +159,6 @@ def test_serve_example_runs_under_an_env_file(tmp_path: Path) -> None:
     assert "warning" not in proc.stderr
 
 
-@pytest.mark.usefixtures("bf16_anywhere")
 def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: Path) -> None:
     deployment = deploy.Deployment(ModelKnobs(backend="inductor", precision="bf16"), artifacts=tmp_path)
     example = torch.randn(BATCH, 3, 32, 32)

@@ -23,6 +23,7 @@ from autotune.measure.results import RunResult
 from autotune.search import fleet, loop, opening, proposals, pruning
 from autotune.study import holders, records, references
 from tests.conftest import lscpu
+from tests.support import probes
 from tests.support.studies import DEFAULT, SPACE, fake_result, fake_runner, ok_runner, request
 
 
@@ -106,7 +107,6 @@ def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measur
 
 def test_recipes_run_right_after_the_baseline_and_are_named(tmp_path: Path, here: Machine,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(opening, "machine_has_bf16", lambda: True)  # its recipe is among them, on any CPU
     opened, _ = run(tmp_path, here, 6, space=DEFAULT, runner=ok_runner)
     trials = opened.study.get_trials()
     assert opened.proposer is not None
@@ -125,13 +125,14 @@ def test_recipes_run_right_after_the_baseline_and_are_named(tmp_path: Path, here
 
 def test_throughput_adds_one_instance_per_node_and_bf16_only_where_supported() -> None:
     two_sockets = lscpu("xeon_2s_ht")
-    names = [r.name for r in recipes.recipes(two_sockets, "throughput", bf16=False)]
+    names = [r.name for r in recipes.recipes(two_sockets, "throughput", probes.refusing(bf16=True, int8=True))]
     assert names == ["seed", "pytorch-launcher", "compile+channels_last", "seed, one instance per node",
                      "pytorch-launcher, one instance per node", "compile+channels_last, one instance per node"]
-    per_node = recipes.recipes(two_sockets, "throughput", bf16=True)[-1]
+    per_node = recipes.recipes(two_sockets, "throughput", probes.refusing(int8=True))[-1]
     cores = len(two_sockets.usable_cores)
     assert per_node.config.get("instances") == 2 and per_node.config.get("omp_threads") == cores // 2
-    assert [r.name for r in recipes.recipes(two_sockets, "latency", bf16=True)][-1] == "compile+bf16+channels_last"
+    latency = recipes.recipes(two_sockets, "latency", probes.refusing(int8=True))
+    assert [r.name for r in latency][-1] == "compile+bf16+channels_last"
 
 
 def test_recipes_the_space_cannot_express_are_left_out_with_one_note(tmp_path: Path, here: Machine) -> None:
@@ -359,7 +360,7 @@ def test_the_sampler_sees_the_recipes_threads_and_follows_the_best_ones() -> Non
     adapted = space_fit.adapt(space.load(DEFAULT), 2, {"bf16": True, "int8": True})
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     _told(study, adapted, Config(), 117.0, recipe=True)
-    for recipe, value in zip(recipes.recipes(lscpu("amd_1s_smt"), "latency", bf16=True, int8=True),
+    for recipe, value in zip(recipes.recipes(lscpu("amd_1s_smt"), "latency"),
                              (111.0, 109.0, 87.6, 53.8, 27.7), strict=True):
         on_two_cores = Config.from_mapping(recipe.config.as_dict() | (
             {"omp_threads": 2} if recipe.config.is_set("omp_threads") else {}))
@@ -399,7 +400,6 @@ def test_every_precision_and_layout_compiles_at_the_best_trials_threads(tmp_path
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Coverage (pruning.uncovered): whatever the sampler draws, each precision x layout the space
     offers runs with inductor at the thread count of the best trial, after the recipes."""
-    monkeypatch.setattr(opening, "machine_has_bf16", lambda: True)
 
     def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
         config = plan.config

@@ -220,7 +220,6 @@ def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
               5: {"precision": "bf16", "omp_threads": 2}, 6: {"precision": "fp32", "omp_threads": 2,
                                                               "allocator": "jemalloc"}}
     monkeypatch.setattr(opening, "sampler", lambda seed, constant_liar=False: Scripted(script))
-    monkeypatch.setattr(opening, "machine_has_bf16", lambda: True)
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
     opened = opening.open_search(request(tmp_path, 6, space=COMPILED), here)
     loop.run_search(opened, here, lambda event: None, runner=runner)
@@ -280,7 +279,6 @@ def test_a_search_ends_when_what_has_not_run_is_held_on_unchanged_evidence(
 
     monkeypatch.setattr(opening, "sampler", lambda seed, constant_liar=False: Scripted(
         {3: {"precision": "bf16", "omp_threads": 1}}))
-    monkeypatch.setattr(opening, "machine_has_bf16", lambda: True)
     here = Machine(lscpu("amd_1s_smt"), fake_libs)
     opened = opening.open_search(request(tmp_path, 30, space=COMPILED), here)
     stopped = loop.run_search(opened, here, lambda event: None, runner=runner)

@@ -1,0 +1,60 @@
+"""How close a trial comes to what this CPU can do: the model's work per item (counted once, by
+the baseline's process, with torch's FLOP counter) times the trial's items/s, against the peak the
+kernel probe measured for the trial's runtime and precision on the operation the model spends its
+time in (`autotune.host.capabilities`). "62% of this CPU's measured int8 peak" says how much is
+left to find; a figure above 100% says the model's operations run better than the probe's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.child.kernels import RUNTIME_OF
+from autotune.config.knobs import Config
+from autotune.study import confirmations, records
+
+WORK = "flops_per_item"  # the user attribute of the trial whose process counted it (the baseline)
+
+
+def of_trial(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
+    """`trial`'s achieved GOP/s and its fraction of its precision's measured peak; None where the
+    study kept no probe, or no process counted the model's work (a model with length buckets)."""
+    probe = study.user_attrs.get("probe")
+    base = records.baseline(study)
+    work = base.user_attrs.get(WORK) if base is not None else None
+    items = trial.user_attrs.get("throughput_ips")
+    if not probe or not work or not items:
+        return None
+    config = Config.from_description(str(trial.user_attrs.get("config", "defaults")))
+    runtime, precision = RUNTIME_OF[config.text("backend")], config.text("precision")
+    peaks = probe.get("peaks", {})
+    op = probe.get("op", "conv")
+    peak = peaks.get(f"{runtime}:{precision}:{op}") or next(
+        (p for key, p in peaks.items() if key.startswith(f"{runtime}:{precision}:")), None)
+    if peak is None:
+        return None
+    achieved = float(work) * float(items) / 1e9
+    return {"trial": trial.number, "runtime": runtime, "precision": precision, "op": op,
+            "gflop_per_item": round(float(work) / 1e9, 3), "achieved_gops": round(achieved, 1),
+            "peak_gops": round(float(peak["gops"]), 1), "peak_threads": peak["threads"],
+            "peak_instances": peak["instances"], "fraction": round(achieved / float(peak["gops"]), 3),
+            "bandwidth_gbs": probe.get("bandwidth_gbs")}
+
+
+def of_recommended(study: optuna.Study) -> dict[str, Any] | None:
+    """`of_trial` for the trial the study's confirmation recommends (the best measured, before one)."""
+    verdict = study.user_attrs.get("confirmation")
+    found = records.best_measured(study)
+    number = confirmations.recommended(verdict) if verdict else found[0].number if found else None
+    chosen = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    return of_trial(study, chosen) if chosen is not None else None
+
+
+def words(found: Mapping[str, Any]) -> str:
+    arranged = f"{found['peak_instances']} x {found['peak_threads']} thread(s)"
+    return (f"trial {found['trial']} computes {found['achieved_gops']:.0f} GOP/s ({found['gflop_per_item']:.2f} "
+            f"GFLOP per item): {found['fraction']:.0%} of this CPU's measured {found['precision']} peak "
+            f"({found['peak_gops']:.0f} GOP/s on the probe's {found['op']}, {found['runtime']}, {arranged})")
