@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.child import runtimes
+from autotune.child import backends
 from autotune.child.knobs import PEER_BACKENDS
 from autotune.config import space_fit
 from autotune.host import capabilities, topology
@@ -40,7 +40,7 @@ def _refused(precision: str, runtime: str = "torch") -> str:
 # The machines this suite runs on differ: an AMD EPYC with avx512_bf16 and VNNI, another with AVX2 only.
 NEEDS_BF16 = pytest.mark.skipif(bool(_refused("bf16")),
                                 reason=f"this CPU's kernel probe refuses bf16: {_refused('bf16')}")
-NEEDS_PEERS = pytest.mark.skipif(not (runtimes.installed("openvino") and runtimes.installed("onnxruntime")),
+NEEDS_PEERS = pytest.mark.skipif(not (backends.installed("openvino") and backends.installed("onnxruntime")),
                                  reason="OpenVINO or ONNX Runtime is not installed (./setup.sh installs both)")
 NEEDS_INT8 = pytest.mark.skipif(bool(_refused("int8")),
                                 reason=f"this CPU's kernel probe refuses int8: {_refused('int8')}")

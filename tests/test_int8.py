@@ -348,13 +348,13 @@ def test_aotinductor_compiles_under_no_grad_whatever_the_callers_grad_mode(tmp_p
     import torch
     import torch._inductor
 
-    from autotune.child import convert
+    from autotune.child.backends import inductor
 
     seen: list[bool] = []
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
                         lambda exported, package_path, inductor_configs: seen.append(torch.is_grad_enabled()))
     with torch.enable_grad():
-        convert._aot_compile(object(), tmp_path / "a.pt2")
+        inductor._aot_compile(object(), tmp_path / "a.pt2")
         assert torch.is_grad_enabled()
     assert seen == [False]
 
@@ -371,12 +371,12 @@ def test_a_compile_that_ran_out_of_disk_says_so_not_that_the_compiler_is_missing
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: str, expected: str) -> None:
     import torch._inductor
 
-    from autotune.child import convert
+    from autotune.child.backends import inductor
 
     def fail(exported: object, package_path: str, inductor_configs: object) -> None:
         raise RuntimeError(said)
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fail)
     with pytest.raises(ApplyError) as caught:
-        convert._aot_compile(object(), tmp_path / "a.pt2")
+        inductor._aot_compile(object(), tmp_path / "a.pt2")
     assert str(caught.value) == expected.format(folder=tmp_path)

@@ -1,7 +1,6 @@
 """Compiled artifacts on disk: where the one for a model, its knobs, inputs, torch and CPU lives,
-saving it atomically with its description, and loading it back: an AOTInductor package through
-torch's own loader, without importing torch._inductor (which imports torch._dynamo: ~2 s of every
-process that only loads), or a TorchScript file.
+saving it atomically with its description, and what its description records (the int8 guard's
+figures). Each backend builds and loads its own (`autotune.child.backends`).
 
 torch is imported inside functions.
 """
@@ -104,15 +103,14 @@ def installed_torch_version() -> str:
         return "unknown"
 
 
-GRAPH_KIND = "int8graph"  # the file name's prefix of int8's quantized graph (`convert.graph_path`)
+GRAPH_KIND = "int8graph"  # the file name's prefix of int8's quantized graph (`backends.inductor.graph_path`)
 CALIBRATION_KIND = "int8calibration"  # the prefix of the batches int8 was calibrated on (`convert.calibration_path`)
 
 
-def artifact_path(folder: Path, meta: dict[str, Any], suffix: str, kind: str = "") -> Path:
-    """Where the artifact for exactly this model, knobs, inputs, torch and CPU lives."""
+def artifact_path(folder: Path, meta: dict[str, Any], suffix: str, kind: str) -> Path:
+    """Where the artifact of `kind` (its backend's, or an int8 graph's) for exactly this model, knobs,
+    inputs, torch and CPU lives."""
     key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
-    backend = meta["knobs"]["backend"]
-    kind = kind or (backend if backend in ("inductor", "openvino", "onnxruntime") else "torchscript")
     return folder / f"{kind}-{key}{suffix}"
 
 
@@ -154,38 +152,6 @@ def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, An
         raise ApplyError(f"cannot save the compiled model into {path.parent}: {exc.strerror or exc}; point "
                          f"AUTOTUNE_ARTIFACTS at a writable folder, or unset it to compile in each process") \
             from None
-
-
-def load(path: Path, backend: str) -> Any:
-    """An artifact saved by `save_artifact`, ready to call: an AOTInductor package (backend=inductor)
-    or a TorchScript file (optimized for inference when it is backend=torchscript)."""
-    import torch
-
-    if backend == "inductor":
-        return Package(str(path))
-    loaded = torch.jit.load(str(path))
-    return torch.jit.optimize_for_inference(loaded) if backend == "torchscript" else loaded
-
-
-class Package:
-    """An AOTInductor package, called like the exported module: inputs flattened as its call spec
-    says, outputs put back into the structure the model returned."""
-
-    def __init__(self, path: str) -> None:
-        import torch
-        from torch.utils import _pytree
-
-        self.runner = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
-        in_spec, out_spec = self.runner.get_call_spec()
-        self.in_spec, self.out_spec = _pytree.treespec_loads(in_spec), _pytree.treespec_loads(out_spec)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import torch
-        from torch.utils import _pytree
-
-        ordered = {name: kwargs[name] for name in self.in_spec.child(1).context} if kwargs else {}
-        flat = [x for x in _pytree.tree_leaves((args, ordered)) if isinstance(x, torch.Tensor)]
-        return _pytree.tree_unflatten(self.runner.boxed_run(flat), self.out_spec)
 
 
 def guard_record(path: Path, key: str) -> dict[str, Any] | None:

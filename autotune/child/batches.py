@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.child.errors import ApplyError
-from autotune.child.knobs import ModelKnobs, Precision
+
+if TYPE_CHECKING:
+    from autotune.child.knobs import ModelKnobs, Precision
 
 
 def call(model: Any, batch: Any) -> Any:

@@ -1,6 +1,7 @@
-"""How each model-level knob turns a module into what runs: mkldnn, channels_last, the TorchScript
-weight cache, inductor, bf16 autocast, int8 (through `quantize`), int8_dynamic and int8_weight_only
-(through `linear_int8`); the guard on the answers; the saved artifacts.
+"""How each model-level knob turns a module into what runs: mkldnn, channels_last, bf16 autocast,
+int8_dynamic and int8_weight_only (through `linear_int8`), and the backend, which builds an artifact
+once and loads it (`autotune.child.backends`: int8 gets its calibration through `Quantized`); the
+guard on the answers; the artifacts' keys, their calibration and where they are kept.
 
 torch is imported inside functions. `autotune.apply` and the benchmark child both call `prepare`,
 so what is measured is what a user's program runs.
@@ -14,33 +15,30 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import buckets, cpu, hf, kernels, linear_int8, peers, runtimes
+from autotune.child import buckets, cpu, linear_int8
 from autotune.child.artifacts import (
     ARTIFACT_FORMAT,
     CALIBRATION_KIND,
-    GRAPH_KIND,
     artifact_path,
     fingerprint,
-    load,
     load_batches,
     mark_used,
-    save_artifact,
     save_batches,
     stale_artifacts,
 )
-from autotune.child.batches import autocast, call, dense, explain, inputs, layout, split
+from autotune.child.backends import probe
+from autotune.child.batches import autocast, call, dense, inputs, layout
 from autotune.child.errors import ApplyError, WrongAnswers
-from autotune.child.knobs import LINEAR_INT8, PEER_KNOBS, QUANTIZED, ModelKnobs, Precision
+from autotune.child.knobs import LINEAR_INT8, QUANTIZED, ModelKnobs, Precision
 
 # What `--tolerance` allows against eager fp32, per precision: fp32 and bf16, the relative error on
 # the same input; every int8 (`QUANTIZED`), the share of inputs whose top-1 answer may change, and
 # how far below 1 any input's cosine similarity may fall (quantize.agreement_guard).
 AGREEMENT_TOLERANCE = 1e-2
-NO_SPACE = "No space left on device"  # ENOSPC as the C library words it, in a compiler's or linker's output
 TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, **dict.fromkeys(QUANTIZED, AGREEMENT_TOLERANCE)}
 
 
@@ -108,7 +106,7 @@ def load_saved(example: Any, knobs: ModelKnobs, setup: dict[str, Any], artifacts
     path = _saved_path(artifacts, meta, knobs)
     if path.exists():
         _hit(path, meta, quantized, setup)
-    elif quantized is None or not graph_path(artifacts, meta).exists():
+    elif not knobs.runs_in.rebuildable(artifacts, meta, quantized):
         return None
     else:
         _compile_into(path, None, example, knobs, setup, artifacts, meta, on_phase, quantized)
@@ -215,9 +213,10 @@ def _compile_into(path: Path, model: Any, example: Any, knobs: ModelKnobs, setup
     on_phase("compiling")
     start = time.perf_counter()
     described = meta | {"model": _label(model, setup)}
-    fallback = _build(model, example, knobs, setup, path, described, quantized)
+    fallback = knobs.runs_in.build(model, example, knobs, setup, path, described, quantized)
     if fallback is None:
-        setup["trace_s" if knobs.saved_as_torchscript else "compile_s"] = time.perf_counter() - start
+        traced = knobs.runs_in.artifact_kind() == "torchscript"
+        setup["trace_s" if traced else "compile_s"] = time.perf_counter() - start
     if fallback is None and quantized is not None:
         _keep_calibration(folder, described, quantized)
     return fallback
@@ -270,98 +269,16 @@ def _keep_calibration(folder: Path, described: dict[str, Any], quantized: Quanti
 
 
 def _saved_path(folder: Path, meta: dict[str, Any], knobs: ModelKnobs) -> Path:
-    suffix = peers.SUFFIX[knobs.backend] if knobs.peer else ".pt2" if knobs.backend == "inductor" else ".pt"
-    return artifact_path(folder, meta, suffix)
+    return artifact_path(folder, meta, knobs.runs_in.suffix, kind=knobs.runs_in.artifact_kind())
 
 
 def _loaded(path: Path, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
             on_phase: Callable[[str], None]) -> Any:
     on_phase("loading the compiled model")
     start = time.perf_counter()
-    loaded = peers.load(path, knobs, example) if knobs.peer else load(path, knobs.backend)
+    loaded = knobs.runs_in.load(path, knobs, example)
     setup["artifact_load_s"] = time.perf_counter() - start
     return ShapeChecked(loaded, example, any_length=knobs.shapes == "dynamic")
-
-
-def _build(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
-           described: dict[str, Any], quantized: Quantized | None) -> Any:
-    """Save the artifact; returns a torch.compile'd model instead when torch.export cannot capture
-    the model (graph breaks, data-dependent control flow), with the reason recorded. int8 has no
-    such fallback: quantization needs the exported graph, so its failure is the configuration's."""
-    import torch
-
-    if knobs.peer:  # `peers.save` adds the output's structure to the description before it is written
-        batches = quantized.batches if quantized else ()
-        save_artifact(path, lambda tmp: peers.save(model, example, knobs, tmp, path, batches, described), described)
-        return None
-    if quantized is not None:
-        exported = _int8_graph(model, example, quantized, path.parent, described, setup)
-        save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
-        return None
-
-    if knobs.saved_as_torchscript:
-        with torch.no_grad(), autocast(knobs.precision):
-            scripted = _torchscript(model, example, knobs)
-        save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), described)
-        return None
-    try:
-        exported = _export(model, example, knobs)
-    except Exception as exc:
-        if knobs.shapes == "dynamic":  # the knob's point is one artifact: torch.compile would recompile per length
-            raise ApplyError(f"shapes=dynamic: torch.export could not export the model with a dynamic sequence "
-                             f"length ({explain(exc)}); use shapes=buckets") from exc
-        setup["aot_fallback"] = f"torch.export failed ({explain(exc)}); torch.compile"
-        return _jit_compiled(model)
-    save_artifact(path, lambda tmp: _aot_compile(exported, tmp), described)
-    return None
-
-
-def _int8_graph(model: Any, example: Any, quantized: Quantized, folder: Path, described: dict[str, Any],
-                setup: dict[str, Any]) -> Any:
-    """int8's quantized graph, which does not depend on the thread count: quantized from `model`
-    and saved beside the artifacts the first time, loaded by every later compile (another thread
-    count's) instead of quantizing again."""
-    import torch
-
-    saved = graph_path(folder, described)
-    if saved.exists():
-        start = time.perf_counter()
-        graph = quantized.load(saved)
-        setup["quantized_graph_load_s"] = time.perf_counter() - start
-        mark_used(saved)
-        return graph
-    if model is None:
-        raise ApplyError(f"the quantized graph {saved.name} went away while compiling; run again to quantize")
-    graph = quantized.export(model, example)
-    meta = {k: v for k, v in described.items() if k != "threads"}
-    save_artifact(saved, lambda tmp: torch.export.save(graph, str(tmp)), meta)
-    return graph
-
-
-def graph_path(folder: Path, meta: dict[str, Any]) -> Path:
-    """Where int8's quantized graph for this model, knobs, inputs, calibration, torch and CPU lives:
-    the artifact's key without the thread count."""
-    return artifact_path(folder, {k: v for k, v in meta.items() if k not in ("threads", "model")}, ".pt2",
-                         kind=GRAPH_KIND)
-
-
-def _aot_compile(exported: Any, tmp: Path) -> None:
-    """Compile under no_grad whatever the caller's grad mode: with grad enabled, AOTInductor's
-    freezing leaves the weights as they are, and int8's weight packing does not happen (resnext101
-    int8 at 2 threads: 287 ms instead of 47)."""
-    import torch._inductor
-
-    try:
-        with warnings.catch_warnings(), torch.no_grad():  # inductor's int8 lowering copies a tensor as it warns against
-            warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
-            torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
-                                                     inductor_configs={"freezing": True})
-    except Exception as exc:
-        if NO_SPACE in str(exc):  # the compiler's own output, inside inductor's error: not a missing compiler
-            raise ApplyError(f"AOTInductor could not compile the model: no space left on the disk of its build "
-                             f"folder ({tmp.parent}) or of TMPDIR; free space there and run again") from exc
-        raise ApplyError(f"AOTInductor could not compile the model ({explain(exc)}); "
-                         f"check that a C++ compiler is installed, or use backend=torchscript") from exc
 
 
 class ShapeChecked:
@@ -386,84 +303,23 @@ class ShapeChecked:
         return self.compiled(*args, **kwargs)
 
 
-def _export(model: Any, example: Any, knobs: ModelKnobs) -> Any:
-    """The model (bf16: under autocast) as torch.export captures it on `example`; shapes=dynamic
-    makes its sequence length a dimension, up to the example's (`buckets.dynamic_shapes`)."""
-    import torch
-
-    precision = knobs.precision
-
-    class Autocast(torch.nn.Module):
-        """bf16 autocast inside forward, so that the exported graph holds the casts."""
-
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            with autocast(precision):
-                return self.inner(*args, **kwargs)
-
-    args, kwargs = split(example)
-    dynamic = buckets.dynamic_shapes(example, variadic=True) if knobs.shapes == "dynamic" else None
-    with torch.no_grad():
-        return torch.export.export(Autocast(model), args, kwargs, dynamic_shapes=dynamic)
-
-
-def _jit_compiled(model: Any) -> Any:
-    import torch
-
-    return torch.compile(model, backend="inductor", options={"freezing": True})
-
-
-def _torchscript(model: Any, example: Any, knobs: ModelKnobs) -> Any:
-    """backend=torchscript and weight_cache: traced and frozen. With mkldnn, not frozen (freezing
-    inlines the oneDNN weights, which torch.jit.save cannot write) and scripted, as the seed's recipe
-    does; a transformers model is traced instead: TorchScript cannot script it (it cannot read the
-    source of the model's configuration class)."""
-    import torch
-
-    if not knobs.mkldnn:
-        return torch.jit.freeze(_trace(model, example))
-    return _trace(model, example) if hf.is_wrapped(model) else torch.jit.script(model)
-
-
-def _trace(model: Any, example: Any) -> Any:
-    import torch
-
-    if isinstance(example, dict):
-        return torch.jit.trace(model, example_kwarg_inputs=example, check_trace=False)
-    args = tuple(example) if isinstance(example, (list, tuple)) else (example,)
-    return torch.jit.trace(model, args, check_trace=False)
-
-
 def saved_knobs(knobs: ModelKnobs) -> dict[str, Any]:
-    """The knobs an artifact is keyed by. A peer's runtime settings apply when it loads the file, so
-    one file serves them all (OpenVINO's bf16 too: its inference precision); a PyTorch artifact
-    bakes in every knob but the peers' own (`shapes` only where it is dynamic)."""
-    if knobs.peer:
-        return {"backend": knobs.backend, "precision": "fp32" if knobs.precision == "bf16" else knobs.precision}
-    saved = {name: value for name, value in asdict(knobs).items() if name not in PEER_KNOBS}
-    if knobs.shapes != "dynamic":  # what every artifact was before `shapes` existed: their keys stay
-        saved.pop("shapes")
-    return saved
+    """The knobs an artifact is keyed by: its backend's (`Backend.saved_knobs`)."""
+    return knobs.runs_in.saved_knobs(knobs)
 
 
 def artifact_meta(knobs: ModelKnobs, example: Any, weights: str, calibration: str = "") -> dict[str, Any]:
     import torch
 
     meta: dict[str, Any] = {"format": ARTIFACT_FORMAT, "knobs": saved_knobs(knobs), "inputs": layout(example),
-            "torch": torch.__version__, "isa": list(cpu.isa()), "weights": weights}
-    if knobs.peer:
-        meta["runtime"] = runtimes.version(knobs.backend)
+            "torch": torch.__version__, "isa": list(cpu.isa()), "weights": weights,
+            **knobs.runs_in.described(knobs)}  # a runtime's version, a thread count baked in
     if calibration:
         meta["calibration"] = calibration  # int8: what the quantizer observed
-    remedy = kernels.remedy(knobs.backend) if knobs.precision == "int8" else ""
+    remedy = probe.remedy(knobs.backend) if knobs.precision == "int8" else ""
     if remedy:
         meta["int8_remedy"] = remedy  # quantized otherwise: another artifact
-    # Inductor bakes the thread count into its kernels (`omp parallel num_threads(N)`, and no
-    # parallel loops at all for 1 thread), so each thread count is its own artifact.
-    return meta | ({"threads": torch.get_num_threads()} if knobs.backend == "inductor" else {})
+    return meta
 
 
 def _label(model: Any, setup: dict[str, Any]) -> str:

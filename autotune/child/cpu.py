@@ -1,7 +1,7 @@
 """This CPU's model name and instruction-set flags, and the instruction-set limits the environment
 sets: what a compiled artifact (and a host class, and the kernel probe) is keyed by. Which
 precisions run here, and how fast, is not read off these flags: the kernel probe measures it
-(`autotune.child.kernels`, `autotune.host.capabilities`)."""
+(`autotune.child.backends.probe`, `autotune.host.capabilities`)."""
 
 from __future__ import annotations
 

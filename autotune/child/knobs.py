@@ -9,101 +9,45 @@ program must read the same rules as the harness and import nothing of it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
-from autotune.child import runtimes
-from autotune.child.envfile import SWITCH, value_text
+from autotune.child import backends
+from autotune.child.backends import PEER_BACKENDS, TORCH_BACKENDS
+from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
+from autotune.child.knobdefs import (
+    LINEAR_INT8,
+    PRECISIONS,
+    QUANTIZED,
+    Condition,
+    Knob,
+    KnobKind,
+    KnobValue,
+    KnobValueError,
+    Precision,
+)
 
-KnobValue = bool | int | str
-KnobKind = Literal["bool", "int", "choice"]
-Condition = tuple[tuple[str, tuple[str, ...]], ...]  # (knob, the values it must have), all must hold
-
-_TRUE = {"on", "true", "yes", "1"}
-_FALSE = {"off", "false", "no", "0"}
-
-
-class KnobValueError(ValueError):
-    """A value a knob does not take; the message names the knob and what it takes."""
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One tunable setting; `only_when` names the (knob, allowed values) it depends on."""
-
-    name: str
-    kind: KnobKind
-    help: str
-    choices: tuple[str, ...] = ()
-    low: int = 0
-    high: int = 0
-    default: KnobValue | None = None
-    only_when: Condition = ()
-    # For a knob without a default: the value whose launch is what leaving it unset runs, or comes
-    # closest ("max": the most its range offers). How a sampler sees a recipe, which sets few knobs.
-    unset_as: KnobValue | None = None
-    model: bool = False  # changes the module itself (apply's business); the others are the process's
-
-    def allowed(self) -> str:
-        if self.kind == "bool":
-            return ", ".join(SWITCH)
-        if self.kind == "int":
-            return f"an integer from {self.low} to {self.high}"
-        return ", ".join(self.choices)
-
-    def spellings(self) -> tuple[str, ...]:
-        """The values as a user types them (a switch's on/off): the child's flags take these."""
-        return tuple(SWITCH) if self.kind == "bool" else self.choices
-
-    def parse(self, raw: object) -> KnobValue:
-        """Turn text (CLI, YAML, study params, env files) into this knob's typed value, or say why not."""
-        text = value_text(raw).strip().lower()
-        if self.kind == "bool" and text in _TRUE | _FALSE:
-            return text in _TRUE
-        if self.kind == "int":
-            try:
-                number = int(text)
-            except ValueError:
-                number = None
-            if number is not None and self.low <= number <= self.high:
-                return number
-        if self.kind == "choice" and text in self.choices:
-            return text
-        raise KnobValueError(f"{self.name}={raw} is not allowed; use {self.allowed()}")
+__all__ = ["KNOBS", "LINEAR_INT8", "MODEL_KNOBS", "PEER_BACKENDS", "PEER_KNOBS", "PRECISIONS", "QUANTIZED",
+           "TORCH_BACKENDS", "Condition", "Knob", "KnobKind", "KnobValue", "KnobValueError", "ModelKnobs",
+           "Precision"]
 
 
-# PyTorch's own ways to run a model, and the other runtimes a model is converted to (its peers).
-TORCH_BACKENDS = ("eager", "torchscript", "inductor")
-PEER_BACKENDS = ("openvino", "onnxruntime")
-PRECISIONS = ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")
-SHAPES = ("buckets", "dynamic")  # how a compiled model serves sequence-length buckets (`autotune.child.buckets`)
-# torchao's quantize_ on the model's nn.Linear layers, no calibration (`linear_int8`).
-LINEAR_INT8: tuple[Precision, ...] = ("int8_dynamic", "int8_weight_only")
-# Quantized: judged by top-1 agreement and cosine similarity with eager fp32 (`quantize.agreement_guard`).
-QUANTIZED: tuple[Precision, ...] = ("int8", *LINEAR_INT8)
-
-
-def _knob_table() -> dict[str, Knob]:
-    torch_run = (("backend", TORCH_BACKENDS),)
+def _knob_table(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> dict[str, Knob]:
+    """Every knob: the backend, the first backend's own knobs (eager's: the seed's layout and weight
+    cache), the layout and precision PyTorch's backends take, every other backend's own knobs in the
+    registry's order, then the process's knobs. The order is the order of a configuration's
+    description, which names a study's trials: a new backend's knobs come after the others'."""
+    torch_run = (("backend", tuple(b.name for b in registry if not b.peer)),)
     # OpenMP exists only in PyTorch's process: OpenVINO runs on TBB, ONNX Runtime on its own pool.
     intel = (*torch_run, ("omp_runtime", ("intel",)))
     not_intel = (*torch_run, ("omp_runtime", ("gnu", "llvm")))
-    eager = (("backend", ("eager",)),)
     dense = (("mkldnn", ("off",)),)
-    openvino = (("backend", ("openvino",)),)
-    onnxruntime = (("backend", ("onnxruntime",)),)
+    first, *rest = registry
     knobs = [
-        Knob("backend", "choice", "eager; torchscript = trace + freeze (saved, cached on disk) + "
-             "optimize_for_inference; inductor = AOTInductor package with freezing, compiled once and loaded; "
-             "openvino = openvino.convert_model, saved as IR, compiled for the CPU plugin; onnxruntime = "
-             "torch.onnx.export(dynamo=True), saved, run by an ONNX Runtime CPU session",
-             choices=(*TORCH_BACKENDS, *PEER_BACKENDS), default="eager", model=True),
-        Knob("mkldnn", "bool", "convert model and input to the mkldnn (oneDNN) layout (eager only)",
-             default=False, only_when=eager, model=True),
-        Knob("weight_cache", "bool", "the seed's recipe 2.c for eager models: trace and freeze (with "
-             "mkldnn: script, or trace a transformers model), save and load, cached on disk", default=False,
-             only_when=eager, model=True),
+        Knob("backend", "choice", "; ".join(f"{b.name} = {b.summary}" for b in registry),
+             choices=tuple(b.name for b in registry), default=first.name, model=True),
+        *first.knobs,
         Knob("memory_format", "choice", "model weights and inputs in this layout (PyTorch backends)",
              choices=("contiguous", "channels_last"), default="contiguous", only_when=(*dense, *torch_run),
              model=True),
@@ -113,25 +57,7 @@ def _knob_table() -> dict[str, Knob]:
              "int8 of every nn.Linear, activations quantized as it runs; int8_weight_only = torchao's int8 weights "
              "of every nn.Linear, computed in fp32 (eager, inductor)",
              choices=PRECISIONS, default="fp32", only_when=dense, model=True),
-        Knob("shapes", "choice", "with sequence-length buckets (--seq-lens): buckets = one AOTInductor model per "
-             "length, each request padded to the smallest bucket that holds it; dynamic = one AOTInductor model "
-             "exported with a dynamic sequence dimension (torch.export), each request run at its own length up to "
-             "the largest bucket", choices=SHAPES, default="buckets", only_when=(("backend", ("inductor",)),),
-             model=True),
-        Knob("ov_hint", "choice", "OpenVINO's performance hint: latency (one stream, all threads) or throughput "
-             "(several streams)", choices=("latency", "throughput"), default="latency", only_when=openvino,
-             model=True),
-        Knob("ov_streams", "int", "OpenVINO's number of streams (NUM_STREAMS); 0 = as the hint decides",
-             low=0, high=4096, default=0, only_when=openvino, model=True),
-        Knob("ov_pinning", "bool", "OpenVINO pins its threads to CPUs (ENABLE_CPU_PINNING)", default=True,
-             only_when=openvino, model=True),
-        Knob("ort_optimization", "choice", "ONNX Runtime's graph optimization level",
-             choices=("disabled", "basic", "extended", "all"), default="all", only_when=onnxruntime, model=True),
-        Knob("ort_execution", "choice", "ONNX Runtime's execution mode: sequential, or parallel (independent "
-             "nodes at once, on the inter-op threads)", choices=("sequential", "parallel"), default="sequential",
-             only_when=onnxruntime, model=True),
-        Knob("ort_inter_threads", "int", "ONNX Runtime's inter-op threads; 0 = its own choice",
-             low=0, high=4096, default=0, only_when=(*onnxruntime, ("ort_execution", ("parallel",))), model=True),
+        *(knob for backend in rest for knob in backend.knobs),
         Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance; OpenVINO's inference threads "
              "and ONNX Runtime's intra-op threads", low=1, high=4096, unset_as="max"),
         Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
@@ -155,6 +81,22 @@ def _knob_table() -> dict[str, Knob]:
     return {k.name: k for k in knobs}
 
 
+def _value_conditions(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> dict[tuple[str, str], Condition]:
+    """Conditions of one value rather than of the whole knob: a precision goes with the backends that
+    run it (`Backend.precisions`: int8 is quantized through torch.export and AOTInductor or by a
+    peer's own quantizer; torchao's tensor subclasses run in eager and through torch.export, and
+    TorchScript cannot trace int8_dynamic, an internal assert in its tracer, so no weight cache with
+    them either), and a preloaded malloc with the backends that tolerate one (`preloaded_malloc`)."""
+    found: dict[tuple[str, str], Condition] = {}
+    for precision in PRECISIONS[1:]:
+        taking = tuple(b.name for b in registry if precision in b.precisions)
+        found[("precision", precision)] = (("backend", taking),) + (
+            (("weight_cache", ("off",)),) if precision in LINEAR_INT8 else ())
+    tolerant = tuple(b.name for b in registry if b.preloaded_malloc)
+    found |= {("allocator", value): (("backend", tolerant),) for value in ("jemalloc", "tcmalloc")}
+    return found
+
+
 KNOBS: Mapping[str, Knob] = _knob_table()
 MODEL_KNOBS = tuple(name for name, k in KNOBS.items() if k.model)
 # The settings of OpenVINO or ONNX Runtime alone (their condition names only those backends).
@@ -162,19 +104,8 @@ PEER_KNOBS = tuple(name for name, k in KNOBS.items()
                    if any(other == "backend" and set(allowed) <= set(PEER_BACKENDS) for other, allowed in k.only_when))
 # A peer runtime's settings that place its work on the cores (the hint that sizes its streams, the
 # streams, pinning, the executor and its threads): every operation computes what it did without them.
-PLACEMENT_KNOBS = ("ov_hint", "ov_streams", "ov_pinning", "ort_execution", "ort_inter_threads")
-# Conditions of one value rather than of the whole knob: int8 is quantized through torch.export and
-# AOTInductor, or by a peer's own quantizer, so it needs a backend that quantizes. torchao's tensor
-# subclasses run in eager and through torch.export; TorchScript cannot trace int8_dynamic (an
-# internal assert in its tracer), and the peers take no torchao model.
-VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = {
-    ("precision", "bf16"): (("backend", ("eager", "torchscript", "inductor", "openvino")),),
-    ("precision", "int8"): (("backend", ("inductor", *PEER_BACKENDS)),),
-    **{("precision", value): (("backend", ("eager", "inductor")), ("weight_cache", ("off",))) for value in LINEAR_INT8},
-    # OpenVINO's runtime frees memory the preloaded malloc did not allocate ("free(): invalid pointer",
-    # SIGABRT; SIGBUS once): every such run crashed, resnet18 and BERT alike (OpenVINO 2026.4.1).
-    **{("allocator", value): (("backend", (*TORCH_BACKENDS, "onnxruntime")),) for value in ("jemalloc", "tcmalloc")},
-}
+PLACEMENT_KNOBS = tuple(name for name, k in KNOBS.items() if k.places)
+VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = _value_conditions()
 
 
 def conditions(name: str, value: KnobValue) -> Condition:
@@ -204,9 +135,6 @@ def broken_condition(values: Mapping[str, KnobValue], set_names: Iterable[str]) 
 Backend = Literal["eager", "torchscript", "inductor", "openvino", "onnxruntime"]
 
 
-Precision = Literal["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only"]
-
-
 MemoryFormat = Literal["contiguous", "channels_last"]
 
 
@@ -222,35 +150,42 @@ OrtOptimization = Literal["disabled", "basic", "extended", "all"]
 OrtExecution = Literal["sequential", "parallel"]
 
 
+def _default(name: str) -> Any:
+    """A model knob's default, as the table has it."""
+    return KNOBS[name].default
+
+
 @dataclass(frozen=True)
 class ModelKnobs:
-    """The knobs that change the model itself rather than its process (those are environment)."""
+    """The knobs that change the model itself rather than its process (those are environment),
+    at the table's defaults."""
 
-    backend: Backend = "eager"
-    precision: Precision = "fp32"
-    memory_format: MemoryFormat = "contiguous"
-    mkldnn: bool = False
-    weight_cache: bool = False
-    shapes: Shapes = "buckets"
-    ov_hint: OvHint = "latency"
-    ov_streams: int = 0
-    ov_pinning: bool = True
-    ort_optimization: OrtOptimization = "all"
-    ort_execution: OrtExecution = "sequential"
-    ort_inter_threads: int = 0
+    backend: Backend = field(default=_default("backend"))
+    precision: Precision = field(default=_default("precision"))
+    memory_format: MemoryFormat = field(default=_default("memory_format"))
+    mkldnn: bool = field(default=_default("mkldnn"))
+    weight_cache: bool = field(default=_default("weight_cache"))
+    shapes: Shapes = field(default=_default("shapes"))
+    ov_hint: OvHint = field(default=_default("ov_hint"))
+    ov_streams: int = field(default=_default("ov_streams"))
+    ov_pinning: bool = field(default=_default("ov_pinning"))
+    ort_optimization: OrtOptimization = field(default=_default("ort_optimization"))
+    ort_execution: OrtExecution = field(default=_default("ort_execution"))
+    ort_inter_threads: int = field(default=_default("ort_inter_threads"))
 
     @property
     def is_default(self) -> bool:
         return self == ModelKnobs()
 
     @property
-    def saved_as_torchscript(self) -> bool:
-        return self.backend == "torchscript" or self.weight_cache
+    def runs_in(self) -> backends.Backend:
+        """The backend that runs the model."""
+        return backends.get(self.backend)
 
     @property
     def peer(self) -> bool:
         """Run by another runtime (OpenVINO, ONNX Runtime) than PyTorch."""
-        return self.backend in PEER_BACKENDS
+        return self.runs_in.peer
 
     @property
     def quantized(self) -> bool:
@@ -265,7 +200,7 @@ class ModelKnobs:
     @property
     def compiled(self) -> bool:
         """A configuration whose converted model is saved as an artifact and loaded back."""
-        return self.saved_as_torchscript or self.backend == "inductor" or self.peer
+        return self.runs_in.compiles(self)
 
     @property
     def one_shape(self) -> bool:
@@ -297,8 +232,8 @@ class ModelKnobs:
         problem = broken_condition(values, [name for name in MODEL_KNOBS if values[name] != KNOBS[name].default])
         if problem:
             raise ApplyError(problem)
-        if self.peer and not runtimes.installed(self.backend):
-            raise ApplyError(runtimes.not_installed(self.backend))
+        if not backends.installed(self.backend):
+            raise ApplyError(backends.not_installed(self.backend))
         if self.mkldnn:
             import torch
 

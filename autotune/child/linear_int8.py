@@ -20,11 +20,13 @@ torchao is imported inside functions. Its configs are asked not to change induct
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.child.batches import explain
 from autotune.child.errors import ApplyError
-from autotune.child.knobs import ModelKnobs
+
+if TYPE_CHECKING:
+    from autotune.child.knobs import ModelKnobs
 
 TORCHAO_INSTALL = "pip install torchao==0.18.0"
 

@@ -1,6 +1,6 @@
 """precision=int8: post-training static quantization through PT2E with torchao's x86 inductor
 quantizer (uint8 activations calibrated per tensor, int8 weights per channel; activations on 7 bits,
-`reduce_range`, where this CPU's int8 kernels saturate 16-bit sums: `kernels.saturates`, measured),
+`reduce_range`, where this CPU's int8 kernels saturate 16-bit sums: `probe.saturates`, measured),
 and the guard that fits it: top-1 agreement and cosine similarity with eager fp32, over several batches.
 
 Why not the maximum relative error: int8 moves every output a little (about 2% of the largest
@@ -19,15 +19,18 @@ import traceback
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.child import buckets, kernels
+from autotune.child import buckets
 from autotune.child.artifacts import hash_tensor
+from autotune.child.backends import probe
 from autotune.child.batches import call, explain, split
 from autotune.child.convert import TOLERANCE
 from autotune.child.errors import ApplyError, WrongAnswers
-from autotune.child.knobs import Precision
 from autotune.child.linear_int8 import TORCHAO_INSTALL
+
+if TYPE_CHECKING:
+    from autotune.child.knobs import Precision
 
 CALIBRATION_BATCHES = 4  # default `--calibration-batches`: batches of the example inputs observed
 GUARD_ITEMS = 32  # inputs (rounded up to whole batches) the int8 guard compares with eager fp32
@@ -53,7 +56,7 @@ def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup
             raise ApplyError(f"precision=int8: torch.export could not capture the model at {failed_op(exc)} "
                              f"({explain(exc)}); use precision=fp32 or bf16 for it") from exc
         quantizer = quantizer_cls()
-        quantizer.set_global(default_config(reduce_range=bool(kernels.remedy("inductor"))))
+        quantizer.set_global(default_config(reduce_range=bool(probe.remedy("inductor"))))
         prepared = _step("annotate", lambda: prepare_pt2e(captured, quantizer))
     with torch.no_grad():
         _step("calibrate", lambda: [call(prepared, batch) for batch in calibration])

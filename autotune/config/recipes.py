@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.base.errors import ConfigError
-from autotune.child.knobs import PEER_BACKENDS
+from autotune.child import backends
 from autotune.config.knobs import Config, KnobValue
 from autotune.config.space import SearchSpace
 from autotune.host.capabilities import Refused
@@ -32,67 +32,28 @@ class Recipe:
     @property
     def peer(self) -> bool:
         """Another runtime's recipe (OpenVINO, ONNX Runtime) rather than an expert's for PyTorch."""
-        return self.config.get("backend") in PEER_BACKENDS
-
-
-def _seed(cores: int) -> dict[str, KnobValue]:
-    """The seed write-up (PyTorch 1.x best known methods): mkldnn layout, weight cache, threads =
-    physical cores, Intel OpenMP with compact affinity, jemalloc, bound to the cores."""
-    return {"mkldnn": True, "weight_cache": True, "omp_threads": cores, "omp_runtime": "intel",
-            "kmp_affinity": "compact", "kmp_blocktime": 1, "allocator": "jemalloc", "instances": 1}
-
-
-def _launcher(cores: int) -> dict[str, KnobValue]:
-    """`python -m torch.backends.xeon.run_cpu`: Intel OpenMP (compact, KMP_BLOCKTIME=1), jemalloc,
-    threads = physical cores, bound with numactl."""
-    return {"omp_runtime": "intel", "kmp_affinity": "compact", "kmp_blocktime": 1, "allocator": "jemalloc",
-            "omp_threads": cores, "instances": 1}
-
-
-COMPILE = {"backend": "inductor", "memory_format": "channels_last"}
-COMPILE_BF16 = {**COMPILE, "precision": "bf16"}
-# Vendors' CPU inference guides put int8 first for throughput; offered wherever the probe runs it well.
-COMPILE_INT8 = {**COMPILE, "precision": "int8"}
-
-
-# Each runtime at its own defaults (OpenVINO's LATENCY hint, ONNX Runtime's full graph optimization),
-# then OpenVINO's bf16 inference precision where its probe runs bf16 well (as the expert bf16 recipe;
-# OpenVINO does not always pick it by itself: on an AVX-512 EPYC without AMX its defaults ran fp32) and
-# its int8 through NNCF where its probe runs int8 (as the expert int8 recipe).
-PEERS = {"openvino": "OpenVINO defaults (LATENCY hint)", "onnxruntime": "ONNX Runtime defaults"}
-PEER_BF16 = {"openvino": "OpenVINO bf16"}
-PEER_INT8 = {"openvino": "OpenVINO int8 (NNCF)"}
-
-
-def peer_recipes(installed: Mapping[str, bool], refused: Refused) -> list[Recipe]:
-    """The peer recipes of the runtimes installed here (`installed`: backend -> its packages are),
-    but those this CPU's probe refused (`refused`: (backend, precision) -> why)."""
-    found = []
-    for backend in (b for b in PEER_BACKENDS if installed.get(b, False) and (b, "fp32") not in refused):
-        found.append(Recipe(PEERS[backend], Config.from_mapping({"backend": backend})))
-        for names, precision in ((PEER_BF16, "bf16"), (PEER_INT8, "int8")):
-            if backend in names and (backend, precision) not in refused:
-                found.append(Recipe(names[backend], Config.from_mapping({"backend": backend, "precision": precision})))
-    return found
+        return backends.get(str(self.config.get("backend"))).peer
 
 
 def recipes(topology: Topology, objective: str, refused: Refused | None = None,
             installed: Mapping[str, bool] | None = None) -> list[Recipe]:
-    """The known recipes for this machine and objective, in the order a search runs them: the peer
-    recipes of the runtimes `installed` (backend -> whether its packages are; none when None), then
-    the experts'; a recipe whose precision this CPU's probe refused (`refused`) is not among them."""
+    """The known recipes for this machine and objective, in the order a search runs them: those of
+    the peer runtimes `installed` (backend -> whether its packages are; none when None), then the
+    experts' for PyTorch, each backend's in the registry's order (`Backend.recipes`); a recipe whose
+    backend and precision this CPU's probe refused (`refused`) is not among them."""
     cores, refused = len(topology.usable_cores), refused or {}
-    experts = [Recipe("seed", Config.from_mapping(_seed(cores))),
-               Recipe("pytorch-launcher", Config.from_mapping(_launcher(cores))),
-               Recipe("compile+channels_last", Config.from_mapping(COMPILE))]
-    if ("inductor", "bf16") not in refused:
-        experts.append(Recipe("compile+bf16+channels_last", Config.from_mapping(COMPILE_BF16)))
-    if ("inductor", "int8") not in refused:
-        experts.append(Recipe("compile+int8+channels_last", Config.from_mapping(COMPILE_INT8)))
+    offered = [Recipe(name, Config.from_mapping(values)) for backend in backends.REGISTRY
+               if not backend.packages or (installed or {}).get(backend.name, False)
+               for name, values in backend.recipes(cores) if not _refused(values, refused)]
     found = []
-    for group in (peer_recipes(installed or {}, refused), experts):
+    for group in ([r for r in offered if r.peer], [r for r in offered if not r.peer]):
         found += group + ([_per_node(r, topology) for r in group] if objective != "latency" else [])
     return found
+
+
+def _refused(values: Mapping[str, KnobValue], refused: Refused) -> bool:
+    backend = str(values.get("backend", "eager"))
+    return (backend, "fp32") in refused or (backend, str(values.get("precision", "fp32"))) in refused
 
 
 def _per_node(recipe: Recipe, topology: Topology) -> Recipe:

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from autotune.child import runtimes
+from autotune.child import backends
+from autotune.child.backends import RUNTIME_OF
 from autotune.child.envfile import value_text
-from autotune.child.kernels import RUNTIME_OF
-from autotune.child.knobs import LINEAR_INT8, PEER_BACKENDS
+from autotune.child.knobs import LINEAR_INT8
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, KnobValue, conditions, knob
 from autotune.config.space import CORE_BOUND, SAMPLE_ORDER, KnobRange, SearchSpace, SpaceError
 from autotune.host.capabilities import Refused
@@ -23,19 +23,18 @@ from autotune.host.libs import LIBRARIES
 NEEDS: dict[tuple[str, str], str] = {
     ("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
     ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
-    **{("backend", backend): backend for backend in PEER_BACKENDS}}
+    **{("backend", b.name): b.name for b in backends.REGISTRY if b.packages}}
 
 
 # What is missing when a need is not met, and what to do about it.
 MISSING = {**{name: f"{name} is not installed ({spec.install})" for name, spec in LIBRARIES.items()},
-           **{backend: f"{spec.name} is not installed; install it with {spec.install}"
-              for backend, spec in runtimes.RUNTIMES.items()}}
-RUNTIME_NAMES = {"torch": "PyTorch", "openvino": "OpenVINO", "onnxruntime": "ONNX Runtime"}
+           **{b.name: f"{b.packages.name} is not installed; install it with {b.packages.install}"
+              for b in backends.REGISTRY if b.packages}}
 
 
 def runtimes_installed() -> dict[str, bool]:
     """Whether each backend's runtime (OpenVINO, ONNX Runtime) is installed: `available`'s entries for them."""
-    return {backend: runtimes.installed(backend) for backend in PEER_BACKENDS}
+    return {b.name: backends.installed(b.name) for b in backends.REGISTRY if b.packages}
 
 
 def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> SearchSpace:
@@ -125,12 +124,13 @@ def _fit_precisions(source: str, rng: KnobRange, backends: tuple[str, ...], refu
     return replace(rng, choices=tuple(keep), value_when=tuple(only))
 
 
-def _reasons(backends: tuple[str, ...], precision: str, refused: Refused) -> str:
+def _reasons(names: tuple[str, ...], precision: str, refused: Refused) -> str:
     """The probe's reasons, once per runtime (inductor and eager share PyTorch's), named where several."""
-    said = {RUNTIME_OF[b]: refused[(b, precision)] for b in backends}
+    said = {RUNTIME_OF[b]: refused[(b, precision)] for b in names}
     if len(said) == 1:
         return next(iter(said.values()))
-    return "; ".join(f"{RUNTIME_NAMES[runtime]}: {why}" for runtime, why in said.items())
+    labels = {b.runtime: b.label for b in backends.REGISTRY}
+    return "; ".join(f"{labels[runtime]}: {why}" for runtime, why in said.items())
 
 
 def pin(space: SearchSpace, pins: Config, available: Mapping[str, bool],

@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from autotune.base.errors import AutotuneError
-from autotune.child import cpu, deploy, peers, references, runtimes
+from autotune.child import backends, cpu, deploy, references
 from autotune.child.artifacts import ARTIFACT_FORMAT, CALIBRATION_KIND, GRAPH_KIND, installed_torch_version
 from autotune.child.convert import saved_knobs
 from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
 from autotune.child.knobs import ModelKnobs
 
-ARTIFACT_SUFFIXES = (".pt2", ".pt", *peers.SUFFIX.values())
-KINDS = {".pt2": "inductor artifact", ".pt": "torchscript artifact",
-         **{suffix: f"{backend} artifact" for backend, suffix in peers.SUFFIX.items()}}
+# Each backend's artifact by its file suffix (eager's weight cache is a TorchScript file too).
+KINDS = {b.suffix: f"{b.artifact_kind()} artifact" for b in backends.REGISTRY if b.suffix}
+ARTIFACT_SUFFIXES = tuple(KINDS)
 CALIBRATION = "int8 calibration batches"  # what `apply` without batches of its own calibrates on (convert.calibrated)
 REFERENCES = "eager outputs"  # child.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
@@ -103,8 +103,13 @@ def _artifact(path: Path, here: Here) -> Entry:
     if meta is None:
         return Entry(kind, path, "?", "?", _size(path), _mtime(path), "it has no readable description (.json)")
     return Entry(kind, path, str(meta.get("model", "?")), _config(meta),
-                 _size(path) + _size(described) + _size(peers.weights_file(path)) * (path.suffix == ".xml"),
-                 _mtime(described), unusable(meta, here))
+                 sum(_size(f) for f in (*_files(path, meta), described)), _mtime(described), unusable(meta, here))
+
+
+def _files(path: Path, meta: dict[str, Any]) -> tuple[Path, ...]:
+    """The artifact's files but its description, as its backend saves them (OpenVINO's .bin too)."""
+    backend = str((meta.get("knobs") or {}).get("backend", ""))
+    return backends.get(backend).files(path) if backend in backends.NAMES else (path,)
 
 
 def _kind(path: Path) -> str:
@@ -136,8 +141,9 @@ def unusable(meta: dict[str, Any], here: Here) -> str:
     if tuple(meta.get("isa") or ()) != here.isa:
         return "built for a CPU with other instruction sets"
     backend = str((meta.get("knobs") or {}).get("backend", ""))
-    if "runtime" in meta and backend in runtimes.RUNTIMES and meta["runtime"] != runtimes.version(backend):
-        return f"built for {backend} {meta['runtime']}, this is {runtimes.version(backend) or 'not installed'}"
+    found = backends.get(backend) if backend in backends.NAMES else None
+    if "runtime" in meta and found is not None and found.version() != meta["runtime"]:
+        return f"built for {backend} {meta['runtime']}, this is {found.version() or 'not installed'}"
     return ""
 
 
@@ -251,9 +257,9 @@ def remove(entry: Entry) -> str:
         if entry.path.is_dir():
             shutil.rmtree(entry.path) if entry.config != "torch unknown" else _remove_loose(entry.path)
             return ""
-        entry.path.unlink(missing_ok=True)
-        if entry.path.suffix == ".xml":
-            peers.weights_file(entry.path).unlink(missing_ok=True)
+        meta = _read_meta(Path(f"{entry.path}.json")) or {}
+        for path in _files(entry.path, meta):
+            path.unlink(missing_ok=True)
         if entry.kind.endswith("artifact"):
             Path(f"{entry.path}.json").unlink(missing_ok=True)
     except OSError as exc:

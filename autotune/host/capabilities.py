@@ -1,4 +1,4 @@
-"""What this CPU runs and how fast, measured: the kernel probe (`autotune.child.kernels`) run in a
+"""What this CPU runs and how fast, measured: the kernel probe (`autotune.child.backends.probe`) run in a
 child process once per host, instruction-set limits and library versions, kept in the cache, and
 read into the decisions a search and `bench` make and the peaks `doctor` shows.
 
@@ -26,9 +26,9 @@ from typing import Any
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import PROBE_AGREES, PROBE_SLOWER
-from autotune.child import cpu, kernels
+from autotune.child import backends, cpu
+from autotune.child.backends import probe as kernel_probe
 from autotune.child.files import unwritable, write_atomically
-from autotune.child.kernels import RUNTIME_OF
 
 # Where probes are kept when not under the cache folder: one folder for every study of a machine
 # (the tests point their autotune processes at one, so that the suite probes once).
@@ -187,12 +187,12 @@ def refusals(probe: Probe, op: str, slow: bool = True) -> Refused:
     """(backend, precision) -> why this CPU's probe refuses it (`Probe.refusal`; with `slow` False,
     only what cannot run: `Probe.failure`)."""
     judge = probe.refusal if slow else probe.failure
-    found = {}
-    for backend, runtime in RUNTIME_OF.items():
-        for precision in kernels.PROBED.get(runtime, {}):
-            why = judge(runtime, precision, op)
+    found: dict[tuple[str, str], str] = {}
+    for backend in backends.REGISTRY:
+        for precision in backend.precisions:
+            why = judge(backend.runtime, precision, op)
             if why:
-                found[(backend, precision)] = why
+                found[(backend.name, precision)] = why
     return found
 
 
@@ -209,8 +209,8 @@ def thread_counts(cores: int) -> tuple[int, ...]:
 def key(cores: int) -> dict[str, Any]:
     """What a probe holds for: the CPU and the limits set on it, the libraries that run the kernels,
     the thread counts."""
-    return {"format": kernels.FORMAT, "cpu_model": cpu.cpuinfo()[0], "isa": list(cpu.isa()),
-            "versions": kernels.versions(), "threads": list(thread_counts(cores))}
+    return {"format": kernel_probe.FORMAT, "cpu_model": cpu.cpuinfo()[0], "isa": list(cpu.isa()),
+            "versions": kernel_probe.versions(), "threads": list(thread_counts(cores))}
 
 
 def probe_dir(cache_dir: Path) -> Path:
@@ -269,7 +269,7 @@ def run_child(threads: Sequence[int], folder: Path) -> dict[str, Any]:
     done: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=folder, prefix=".probe-") as tmp:
         out = Path(tmp) / "result.json"
-        for _ in range(len(kernels.all_kernels()) + 2):
+        for _ in range(len(kernel_probe.all_kernels()) + 2):
             skip = [f"{k['runtime']}:{k['precision']}:{k['op']}" for k in done]
             code, why = _child(threads, out, skip, max(1.0, deadline - time.monotonic()))
             partial = _partial(out)
@@ -281,13 +281,13 @@ def run_child(threads: Sequence[int], folder: Path) -> dict[str, Any]:
                 return partial | {"kernels": done, "bandwidth": {}, "bandwidth_error": why}
             if not running:
                 raise ProbeError(f"the kernel probe failed ({why}) before it measured anything; run `python -m "
-                                 f"autotune.child.kernels --out probe.json --threads 1` to see why")
+                                 f"autotune.child.backends.probe --out probe.json --threads 1` to see why")
             done.append(_crashed(running, why))
     raise ProbeError("the kernel probe kept failing; run `autotune doctor --probe` to try again")
 
 
 def _child(threads: Sequence[int], out: Path, skip: Sequence[str], timeout_s: float) -> tuple[int, str]:
-    argv = [sys.executable, "-m", "autotune.child.kernels", "--out", str(out),
+    argv = [sys.executable, "-m", "autotune.child.backends.probe", "--out", str(out),
             "--threads", ",".join(map(str, threads)), "--skip", ",".join(skip)]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                start_new_session=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import cpu, runtimes
+from autotune.child import backends, cpu
 from autotune.child.cpu import ISA_FLAGS, cpuinfo
 from autotune.host import libs, topology
 from autotune.host.libs import Libraries
@@ -128,9 +128,8 @@ def report(machine: Machine) -> dict[str, Any]:
 
 
 def runtimes_report() -> dict[str, dict[str, Any]]:
-    """Each peer backend's runtime: its packages' versions (None: missing) and, where one is
-    missing, the command that installs them."""
-    found = runtimes.versions()
-    return {backend: {"name": spec.name, "versions": {name: found[name] for name in spec.distributions},
-                      "install": None if runtimes.installed(backend) else spec.install}
-            for backend, spec in runtimes.RUNTIMES.items()}
+    """Each backend that needs packages beyond torch: their versions (None: missing) and, where one
+    is missing, the command that installs them."""
+    return {b.name: {"name": b.packages.name, "versions": b.packages.versions(),
+                     "install": None if backends.installed(b.name) else b.packages.install}
+            for b in backends.REGISTRY if b.packages}

@@ -11,14 +11,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.base.errors import ConfigError, ModelError, RunFailed
-from autotune.child import hf, runtimes
+from autotune.child import backends, hf
+from autotune.child.backends.converted import CONVERT_FAILED
 from autotune.child.buckets import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR, BucketError, Buckets
 from autotune.child.deploy import CALIBRATION_VAR
 from autotune.child.envfile import has_control
 from autotune.child.errors import LOAD_FAILED
 from autotune.child.files import unwritable
-from autotune.child.knobs import PEER_BACKENDS
-from autotune.child.peers import CONVERT_FAILED
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models
 from autotune.config.knobs import Config
@@ -77,8 +76,8 @@ def check_runs_here(request: BenchRequest, probe: Probe) -> str:
 
 def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     backend = str(request.config.get("backend"))
-    if backend in PEER_BACKENDS and not machine.described and not runtimes.installed(backend):
-        raise ConfigError(runtimes.not_installed(backend))
+    if not machine.described and not backends.installed(backend):
+        raise ConfigError(backends.not_installed(backend))
     spec = resolved(request)
     spec.check_shapes(request.config.get("shapes"))
     check_batch_fits((request.batch_size,), spec.item_shape)

@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.child.kernels import RUNTIME_OF
+from autotune.child.backends import RUNTIME_OF
 from autotune.config.knobs import Config
 from autotune.study import confirmations, records
 

@@ -147,7 +147,7 @@ def test_an_inductor_artifact_is_keyed_by_the_thread_count_it_was_compiled_for(t
             torch.set_num_threads(threads)
             for backend in ("inductor", "torchscript"):
                 meta = convert.artifact_meta(ModelKnobs(backend=backend), IMAGES, "w")
-                paths[backend, threads] = artifacts.artifact_path(tmp_path, meta, ".x")
+                paths[backend, threads] = artifacts.artifact_path(tmp_path, meta, ".x", kind=backend)
     finally:
         torch.set_num_threads(before)
     assert paths["inductor", 1] != paths["inductor", 2]

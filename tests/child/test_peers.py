@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 import autotune
-from autotune.child import deploy, runtimes
+from autotune.child import backends, deploy
+from autotune.child.backends import base
 from autotune.child.knobs import ModelKnobs
 from autotune.deploy import cache
 from tests.conftest import NEEDS_BF16, NEEDS_INT8, NEEDS_PEERS
@@ -124,8 +125,8 @@ def test_a_model_the_converter_rejects_is_one_line_and_nothing_saved(tmp_path: P
 
 
 def test_a_runtime_not_installed_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    real = runtimes.importlib.util.find_spec
-    monkeypatch.setattr(runtimes.importlib.util, "find_spec", lambda name: None if name == "nncf" else real(name))
+    real = base.importlib.util.find_spec
+    monkeypatch.setattr(base.importlib.util, "find_spec", lambda name: None if name == "nncf" else real(name))
     with pytest.raises(autotune.ApplyError) as raised:
         applied(tinynets.cnn(), IMAGES, ModelKnobs(backend="openvino"), tmp_path)
     assert str(raised.value) == ("backend=openvino needs OpenVINO, and this environment lacks nncf; install it with "
@@ -140,7 +141,7 @@ def test_the_cache_lists_and_removes_an_openvino_artifact_with_its_weights(tmp_p
     assert entry.size > xml.with_suffix(".bin").stat().st_size > 0 and entry.unusable == ""
     meta = json.loads(Path(f"{xml}.json").read_text())
     assert meta["knobs"] == {"backend": "openvino", "precision": "fp32"}
-    assert meta["runtime"] == runtimes.version("openvino")
+    assert meta["runtime"] == backends.get("openvino").version()
     assert cache.remove(entry) == ""
     assert not list((tmp_path / "artifacts").iterdir())
 

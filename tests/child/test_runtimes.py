@@ -1,5 +1,5 @@
-"""The peer runtimes' packages, named twice: in child/runtimes.py (found, versioned, told how to
-install) and as pyproject.toml's extras (what `pip install 'autotune[openvino]'` installs)."""
+"""The peer runtimes' packages, named twice: in each backend's module (found, versioned, told how
+to install) and as pyproject.toml's extras (what `pip install 'autotune[openvino]'` installs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from autotune.child import runtimes
+from autotune.child import backends
 from tests.conftest import ROOT
 
 tomllib = pytest.importorskip("tomllib")
@@ -15,10 +15,10 @@ tomllib = pytest.importorskip("tomllib")
 
 def test_each_runtime_s_extra_installs_exactly_the_packages_it_needs() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    for backend, spec in runtimes.RUNTIMES.items():
-        names = tuple(re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0] for requirement in extras[backend])
-        assert names == spec.distributions, backend
-        assert f"'autotune[{backend}]'" in spec.install
+    for spec in (b.packages for b in backends.REGISTRY if b.packages):
+        names = tuple(re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0] for requirement in extras[spec.extra])
+        assert names == spec.distributions, spec.extra
+        assert f"'autotune[{spec.extra}]'" in spec.install
 
 
 def setup_extras() -> set[str]:

@@ -115,11 +115,12 @@ def test_doctor_json_lists_libraries_with_install_hints(capsys: pytest.CaptureFi
 
 def test_doctor_lists_the_runtimes_found_with_their_versions_and_how_to_install_a_missing_one(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.child import runtimes
+    from autotune.child import backends
+    from autotune.child.backends.base import Packages
 
-    monkeypatch.setattr(runtimes, "versions", lambda: {"openvino": "2026.4.1", "nncf": "3.4.0", "onnxruntime": None,
-                                                       "onnx": "1.23.2", "onnxscript": None})
-    monkeypatch.setattr(runtimes, "missing", lambda backend: ("onnxruntime", "onnxscript") if backend == "onnxruntime"
+    found = {"openvino": "2026.4.1", "nncf": "3.4.0", "onnxruntime": None, "onnx": "1.23.2", "onnxscript": None}
+    monkeypatch.setattr(Packages, "versions", lambda self: {name: found[name] for name in self.distributions})
+    monkeypatch.setattr(backends, "missing", lambda backend: ("onnxruntime", "onnxscript") if backend == "onnxruntime"
                         else ())
     code, out, _ = run_cli(capsys, "doctor", "--json")
     assert code == 0
@@ -219,10 +220,10 @@ RUNS = {"search": ["--trials", "2"], "bench": [], "plan": []}
 @pytest.fixture
 def without_openvino(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """This environment as one without OpenVINO's packages, in an empty folder (what gets written)."""
-    from autotune.child import runtimes
+    from autotune.child import backends
 
-    real = runtimes.missing
-    monkeypatch.setattr(runtimes, "missing", lambda backend: ("openvino", "nncf") if backend == "openvino" else
+    real = backends.missing
+    monkeypatch.setattr(backends, "missing", lambda backend: ("openvino", "nncf") if backend == "openvino" else
                         real(backend))
     monkeypatch.chdir(tmp_path)
     return tmp_path

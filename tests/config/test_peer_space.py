@@ -78,9 +78,9 @@ def test_a_backend_whose_runtime_is_not_installed_is_dropped_with_a_note() -> No
 
 
 def test_what_the_machine_offers_comes_from_the_runtimes_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.child import runtimes
+    from autotune.child import backends
 
-    monkeypatch.setattr(runtimes, "missing", lambda backend: ("onnxscript",) if backend == "onnxruntime" else ())
+    monkeypatch.setattr(backends, "missing", lambda backend: ("onnxscript",) if backend == "onnxruntime" else ())
     assert space_fit.runtimes_installed() == {"openvino": True, "onnxruntime": False}
 
 

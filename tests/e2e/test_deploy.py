@@ -174,7 +174,7 @@ def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: P
 
 
 def test_an_inductor_artifact_takes_keyword_inputs_in_any_order(tmp_path: Path) -> None:
-    """The AOTInductor package is loaded through torch's loader directly (child.artifacts.Package),
+    """The AOTInductor package is loaded through torch's loader directly (child.backends.inductor.Package),
     which puts keyword inputs in the order they were exported in."""
 
     class TwoInputs(torch.nn.Module):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from autotune.child import kernels
+from autotune.child.backends import probe as kernel_probe
 from autotune.host import capabilities, topology
 from autotune.host.capabilities import Probe, ProbeError
 from tests.conftest import HOST_PROBE
@@ -38,9 +38,8 @@ def test_a_precision_is_refused_only_for_what_its_probe_measured() -> None:
         assert probe.refusal(runtime, precision, "matmul") == ""  # the other operation ran well
     assert probe.refusal("torch", "int8_dynamic", "conv") == ""  # judged by its matmul, the only one it has
     refused = capabilities.refusals(probe, "conv")
-    assert set(refused) == {("eager", "bf16"), ("torchscript", "bf16"), ("inductor", "bf16"), ("eager", "int8"),
-                            ("torchscript", "int8"), ("inductor", "int8"), ("openvino", "bf16"),
-                            ("onnxruntime", "int8")}
+    assert set(refused) == {("eager", "bf16"), ("torchscript", "bf16"), ("inductor", "bf16"), ("inductor", "int8"),
+                            ("openvino", "bf16"), ("onnxruntime", "int8")}  # a backend's own precisions alone
 
 
 def test_slower_counts_at_the_best_thread_count() -> None:
@@ -86,8 +85,8 @@ def test_the_kept_probe_is_reused_and_run_again_on_a_new_torch(tmp_path: Path, m
     assert said == [f"probing what this CPU runs and how fast (once per host and library versions; {first.path})"]
     capabilities.load(tmp_path, 2, rerun=True, runner=runs)  # `autotune doctor --probe`
     assert runs.count == 2
-    versions = kernels.versions()
-    monkeypatch.setattr(kernels, "versions", lambda: versions | {"torch": "2.15.0"})
+    versions = kernel_probe.versions()
+    monkeypatch.setattr(kernel_probe, "versions", lambda: versions | {"torch": "2.15.0"})
     newer = capabilities.load(tmp_path, 2, runner=runs)
     assert runs.count == 3 and newer.path != first.path and newer.key["versions"]["torch"] == "2.15.0"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # an instruction-set limit is another machine
@@ -142,7 +141,8 @@ def test_a_kernel_that_kills_its_child_is_recorded_and_the_rest_measured(tmp_pat
 def test_a_child_that_measures_nothing_is_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(capabilities, "_child", lambda *args: (1, "exit 1: ModuleNotFoundError: No module named x"))
     with pytest.raises(ProbeError, match=r"^the kernel probe failed \(exit 1: ModuleNotFoundError: No module named "
-                                         r"x\) before it measured anything; run `python -m autotune.child.kernels"):
+                                         r"x\) before it measured anything; run `python -m "
+                                         r"autotune.child.backends.probe"):
         capabilities.run_child([1], tmp_path)
 
 
@@ -159,7 +159,7 @@ def test_this_machines_probe_measured_every_kernel_and_the_bandwidth() -> None:
     """The suite's probe of this host (tests/conftest.py): the real child, every runtime installed."""
     assert HOST_PROBE.threads == capabilities.thread_counts(len(topology.detect().usable_cores))
     names = {(k.runtime, k.precision, k.op) for k in HOST_PROBE.kernels}
-    assert names == {(k.runtime, k.precision, k.op) for k in kernels.all_kernels()}
+    assert names == {(k.runtime, k.precision, k.op) for k in kernel_probe.all_kernels()}
     fp32 = HOST_PROBE.kernel("torch", "fp32", "conv")
     assert fp32 is not None and fp32.runs and all(g > 1 for _, g in fp32.gops)
     assert HOST_PROBE.bandwidth_gbs() is not None and HOST_PROBE.bandwidth_gbs() > 1  # type: ignore[operator]
@@ -178,8 +178,9 @@ def test_doctor_shows_the_probe(capsys: pytest.CaptureFixture[str]) -> None:
 def test_int8_sums_saturate_where_onednn_is_limited_to_avx2() -> None:
     """With oneDNN limited to AVX2 (no VNNI), u8 x s8 pairs go through 16-bit sums: measured to saturate
     at the full uint8 range, so PyTorch's int8 quantizes activations to 7 bits, which agree."""
-    program = ("from autotune.child import kernels as k; import json; m = k.measure(k.Kernel('torch', 'int8', "
-               "'conv'), [1]); print(json.dumps([k.saturates('torch'), k.remedy('inductor'), m.rel_error]))")
+    program = ("from autotune.child.backends import probe as p; from autotune.child.kernels import Kernel; "
+               "import json; m = p.measure(Kernel('torch', 'int8', 'conv'), [1]); "
+               "print(json.dumps([p.saturates('torch'), p.remedy('inductor'), m.rel_error]))")
     env = os.environ | {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
     saturates, remedy, rel_error = json.loads(done.stdout.strip().splitlines()[-1])

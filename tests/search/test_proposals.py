@@ -26,6 +26,8 @@ from tests.conftest import lscpu
 from tests.support import probes
 from tests.support.studies import DEFAULT, SPACE, fake_result, fake_runner, ok_runner, request
 
+COMPILE_INT8 = {"backend": "inductor", "memory_format": "channels_last", "precision": "int8"}
+
 
 def run(tmp_path: Path, here: Machine, trials: int, **kw: Any) -> tuple[opening.Search, str]:
     runner = kw.pop("runner", fake_runner)
@@ -327,11 +329,11 @@ def test_a_recipe_as_run_sets_every_knob_of_the_space_at_what_runs() -> None:
     assert baseline is not None and baseline.describe() == (
         "backend=eager mkldnn=off memory_format=contiguous precision=fp32 omp_threads=2 omp_runtime=gnu "
         "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")
-    compiled = adapted.as_run(Config.from_mapping(recipes.COMPILE_INT8))
+    compiled = adapted.as_run(Config.from_mapping(COMPILE_INT8))
     assert compiled is not None and compiled.describe() == (
         "backend=inductor memory_format=channels_last precision=int8 omp_threads=2 omp_runtime=gnu "
         "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")
-    with_buckets = bucketed.as_run(Config.from_mapping(recipes.COMPILE_INT8))  # --seq-lens: one model per length
+    with_buckets = bucketed.as_run(Config.from_mapping(COMPILE_INT8))  # --seq-lens: one model per length
     assert with_buckets is not None and with_buckets.get("shapes") == "buckets"
     two = adapted.as_run(Config.from_mapping({"instances": 2}))
     assert two is not None and two.get("omp_threads") == 1  # all the cores an instance has

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.child.kernels import all_kernels
+from autotune.child.backends.probe import all_kernels
 from autotune.host.capabilities import Probe
 
 # GOP/s a made-up CPU reaches per precision at 1 thread (twice that at 2): int8 4x fp32, bf16 2x.
@@ -39,13 +39,13 @@ def failing(name: str, error: str) -> dict[str, dict[str, Any]]:
 
 def refusing(bf16: bool = False, int8: bool = False) -> dict[tuple[str, str], str]:
     """What `capabilities.refusals` gives on a CPU whose probe refuses bf16 (slow) and/or int8 (failed)."""
-    from autotune.child.kernels import PROBED, RUNTIME_OF
+    from autotune.child.backends import REGISTRY
 
     refused = {}
-    for backend, runtime in RUNTIME_OF.items():
-        for precision in PROBED[runtime]:
+    for backend in REGISTRY:
+        for precision in backend.precisions:
             if bf16 and precision == "bf16":
-                refused[(backend, precision)] = "it measured 32.3x slower than fp32 in its probe (conv)"
+                refused[(backend.name, precision)] = "it measured 32.3x slower than fp32 in its probe (conv)"
             if int8 and precision.startswith("int8"):
-                refused[(backend, precision)] = "its probe failed: RuntimeError: no int8 here"
+                refused[(backend.name, precision)] = "its probe failed: RuntimeError: no int8 here"
     return refused
