@@ -36,9 +36,15 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
         os.chmod(tmp, 0o644)
 
 
-def unwritable(folder: Path) -> str:
-    """Why `folder` cannot be made or written into ("" when it can): it is made where missing, and
-    a file is tried in it."""
+def unwritable(folder: Path, make: bool = True) -> str:
+    """Why `folder` cannot be made or written into ("" when it can). With `make`, it is made where
+    missing and a file is tried in it; without, nothing is written: a missing folder is judged by the
+    nearest folder above it that exists."""
+    if not make and not folder.exists():
+        above = next((p for p in folder.parents if p.exists()), Path("."))
+        if not above.is_dir():
+            return os.strerror(errno.ENOTDIR)
+        return "" if os.access(above, os.W_OK | os.X_OK) else os.strerror(errno.EACCES)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

@@ -94,6 +94,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
                                                tolerance=tolerance, calibration_batches=calibration_batches)
     here = machine.this_machine()
     launch = requests.make_plan(request, here)
+    requests.check_cache_dir(cache_dir)
     with holding("bench", no_wait):
         probe = capabilities.load(cache_dir, len(here.topology.usable_cores), say=note)
         slower = requests.check_runs_here(request, probe)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.cli.streams import is_terminal
 from autotune.config.knobs import Knob
 from autotune.host.topology import format_cpus
 from autotune.measure.objectives import Metric, unit_of
@@ -40,8 +41,8 @@ def _finite(value: Any) -> Any:
 
 
 # Piped output (CI logs, `| less`) gets wide tables instead of 80 columns of folded cells.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+out = Console(highlight=False, width=None if is_terminal(sys.stdout) else 200)
+err = Console(stderr=True, highlight=False, width=None if is_terminal(sys.stderr) else 200)
 
 
 @contextlib.contextmanager

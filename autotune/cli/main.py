@@ -5,7 +5,10 @@ Exit codes (named in `common.py`), so that a CI job can tell a slower model from
 FAIL, a comparison a failed run prevented); 2 bad input (one `Error:` line); 3 an internal error
 (one `Error:` line naming the file in the temporary folder that holds its traceback, `crash.py`;
 `--debug` raises it instead); 128 + the signal when stopped: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
-`autotune run` exits with the code of the program it ran.
+`autotune run` exits with the code of the program it ran. Standard output or error closed before
+autotune starts (a cron job, a daemon): what would go there is discarded and the code is the
+command's own; one that cannot be written (`> /dev/full`, a reader gone): 1, with one line on
+standard error where it can still be written (`streams.py`).
 The commands live by what they are about: `cmd_machine.py`, `cmd_search.py`, `cmd_result.py`.
 """
 
@@ -21,7 +24,7 @@ import click
 from autotune.base import tempdirs
 from autotune.base.errors import FREE_DISK, AutotuneError, Interrupted, RunFailed
 from autotune.child.errors import ApplyError
-from autotune.cli import cmd_machine, cmd_result, cmd_search, crash
+from autotune.cli import cmd_machine, cmd_result, cmd_search, crash, streams
 from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 
 
@@ -46,6 +49,8 @@ def cli(debug: bool) -> None:
              temporary folder that holds its traceback; please report it
       128+N  stopped by signal N: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
       `autotune run` exits with the code of the program it ran.
+      Output that cannot be written (a full disk, a reader gone) is 1; a
+      standard output closed before autotune starts is discarded.
     """
 
 
@@ -65,6 +70,7 @@ def _raise_interrupt(signum: int, frame: object) -> NoReturn:
 def main(argv: list[str] | None = None) -> NoReturn:
     """Entry point: every failure as one `Error:` line and its exit code; `--debug` re-raises."""
     args = sys.argv[1:] if argv is None else argv
+    streams.guard()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)  # a closed terminal stops the children too
     tempdirs.remove_orphans()
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = _interrupted(exc)
     except click.ClickException as exc:
         code = _fail(exc.format_message() + _help_hint(exc), EXIT_USAGE)
+    except streams.OutputFailed as exc:
+        streams.discard(exc.stream)
+        code = _fail(str(exc), EXIT_FAILED)
     except (AutotuneError, ApplyError) as exc:
         if "--debug" in args:
             raise
@@ -87,6 +96,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             raise
         full = _disk_full(exc) if isinstance(exc, OSError) else ""
         code = _fail(full, EXIT_FAILED) if full else _fail(crash.error_line(exc, args), EXIT_INTERNAL)
+    streams.settle()
     sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
@@ -105,7 +115,10 @@ def _help_hint(exc: click.ClickException) -> str:
 
 
 def _fail(message: str, code: int) -> int:
-    click.echo(f"Error: {message}", err=True)
+    try:
+        click.echo(f"Error: {message}", err=True)
+    except streams.OutputFailed:
+        streams.discard("stderr")  # nowhere to say it: the exit code alone tells
     return code
 
 

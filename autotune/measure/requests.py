@@ -74,6 +74,14 @@ def check_runs_here(request: BenchRequest, probe: Probe) -> str:
     return f"precision={precision} with backend={backend}: {slower}, so a search does not offer it" if slower else ""
 
 
+def check_cache_dir(folder: Path) -> None:
+    """Refuse a cache folder no child could compile into, before anything runs or is recorded."""
+    why = unwritable(folder, make=False)
+    if why:
+        raise ConfigError(f"--cache-dir {str(folder)!r} is not a writable folder ({why}); make it writable or "
+                          f"choose another (compiled models and the kernel probe are kept there)")
+
+
 def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     backend = str(request.config.get("backend"))
     if not machine.described and not backends.installed(backend):

@@ -140,6 +140,7 @@ def validate(request: SearchRequest, machine: Machine,
         raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
     model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
                            seq_len=request.seq_len, task=request.task, buckets=request.buckets)
+    requests.check_cache_dir(request.cache_dir)
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available |= space_fit.runtimes_installed()
