@@ -311,7 +311,10 @@ def summary(report: Report, output: Path) -> dict[str, Any]:
             "against_peer": report.forest.against_peer,
             "message": report.forest.message, "number": report.forest.number, "of": report.forest.of},
         "importance": {imp.metric: {"evaluator": IMPORTANCE_EVALUATOR, "trials": imp.trials,
-                                    "knobs": dict(imp.knobs), "note": imp.note} for imp in report.importances},
+                                    "knobs": dict(imp.knobs), "note": imp.note,
+                                    "within": [{"knob": w.knob, "share": w.share, "trials": w.trials,
+                                                "where": w.where} for w in imp.within]}
+                       for imp in report.importances},
         "failures": [{"state": g.state, "cause": g.cause, "reason": g.reason, "trials": list(g.trials)}
                      for g in report.failures],
         "traces": [str(p) for p in report.traces],

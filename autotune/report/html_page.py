@@ -154,10 +154,13 @@ def _importance(importances: Sequence[Importance]) -> str:
         fig.update_xaxes(title_text="share of the variance", tickformat=".0%", row=1, col=col)
     fig.update_layout(height=max(300, 32 * max(len(imp.knobs) for imp in shown) + 120),
                       title=f"Knob importance ({IMPORTANCE_EVALUATOR})")
-    return _section("Knob importance", _figure(fig, IMPORTANCE), *notes, _note(
+    within = [_note(f"{METRIC_LABELS[imp.metric]}, {w.knob}: {w.share:.0%} of the variance among the {w.trials} "
+                    f"trials with {w.where}") for imp in shown for w in imp.within]
+    return _section("Knob importance", _figure(fig, IMPORTANCE), *notes, *within, _note(
         f"{IMPORTANCE_EVALUATOR}: how much of the objective's variance over the measured trials each knob "
         "explains on its own (Optuna's FanovaImportanceEvaluator, fixed seed); a knob left unset counts as its "
-        "default value."))
+        "default value. The bars rank the knobs that apply in every trial; a knob that applies only under a "
+        "condition (ONNX Runtime's with backend=onnxruntime) is ranked among the trials where it applies."))
 
 
 def _marginals(report: Report, metric: Metric) -> str:
@@ -166,13 +169,15 @@ def _marginals(report: Report, metric: Metric) -> str:
     if not panels:
         return _section(title, _note("no knob took more than one value among the measured trials"))
     rows = math.ceil(len(panels) / MARGINAL_COLUMNS)
-    fig = make_subplots(rows=rows, cols=MARGINAL_COLUMNS, subplot_titles=[m.knob for m in panels],
+    fig = make_subplots(rows=rows, cols=MARGINAL_COLUMNS,
+                        subplot_titles=[f"{m.knob} ({m.where})" if m.where else m.knob for m in panels],
                         vertical_spacing=min(0.3 / rows, 0.12), horizontal_spacing=0.06)
     for index, marginal in enumerate(panels):
         _marginal_traces(fig, marginal, index // MARGINAL_COLUMNS + 1, index % MARGINAL_COLUMNS + 1)
     fig.update_layout(height=300 * rows, showlegend=False, title=title)
     return _section(title, _figure(fig, marginal_id(metric)), _note(
-        "Every measured trial's value, grouped by the value each knob had (\"default\": the knob was not set)."))
+        "Every measured trial's value, grouped by the value each knob had (\"default\": the knob was not set); "
+        "a knob with a condition in parentheses, over the trials where it holds."))
 
 
 def _marginal_traces(fig: go.Figure, marginal: Marginal, row: int, col: int) -> None:

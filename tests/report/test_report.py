@@ -264,3 +264,29 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytes
                                                            "-o a writable location$"):
         html_page.write(tmp_path / "r.html", "<html></html>")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_conditional_knob_is_judged_among_the_trials_where_it_applies() -> None:
+    """ONNX Runtime's optimization level applies with backend=onnxruntime alone: over every trial its
+    default elsewhere would stand in for "not ONNX Runtime" and take the backend's credit."""
+    study = optuna.create_study()
+    study.set_user_attr("space", {"knobs": {"backend": {}, "ort_optimization": {}, "allocator": {}}})
+    dist = {"x": optuna.distributions.CategoricalDistribution(["a"])}
+    configs = [({"backend": "eager"}, 100.0), ({"backend": "eager", "allocator": "jemalloc"}, 98.0),
+               ({"backend": "eager"}, 101.0),
+               ({"backend": "onnxruntime", "ort_optimization": "all"}, 60.0),
+               ({"backend": "onnxruntime", "ort_optimization": "basic"}, 70.0),
+               ({"backend": "onnxruntime", "ort_optimization": "all", "allocator": "jemalloc"}, 59.0),
+               ({"backend": "onnxruntime", "ort_optimization": "basic", "allocator": "jemalloc"}, 71.0)]
+    for config, latency in configs:
+        study.add_trial(optuna.trial.create_trial(value=latency, params={"x": "a"}, distributions=dist, user_attrs={
+            "plan": {"config": config}, "latency_p50_ms": latency}))
+    rows = importance.design(study)
+    ranked = importance.importance(rows, "latency_p50_ms")
+    assert [k for k, _ in ranked.knobs] == ["backend", "allocator"]  # ort_optimization is not among them
+    assert [(w.knob, w.trials, w.where) for w in ranked.within] == [("ort_optimization", 4, "backend=onnxruntime")]
+    assert ranked.within[0].share > 0.5  # among ONNX Runtime's trials, it is what differs (allocator: 1 ms)
+    found = {m.knob: m for m in importance.marginals(rows, "latency_p50_ms")}
+    assert found["ort_optimization"].where == "backend=onnxruntime"
+    assert found["ort_optimization"].groups == (("basic", (70.0, 71.0)), ("all", (60.0, 59.0)))
+    assert found["backend"].where == "" and sum(len(v) for _, v in found["backend"].groups) == 7
