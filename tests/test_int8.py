@@ -23,8 +23,8 @@ from autotune.measure import requests
 from autotune.search import opening
 from tests.conftest import FIXTURES, NEEDS_INT8
 from tests.support import probes
-from tests.support.cli import run_cli
-from tests.support.spaces import FakeTrial
+from tests.support.cli import QUICK_BENCH, run_cli
+from tests.support.spaces import FakeTrial, every
 
 XEON = FIXTURES / "lscpu" / "xeon_2s_ht.txt"
 NO_VNNI = ("AMD EPYC 7B13", frozenset({"avx2", "fma"}))  # a Zen 3: AVX2, no AVX-512, no VNNI
@@ -58,7 +58,7 @@ def test_a_precision_whose_probe_fails_is_dropped_with_the_probe_message(monkeyp
     assert ("precision=int8 only with backend=openvino/onnxruntime: with inductor, its probe failed: RuntimeError: "
             "could not create a primitive") in adapted.notes
     small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
-    assert "backend=inductor precision=int8" not in {c.describe() for c in small.configurations() or []}
+    assert "backend=inductor precision=int8" not in {c.describe() for c in every(small)}
     everywhere = {f"{r}:int8:{op}": probes.failing("", "RuntimeError: no int8")[""]
                   for r in ("torch", "openvino", "onnxruntime") for op in ("conv", "matmul")}
     adapted = search_space(monkeypatch, probes.probe(everywhere))
@@ -92,7 +92,7 @@ def test_int8_is_offered_only_with_a_backend_that_quantizes(monkeypatch: pytest.
     adapted = search_space(monkeypatch, probes.probe(probes.failing("torch:bf16:matmul", "RuntimeError: no")))
     assert adapted.get("precision").choices == ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")  # type: ignore[union-attr]
     small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
-    assert {c.describe() for c in small.configurations() or []} == {
+    assert {c.describe() for c in every(small)} == {
         "backend=eager precision=fp32", "backend=torchscript precision=fp32",
         "backend=inductor precision=fp32", "backend=inductor precision=int8", "backend=openvino precision=fp32",
         "backend=openvino precision=int8", "backend=openvino precision=bf16", "backend=onnxruntime precision=fp32",
@@ -199,8 +199,7 @@ def test_int8_through_bench_quantizes_once_then_loads(tmp_path: Path) -> None:
     autotune = str(Path(sys.executable).with_name("autotune"))
     folder = FIXTURES / "models"
     command = [autotune, "bench", "--model", "tinynets:cnn", "--input-shape", "3x32x32", "--batch-size", "4",
-               "--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1", "--min-iterations", "3",
-               "--cache-dir", str(tmp_path / "cache"), "--json", "--calibration-batches", "2",
+               *QUICK_BENCH, "--cache-dir", str(tmp_path / "cache"), "--json", "--calibration-batches", "2",
                "--set", "backend=inductor", "--set", "precision=int8"]
     setups = []
     for _ in range(2):

@@ -19,7 +19,7 @@ from autotune.config.knobs import Config
 from autotune.host import capabilities
 from tests.conftest import FIXTURES, NEEDS_INT8
 from tests.support import probes
-from tests.support.cli import AUTOTUNE, run_cli
+from tests.support.cli import AUTOTUNE, QUICK_BENCH, run_cli
 
 NO_VNNI = ("Intel(R) Xeon(R) CPU E5-2690 v4", frozenset({"avx2", "fma", "avx512f"}))
 LINEAR_INT8 = ("int8_dynamic", "int8_weight_only")
@@ -129,8 +129,7 @@ def test_int8_dynamic_through_bench_compiles_once_then_loads(tmp_path: Path) -> 
     """A second process loads the first one's AOTInductor package (no torchao needed to run it) and
     reuses its guard figures; no calibration batches are asked for."""
     command = [AUTOTUNE, "bench", "--model", "tinynets:mlp", "--input-shape", "64", "--batch-size", "4",
-               "--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1", "--min-iterations", "3",
-               "--cache-dir", str(tmp_path / "cache"), "--json", "--tolerance", "0.1",
+               *QUICK_BENCH, "--cache-dir", str(tmp_path / "cache"), "--json", "--tolerance", "0.1",
                "--set", "backend=inductor", "--set", "precision=int8_dynamic"]
     setups = []
     for _ in range(2):

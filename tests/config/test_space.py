@@ -12,7 +12,7 @@ from autotune.config.space import SpaceError
 from autotune.host import capabilities
 from tests.conftest import ROOT
 from tests.support import probes
-from tests.support.spaces import FakeTrial
+from tests.support.spaces import FakeTrial, every
 
 ALL_LIBS = {"libiomp5": True, "libomp": True, "jemalloc": True, "tcmalloc": True}
 
@@ -125,8 +125,8 @@ def test_bf16_slow_in_pytorch_stays_only_for_the_runtime_that_runs_it_well() -> 
     assert adapted.notes[-1] == ("precision=bf16 only with backend=openvino: with eager/torchscript/inductor, it "
                                  "measured 32.3x slower than fp32 in its probe (conv)")
     small = space.SearchSpace("small", (adapted.get("backend"), adapted.get("precision")))  # type: ignore[arg-type]
-    assert {c.describe() for c in small.configurations() or []} >= {"backend=openvino precision=bf16"}
-    assert not [c for c in small.configurations() or [] if c.get("precision") == "bf16"
+    assert {c.describe() for c in every(small)} >= {"backend=openvino precision=bf16"}
+    assert not [c for c in every(small) if c.get("precision") == "bf16"
                 and c.get("backend") != "openvino"]
     assert "value_when" in adapted.to_json()["knobs"]["precision"]  # a study records it: another host differs
 

@@ -17,6 +17,7 @@ from autotune.host.machine import Machine
 from autotune.search import loop, opening
 from autotune.study.storage import StudyError
 from tests.support import probes
+from tests.support.spaces import every
 from tests.support.studies import DEFAULT, SPACE, ok_runner, request
 
 
@@ -81,7 +82,7 @@ def test_a_pin_narrows_the_knobs_its_condition_needs() -> None:
     pinned = space_fit.pin(adapted, pins("mkldnn=on"), {})
     backend = pinned.get("backend")
     assert backend is not None and backend.choices == ("eager",)
-    assert all(c.get("mkldnn") is True for c in pinned.configurations() or [])
+    assert all(c.get("mkldnn") is True for c in every(pinned))
     with pytest.raises(SpaceError, match="--set mkldnn=on needs backend=eager, which the search space .* never "
                                          "picks; pin backend too, or drop that --set"):
         space_fit.pin(space_fit.pin(adapted, pins("backend=inductor"), {}), pins("mkldnn=on"), {})
@@ -103,4 +104,4 @@ def test_pinning_int8_needs_its_backend_pinned_too() -> None:
         pins("precision=int8")
     adapted = space_fit.adapt(space.load(DEFAULT), 2, {})
     pinned = space_fit.pin(adapted, pins("backend=inductor", "precision=int8"), {})
-    assert {(c.get("backend"), c.get("precision")) for c in pinned.configurations() or []} == {("inductor", "int8")}
+    assert {(c.get("backend"), c.get("precision")) for c in every(pinned)} == {("inductor", "int8")}

@@ -24,6 +24,8 @@ from autotune.search import fleet, loop, opening, proposals, pruning
 from autotune.study import holders, records, references
 from tests.conftest import lscpu
 from tests.support import probes
+from tests.support.samplers import Stubborn
+from tests.support.spaces import every
 from tests.support.studies import DEFAULT, SPACE, fake_result, fake_runner, ok_runner, request
 
 COMPILE_INT8 = {"backend": "inductor", "memory_format": "channels_last", "precision": "int8"}
@@ -53,7 +55,7 @@ def test_configurations_lists_exactly_what_sampling_can_return(here: Machine) ->
     drawn = {adapted.sample(Random()) for _ in range(3000)}
     assert drawn <= set(listed)
     small = space_fit.adapt(space.load(SPACE), 8, {})
-    assert len(small.configurations() or []) == 8  # 2 x 2 x 2, no conditions
+    assert len(every(small)) == 8  # 2 x 2 x 2, no conditions
     assert adapted.configurations(limit=100) is None  # too many to list
     assert space_fit.adapt(space.load(DEFAULT), 8, {}).configurations() is None
 
@@ -74,22 +76,6 @@ def test_an_exhausted_space_stops_the_search_and_says_so(tmp_path: Path, here: M
                        "(--space) to search further")
 
 
-class Stubborn(optuna.samplers.BaseSampler):
-    """Always proposes the same values: a sampler that has settled."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.values = values
-
-    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
-        return {}
-
-    def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict[str, Any]:
-        return {}
-
-    def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
-        return self.values[name]
-
-
 def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measured(here: Machine) -> None:
     small = space_fit.adapt(space.load(SPACE), 8, {})
     study = optuna.create_study()
@@ -103,7 +89,7 @@ def test_a_repeated_proposal_is_replaced_by_the_nearest_configuration_not_measur
     assert proposal.identity[0] in {"mkldnn=on allocator=jemalloc", "omp_runtime=intel allocator=jemalloc",
                                     "defaults"}
     assert proposal.params == small.params(proposal.config)
-    everything = {(c.identity(), 1) for c in small.configurations() or []}
+    everything = {(c.identity(), 1) for c in every(small)}
     assert proposer.next(study, [], everything) is None
 
 
@@ -338,7 +324,7 @@ def test_a_recipe_as_run_sets_every_knob_of_the_space_at_what_runs() -> None:
     two = adapted.as_run(Config.from_mapping({"instances": 2}))
     assert two is not None and two.get("omp_threads") == 1  # all the cores an instance has
     small = space_fit.adapt(space.load(SPACE), 8, {})
-    assert all(small.as_run(c) == c for c in small.configurations() or [])  # a sampled one: as it was
+    assert all(small.as_run(c) == c for c in every(small))  # a sampled one: as it was
     # what runs unset is not offered: the space says nothing of where the configuration lies
     assert space_fit.pin(small, Config.from_mapping({"allocator": "jemalloc"}), {}).as_run(Config()) is None
     assert adapted.as_run(Config.from_mapping({"omp_runtime": "intel"})) is None  # KMP_AFFINITY unset: not offered

@@ -12,7 +12,6 @@ from typing import Any
 
 import optuna
 import pytest
-from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
 from autotune.base import thresholds
@@ -26,6 +25,7 @@ from autotune.measure.results import RunResult
 from autotune.search import loop, opening, pruning
 from autotune.study import records
 from tests.conftest import FIXTURES, lscpu
+from tests.support.samplers import Scripted
 from tests.support.studies import fake_result, request
 
 DEFAULT = space_fit.adapt(space.load(space.find("default")), 2, {"bf16": True, "int8": True})
@@ -185,23 +185,6 @@ def test_a_skipped_configuration_is_held_until_the_evidence_changes() -> None:
     # ... and proposable again once a measurement changes it (a new key: fp32 contiguous at 2)
     told(study, compiled("fp32", "contiguous", 2), 104.0)
     assert pruning.held(DEFAULT, study.get_trials(), HERE, "d") == set()
-
-
-class Scripted(optuna.samplers.BaseSampler):
-    """Proposes the values scripted for each trial number (the single choices otherwise)."""
-
-    def __init__(self, script: dict[int, dict[str, Any]]) -> None:
-        self.script = script
-
-    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
-        return {}
-
-    def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict[str, Any]:
-        return {}
-
-    def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
-        first = distribution.low if isinstance(distribution, IntDistribution) else distribution.to_external_repr(0)
-        return self.script.get(trial.number, {}).get(name, first)
 
 
 def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(

@@ -13,6 +13,8 @@ from autotune.cli.main import main
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))  # the console script beside this Python
 # A real search that takes a couple of minutes: resnet18, the quick space, short windows, 2 replicates.
+# One configuration measured briefly: what a test of a bench process needs, not a timing.
+QUICK_BENCH = ["--duration", "0.3", "--warmup", "1", "--warmup-time", "0.1", "--min-iterations", "3"]
 QUICK_SEARCH = ["--model", "resnet18", "--space", "quick", "--duration", "0.3", "--warmup", "1", "--warmup-time",
                 "0.1", "--min-iterations", "5", "--replicates", "2"]
 
