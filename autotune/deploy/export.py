@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.base.errors import AutotuneError
 from autotune.child import deploy, envfile, hf
 from autotune.child.buckets import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR
+from autotune.child.cpu import ISA_LIMITS
 from autotune.child.envfile import quote, value_text
 from autotune.child.files import write_atomically
 from autotune.deploy.user_run import EnvFile
@@ -32,7 +33,8 @@ OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS", deploy.TOLERAN
 # the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
 # the user's, even though a measured child did not inherit them.
 TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
-               "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", PRIMITIVE_CACHE_VAR)
+               "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", PRIMITIVE_CACHE_VAR,
+               *ISA_LIMITS)
 
 
 class ExportError(AutotuneError):

@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 from autotune.base.errors import TopologyError
 from autotune.child import deploy
 from autotune.child.buckets import Buckets
+from autotune.child.cpu import ISA_LIMITS
 from autotune.child.knobs import ModelKnobs
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config.knobs import Config
@@ -190,7 +191,7 @@ def plan_launch(
     """The whole launch. `binder` forces a binding tool (e.g. numactl when planning elsewhere)."""
     groups = _placement(config, topology)
     binding: Binding = "none" if groups is None else (binder or best_binder(libs))
-    shared_env = {**_runtime_env(config, libs), **serving_env(config, bench)}
+    shared_env = {**isa_limits(parent_env or {}), **_runtime_env(config, libs), **serving_env(config, bench)}
     argv = worker_command(python, bench, config)
     instances = []
     for index, cores in enumerate(groups or [None]):
@@ -202,8 +203,15 @@ def plan_launch(
         prefix = bind_prefix(binding, libs, cpus, nodes)
         instances.append(InstancePlan(index, cpus, nodes[0] if len(nodes) == 1 else None,
                                       env, prefix + argv))
-    cleared = tuple(sorted(k for k in (parent_env or {}) if TUNING.match(k)))
+    cleared = tuple(sorted(k for k in (parent_env or {}) if TUNING.match(k) and k not in shared_env))
     return LaunchPlan(config, bench, binding, tuple(instances), cleared)
+
+
+def isa_limits(parent_env: Mapping[str, str]) -> dict[str, str]:
+    """The instruction-set limits the parent runs under (`ONEDNN_MAX_CPU_ISA=AVX2`, ...): part of
+    what this machine is (its host class, the kernel probe, every artifact's key), so every child
+    runs under them too, and an export carries them."""
+    return {name: parent_env[name] for name in ISA_LIMITS if parent_env.get(name)}
 
 
 def _runtime_env(config: Config, libs: Libraries) -> dict[str, str]:

@@ -202,3 +202,13 @@ def test_a_peer_backend_sets_the_threads_and_no_openmp_runtime_and_its_knobs_rea
         flags = dict(zip(inst.command, inst.command[1:], strict=False))
         assert all(flags[f"--{name.replace('_', '-')}"] == value
                    for name, _, value in (pair.partition("=") for pair in runtime))
+
+
+def test_the_instruction_set_limits_autotune_runs_under_reach_every_child(fake_libs: Libraries) -> None:
+    """`ONEDNN_MAX_CPU_ISA=AVX2 autotune search` is another machine (host class, probe, artifact keys):
+    its children and its export run under the same limits, which are no setting to clear."""
+    parent = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "4"}
+    plan = make(["instances=2"], lscpu("amd_1s_smt"), fake_libs, parent_env=parent)
+    assert all(i.env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and i.env["ATEN_CPU_CAPABILITY"] == "avx2" for i in plan.instances)
+    assert plan.cleared == ("OMP_NUM_THREADS",)
+    assert "ONEDNN_MAX_CPU_ISA" not in make([], lscpu("amd_1s_smt"), fake_libs, parent_env={}).instances[0].env
