@@ -38,6 +38,10 @@ class Knob:
     unset_as: KnobValue | None = None
     model: bool = False  # changes the module itself (apply's business); the others are the process's
     places: bool = False  # a runtime's setting that places its work on the cores, not what it computes
+    core_bound: bool = False  # an integer no larger than the usable physical cores (its `max`)
+    shrinks_with: str = ""  # the knob whose sampled value caps this one (threads x instances fit the cores)
+    needs: tuple[tuple[str, str], ...] = ()  # (value, the library it preloads): a machine without it lacks it
+    sets: tuple[str, ...] = ()  # the environment variables it sets (an export unsets them when it does not)
 
     def allowed(self) -> str:
         if self.kind == "bool":

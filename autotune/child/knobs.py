@@ -59,22 +59,26 @@ def _knob_table(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> d
              choices=PRECISIONS, default="fp32", only_when=dense, model=True),
         *(knob for backend in rest for knob in backend.knobs),
         Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance; OpenVINO's inference threads "
-             "and ONNX Runtime's intra-op threads", low=1, high=4096, unset_as="max"),
+             "and ONNX Runtime's intra-op threads", low=1, high=4096, unset_as="max", core_bound=True,
+             shrinks_with="instances", sets=("OMP_NUM_THREADS", "MKL_NUM_THREADS")),
         Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
              "(libiomp5 preloaded), llvm (libomp preloaded); PyTorch backends only", choices=("gnu", "intel", "llvm"),
-             default="gnu", only_when=torch_run),
+             default="gnu", only_when=torch_run, needs=(("intel", "libiomp5"), ("llvm", "libomp")),
+             sets=("LD_PRELOAD",)),
         Knob("kmp_affinity", "choice", "KMP_AFFINITY of Intel OpenMP: compact = "
              "granularity=fine,compact,1,0; scatter = granularity=fine,scatter",
-             choices=("compact", "scatter", "disabled"), only_when=intel, unset_as="disabled"),
+             choices=("compact", "scatter", "disabled"), only_when=intel, unset_as="disabled", sets=("KMP_AFFINITY",)),
         Knob("kmp_blocktime", "int", "KMP_BLOCKTIME of Intel OpenMP, in ms", low=0, high=1000,
-             only_when=intel, unset_as=200),
+             only_when=intel, unset_as=200, sets=("KMP_BLOCKTIME",)),
         Knob("omp_proc_bind", "choice", "OMP_PROC_BIND of GNU/LLVM OpenMP (OMP_PLACES=cores "
              "unless false)", choices=("false", "true", "close", "spread"), only_when=not_intel,
-             unset_as="false"),
+             unset_as="false", sets=("OMP_PROC_BIND", "OMP_PLACES")),
         Knob("allocator", "choice", "malloc by LD_PRELOAD, with the tuning env its users set",
-             choices=("default", "jemalloc", "tcmalloc"), default="default"),
+             choices=("default", "jemalloc", "tcmalloc"), default="default",
+             needs=(("jemalloc", "jemalloc"), ("tcmalloc", "tcmalloc")),
+             sets=("LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD")),
         Knob("instances", "int", "concurrent benchmark processes, each bound to its own "
-             "physical cores", low=1, high=4096, unset_as=1),
+             "physical cores", low=1, high=4096, unset_as=1, core_bound=True),
         Knob("dataloader_workers", "int", "DataLoader num_workers feeding the benchmark",
              low=0, high=64, default=0),
     ]
@@ -105,6 +109,14 @@ PEER_KNOBS = tuple(name for name, k in KNOBS.items()
 # A peer runtime's settings that place its work on the cores (the hint that sizes its streams, the
 # streams, pinning, the executor and its threads): every operation computes what it did without them.
 PLACEMENT_KNOBS = tuple(name for name, k in KNOBS.items() if k.places)
+# Knobs whose highest value a machine's cores cap (`max`): threads, instances, and the runtimes'
+# streams and inter-op threads, none of which can use more than the cores.
+CORE_BOUND = tuple(name for name, k in KNOBS.items() if k.core_bound)
+# A knob whose range shrinks with another's sampled value: threads x instances fit the cores, and an
+# OpenVINO stream runs one thread at least.
+SHRINKS_WITH = {name: k.shrinks_with for name, k in KNOBS.items() if k.shrinks_with}
+# The environment variables the process knobs set, every one of them.
+KNOB_VARIABLES = tuple(dict.fromkeys(var for k in KNOBS.values() for var in k.sets))
 VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = _value_conditions()
 
 

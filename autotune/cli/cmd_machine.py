@@ -110,14 +110,19 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 
 
 @click.command(name="knobs")
-def knobs_command() -> None:
-    """List every knob with its allowed values and what it changes.
+@click.option("--markdown", is_flag=True, help="Print the table as Markdown (what docs/knobs.md holds).")
+def knobs_command(markdown: bool) -> None:
+    """List every knob with its allowed values, default, condition, what it sets and what it changes.
 
     \b
     Example:
       autotune knobs
+      autotune knobs --markdown > docs/knobs.md
     """
-    display.knobs(knobs.KNOBS.values())
+    if markdown:
+        click.echo(display.knobs_markdown(knobs.KNOBS.values()), nl=False)
+    else:
+        display.knobs(knobs.KNOBS.values())
 
 
 @click.command(name="models")

@@ -33,16 +33,11 @@ import yaml
 
 from autotune.base.errors import AutotuneError
 from autotune.child.envfile import value_text
+from autotune.child.knobs import SHRINKS_WITH
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, knob, parse
 
 USER_SPACES = Path("search_spaces")  # in the current folder: the user's own spaces, found before the shipped ones
-# Knobs whose highest value `adapt` caps at a machine's cores (`max`): threads, instances, and the
-# runtimes' streams and inter-op threads, none of which can use more than the cores.
-CORE_BOUND = ("omp_threads", "instances", "ov_streams", "ort_inter_threads")
 BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
-# A knob whose range shrinks with another's sampled value (`_dynamic_high`): threads x instances fit
-# the cores, and an OpenVINO stream runs one thread at least.
-SHRINKS_WITH = {"omp_threads": "instances", "ov_streams": "omp_threads"}
 
 
 def _sample_order() -> tuple[str, ...]:

@@ -13,16 +13,16 @@ from typing import Any
 from autotune.child import backends
 from autotune.child.backends import RUNTIME_OF
 from autotune.child.envfile import value_text
-from autotune.child.knobs import LINEAR_INT8
+from autotune.child.knobs import CORE_BOUND, LINEAR_INT8
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, KnobValue, conditions, knob
-from autotune.config.space import CORE_BOUND, SAMPLE_ORDER, KnobRange, SearchSpace, SpaceError
+from autotune.config.space import SAMPLE_ORDER, KnobRange, SearchSpace, SpaceError
 from autotune.host.capabilities import Refused
 from autotune.host.libs import LIBRARIES
 
-# Which library or runtime each choice needs, so a machine without it never samples it.
+# Which library (the knob's `needs`) or runtime (the backend's packages) each choice needs, so a
+# machine without it never samples it.
 NEEDS: dict[tuple[str, str], str] = {
-    ("omp_runtime", "intel"): "libiomp5", ("omp_runtime", "llvm"): "libomp",
-    ("allocator", "jemalloc"): "jemalloc", ("allocator", "tcmalloc"): "tcmalloc",
+    **{(name, value): library for name, k in KNOBS.items() for value, library in k.needs},
     **{("backend", b.name): b.name for b in backends.REGISTRY if b.packages}}
 
 

@@ -18,6 +18,7 @@ from autotune.child.buckets import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR
 from autotune.child.cpu import ISA_LIMITS
 from autotune.child.envfile import quote, value_text
 from autotune.child.files import write_atomically
+from autotune.child.knobs import KNOB_VARIABLES
 from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
@@ -32,9 +33,7 @@ OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS", deploy.TOLERAN
 # that sourcing it reproduces the trial even in a shell that had them set. Nothing else is unset:
 # the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
 # the user's, even though a measured child did not inherit them.
-TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND",
-               "OMP_PLACES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", PRIMITIVE_CACHE_VAR,
-               *ISA_LIMITS)
+TUNING_VARS = (*KNOB_VARIABLES, PRIMITIVE_CACHE_VAR, *ISA_LIMITS)
 
 
 class ExportError(AutotuneError):

@@ -109,3 +109,16 @@ def test_a_knob_set_to_its_default_launches_what_leaving_it_unset_does() -> None
     assert Config.from_assignments(["instances=1"]).identity() == "instances=1"  # no default: setting it binds
     assert identity_of("allocator=default precision=fp32") == "defaults"
     assert identity_of("a_knob_of_long_ago=3") == "a_knob_of_long_ago=3"
+
+
+def test_the_docs_knob_table_is_the_knob_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/knobs.md is `autotune knobs --markdown` (regenerate it with that command after a change)."""
+    from tests.conftest import ROOT
+    from tests.support.cli import run_cli
+
+    code, out, _ = run_cli(capsys, "knobs", "--markdown")
+    page = (ROOT / "docs" / "knobs.md").read_text()
+    assert code == 0 and page.endswith(out), "docs/knobs.md is stale: run `autotune knobs --markdown`"
+    from autotune.child.knobs import KNOBS
+
+    assert out.count("\n") == len(KNOBS) + 2

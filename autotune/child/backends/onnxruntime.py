@@ -49,7 +49,8 @@ class OnnxRuntime(Converter):
                           "(independent nodes at once, on the inter-op threads)", choices=("sequential", "parallel"),
                           default="sequential", places=True)),
             self.own(Knob("ort_inter_threads", "int", "ONNX Runtime's inter-op threads; 0 = its own choice",
-                          low=0, high=4096, default=0, only_when=(("ort_execution", ("parallel",)),), places=True)),
+                          low=0, high=4096, default=0, only_when=(("ort_execution", ("parallel",)),), places=True,
+                          core_bound=True)),
         )
 
     def recipes(self, cores: int) -> tuple[tuple[str, dict[str, KnobValue]], ...]:

@@ -49,7 +49,7 @@ class OpenVINO(Converter):
                           "throughput (several streams)", choices=("latency", "throughput"), default="latency",
                           places=True)),
             self.own(Knob("ov_streams", "int", "OpenVINO's number of streams (NUM_STREAMS); 0 = as the hint decides",
-                          low=0, high=4096, default=0, places=True)),
+                          low=0, high=4096, default=0, places=True, core_bound=True, shrinks_with="omp_threads")),
             self.own(Knob("ov_pinning", "bool", "OpenVINO pins its threads to CPUs (ENABLE_CPU_PINNING)",
                           default=True, places=True)),
         )
