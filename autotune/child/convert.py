@@ -42,6 +42,11 @@ AGREEMENT_TOLERANCE = 1e-2
 TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, **dict.fromkeys(QUANTIZED, AGREEMENT_TOLERANCE)}
 
 
+def allowed_error(precision: Precision, tolerance: float | None) -> float:
+    """What a guard allows: the `--tolerance` given, else the precision's own (`TOLERANCE`)."""
+    return TOLERANCE[precision] if tolerance is None else tolerance
+
+
 @dataclass(frozen=True)
 class Quantized:
     """How precision=int8 gets its graph (`quantize.quantized_export` on the calibration batches,
@@ -124,7 +129,7 @@ def _forward(model: Any, knobs: ModelKnobs) -> Callable[[Any], Any]:
     return forward
 
 
-def guard(reference: list[Any], output: list[Any], precision: Precision, tolerance: float,
+def guard(reference: list[Any], output: list[Any], precision: Precision, tolerance: float | None,
           setup: dict[str, Any]) -> None:
     """The correctness guard for fp32 and bf16: max abs and relative error against eager fp32 on the
     same input (recorded for every int8 too, which `quantize.agreement_guard` judges)."""
@@ -136,7 +141,7 @@ def guard(reference: list[Any], output: list[Any], precision: Precision, toleran
         raise WrongAnswers(f"output shape changed: {tuple(out.shape)} instead of eager fp32's {tuple(ref.shape)}")
     abs_err = float((out - ref).abs().max())
     rel_err = abs_err / max(float(ref.abs().max()), 1e-12)
-    allowed = tolerance if tolerance >= 0 else TOLERANCE[precision]
+    allowed = allowed_error(precision, tolerance)
     setup.update(max_abs_err=abs_err, max_rel_err=rel_err, tolerance=allowed)
     if precision not in QUANTIZED and not rel_err <= allowed:  # int8s: judged by quantize.agreement_guard
         raise WrongAnswers(f"wrong answers: output differs from eager fp32 by max relative error {rel_err:.3g} "

@@ -55,7 +55,7 @@ class Deployment:
     """A configuration to apply: the model knobs, the guard's tolerance, where artifacts live."""
 
     knobs: ModelKnobs = field(default_factory=ModelKnobs)
-    tolerance: float = -1.0  # relative error allowed by check=True; < 0: per precision
+    tolerance: float | None = None  # what check=True allows against eager fp32; None: the precision's (`TOLERANCE`)
     artifacts: Path | None = None
     source: str = "the environment"
     seq_lens: tuple[int, ...] = ()  # sequence-length buckets: one compiled model per length (`autotune.child.buckets`)
@@ -68,7 +68,7 @@ def from_env(env: Mapping[str, str], source: str = "the environment") -> Deploym
     knobs = knobs_from_env(env, source)
     _same_as_listed(knobs, env.get(LISTED_VAR, ""), source)
     try:
-        tolerance = float(env.get(TOLERANCE_VAR, "-1"))
+        tolerance = float(env[TOLERANCE_VAR]) if env.get(TOLERANCE_VAR) else None
     except ValueError:
         raise ApplyError(f"{TOLERANCE_VAR}={env[TOLERANCE_VAR]!r} in {source} is not a number; "
                          f"export the env file again") from None

@@ -25,7 +25,7 @@ from autotune.child import buckets
 from autotune.child.artifacts import hash_tensor
 from autotune.child.backends import probe
 from autotune.child.batches import call, explain, split
-from autotune.child.convert import TOLERANCE
+from autotune.child.convert import allowed_error
 from autotune.child.errors import ApplyError, WrongAnswers
 from autotune.child.linear_int8 import TORCHAO_INSTALL
 
@@ -149,7 +149,7 @@ def rows(batch: Sequence[Any]) -> Any:
     return torch.cat([t.float().reshape(t.shape[0], -1) for t in batch], dim=1)
 
 
-def agreement_guard(reference: Sequence[Any], output: Sequence[Any], precision: Precision, tolerance: float,
+def agreement_guard(reference: Sequence[Any], output: Sequence[Any], precision: Precision, tolerance: float | None,
                     setup: dict[str, Any]) -> None:
     """The guard of every int8 precision (`ModelKnobs.quantized`): each item's top-1 answer and the
     cosine similarity of its output with eager fp32's; fails when more than `tolerance` of the items
@@ -170,10 +170,10 @@ def agreement_guard(reference: Sequence[Any], output: Sequence[Any], precision: 
     judge(figures, precision, tolerance, setup)
 
 
-def judge(figures: dict[str, Any], precision: Precision, tolerance: float, setup: dict[str, Any]) -> None:
+def judge(figures: dict[str, Any], precision: Precision, tolerance: float | None, setup: dict[str, Any]) -> None:
     """`agreement_guard`'s verdict on its figures (measured now, or by an earlier process on the
     same artifact and inputs), recorded in `setup` with the tolerance applied."""
-    allowed = tolerance if tolerance >= 0 else TOLERANCE[precision]
+    allowed = allowed_error(precision, tolerance)
     agreement, cosine, items = figures["top1_agreement"], figures["min_cosine"], figures["guard_items"]
     setup.update(top1_agreement=agreement, min_cosine=cosine, guard_items=items, tolerance=allowed)
     if not (agreement >= 1 - allowed and cosine >= 1 - allowed):

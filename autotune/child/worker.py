@@ -68,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", choices=KNOBS[name].spellings() or None,  # int: knob parses
                        default=value_text(KNOBS[name].default))
     p.add_argument("--calibration-batches", type=int, default=CALIBRATION_BATCHES, help="int8: batches observed")
-    p.add_argument("--tolerance", type=float, default=-1.0, help="relative error allowed; <0: per precision")
+    p.add_argument("--tolerance", type=float, default=None, help="what the guard allows (default: the precision's)")
     p.add_argument("--import-path", default="", help="folder to import a model factory from")
     p.add_argument("--task", default="", help="an hf: model's head (default: sequence-classification)")
     p.add_argument("--probe", action="store_true", help="build, check one forward, write the result, exit")
