@@ -184,7 +184,7 @@ SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
     # Two trials claimed at a time, so that their processes could build side by side: the second
     # proposed before the first's result, the first's configuration excluded (as a fleet's workers
     # propose); with the constant liar, TPE also counts the running trial as bad. The search does
-    # not do this: benchmarks/RESULTS.md ("Which sampler") and benchmarks/trial_pairs.py say why.
+    # not do this: benchmarks/RESULTS.md ("Which sampler", "Trials in pairs, replayed") says why.
     "experts first, then TPE as configured, two at a time": (opening.sampler, True, 2),
     "experts first, then TPE as configured, two at a time, constant liar": (
         lambda seed: opening.sampler(seed, constant_liar=True), True, 2),
