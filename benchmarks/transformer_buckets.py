@@ -52,8 +52,6 @@ from lib.side_by_side import Contender
 
 SERVE = common.REPO / "examples" / "serve_text.py"
 ARTIFACTS = "artifacts"  # the export's compiled models, one per bucket, which the replay's `apply` loads
-
-
 TINY_BERT = '''import sys
 from pathlib import Path
 from tests.support.hf import save_tiny_bert
@@ -111,8 +109,9 @@ def model(given: str | None, quick: bool, out: Path) -> str:
         folder = out / "tiny-bert"
         subprocess.run([sys.executable, "-c", TINY_BERT, str(folder)], cwd=out, env=common.cli_env(out), check=True)
         return f"hf:{folder}"
-    source = (given or "hf:bert").removeprefix("hf:")
-    return f"hf:{Path(source).expanduser().resolve()}" if "/" in source else f"hf:{source}"
+    given = given or "hf:bert"
+    source = given.removeprefix("hf:")
+    return f"hf:{Path(source).expanduser().resolve()}" if "/" in source else given
 
 
 def run_part(args: argparse.Namespace, objective: str) -> dict[str, Any]:
