@@ -15,8 +15,13 @@ building (the median ratio of the second's latency to the first's, its order-sta
 and a two-sided Wilcoxon p); `--one-by-one` runs them the old way, each process started after the
 last ended.
 
-    .venv/bin/python benchmarks/aa.py                       # 20 A/A + 10 A/B, about 20 minutes here
+The table goes to OUT/aa.md and stdout, each comparison's line to OUT/aa.json. 20 A/A and 10 A/B
+comparisons of 6 rounds take about 20 minutes on 2 cores; 60 A/A, enough to show a false-win rate
+under 5%, about 50; --quick (2 A/A, 1 A/B, 0.3 s windows) is meant to take minutes.
+
+    .venv/bin/python benchmarks/aa.py                       # 20 A/A + 10 A/B, 6 rounds each
     .venv/bin/python benchmarks/aa.py --aa 40 --ab 20 --rounds 10
+    .venv/bin/python benchmarks/aa.py --quick
 """
 
 from __future__ import annotations
@@ -37,22 +42,18 @@ from autotune.measure.replicates import SeriesRunner, one_by_one
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan, run_series
 from autotune.measure.stats import PairedComparison, median
-from autotune.search import confirm
+from autotune.search import compare, confirm
 from autotune.search.confirm import Contender
 
+from lib import common
+
 HEAVIER = "3x235x235"  # (235/224)^2 = 1.101: about 10% more work per image
+FULL = {"aa": 20, "ab": 10, "duration": 0.5}
+QUICK = {"aa": 2, "ab": 1, "duration": 0.3}
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnet18")
-    p.add_argument("--aa", type=int, default=20, help="A/A comparisons")
-    p.add_argument("--ab", type=int, default=10, help="A/B comparisons")
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--duration", type=float, default=0.5, help="timed seconds per run")
-    p.add_argument("--seed", type=int, default=0, help="first order seed; comparison k uses seed + k")
-    p.add_argument("--one-by-one", action="store_true", help="start each process after the last ended")
-    args = p.parse_args()
+    args = parse()
     runner = one_by_one(run_plan) if args.one_by_one else run_series
     here = machine.this_machine()
     measure = MeasureSettings(warmup=3, warmup_s=0.3, duration_s=args.duration, min_iterations=10)
@@ -62,15 +63,36 @@ def main() -> int:
     aa = series(args, runner, "A/A", Contender("A", normal), Contender("A'", normal), args.aa, 0, waited)
     ab = series(args, runner, "A/B", Contender("10% more work", heavier), Contender("A", normal), args.ab, args.aa, [])
     how = "each process after the last" if args.one_by_one else "two built at a time, each measured alone"
-    print(f"\n{args.model} batch 1, {args.rounds} interleaved rounds per comparison ({how}), {args.duration:g} s "
-          f"timed per run; one-sided Wilcoxon at alpha {ALPHA}\n")
-    print("| experiment | comparisons | significant, min effect 0 | significant, min effect "
-          f"{MIN_EFFECT:.0%} | median speedup (min-max) |")
-    print("|---|---|---|---|---|")
-    for name, results in (("A/A (false wins)", aa), ("A/B 10% more work (detected)", ab)):
-        print(row(name, results))
-    print(f"\n{position_effect(waited)}")
+    found = common.provenance(args.out)
+    common.write_json(args.out, "aa", {**found, "aa": [describe(r) for r in aa], "ab": [describe(r) for r in ab],
+                                       "waited": waited})
+    lines = [f"{args.model} batch 1, {args.rounds} interleaved rounds per comparison ({how}), {args.duration:g} s "
+             f"timed per run; one-sided Wilcoxon at alpha {ALPHA}", "", common.provenance_line(found), "",
+             "| experiment | comparisons | significant, min effect 0 | significant, min effect "
+             f"{MIN_EFFECT:.0%} | median speedup (min-max) |", "|---|---|---|---|---|",
+             row("A/A (false wins)", aa), row("A/B 10% more work (detected)", ab), "", position_effect(waited)]
+    common.write_table(args.out, "aa", lines)
     return 0
+
+
+def parse() -> argparse.Namespace:
+    p = common.parser(__doc__, f"{QUICK['aa']} A/A and {QUICK['ab']} A/B comparisons, {QUICK['duration']} s windows")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--aa", type=int, help=f"A/A comparisons (default {FULL['aa']})")
+    p.add_argument("--ab", type=int, help=f"A/B comparisons (default {FULL['ab']})")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--duration", type=float, help=f"timed seconds per run (default {FULL['duration']})")
+    p.add_argument("--seed", type=int, default=0, help="first order seed; comparison k uses seed + k")
+    p.add_argument("--one-by-one", action="store_true", help="start each process after the last ended")
+    args = p.parse_args()
+    common.fill(args, FULL, QUICK)
+    args.out = common.out_folder(args.out, "autotune-aa-")
+    return args
+
+
+def describe(result: tuple[PairedComparison, PairedComparison] | None) -> str:
+    """A comparison as its line says it (the strict reading), or why there is none."""
+    return result[0].describe() if result else "a run failed"
 
 
 def plan_for(model: str, shape: str | None, measure: MeasureSettings, here: machine.Machine) -> LaunchPlan:
@@ -88,11 +110,11 @@ def series(args: argparse.Namespace, runner: SeriesRunner, name: str, first: Con
         measured = confirm.interleave([first, second], args.rounds, "latency_p50_ms", 600, runner,
                                       events.append, seed=args.seed + seed_offset + k)
         waited.extend(second_over_first([e.result for e in events]))
-        strict = confirm.compared(measured, "latency_p50_ms", 0.0)
-        usual = confirm.compared(measured, "latency_p50_ms", MIN_EFFECT)
+        strict = compare.compared(measured, "latency_p50_ms", 0.0)
+        usual = compare.compared(measured, "latency_p50_ms", MIN_EFFECT)
         out.append((strict, usual) if strict and usual else None)
         shown = strict.describe() if strict else "a run failed"
-        print(f"{name} {k + 1}/{count}: {shown}", file=sys.stderr)
+        common.say(f"{name} {k + 1}/{count}: {shown}")
     return out
 
 

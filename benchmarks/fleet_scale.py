@@ -6,15 +6,19 @@ Each worker is tests/support/fleet_worker.py (the search loop with a fake measur
 trial duration). A real server is started as in the tests (tests/support/pg.py), with max_connections for
 the most workers asked (CONNECTIONS_PER_WORKER each, unless --max-connections says otherwise).
 
-    python benchmarks/fleet_scale.py --workers 1,4,16 --trials 200,200,1000 --seconds 0.5
-    python benchmarks/fleet_scale.py --workers 64 --trials 1000 --seconds 30 --stop-after 1500
+--seconds takes one duration, or one per worker count. Each run prints one JSON line (also in
+OUT/fleet_scale.jsonl), then its RESULTS.md table row (also in OUT/fleet_scale.md); the workers'
+stderr and timings stay in OUT. Takes 5 min for 16 workers x 1000 trials of 0.5 s, 9 min for 64
+workers, 13 min for 64 workers x 1000 trials of 30 s (on 2 cores); --quick (1 and 4 workers, 20 and
+40 trials of 0.2 s) is meant to take a minute. A worker that fails (e.g. refused a connection: "too
+many clients") counts in `failed_workers` with its last stderr line, and the others go on;
+--stop-after S interrupts a run's workers after S seconds (their trials so far are kept and the row
+says "stopped"). The connection watcher holds one connection of its own from before the workers
+start, so a full server cannot lock it out, and never waits on the server for long.
 
---seconds takes one duration, or one per worker count. Each run prints one JSON line, then its
-RESULTS.md table row. A worker that fails (e.g. refused a connection: "too many clients") counts in
-`failed_workers` with its last stderr line, and the others go on; --stop-after S interrupts a
-run's workers after S seconds (their trials so far are kept and the row says "stopped"). The
-connection watcher holds one connection of its own from before the workers start, so a full
-server cannot lock it out, and never waits on the server for long.
+    .venv/bin/python benchmarks/fleet_scale.py --workers 1,4,16 --trials 200,200,1000 --seconds 0.5
+    .venv/bin/python benchmarks/fleet_scale.py --workers 64 --trials 1000 --seconds 30 --stop-after 1500
+    .venv/bin/python benchmarks/fleet_scale.py --quick
 """
 
 from __future__ import annotations
@@ -28,19 +32,21 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from lib import common
 
-from tests.support.pg import Server, server  # noqa: E402
+sys.path.insert(0, str(common.REPO))  # the tests' server and worker, as the fleet tests start them
 
-WORKER = ROOT / "tests" / "support" / "fleet_worker.py"
-SPACE = ROOT / "search_spaces" / "default.yaml"
+from tests.support.pg import Server, server
+
+WORKER = common.REPO / "tests" / "support" / "fleet_worker.py"
+SPACE = common.REPO / "search_spaces" / "default.yaml"
+FULL = {"workers": "1,4,16,64", "trials": "1000,1000,1000,1000", "seconds": "0.5"}
+QUICK = {"workers": "1,4", "trials": "20,40", "seconds": "0.2"}
 # A worker's main thread holds the study lock's connection and its storage's at once, its heartbeat
 # thread one more, and its pool keeps idle ones: 64 workers held 136 (2.1 each, at most 4 in one) at
 # 10f4145. The watcher and creating the database need a few beside.
@@ -260,24 +266,39 @@ def row(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", default="1,4,16,64")
-    parser.add_argument("--trials", default="1000,1000,1000,1000", help="total trials per worker count")
-    parser.add_argument("--seconds", default="0.5", help="fixed duration of one fake trial (or one per worker count)")
-    parser.add_argument("--stop-after", type=float, help="interrupt a run's workers after this many seconds")
-    parser.add_argument("--max-connections", type=int,
-                        help=f"the server's (default: {CONNECTIONS_PER_WORKER} per worker + {SPARE_CONNECTIONS})")
-    args = parser.parse_args()
+    args = parse()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` still stops the workers and the server
     counts, totals = [int(w) for w in args.workers.split(",")], [int(t) for t in args.trials.split(",")]
     durations = [float(s) for s in args.seconds.split(",")]
     durations = durations * len(counts) if len(durations) == 1 else durations
     connections = args.max_connections or max(counts) * CONNECTIONS_PER_WORKER + SPARE_CONNECTIONS
-    with server(max_connections=connections) as pg, tempfile.TemporaryDirectory() as folder:
+    found = common.provenance(args.out)
+    rows = [common.provenance_line(found), "",
+            "| workers | trials | trials/min (ideal) | overhead per trial p50 / p99 ms | of it: claim p50 / record "
+            "p50 ms | sampler ms by study size | peak connections |", "|---|---|---|---|---|---|---|"]
+    with server(max_connections=connections) as pg, open(args.out / "fleet_scale.jsonl", "a") as log:
         for workers, trials, seconds in zip(counts, totals, durations, strict=True):
-            result = run(pg, workers, trials, seconds, Path(folder), args.stop_after)
+            result = run(pg, workers, trials, seconds, args.out, args.stop_after)
             print(json.dumps(result), flush=True)
+            print(json.dumps(result), file=log, flush=True)
             print(row(result), flush=True)
+            rows.append(row(result))
+    (args.out / "fleet_scale.md").write_text("\n".join(rows) + "\n")
+
+
+def parse() -> argparse.Namespace:
+    p = common.parser(__doc__, f"{QUICK['workers']} workers, {QUICK['trials']} trials of {QUICK['seconds']} s")
+    p.add_argument("--workers", help=f"worker counts, one run each (default {FULL['workers']})")
+    p.add_argument("--trials", help=f"total trials per worker count (default {FULL['trials']})")
+    p.add_argument("--seconds", help=f"fixed duration of one fake trial, or one per worker count (default "
+                   f"{FULL['seconds']})")
+    p.add_argument("--stop-after", type=float, help="interrupt a run's workers after this many seconds")
+    p.add_argument("--max-connections", type=int,
+                   help=f"the server's (default: {CONNECTIONS_PER_WORKER} per worker + {SPARE_CONNECTIONS})")
+    args = p.parse_args()
+    common.fill(args, FULL, QUICK)
+    args.out = common.out_folder(args.out, "autotune-fleet-scale-")
+    return args
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ study is watched read-only every few seconds; a locked database only delays the 
 
 Each search's output goes to OUT/quiet/search.log and OUT/neighbour/search.log, its study stays
 in OUT/<run>/studies/, everything measured goes to OUT/noisy_neighbour.json, and the table for
-benchmarks/RESULTS.md is printed. Checks that fail print FAIL lines; the exit code stays 0.
+benchmarks/RESULTS.md goes to OUT/noisy_neighbour.md and stdout. Checks that fail print FAIL lines;
+the exit code stays 0. Takes 20.6 + 27.8 min on the 2-core AVX-512 EPYC (2026-12-03); --quick
+(resnet18, 6 trials, the quick space, short windows) is meant to take minutes.
 
     .venv/bin/python benchmarks/noisy_neighbour.py                        # resnext101, 50 trials, twice
     .venv/bin/python benchmarks/noisy_neighbour.py --seed 0 --spinners 2 --out /tmp/nn
@@ -23,15 +25,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import math
 import os
-import platform
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -44,17 +42,15 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import Config
 from autotune.study import records, storage
 
-BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parent.parent
+from lib import common
+
 POLL_S = 3.0  # how often the neighbour's watcher reads the study
 SHARE_OF_SEARCH = 1 / 3  # the neighbour runs for the first third of the trials
 TIME_MARGIN = 1.5  # ... and at most a third of the quiet run's wall time x this
 SPEEDUP_SPREAD = 0.10  # the two winners' speedups agree when the larger is at most 10% above the smaller
 STOP_WAIT_S = 120.0  # how long an interrupted search gets to record its trial before it is killed
 SPIN = "while True:\n    pass\n"
-ISA_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
-QUICK_MODEL, QUICK_TRIALS = "resnet18", 6
-QUICK_FLAGS = ("--space", "quick", "--duration", "0.5", "--warmup-time", "0.3", "--confirm-rounds", "6")
+QUICK_TRIALS = 6
 
 
 @dataclass
@@ -76,42 +72,38 @@ class NeighbourLog:
 
 def main() -> int:
     args = parse()
-    args.out.mkdir(parents=True, exist_ok=True)
-    print(f"noisy_neighbour: {args.model}, {args.trials} trials, results in {args.out}", file=sys.stderr, flush=True)
+    common.say(f"noisy_neighbour: {args.model}, {args.trials} trials")
     quiet = run_search(args, "quiet", None)
     log = NeighbourLog(args.spinners, math.ceil(args.trials * SHARE_OF_SEARCH),
                        quiet["wall_s"] * SHARE_OF_SEARCH * TIME_MARGIN)
     noisy = run_search(args, "neighbour", log)
     runs = [quiet | read_study(quiet["folder"]), noisy | read_study(noisy["folder"])]
     checks = judge(runs)
-    found = {"command": command_line(), "commit": commit(), "host": host(), "date": today(),
-             "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "neighbour": asdict(log),
-             "checks": checks}
-    (args.out / "noisy_neighbour.json").write_text(json.dumps(found, indent=2, default=str) + "\n")
-    print_report(found)
+    found = {**common.provenance(args.out), "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
+             "neighbour": asdict(log), "checks": checks}
+    common.write_json(args.out, "noisy_neighbour", found)
+    common.write_table(args.out, "noisy_neighbour", report(found))
     return 0
 
 
 def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="default resnext101 (resnet18 with --quick)")
-    p.add_argument("--trials", type=int, help="default 50 (6 with --quick)")
+    p = common.parser(__doc__, f"{common.QUICK_MODEL}, {QUICK_TRIALS} trials, quick space, short windows")
+    common.add_model(p)
+    p.add_argument("--trials", type=int, help=f"default 50 ({QUICK_TRIALS} with --quick)")
     p.add_argument("--seed", type=int, help="passed to both searches (default: none, as a user runs it)")
     p.add_argument("--spinners", type=int, default=1, help="busy-loop processes of the neighbour (1 = one CPU)")
-    p.add_argument("--out", type=Path, help="where logs, studies and the JSON go (default: a new temporary folder)")
-    p.add_argument("--quick", action="store_true", help="smoke run: resnet18, 6 trials, quick space, short windows")
     p.add_argument("extra", nargs="*", help="more `autotune search` flags, after --")
     args = p.parse_args()
-    args.model = args.model or (QUICK_MODEL if args.quick else "resnext101")
-    args.trials = args.trials or (QUICK_TRIALS if args.quick else 50)
-    args.extra = (list(QUICK_FLAGS) if args.quick else []) + args.extra
-    args.out = args.out or Path(tempfile.mkdtemp(prefix="autotune-noisy-neighbour-"))
+    common.fill(args, {"model": common.MODEL, "trials": 50}, {"model": common.QUICK_MODEL, "trials": QUICK_TRIALS})
+    args.extra = [*(common.QUICK_SEARCH if args.quick else ()), *args.extra]
+    args.out = common.out_folder(args.out, "autotune-noisy-neighbour-")
     return args
 
 
 def search_command(args: argparse.Namespace) -> list[str]:
     seed = ["--seed", str(args.seed)] if args.seed is not None else []
-    return [str(BIN / "autotune"), "search", "--model", args.model, "--trials", str(args.trials), *seed, *args.extra]
+    return [sys.executable, "-m", "autotune", "search", "--model", args.model, "--trials", str(args.trials), *seed,
+            *args.extra]
 
 
 def run_search(args: argparse.Namespace, name: str, log: NeighbourLog | None) -> dict[str, Any]:
@@ -120,12 +112,12 @@ def run_search(args: argparse.Namespace, name: str, log: NeighbourLog | None) ->
     folder = args.out / name
     (folder / "tmp").mkdir(parents=True, exist_ok=True)
     command = search_command(args)
-    print(f"[{clock()}] {name}: $ {' '.join(command[1:])} (log: {folder / 'search.log'})", file=sys.stderr, flush=True)
+    common.say(f"{name}: $ autotune {' '.join(command[3:])} (log: {folder / 'search.log'})")
     load = os.getloadavg()[0]
     start = time.monotonic()
     with open(folder / "search.log", "wb") as out:
         search = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env={**os.environ, "TMPDIR": str(folder / "tmp")}, start_new_session=True)
+                                  env=common.cli_env(folder), start_new_session=True)
         try:
             if log is None:
                 search.wait()
@@ -135,7 +127,7 @@ def run_search(args: argparse.Namespace, name: str, log: NeighbourLog | None) ->
         finally:
             stop_search(search)
     wall = time.monotonic() - start
-    print(f"[{clock()}] {name}: exit {search.returncode} after {wall / 60:.1f} min", file=sys.stderr, flush=True)
+    common.say(f"{name}: exit {search.returncode} after {wall / 60:.1f} min")
     return {"run": name, "folder": str(folder), "exit": search.returncode, "wall_s": round(wall, 1),
             "load_before": round(load, 2)}
 
@@ -163,7 +155,7 @@ class Neighbour:
         for _ in range(self.log.spinners):
             self.spinners.append(subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL,
                                                   stdout=subprocess.DEVNULL, start_new_session=True))
-        self.log.started_at, self.log.started_s = clock(), round(time.monotonic() - self.origin, 1)
+        self.log.started_at, self.log.started_s = common.clock(), round(time.monotonic() - self.origin, 1)
         self.log.pids = [s.pid for s in self.spinners]
         return self
 
@@ -177,9 +169,9 @@ class Neighbour:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(spinner.pid, signal.SIGKILL)
             spinner.wait()
-        self.log.stopped_at, self.log.stopped_s = clock(), round(time.monotonic() - self.origin, 1)
+        self.log.stopped_at, self.log.stopped_s = common.clock(), round(time.monotonic() - self.origin, 1)
         self.log.why, self.log.counted_at_stop, self.log.finished_at_stop = why, counted, finished
-        print(f"[{clock()}] neighbour stopped: {why}", file=sys.stderr, flush=True)
+        common.say(f"neighbour stopped: {why}")
 
     def __exit__(self, *exc: object) -> None:
         self.stop("the search ended (or was interrupted) first")
@@ -188,8 +180,8 @@ class Neighbour:
 def watch(search: subprocess.Popen[bytes], studies: Path, neighbour: Neighbour, log: NeighbourLog,
           origin: float) -> None:
     """Wait for the search, stopping the neighbour once a third of the trials are counted or its time is up."""
-    print(f"[{clock()}] neighbour: {log.spinners} busy loop(s) (pids {log.pids}) until {log.target_trials} counted "
-          f"trials or {log.time_limit_s / 60:.1f} min", file=sys.stderr, flush=True)
+    common.say(f"neighbour: {log.spinners} busy loop(s) (pids {log.pids}) until {log.target_trials} counted "
+               f"trials or {log.time_limit_s / 60:.1f} min")
     while search.poll() is None:
         if neighbour.running():
             seen = progress(studies)
@@ -287,30 +279,29 @@ def judge(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "recipes_pruned_on_noisy_window": pruned}
 
 
-def print_report(found: dict[str, Any]) -> None:
-    print(f"\nCommand: `{found['command']}` · commit {found['commit']} · host: {found['host']} · {found['date']}\n")
-    print("| run | wall (load before) | trials: counted / all, noisy, undecided (final), pruned, failed | winner "
-          "| family | speedup over defaults | against the best recipe | recipes pruned on a noisy window |")
-    print("|---|---|---|---|---|---|---|---|")
-    for run in found["runs"]:
-        print(table_row(run))
+def report(found: dict[str, Any]) -> str:
+    """The table for RESULTS.md, the checks and what each run's recipes did."""
+    lines = ["", common.provenance_line(found), "",
+             "| run | wall (load before) | trials: counted / all, noisy, undecided (final), pruned, failed | winner "
+             "| family | speedup over defaults | against the best recipe | recipes pruned on a noisy window |",
+             "|---|---|---|---|---|---|---|---|", *(table_row(run) for run in found["runs"]), ""]
     checks, log = found["checks"], found["neighbour"]
-    print()
-    print(line("same family", checks["same_family"], " / ".join(shown_family(r) for r in found["runs"])))
+    lines.append(line("same family", checks["same_family"], " / ".join(shown_family(r) for r in found["runs"])))
     ratio = checks["speedup_ratio"]
-    print(line("speedups within 10%", checks["within_10pct"], f"larger / smaller = {ratio:.3f}" if ratio else "n/a"))
+    lines.append(line("speedups within 10%", checks["within_10pct"],
+                      f"larger / smaller = {ratio:.3f}" if ratio else "n/a"))
     pruned = checks["recipes_pruned_on_noisy_window"]
-    print(line("no recipe pruned on a noisy window", not pruned, ", ".join(pruned) or "none"))
-    print(f"- neighbour: {log['spinners']} busy loop(s), started {log['started_at']} "
-          f"(search +{log['started_s']:.0f} s), "
-          f"stopped {log['stopped_at']} (+{log['stopped_s'] or 0:.0f} s) at {log['counted_at_stop']} counted / "
-          f"{log['finished_at_stop']} finished trials: {log['why']}")
+    lines.append(line("no recipe pruned on a noisy window", not pruned, ", ".join(pruned) or "none"))
+    lines.append(f"- neighbour: {log['spinners']} busy loop(s), started {log['started_at']} "
+                 f"(search +{log['started_s']:.0f} s), "
+                 f"stopped {log['stopped_at']} (+{log['stopped_s'] or 0:.0f} s) at {log['counted_at_stop']} counted / "
+                 f"{log['finished_at_stop']} finished trials: {log['why']}")
     for run in found["runs"]:
-        print(f"- {run['run']}, verdict: {run.get('verdict', {}).get('message')}")
-        for r in run.get("recipes", []):
-            print(f"  - recipe {r['recipe']} (trial {r['trial']}): {r['state']}"
+        lines.append(f"- {run['run']}, verdict: {run.get('verdict', {}).get('message')}")
+        lines += [f"  - recipe {r['recipe']} (trial {r['trial']}): {r['state']}"
                   f"{' (' + r['fail_cause'] + ')' if r['fail_cause'] else ''}, noisy {r['noisy']}"
-                  f"{': ' + str(r['noisy_reason']) if r['noisy_reason'] else ''}")
+                  f"{': ' + str(r['noisy_reason']) if r['noisy_reason'] else ''}" for r in run.get("recipes", [])]
+    return "\n".join(lines) + "\n"
 
 
 def shown_family(run: dict[str, Any]) -> str:
@@ -338,37 +329,6 @@ def table_row(run: dict[str, Any]) -> str:
 
 def line(name: str, ok: bool, detail: str) -> str:
     return f"- {'ok' if ok else 'FAIL'}: {name}? {'yes' if ok else 'no'} ({detail})"
-
-
-def command_line() -> str:
-    return " ".join([".venv/bin/python", "benchmarks/noisy_neighbour.py", *sys.argv[1:]])
-
-
-def commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=False)
-    return done.stdout.strip() or "unknown"
-
-
-def host() -> str:
-    """CPU model, CPU count and the ISA flags that decide which backends and precisions can win."""
-    done = subprocess.run(["lscpu"], capture_output=True, text=True, check=False)
-    model = next((ln.split(":", 1)[1].strip() for ln in done.stdout.splitlines() if ln.startswith("Model name")),
-                 platform.processor() or "unknown CPU")
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].splitlines()[0].split())
-    except (OSError, IndexError):
-        flags = set()
-    isa = ", ".join(f for f in ISA_FLAGS if f in flags) or "none of " + ", ".join(ISA_FLAGS)
-    return f"{model}, {os.cpu_count()} CPUs, {isa}"
-
-
-def today() -> str:
-    return datetime.date.today().isoformat()
-
-
-def clock() -> str:
-    return datetime.datetime.now().strftime("%H:%M:%S")
 
 
 if __name__ == "__main__":

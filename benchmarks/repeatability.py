@@ -6,16 +6,21 @@
    planned again from the env file and re-measured in fresh runs. Reported: how far the
    re-measured median lands from the value confirmation stored (target: within 5%).
 
-    .venv/bin/python benchmarks/repeatability.py            # resnext101, batch size 1
+The search's study, compiled models and exported env file go to OUT/search, the two tables to
+OUT/repeatability.md and stdout. How long the RESULTS.md run took (resnext101, 8 runs, 6 trials,
+6 rounds) was not recorded: a resnext101 trial took about 16 s then. --quick (resnet18, 3 runs,
+3 trials, 6 rounds, 0.5 s windows) is meant to take minutes.
+
+    .venv/bin/python benchmarks/repeatability.py --trials 6 --runs 8 --rounds 6   # the RESULTS.md table
     .venv/bin/python benchmarks/repeatability.py --model resnet18 --trials 6 --runs 6
+    .venv/bin/python benchmarks/repeatability.py --quick
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -29,65 +34,80 @@ from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.runner import run_plan
 from autotune.search import confirm, loop, opening
 
+from lib import common
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnext101")
-    p.add_argument("--runs", type=int, default=10, help="fresh runs of the same configuration")
-    p.add_argument("--trials", type=int, default=10)
-    p.add_argument("--space", default="quick")
-    p.add_argument("--rounds", type=int, default=10, help="confirmation rounds")
-    args = p.parse_args()
+FULL = {"model": common.MODEL, "runs": 10, "trials": 10, "rounds": 10}
+QUICK = {"model": common.QUICK_MODEL, "runs": 3, "trials": 3, "rounds": 6}
+QUICK_WINDOW = MeasureSettings(warmup_s=0.3, duration_s=0.5)
+
+
+def main() -> int:
+    args = parse()
     here = machine.this_machine()
-    measure = MeasureSettings()
-    spread(args, here, measure)
-    round_trip(args, here, measure)
+    measure = QUICK_WINDOW if args.quick else MeasureSettings()
+    found = common.provenance(args.out)
+    tables = [common.provenance_line(found), "", *spread(args, here, measure), "", *round_trip(args, here, measure)]
+    common.write_table(args.out, "repeatability", tables)
+    return 0
 
 
-def spread(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> None:
+def parse() -> argparse.Namespace:
+    p = common.parser(__doc__, "resnet18, 3 runs, a 3-trial search confirmed in 6 rounds, 0.5 s windows")
+    common.add_model(p)
+    p.add_argument("--runs", type=int, help="fresh runs of the same configuration (default 10)")
+    p.add_argument("--trials", type=int, help="trials of the search (default 10)")
+    p.add_argument("--space", default="quick")
+    p.add_argument("--rounds", type=int, help="confirmation rounds (default 10)")
+    args = p.parse_args()
+    common.fill(args, FULL, QUICK)
+    args.out = common.out_folder(args.out, "autotune-repeatability-")
+    return args
+
+
+def spread(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> list[str]:
     plan = requests.make_plan(requests.BenchRequest(model=args.model, config=Config(), measure=measure), here)
     p50s = []
     for number in range(args.runs):
         result = run_plan(plan, 900)
         if result.ok:
             p50s.append(result.latency_p50_ms)
-            print(f"run {number + 1}/{args.runs}: p50 {result.latency_p50_ms:.1f} ms "
-                  f"(other processes' CPU share {result.noise.get('other_cpu_share', 0):.0%})", file=sys.stderr)
+            common.say(f"run {number + 1}/{args.runs}: p50 {result.latency_p50_ms:.1f} ms "
+                       f"(other processes' CPU share {result.noise.get('other_cpu_share', 0):.0%})")
     interval = stats.median_ci(p50s)
-    print(f"\n1. {plan.bench.model} batch 1, PyTorch defaults, {len(p50s)} separate runs "
-          f"({measure.duration_s:g} s window each)\n")
-    print("| median p50 ms | min | max | max/min | IQR/median across runs | interval of the median |")
-    print("|---|---|---|---|---|---|")
-    print(f"| {stats.median(p50s):.1f} | {min(p50s):.1f} | {max(p50s):.1f} | {max(p50s) / min(p50s):.2f} "
-          f"| {stats.relative_iqr(p50s):.1%} | {interval.describe(1)} |")
+    return [f"1. {plan.bench.model} batch 1, PyTorch defaults, {len(p50s)} separate runs "
+            f"({measure.duration_s:g} s window each)", "",
+            "| median p50 ms | min | max | max/min | IQR/median across runs | interval of the median |",
+            "|---|---|---|---|---|---|",
+            f"| {stats.median(p50s):.1f} | {min(p50s):.1f} | {max(p50s):.1f} | {max(p50s) / min(p50s):.2f} "
+            f"| {stats.relative_iqr(p50s):.1%} | {interval.describe(1)} |"]
 
 
-def round_trip(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> None:
-    with tempfile.TemporaryDirectory(prefix="autotune-repeat-") as tmp:
-        request = opening.SearchRequest(model=args.model, trials=args.trials, space=space.find(args.space),
-                                      studies_dir=Path(tmp), cache_dir=Path("studies/cache"), measure=measure,
-                                      replicates=ReplicatePolicy(replicates=3), seed=0)
-        opened = opening.open_search(request, here)
-        loop.run_search(opened, here, lambda e: print(_line(e), file=sys.stderr) if e.kind == "done" else None)
-        verdict = confirm.confirm(opened.study, 3, args.rounds, 0.03, 900, lambda e: None)
-        trial = export.pick_trial(opened.study, None)
-        path = Path(tmp) / "best.env"
-        export.write(path, export.render(opened.study, trial))
-        plan = requests.plan_from_exported(export.read(path).env, here, measure)
-        again = [r.latency_p50_ms for r in (run_plan(plan, 900) for _ in range(args.runs)) if r.ok]
-        confirmed = _confirmed_value(verdict, trial.number, opened.study)
-        median = stats.median(again)
-        print(f"\n2. search ({args.trials} trials, space {args.space}), confirm ({args.rounds} rounds), export, "
-              f"re-measure ({len(again)} fresh runs of the exported file)\n")
-        print(f"verdict: {verdict['message']}\n")
-        print("| exported | confirmed p50 ms | re-measured median p50 ms | min-max | difference | within 5% |")
-        print("|---|---|---|---|---|---|")
-        diff = median / confirmed - 1
-        print(f"| trial {trial.number}: {trial.user_attrs.get('config')} | {confirmed:.1f} | {median:.1f} | "
-              f"{min(again):.1f}-{max(again):.1f} | {diff:+.1%} | {'yes' if abs(diff) <= 0.05 else 'no'} |")
+def round_trip(args: argparse.Namespace, here: machine.Machine, measure: MeasureSettings) -> list[str]:
+    folder = args.out / "search"
+    request = opening.SearchRequest(model=args.model, trials=args.trials, space=space.find(args.space),
+                                    studies_dir=folder / "studies", cache_dir=folder / "studies" / "cache",
+                                    measure=measure, replicates=ReplicatePolicy(replicates=3), seed=0)
+    opened = opening.open_search(request, here)
+    loop.run_search(opened, here, lambda e: common.say(_line(e)) if e.kind == "done" else None)
+    verdict = confirm.confirm(opened.study, 3, args.rounds, 0.03, 900, lambda e: None)
+    trial = export.pick_trial(opened.study, None)
+    path = folder / "best.env"
+    export.write(path, export.render(opened.study, trial))
+    plan = requests.plan_from_exported(export.read(path).env, here, measure)
+    again = [r.latency_p50_ms for r in (run_plan(plan, 900) for _ in range(args.runs)) if r.ok]
+    confirmed = _confirmed_value(verdict, trial.number, opened.study)
+    median = stats.median(again)
+    diff = median / confirmed - 1
+    return [f"2. search ({args.trials} trials, space {args.space}), confirm ({args.rounds} rounds), export, "
+            f"re-measure ({len(again)} fresh runs of the exported file)", "",
+            f"verdict: {verdict['message']}", "",
+            "| exported | confirmed p50 ms | re-measured median p50 ms | min-max | difference | within 5% |",
+            "|---|---|---|---|---|---|",
+            f"| trial {trial.number}: {trial.user_attrs.get('config')} | {confirmed:.1f} | {median:.1f} | "
+            f"{min(again):.1f}-{max(again):.1f} | {diff:+.1%} | {'yes' if abs(diff) <= 0.05 else 'no'} |"]
 
 
-def _confirmed_value(verdict: dict, number: int, found: optuna.Study) -> float:
+def _confirmed_value(verdict: dict[str, Any], number: int, found: optuna.Study) -> float:
     """The median the confirmation rounds measured for the exported trial."""
     row = next((r for r in verdict["candidates"] if r["trial"] == number), None)
     if row:
@@ -99,9 +119,11 @@ def _confirmed_value(verdict: dict, number: int, found: optuna.Study) -> float:
 
 def _line(event: loop.TrialEvent) -> str:
     outcome = event.outcome
+    if outcome is None:
+        return f"trial {event.number}: ({event.config.describe()})"
     value = f"{outcome.values[0]:.1f} ms" if outcome.values else outcome.state.name.lower()
     return f"trial {event.number}: {value} ({event.config.describe()})"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,11 +5,16 @@ observation a recorded replicate drawn at random.
 
     .venv/bin/python benchmarks/sampler_replay.py collect   # measure the table: about 25 minutes here
     .venv/bin/python benchmarks/sampler_replay.py replay    # replay the samplers: about 15 minutes
+    .venv/bin/python benchmarks/sampler_replay.py replay --samplers GPSampler   # over 10 minutes a GPSampler row
+    .venv/bin/python benchmarks/sampler_replay.py collect --quick   # 8 configurations, into a temporary folder
+    .venv/bin/python benchmarks/sampler_replay.py replay --quick    # two samplers, 3 seeds, the committed table
 
 `collect` measures `benchmarks/data/replay_space.yaml` (72 configurations on 2 cores) for resnet18
 at batch 1, `--replicates` fresh processes each, in passes over a shuffled order (a replicate of
 every configuration, then the next), and writes `benchmarks/data/sampler_replay_resnet18.json`
-after every configuration (an interrupted collection resumes). Each replicate records its p50, its
+(OUT/sampler_replay_resnet18.json with --out) after every configuration (an interrupted collection
+resumes). `collect --quick` measures 8 configurations once, with short windows, into a temporary
+folder (or OUT), never into benchmarks/data. Each replicate records its p50, its
 wall time, and the p50 of the first quarter of its window (what a 4x shorter replicate would have
 seen), so that the replay can also price a shorter first replicate.
 
@@ -19,7 +24,8 @@ them) and reports, per sampler, the median and IQR of the trials needed until th
 configuration with the best observed value so far) is truly within 3% of the table's optimum
 (its true value: the median of its recorded replicates), and the regret (incumbent's true value
 over the optimum, minus 1) after 10, 25 and 50 trials. Trials that never get there count as
-"never" and make the median "never" when they are half or more.
+"never" and make the median "never" when they are half or more. Its tables go to OUT/sampler_replay.md
+and stdout; `replay --quick` replays the default sampler and random for 3 seeds of 20 trials.
 """
 
 from __future__ import annotations
@@ -42,22 +48,26 @@ from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import KNOBS, Config
 from autotune.host import machine
 from autotune.measure import requests
-from autotune.measure.replicates import BUSY_MACHINE
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
 from autotune.measure.stats import median
 from autotune.search import opening, proposals, pruning
 from autotune.study import storage
 
+from lib import common
+
 HERE = Path(__file__).resolve().parent
-SPACE = HERE / "data" / "replay_space.yaml"
+DATA = HERE / "data"
+SPACE = DATA / "replay_space.yaml"
 SHORT = 0.25  # the short fidelity: the first quarter of a replicate's window
 SHORT_MARGIN = 0.10  # a short first replicate prunes when this much worse than the best trial's worst
 BUSY_RETRIES = 3  # a replicate taken while other processes used the CPUs is taken again
+QUICK_CONFIGURATIONS = 8
+QUICK_SAMPLERS = ["experts first, then TPE as configured", "random"]
 
 
-def table_path(model: str) -> Path:
-    return HERE / "data" / f"sampler_replay_{model}.json"
+def table_path(folder: Path, model: str) -> Path:
+    return folder / f"sampler_replay_{model}.json"
 
 
 def replay_space(cores: int) -> space.SearchSpace:
@@ -68,16 +78,17 @@ def collect(args: argparse.Namespace) -> None:
     here = machine.this_machine()
     configs = replay_space(len(here.topology.usable_cores)).configurations()
     assert configs is not None
-    path = table_path(args.model)
+    path = table_path(args.out, args.model)
     table = json.loads(path.read_text()) if path.exists() else {
         "model": args.model, "batch_size": 1, "space": str(SPACE.relative_to(HERE.parent)),
         "measure": vars(MeasureSettings(warmup_s=args.warmup_time, duration_s=args.duration)),
         "machine": machine.fingerprint(here), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "configs": {}}
     for entry in table["configs"].values():  # a replicate another process disturbed is measured again
-        entry["replicates"] = [r for r in entry["replicates"] if r["other_cpu_share"] <= BUSY_MACHINE]
+        entry["replicates"] = [r for r in entry["replicates"] if r["other_cpu_share"] <= thresholds.BUSY_MACHINE]
     order = list(configs)
     random.Random(args.seed).shuffle(order)
+    order = order[:QUICK_CONFIGURATIONS] if args.quick else order
     measure = MeasureSettings(warmup_s=args.warmup_time, duration_s=args.duration)
     for rep in range(args.replicates):
         for number, config in enumerate(order):
@@ -88,15 +99,15 @@ def collect(args: argparse.Namespace) -> None:
                                             cache_dir=Path(args.cache_dir))
             run = run_plan(requests.make_plan(request, here), args.timeout)
             for _ in range(BUSY_RETRIES):
-                if not run.ok or run.noise.get("other_cpu_share", 0.0) <= BUSY_MACHINE:
+                if not run.ok or run.noise.get("other_cpu_share", 0.0) <= thresholds.BUSY_MACHINE:
                     break
                 run = run_plan(requests.make_plan(request, here), args.timeout)
             if not run.ok:
                 entry["failed"] = run.reason
             else:
                 entry["replicates"].append(replicate(run))
-            print(f"pass {rep + 1}/{args.replicates} {number + 1}/{len(order)} {config.describe()}: "
-                  f"{entry['replicates'][-1]['p50_ms'] if run.ok else run.reason}", file=sys.stderr, flush=True)
+            common.say(f"pass {rep + 1}/{args.replicates} {number + 1}/{len(order)} {config.describe()}: "
+                       f"{entry['replicates'][-1]['p50_ms'] if run.ok else run.reason}")
             table["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(table, indent=1))
@@ -157,7 +168,7 @@ def machine_recipes(table: Table) -> tuple[recipes.Recipe, ...]:
     return kept
 
 
-Sampler = Callable[[int], optuna.samplers.BaseSampler]
+Sampler = Callable[[int | None], optuna.samplers.BaseSampler]
 SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
     # name: (sampler for a seed, recipes first, trials proposed at a time)
     "TPE as configured (multivariate, group, 8 startup)": (opening.sampler, False, 1),
@@ -173,7 +184,7 @@ SAMPLERS: dict[str, tuple[Sampler, bool, int]] = {
     # Two trials claimed at a time, so that their processes could build side by side: the second
     # proposed before the first's result, the first's configuration excluded (as a fleet's workers
     # propose); with the constant liar, TPE also counts the running trial as bad. The search does
-    # not do this: benchmarks/RESULTS.md ("Which sampler") and benchmarks/trial_pairs.py say why.
+    # not do this: benchmarks/RESULTS.md ("Which sampler", "Trials in pairs, replayed") says why.
     "experts first, then TPE as configured, two at a time": (opening.sampler, True, 2),
     "experts first, then TPE as configured, two at a time, constant liar": (
         lambda seed: opening.sampler(seed, constant_liar=True), True, 2),
@@ -189,7 +200,8 @@ def replay_once(table: Table, name: str, seed: int, trials: int) -> list[float]:
     proposer = proposals.Proposer(table.space, (1,), make, machine_recipes(table) if experts else (), seed)
     order = table.space.configurations() or []
     measured: set[proposals.Identity] = set()
-    best_seen, incumbent, curve = math.inf, math.inf, []
+    best_seen, incumbent = math.inf, math.inf
+    curve: list[float] = []
     total = min(trials, len(order))
     while len(curve) < total:
         claimed: list[tuple[optuna.Trial, Config]] = []
@@ -236,33 +248,42 @@ def regret(curve: list[float], optimum: float, after: int) -> float:
 
 def replay(args: argparse.Namespace) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    table = Table(json.loads(table_path(args.model).read_text()))
+    table = Table(json.loads(args.table.read_text()))
+    found = common.provenance(args.out)
+    lines = [common.provenance_line(found), "", *samplers(args, table), "", *fidelity(args, table)]
+    common.write_table(args.out, "sampler_replay", lines)
+
+
+def samplers(args: argparse.Namespace, table: Table) -> list[str]:
+    """Each sampler's trials to within 3% of the optimum and its regret after 10, 25 and 50 trials."""
     grid = len(table.replicates)
-    print(f"{args.model} at batch 1, {grid} configurations measured ({table.raw['space']}), optimum "
-          f"{table.optimum:.2f} ms p50; {args.seeds} seeds x {args.trials} trials per sampler; "
-          f"target: within {WITHIN:.0%} of the optimum in {grid // 4} trials (25% of the grid) or fewer\n")
-    print("| sampler | trials to within 3%: median | IQR | never | regret @10 | @25 | @50 |")
-    print("|---|---|---|---|---|---|---|")
-    for name in args.samplers if args.samplers is not None else SAMPLERS:
+    lines = [f"{args.model} at batch 1, {grid} configurations measured ({table.raw['space']}), optimum "
+             f"{table.optimum:.2f} ms p50; {args.seeds} seeds x {args.trials} trials per sampler; "
+             f"target: within {WITHIN:.0%} of the optimum in {grid // 4} trials (25% of the grid) or fewer", "",
+             "| sampler | trials to within 3%: median | IQR | never | regret @10 | @25 | @50 |",
+             "|---|---|---|---|---|---|---|"]
+    for name in args.samplers:
         curves = [replay_once(table, name, seed, args.trials) for seed in range(args.seeds)]
         hits = sorted(trials_to_target(c, table.optimum) for c in curves)
         regrets = [[regret(c, table.optimum, k) for c in curves] for k in CHECKPOINTS]
         never = sum(math.isinf(h) for h in hits)
-        print(f"| {name} | {_trials(rank(hits, 0.5))} | {_trials(rank(hits, 0.25))}-{_trials(rank(hits, 0.75))} "
-              f"| {never}/{len(hits)} | " + " | ".join(f"{median(r):.1%}" for r in regrets) + " |", flush=True)
-    fidelity(args, table)
+        lines.append(f"| {name} | {_trials(rank(hits, 0.5))} | {_trials(rank(hits, 0.25))}-"
+                     f"{_trials(rank(hits, 0.75))} | {never}/{len(hits)} | "
+                     + " | ".join(f"{median(r):.1%}" for r in regrets) + " |")
+        common.say(lines[-1])
+    return lines
 
 
-def fidelity(args: argparse.Namespace, table: Table) -> None:
+def fidelity(args: argparse.Namespace, table: Table) -> list[str]:
     """Does a 4x shorter first replicate, pruned from when clearly worse, save time without losing
     winners? And a warmed process that gives up after its first window, or its second? Every
     variant runs the default sampler (experts first, then TPE) over the same seeds and pays each
     replicate's recorded wall time; the short one pays a quarter of its window, one that gave up
     the windows it measured."""
-    print(f"\nMulti-fidelity, {args.seeds} seeds: wall seconds until the incumbent is within {WITHIN:.0%} of "
-          "the optimum (recorded replicate costs), and how often a configuration within 3% was pruned\n")
-    print("| first replicate | seconds to within 3%: median | IQR | never | near-optimal pruned | seconds per trial |")
-    print("|---|---|---|---|---|---|")
+    lines = [f"Multi-fidelity, {args.seeds} seeds: wall seconds until the incumbent is within {WITHIN:.0%} of "
+             "the optimum (recorded replicate costs), and how often a configuration within 3% was pruned", "",
+             "| first replicate | seconds to within 3%: median | IQR | never | near-optimal pruned "
+             "| seconds per trial |", "|---|---|---|---|---|---|"]
     labels = {"full": f"fresh processes, full (pruned from the 2nd replicate, {thresholds.MARGIN:.0%})",
               "short": f"fresh processes, the 1st short ({SHORT:.0%} of the window, pruned when {SHORT_MARGIN:.0%} "
                        "worse)",
@@ -275,9 +296,11 @@ def fidelity(args: argparse.Namespace, table: Table) -> None:
     for mode, label in labels.items():
         runs = [costed_replay(table, seed, args.trials, mode) for seed in range(args.seeds)]
         costs = sorted(r[0] for r in runs)
-        print(f"| {label} | {_seconds(rank(costs, 0.5))} | {_seconds(rank(costs, 0.25))}-"
-              f"{_seconds(rank(costs, 0.75))} | {sum(math.isinf(c) for c in costs)}/{len(costs)} | "
-              f"{sum(r[1] for r in runs)}/{len(runs)} | {median([r[2] for r in runs]):.1f} |", flush=True)
+        lines.append(f"| {label} | {_seconds(rank(costs, 0.5))} | {_seconds(rank(costs, 0.25))}-"
+                     f"{_seconds(rank(costs, 0.75))} | {sum(math.isinf(c) for c in costs)}/{len(costs)} | "
+                     f"{sum(r[1] for r in runs)}/{len(runs)} | {median([r[2] for r in runs]):.1f} |")
+        common.say(lines[-1])
+    return lines
 
 
 def costed_replay(table: Table, seed: int, trials: int, mode: str) -> tuple[float, bool, float]:
@@ -364,28 +387,47 @@ def _trials(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:g}"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("collect", help="measure every configuration of the replay space")
-    c.add_argument("--model", default="resnet18")
-    c.add_argument("--replicates", type=int, default=3)
-    c.add_argument("--duration", type=float, default=1.0)
-    c.add_argument("--warmup-time", type=float, default=0.5)
-    c.add_argument("--timeout", type=float, default=600)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--cache-dir", default="/tmp/autotune-replay-cache")
-    r = sub.add_parser("replay", help="replay the samplers against the table")
-    r.add_argument("--model", default="resnet18")
-    r.add_argument("--seeds", type=int, default=20)
-    r.add_argument("--trials", type=int, default=50)
-    r.add_argument("--samplers", nargs="*", choices=list(SAMPLERS), help="only these (default: all)")
-    args = p.parse_args()
+def main() -> int:
+    args = parse()
     if args.command == "collect":
         collect(args)
     else:
         replay(args)
+    return 0
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect", help="measure every configuration of the replay space")
+    common.add_out_and_quick(c, f"{QUICK_CONFIGURATIONS} configurations, one replicate each, short windows")
+    c.add_argument("--model", default="resnet18")
+    c.add_argument("--replicates", type=int, help="fresh processes per configuration (default 3)")
+    c.add_argument("--duration", type=float, help="timed seconds per process (default 1)")
+    c.add_argument("--warmup-time", type=float, help="untimed warmup seconds (default 0.5)")
+    c.add_argument("--timeout", type=float, default=600)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--cache-dir", default="/tmp/autotune-replay-cache")
+    r = sub.add_parser("replay", help="replay the samplers against the table")
+    common.add_out_and_quick(r, f"{', '.join(QUICK_SAMPLERS)}; 3 seeds of 20 trials")
+    r.add_argument("--model", default="resnet18")
+    r.add_argument("--table", type=Path,
+                   help="the table collect wrote (default benchmarks/data/sampler_replay_MODEL.json)")
+    r.add_argument("--seeds", type=int, help="replays per sampler (default 20)")
+    r.add_argument("--trials", type=int, help="trials per replay (default 50)")
+    r.add_argument("--samplers", nargs="*", choices=list(SAMPLERS), help="only these (default: all)")
+    args = p.parse_args()
+    if args.command == "collect":
+        common.fill(args, {"replicates": 3, "duration": 1.0, "warmup_time": 0.5},
+                    {"replicates": 1, "duration": 0.3, "warmup_time": 0.2})
+        args.out = DATA if args.out is None and not args.quick else common.out_folder(args.out, "autotune-replay-")
+    else:
+        common.fill(args, {"seeds": 20, "trials": 50, "samplers": list(SAMPLERS)},
+                    {"seeds": 3, "trials": 20, "samplers": QUICK_SAMPLERS})
+        args.table = args.table or table_path(DATA, args.model)
+        args.out = common.out_folder(args.out, "autotune-replay-")
+    return args
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,87 +5,91 @@ search gets a temporary folder of its own (TMPDIR) too: inductor keeps its preco
 (about 11 s to build on the 2-CPU host) under the temporary folder whatever
 TORCHINDUCTOR_CACHE_DIR says, so without it every run after a machine's first would find them.
 
+The search runs in OUT/search (its log, its study under studies/ for a later look, its compiled
+models under studies/cache: delete OUT when done); the table goes to OUT/search_cost.md and
+stdout. Takes 11.5 min on the 2-core AVX-512 EPYC at batch 1 (50 trials with their confirmation),
+32 min at batch 8 throughput; --quick (resnet18, 6 trials, the quick space, short windows) is meant
+to take minutes.
+
     .venv/bin/python benchmarks/search_cost.py                                   # resnext101, bs1, 50 trials
     .venv/bin/python benchmarks/search_cost.py --objective throughput --batch-size 8
-    .venv/bin/python benchmarks/search_cost.py --model resnet18 --trials 10 --confirm-rounds 6
+    .venv/bin/python benchmarks/search_cost.py --seed 1 --out /tmp/cost -- --time-budget 15m
+    .venv/bin/python benchmarks/search_cost.py --quick
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
-from typing import Any
 
 import optuna
 
 from autotune.study import records, storage
 
-BIN = Path(sys.executable).parent
+from lib import common
+
+QUICK_TRIALS = 6
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnext101")
-    p.add_argument("--trials", type=int, default=50)
+def main() -> int:
+    args = parse()
+    folder = args.out / "search"
+    folder.mkdir(exist_ok=True)
+    argv = ["search", "--model", args.model, "--trials", str(args.trials), "--objective", args.objective,
+            "--batch-size", args.batch_size, "--confirm-rounds", str(args.confirm_rounds), "--seed", str(args.seed),
+            *args.extra]
+    start = time.monotonic()
+    code = common.autotune(folder, *argv, log="search.log")
+    wall = time.monotonic() - start
+    [db] = (folder / "studies").glob("*.db")
+    with storage.quiet_optuna():
+        study = optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}")
+    common.write_table(args.out, "search_cost", report(args, common.provenance(folder), study, wall, code))
+    return 0
+
+
+def parse() -> argparse.Namespace:
+    p = common.parser(__doc__, f"{common.QUICK_MODEL}, {QUICK_TRIALS} trials, the quick space, short windows, "
+                      "one candidate confirmed in 5 rounds")
+    common.add_model(p)
+    p.add_argument("--trials", type=int, help=f"default 50 ({QUICK_TRIALS} with --quick)")
     p.add_argument("--objective", default="latency")
     p.add_argument("--batch-size", default="1")
-    p.add_argument("--confirm-rounds", type=int, default=10)
+    p.add_argument("--confirm-rounds", type=int, help=f"default 10 ({common.QUICK_CONFIRM_ROUNDS} with --quick)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep", type=Path, help="copy the study database here, to look into it afterwards")
     p.add_argument("extra", nargs="*", help="more `autotune search` flags, after --")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="autotune-search-cost-") as folder:
-        command = [str(BIN / "autotune"), "search", "--model", args.model, "--trials", str(args.trials),
-                   "--objective", args.objective, "--batch-size", args.batch_size,
-                   "--confirm-rounds", str(args.confirm_rounds), "--seed", str(args.seed), *args.extra]
-        print("$ " + " ".join(command[1:]), file=sys.stderr, flush=True)
-        scratch = Path(folder, "tmp")
-        scratch.mkdir()
-        start = time.monotonic()
-        done = subprocess.run(command, cwd=folder, check=False, env={**os.environ, "TMPDIR": str(scratch)})
-        wall = time.monotonic() - start
-        [db] = Path(folder, "studies").glob("*.db")
-        if args.keep:
-            shutil.copyfile(db, args.keep)
-        with storage.quiet_optuna():
-            study = optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}")
-        report(args, study, wall, done.returncode)
+    common.fill(args, {"model": common.MODEL, "trials": 50, "confirm_rounds": 10},
+                {"model": common.QUICK_MODEL, "trials": QUICK_TRIALS, "confirm_rounds": common.QUICK_CONFIRM_ROUNDS})
+    args.extra = [*(common.QUICK_MEASURE if args.quick else ()), *args.extra]
+    args.out = common.out_folder(args.out, "autotune-search-cost-")
+    return args
 
 
-def report(args: argparse.Namespace, study: optuna.Study, wall: float, code: int) -> None:
+def report(args: argparse.Namespace, found: dict[str, str], study: optuna.Study, wall: float, code: int) -> str:
     accounting = study.user_attrs.get("accounting", {})
     verdict = study.user_attrs.get("confirmation", {})
     key = "speedup_throughput" if args.objective == "throughput" else "speedup_latency"
     trials = study.get_trials(deepcopy=False, states=records.FINISHED)
     recipes = [t for t in trials if t.user_attrs.get("recipe") and t.user_attrs.get(key)]
     best_recipe = max(recipes, key=lambda t: t.user_attrs[key], default=None)
-    print(f"\n{args.model}, {args.objective}, batch {args.batch_size}: `autotune search --trials {args.trials} "
-          f"--confirm-rounds {args.confirm_rounds} --seed {args.seed}{''.join(' ' + e for e in args.extra)}` in an "
-          f"empty folder (exit {code})\n")
-    print("| measure | value |")
-    print("|---|---|")
-    print(f"| wall, search + confirmation | {wall / 60:.1f} min |")
-    print(f"| wall, trials (study accounting) | {accounting.get('wall_s', 0) / 60:.1f} min |")
     a = accounting
-    print(f"| timed samples / trial wall | {a.get('efficiency', 0):.0%} ({a.get('timed_s', 0):.0f} s) |")
-    print(f"| trials, distinct configurations | {a.get('trials')}, {a.get('distinct_configurations')} |")
-    print(f"| trials per hour | {accounting.get('trials_per_hour', 0):.0f} |")
+    lines = [f"{args.model}, {args.objective}, batch {args.batch_size}: `autotune search --trials {args.trials} "
+             f"--confirm-rounds {args.confirm_rounds} --seed {args.seed}{''.join(' ' + e for e in args.extra)}` "
+             f"in an empty folder (exit {code})", "", common.provenance_line(found), "",
+             "| measure | value |", "|---|---|",
+             f"| wall, search + confirmation | {wall / 60:.1f} min |",
+             f"| wall, trials (study accounting) | {a.get('wall_s', 0) / 60:.1f} min |",
+             f"| timed samples / trial wall | {a.get('efficiency', 0):.0%} ({a.get('timed_s', 0):.0f} s) |",
+             f"| trials, distinct configurations | {a.get('trials')}, {a.get('distinct_configurations')} |",
+             f"| trials per hour | {a.get('trials_per_hour', 0):.0f} |"]
     if best_recipe is not None:
-        print(f"| best recipe in the search | {best_recipe.user_attrs['recipe']}: {best_recipe.user_attrs[key]:.2f}x "
-              f"(trial {best_recipe.number}, search measurement) |")
-    print(f"| confirmed winner | {_winner(verdict)} |")
-
-
-def _winner(verdict: dict[str, Any]) -> str:
-    """The confirmation's own sentence (winner, speedup, interval, p), and its wall time."""
-    return str(verdict.get("message", "no confirmation recorded"))
+        lines.append(f"| best recipe in the search | {best_recipe.user_attrs['recipe']}: "
+                     f"{best_recipe.user_attrs[key]:.2f}x (trial {best_recipe.number}, search measurement) |")
+    lines.append(f"| confirmed winner | {verdict.get('message', 'no confirmation recorded')} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

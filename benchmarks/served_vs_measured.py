@@ -16,7 +16,11 @@ by when it ran. A served process paired with a bench process beside it in time, 
 what can show the deployment matches the measurement: 20 rounds (about 24 min for BERT-base at
 batch 1) decided two of three buckets where 6 rounds decided none.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/served_vs_measured.py --folder /tmp/bert-search --rounds 20
+The folder can be an objective's folder of benchmarks/transformer_buckets.py (OUT/latency). Takes
+about 70 s a round for BERT-base at batch 1 (20 rounds: 24 min); --quick, 2 rounds of 30 requests.
+
+    .venv/bin/python benchmarks/served_vs_measured.py --folder /tmp/bert-buckets/latency --rounds 20
+    .venv/bin/python benchmarks/served_vs_measured.py --quick --folder /tmp/bert-buckets-quick/latency
 """
 
 from __future__ import annotations
@@ -24,21 +28,21 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import peers
-import peers_report
-
 from autotune.child.envfile import read as read_env
 from autotune.measure.results import bucket_p50s
 from autotune.study import confirmations, storage
 
-SERVE = peers.REPO / "examples" / "serve_text.py"
+from lib import common, side_by_side_report
+
+SERVE = common.REPO / "examples" / "serve_text.py"
 TOLERANCE = 0.10  # issue 40's Done-when: served "within 10% on each bucket" of what was measured
+FULL = {"rounds": 6, "requests": 200}
+QUICK = {"rounds": 2, "requests": 30}
 
 
 def main() -> int:
@@ -50,13 +54,11 @@ def main() -> int:
         order = rng.sample(["bench", "serve"], 2)
         ran = {kind: (bench if kind == "bench" else serve)(args, env, number) for kind in order}
         rounds.append({"order": order, **ran})
-        save(args, rounds)
-    command = shlex.join(["PYTHONPATH=.", ".venv/bin/python", "benchmarks/served_vs_measured.py", *sys.argv[1:]])
-    found = {"command": command,
-             **peers_report.provenance(peers.cli_env(args.folder)), "seed": args.seed, "rounds": rounds,
+        common.write_json(args.out, "served_vs_measured", {"rounds": rounds})
+    found = {**common.provenance(args.folder), "seed": args.seed, "rounds": rounds,
              "confirmed": confirmed(args.folder), "buckets": summarise(rounds)}
-    save(args, rounds, found)
-    print(markdown(args, found))
+    common.write_json(args.out, "served_vs_measured", found)
+    common.write_table(args.out, "served_vs_measured", markdown(args, found))
     failed = sorted({r[kind]["reason"] for r in rounds for kind in ("bench", "serve") if not r[kind]["ok"]})
     for reason in failed:
         print(f"failed: {reason}", file=sys.stderr)
@@ -64,30 +66,22 @@ def main() -> int:
 
 
 def parse() -> argparse.Namespace:
-    p = export_rounds_parser(__doc__, "where `autotune export best.env --artifacts` ran, with the study under "
-                             "studies/", "rounds of one bench and one served stream")
+    p = common.parser(__doc__, "2 rounds of a 30-request stream")
+    p.add_argument("--folder", type=Path, required=True, help="where `autotune export best.env --artifacts` ran, "
+                   "with the study under studies/")
+    p.add_argument("--rounds", type=int, help="rounds of one bench and one served stream (default 6)")
+    p.add_argument("--seed", type=int, default=random.SystemRandom().randrange(2**31), help="seed of the order")
     p.add_argument("--lengths", default="", help="the stream's request lengths LOW-HIGH (default 1 to the largest "
                    "bucket)")
-    p.add_argument("--requests", type=int, default=200, help="requests in the stream (default 200)")
-    return checked(p, p.parse_args())
-
-
-def export_rounds_parser(doc: str | None, folder_help: str, rounds_help: str) -> argparse.ArgumentParser:
-    """The options of a benchmark that pairs processes over rounds in an export's folder."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--folder", type=Path, required=True, help=folder_help)
-    p.add_argument("--rounds", type=int, default=6, help=f"{rounds_help} (default 6)")
-    p.add_argument("--seed", type=int, default=random.SystemRandom().randrange(2**31), help="seed of the order")
-    return p
-
-
-def checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """`args` with the folder resolved, once it holds an export and the rounds can be paired."""
+    p.add_argument("--requests", type=int, help="requests in the stream (default 200)")
+    args = p.parse_args()
+    common.fill(args, FULL, QUICK)
     args.folder = args.folder.resolve()
     if not (args.folder / "best.env").is_file():
         p.error(f"{args.folder} has no best.env: run `autotune export best.env --artifacts artifacts` there first")
     if args.rounds < 2:
         p.error(f"--rounds {args.rounds}: give 2 or more, to pair them")
+    args.out = common.out_folder(args.out or args.folder / "served-vs-measured", "autotune-served-")
     return args
 
 
@@ -96,7 +90,7 @@ def bench(args: argparse.Namespace, env: dict[str, str], number: int) -> dict[st
     command = [sys.executable, "-m", "autotune", "bench", *configuration_args(env), "--json"]
     done = run(args, command, f"bench-{number}.log")
     if done.returncode != 0:
-        return {"ok": False, "reason": tail(done)}
+        return {"ok": False, "reason": common.last_line(done)}
     result = json.loads(done.stdout)["result"]
     return {"ok": bool(result.get("ok")), "reason": str(result.get("reason") or ""),
             "buckets": bucket_p50s(result.get("instances", []))}
@@ -118,22 +112,18 @@ def serve(args: argparse.Namespace, env: dict[str, str], number: int) -> dict[st
     done = run(args, command, f"serve-{number}.log")
     summaries = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or len(summaries) != 1:
-        return {"ok": False, "reason": tail(done)}
+        return {"ok": False, "reason": common.last_line(done)}
     return {"ok": True, "ready_s": summaries[0]["ready_s"],
             "buckets": {b: found["mean_ms"] for b, found in summaries[0]["buckets"].items()}}
 
 
 def run(args: argparse.Namespace, command: list[str], log: str) -> subprocess.CompletedProcess[str]:
-    peers.say(f"{args.folder.name}: {log}")
-    done = subprocess.run(command, cwd=args.folder, env=peers.cli_env(args.folder), capture_output=True, text=True,
+    """A process in the export's folder, its output in OUT/log."""
+    common.say(f"{args.folder.name}: {log}")
+    done = subprocess.run(command, cwd=args.folder, env=common.cli_env(args.folder), capture_output=True, text=True,
                           check=False, stdin=subprocess.DEVNULL)
-    (args.folder / "served-vs-measured").mkdir(exist_ok=True)
-    (args.folder / "served-vs-measured" / log).write_text(done.stdout + done.stderr)
+    (args.out / log).write_text(done.stdout + done.stderr)
     return done
-
-
-def tail(done: subprocess.CompletedProcess[str]) -> str:
-    return (done.stderr.strip().splitlines() or [f"exit {done.returncode}, no output"])[-1][:peers.KEPT]
 
 
 def confirmed(folder: Path) -> dict[str, float]:
@@ -153,7 +143,7 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                   if length in r["serve"]["buckets"]]
         found[length] = {"bench_ms": [r["bench"]["buckets"][length] for r in both],
                          "served_ms": [r["serve"]["buckets"].get(length) for r in both],
-                         "paired": peers_report.paired(ratios)}
+                         "paired": side_by_side_report.paired(ratios)}
     return found
 
 
@@ -170,20 +160,16 @@ def within(paired: dict[str, Any] | None) -> str:
 
 def markdown(args: argparse.Namespace, found: dict[str, Any]) -> str:
     done = sum(r["bench"]["ok"] and r["serve"]["ok"] for r in found["rounds"])
-    lines = [peers_report.provenance_line(found), "", f"{args.rounds} rounds (seed {args.seed}), {done} with both "
+    lines = [common.provenance_line(found), "", f"{args.rounds} rounds (seed {args.seed}), {done} with both "
              "processes done", "",
              "| bucket | bench p50 ms per round | served mean ms per round | measured over served (paired) "
              f"| within {TOLERANCE:.0%} | the confirmation's p50 ms |", "|---|---|---|---|---|---|"]
     for length, each in found["buckets"].items():
         lines.append(f"| {length} | {' '.join(f'{v:.1f}' for v in each['bench_ms'])} "
                      f"| {' '.join(f'{v:.1f}' if v else '-' for v in each['served_ms'])} "
-                     f"| {peers_report.speedup_text(each['paired'])} | {within(each['paired'])} "
+                     f"| {side_by_side_report.speedup_text(each['paired'])} | {within(each['paired'])} "
                      f"| {found['confirmed'].get(length, '-')} |")
     return "\n".join(lines) + "\n"
-
-
-def save(args: argparse.Namespace, rounds: list[dict[str, Any]], found: dict[str, Any] | None = None) -> None:
-    (args.folder / "served-vs-measured.json").write_text(json.dumps(found or {"rounds": rounds}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

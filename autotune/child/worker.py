@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
 def exit_now(code: int) -> NoReturn:
     """End the process without Python's teardown, once the result file is written and closed.
     Tearing down an interpreter that holds torch and a model (modules, tensors, thread pools) took
-    0.7-1.5 s after resnext101 (`benchmarks/child_exit.py`), time the runner waits for in every
+    0.7-1.5 s after resnext101 (benchmarks/RESULTS.md, "Exiting without teardown"), time the runner waits for in every
     process of a search and of its confirmation; it measures nothing. What teardown would stop
     (compile workers, DataLoader workers) is in this process's group, which the runner kills on
     the way out."""

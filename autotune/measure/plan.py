@@ -246,7 +246,8 @@ def _runtime_env(config: Config, libs: Libraries) -> dict[str, str]:
 # oneDNN keeps 1024 primitives (a kernel JIT-compiled for one shape) by default. A model with a dynamic
 # sequence length has a few per length (BERT-base int8: 4, one per distinct Linear shape); a stream over
 # every length up to 384 tokens needs ~1540 and, in 1024, recompiled them as it went: requests of 1-32
-# tokens took 1.29x as long as with room for all (benchmarks/dynamic_lengths.py). Room for 16 per length.
+# tokens took 1.29x as long as with room for all (benchmarks/RESULTS.md, "A dynamic model serving every
+# length"). Room for 16 per length.
 PRIMITIVE_CACHE_VAR = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 PRIMITIVES_PER_LENGTH, PRIMITIVE_CACHE_DEFAULT = 16, 1024
 

@@ -15,8 +15,8 @@ from autotune.measure.results import RunResult
 from autotune.measure.stats import median
 
 PERCENTILES = tuple(range(101))  # the stored summary of all samples: p0..p100, a fixed size
-# A search's replicates are windows of one warmed process unless --fresh-replicates: measured by
-# benchmarks/fresh_vs_warm.py (benchmarks/RESULTS.md, "Fresh or warm replicates").
+# A search's replicates are windows of one warmed process unless --fresh-replicates: measured in
+# benchmarks/RESULTS.md, "Fresh or warm replicates".
 WARM_SEARCH_DEFAULT = True
 
 # Executes a plan once with a timeout: the real orchestrator, or a fake in tests.

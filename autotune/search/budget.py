@@ -20,8 +20,8 @@ warmup of at least 3 iterations, its window of at least 10 samples), the median 
 the confirmation would take now. Costing both from the typical trial, most of them slow
 configurations whose 10 samples last twice a candidate's, reserved 1.23-1.53x what the
 confirmation took in nine kept resnext101 searches on an AVX2 host, from the candidates
-1.00-1.13x (`benchmarks/budget_reserve.py`). Without candidates among this session's trials, a
-candidate's process is that median trial's. There are as many candidates as trials besides the
+1.00-1.13x (benchmarks/RESULTS.md, "The confirmation's reserve, replayed"). Without candidates among
+this session's trials, a candidate's process is that median trial's. There are as many candidates as trials besides the
 baseline, up to `top`, once the next trial has run. (One estimate for every process, from nominal
 windows and the mean trial, had a batch-8 resnext101 search with `--time-budget 20m` reserve
 2184 s after its baseline.) The confirmation builds its processes two at a time once each

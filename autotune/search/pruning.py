@@ -17,7 +17,7 @@ itself checks after each window but its last: after the k-th, when the median la
 more than `GIVE_UP[k-1]` times worse than the best trial's value, it stops (`GiveUp`,
 `launch.stretched`), and the trial is pruned with what it measured. The first margin is wide on
 purpose: a first window can be slower than the windows after it (resnext101 at batch 1 on a 2-CPU
-AVX2 host: up to 1.50x its trial's value over a 50-trial search, benchmarks/RESULTS.md, "What a search costs"), so
+AVX2 host: up to 1.50x its trial's value over a 50-trial search, benchmarks/RESULTS.md, "Giving up after a window"), so
 a configuration given up on there is at least 2 / 1.5 = 1.33x worse than the best. Two windows
 agree better with their trial's value (their median at most 1.07x of it over the 46 three-window
 trials of two later searches), so after the second the margin is 1.5x: a configuration stopped
@@ -41,7 +41,7 @@ it would most likely have paid the compile and the windows, then stopped. A meas
 up after its first window (at least 2x, its median of one window, which can read up to 1.5x its
 value) stands at 1.33x the best or more, so a key skipped on it alone is at least that far behind
 unless a step between them gains; benchmarks/RESULTS.md ("Skipping a compile, replayed") replays
-the rule on recorded searches (`benchmarks/skip_replay.py`).
+the rule on recorded searches.
 
 Coverage: a key at the thread count of this class's best trial is never skipped, and every
 precision and layout the space offers is compiled at least once at the threads that win so far,

@@ -261,10 +261,11 @@ def get_json(url: str, timeout_s: float = 30) -> Any:
 
 
 def test_the_scale_benchmark_counts_a_worker_the_full_server_refuses_as_failed_instead_of_hanging(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server with room for the connection watcher and one worker: the others are refused
     ("too many clients") and counted failed in the table; the watcher, connected first, is never
     locked out; the run ends without its deadline."""
+    monkeypatch.syspath_prepend(str(SCALE_BENCHMARK.parent))  # as running it does: its `lib` beside it
     spec = importlib.util.spec_from_file_location("fleet_scale", SCALE_BENCHMARK)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)

@@ -1,20 +1,15 @@
-"""benchmarks/peers.py's numbers and table: paired speedups with the project's own statistics, the
-winner against the peers round by round, and where and when it ran."""
+"""A side by side's numbers and table (benchmarks/peers.py, transformer_buckets.py): paired speedups
+with the project's own statistics, and the winner against the peers round by round."""
 
 from __future__ import annotations
 
-import datetime
-import json
 import math
-import subprocess
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from autotune.measure import stats
 
-REPO = Path(__file__).resolve().parent.parent
+from lib import common
 
 
 def summarise(contenders: Sequence[Any], runs: list[list[dict[str, Any]]], objective: str) -> dict[str, Any]:
@@ -60,7 +55,7 @@ def versus_peers(values: list[list[float | None]], peers: list[int], winner: int
                  labels: list[str]) -> dict[str, Any]:
     best_of_round: list[float | None] = []
     for number in range(len(values[winner])):
-        ran = [values[p][number] for p in peers if values[p][number] is not None]
+        ran = [v for p in peers if (v := values[p][number]) is not None]
         best_of_round.append((min(ran) if lower else max(ran)) if ran else None)
     per_round = ratios(best_of_round, values[winner], lower)
     medians = {p: stats.median([v for v in values[p] if v is not None]) for p in peers
@@ -75,17 +70,13 @@ def markdown(found: dict[str, Any], part: dict[str, Any]) -> str:
     lower = part["objective"] == "latency"
     unit = "p50 ms" if lower else "items/s"
     lines = [f"### {part['model']}, {part['objective']} (batch {part['batch_size']})", "",
-             provenance_line(found), "",
+             common.provenance_line(found), "",
              f"| contender | knobs | {unit}: median (min-max) | speedup over defaults (Hodges-Lehmann, interval) "
              "| rounds ok | note |", "|---|---|---|---|---|---|"]
     for contender, summary in zip(part["contenders"], part["summary"]["rows"], strict=True):
         lines.append(table_row(contender, summary))
     lines += ["", winner_line(part["summary"]["versus_peers"], lower), verdict_line(part), ""]
     return "\n".join(lines) + "\n"
-
-
-def provenance_line(found: dict[str, Any]) -> str:
-    return f"Command: `{found['command']}` · commit {found['commit']} · host: {found['host']} · {found['date']}"
 
 
 def table_row(contender: dict[str, Any], summary: dict[str, Any], before_value: Sequence[str] = ()) -> str:
@@ -132,42 +123,3 @@ def verdict_line(part: dict[str, Any]) -> str:
                      if versus.get("speedup") is not None else "")
             found.append(f"- {key}: {versus['status']} {versus.get('recipe')!r} (trial {versus.get('trial')}){shown}")
     return "\n".join(found)
-
-
-def provenance(env: dict[str, str]) -> dict[str, str]:
-    return {"commit": commit(), "host": host(env), "date": datetime.date.today().isoformat()}
-
-
-def commit() -> str:
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return (git("rev-parse", "--short", "HEAD") or "unknown") + (" (with uncommitted changes)" if dirty else "")
-
-
-def host(env: dict[str, str]) -> str:
-    """CPU model, cores and the ISA flags that decide which precisions can win, as `autotune doctor` sees them."""
-    done = subprocess.run([sys.executable, "-m", "autotune", "doctor", "--json"], env=env, capture_output=True,
-                          text=True, check=False)
-    try:
-        seen = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        return f"unknown (autotune doctor exited {done.returncode})"
-    return host_line(seen)
-
-
-def host_line(seen: dict[str, Any]) -> str:
-    """`autotune doctor --json`'s report as the results file names a host: the ISA flags it has and lacks, and
-    the peer runtimes' package versions."""
-    flags = seen.get("isa", {})
-    isa = " ".join(flag for flag, present in flags.items() if present) or "no listed ISA extension"
-    lacks = " ".join(flag for flag, present in flags.items() if not present)
-    versions = [f"{name} {version}" for info in (seen.get("runtimes") or {}).values()
-                for name, version in info.get("versions", {}).items() if version]
-    return (f"{seen.get('cpu_model')}, {seen.get('physical_cores')} cores ({seen.get('logical_cpus')} CPUs, "
-            f"{seen.get('usable_physical_cores')} usable), {isa}" + (f", no {lacks}" if lacks else "")
-            + f"; torch {seen.get('torch')}" + "".join(f", {v}" for v in versions))
-
-
-def clock() -> str:
-    return datetime.datetime.now().strftime("%H:%M:%S")

@@ -15,27 +15,21 @@ each a fresh process; the search trial's own p50 where the confirmation did not 
 time the mean over the lengths that stand for it): within 10% or not (the issue's Done-when). One
 replay against one figure cannot show 10% on a machine whose speed drifts more than that; for the
 served speed paired with the measured one over rounds, run benchmarks/served_vs_measured.py on OUT's
-export folder.
+export folder (OUT/latency, OUT/throughput).
 
-Everything goes to OUT/transformers.json after each part; each objective's markdown, ready for
-benchmarks/RESULTS.md, goes to OUT/<objective>.md and stdout (benchmarks/transformers_report.py).
+Everything goes to OUT/transformer_buckets.json after each part; each objective's markdown, ready for
+benchmarks/RESULTS.md, goes to OUT/<objective>.md and stdout.
 
 Time and disk, batch 1 latency on the 2-core AVX-512 EPYC (two runs, 2026-12-05): the 50-trial search
 31-35 min, its confirmation 12-21, the export 2, the side by side (six contenders, five rounds) 14-16,
-the replay 2: 1 h to 1 h 15. Batch 8 takes longer. The compiled models the search keeps (studies/cache
-under OUT) took 23-26 GB for that one objective: give it 30 GB free per objective.
+the replay 2: 1 h to 1 h 15. Batch 8 (3 rounds, 8-round confirmation of 2): 2 h 51 min. The compiled
+models the search keeps (studies/cache under OUT) took 23-26 GB for one objective: give it 30 GB free
+per objective. --quick (a tiny BERT of random weights, lengths 8, 16, 32): about 12 min.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --objectives latency --rounds 5 --out /tmp/bert-buckets
-    PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --objectives latency --trials 20
-    PYTHONPATH=. .venv/bin/python -c "from pathlib import Path; from tests.support.hf import save_tiny_bert; \\
-        save_tiny_bert(Path('/tmp/tinybench/tiny'))"
-    PYTHONPATH=. .venv/bin/python benchmarks/transformers.py --model hf:/tmp/tinybench/tiny --seq-lens 8,16,32 \\
-        --trials 3 --rounds 2 --requests 30 --duration 0.5 --warmup-time 0.3 --out /tmp/tinybench/out -- \\
-        --space quick --confirm-top 1 --confirm-rounds 5 --replicates 1 --duration 0.5 --warmup-time 0.3
-        # smoke run on a tiny BERT, about 12 min
-
-(This file's name shadows the transformers package for code run from benchmarks/: nothing here
-imports it; the processes it starts run from their own folders.)
+    .venv/bin/python benchmarks/transformer_buckets.py --objectives latency --rounds 5 --out /tmp/bert-buckets
+    .venv/bin/python benchmarks/transformer_buckets.py --objectives throughput --rounds 3 --requests 100 \\
+        -- --confirm-top 2 --confirm-rounds 8
+    .venv/bin/python benchmarks/transformer_buckets.py --quick --out /tmp/bert-buckets-quick
 """
 
 from __future__ import annotations
@@ -48,80 +42,98 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import peers
-import peers_report
-import transformers_report
-
 from autotune.child.buckets import BucketError, Buckets
 from autotune.measure import stats
 from autotune.measure.results import bucket_p50s
 from autotune.study import confirmations, storage
 
-SERVE = peers.REPO / "examples" / "serve_text.py"
+from lib import buckets_report, common, side_by_side
+from lib.side_by_side import Contender
+
+SERVE = common.REPO / "examples" / "serve_text.py"
 ARTIFACTS = "artifacts"  # the export's compiled models, one per bucket, which the replay's `apply` loads
+TINY_BERT = '''import sys
+from pathlib import Path
+from tests.support.hf import save_tiny_bert
+save_tiny_bert(Path(sys.argv[1]))
+'''
+QUICK = {"seq_lens": "8,16,32", "requests": 30}  # and a tiny BERT of random weights
 
 
 def main() -> int:
     args = parse()
-    args.out.mkdir(parents=True, exist_ok=True)
-    peers.say(f"transformers: {args.model} at {args.buckets.text()} x {args.objectives}, {args.trials} trials, "
-              f"{args.rounds} rounds, {args.requests} requests, out {args.out}")
-    found: dict[str, Any] = {"command": command_line(), **peers_report.provenance(peers.cli_env(args.out)),
-                             "model": args.model, "lengths": list(args.buckets.lengths),
+    common.say(f"transformer_buckets: {args.model} at {args.buckets.text()} x {args.objectives}, {args.trials} "
+               f"trials, {args.rounds} rounds, {args.requests} requests")
+    found: dict[str, Any] = {**common.provenance(args.out), "model": args.model, "lengths": list(args.buckets.lengths),
                              "weights": list(args.buckets.weights), "args": {k: str(v) for k, v in vars(args).items()},
                              "parts": []}
     for objective in args.objectives:
         part = run_part(args, objective)
         found["parts"].append(part)
-        save(args.out, found)
+        common.write_json(args.out, "transformer_buckets", found)
         part["replay"] = replay(args, part)
-        save(args.out, found)
-        table = transformers_report.markdown(found, part)
-        (args.out / f"{objective}.md").write_text(table)
-        print(table, flush=True)
+        common.write_json(args.out, "transformer_buckets", found)
+        common.write_table(args.out, objective, buckets_report.markdown(found, part))
     return 0
 
 
 def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="hf:bert", help="hf:TYPE (default hf:bert: BERT-base's default configuration) "
+    p = common.parser(__doc__, "a tiny BERT of random weights at lengths 8,16,32, 3-trial searches in the quick "
+                      "space, 2 rounds of 0.5 s windows, 30 requests")
+    p.add_argument("--model", help="hf:TYPE (default hf:bert: BERT-base's default configuration) "
                    "or hf:FOLDER (written by save_pretrained)")
-    p.add_argument("--seq-lens", default="32,128,384", help="the buckets, increasing (default 32,128,384)")
+    p.add_argument("--seq-lens", help="the buckets, increasing (default 32,128,384)")
     p.add_argument("--seq-len-weights", default="", help="their shares of the requests (default: equal)")
-    p.add_argument("--requests", type=int, default=200, help="requests of the replay, per server (default 200)")
+    p.add_argument("--requests", type=int, help="requests of the replay, per server (default 200)")
     p.add_argument("--lengths", default="", help="the replay's request lengths LOW-HIGH (default 1 to the largest "
                    "bucket)")
-    args = peers.shared_options(p, "autotune-transformers-")
+    side_by_side.add_options(p)
+    args = p.parse_args()
+    common.fill(args, {"seq_lens": "32,128,384", "requests": 200, **side_by_side.FULL},
+                {**QUICK, **side_by_side.QUICK})
+    args.extra = [*(common.QUICK_SEARCH if args.quick else ()), *args.extra]
     try:
         args.buckets = Buckets.parse(args.seq_lens, args.seq_len_weights)
     except BucketError as exc:
         p.error(str(exc))
-    source = args.model.removeprefix("hf:")
-    if "/" in source:  # a folder: the processes run elsewhere
-        args.model = f"hf:{Path(source).expanduser().resolve()}"
+    args.out = common.out_folder(args.out, "autotune-transformer-buckets-")
+    args.model = model(args.model, args.quick, args.out)
     args.lengths = args.lengths or f"1-{args.buckets.lengths[-1]}"
     return args
+
+
+def model(given: str | None, quick: bool, out: Path) -> str:
+    """--model as the processes take it, which run in folders of their own: a folder made absolute;
+    with --quick and no --model, a tiny BERT written to OUT/tiny-bert."""
+    if given is None and quick:
+        folder = out / "tiny-bert"
+        subprocess.run([sys.executable, "-c", TINY_BERT, str(folder)], cwd=out, env=common.cli_env(out), check=True)
+        return f"hf:{folder}"
+    given = given or "hf:bert"
+    source = given.removeprefix("hf:")
+    return f"hf:{Path(source).expanduser().resolve()}" if "/" in source else given
 
 
 def run_part(args: argparse.Namespace, objective: str) -> dict[str, Any]:
     """One objective: search, export with artifacts, the defaults, expert recipes and winner side by
     side, and what the search recorded at each bucket for the exported trial."""
     source = ["--model", args.model, "--seq-lens", args.buckets.text(), "--seq-len-weights",
-              args.buckets.weights_text(), "--batch-size", str(peers.BATCH[objective])]
-    part = peers.search_and_compare(args, args.out / objective, source, objective, experts, "--artifacts", ARTIFACTS)
+              args.buckets.weights_text(), "--batch-size", str(side_by_side.BATCH[objective])]
+    part = side_by_side.search_and_compare(args, args.out / objective, source, objective, experts,
+                                           "--artifacts", ARTIFACTS)
     return {**part, "measured": measured(Path(part["folder"]), part["export_exit"])}
 
 
-def experts(study: dict[str, Any]) -> list[peers.Contender]:
+def experts(study: dict[str, Any]) -> list[Contender]:
     """The expert recipes the study ran (its peer recipes are benchmarks/peers.py's)."""
-    return [c for c in peers.recipes_of(study) if c.kind == "expert"]
+    return [c for c in side_by_side.recipes_of(study) if c.kind == "expert"]
 
 
 def measured(folder: Path, export_exit: int) -> dict[str, Any]:
     """The exported trial's p50 at each bucket: the median over its confirmation's rounds (each a
     fresh process, interleaved with the baseline and the references), or the search trial's one
     process where the confirmation did not run it."""
-    number = peers.exported_number(folder) if export_exit == 0 else None
+    number = side_by_side.exported_number(folder) if export_exit == 0 else None
     if number is None:
         return {"trial": None, "buckets": {}, "source": ""}
     study = storage.find_study(folder / "studies", None, None)
@@ -148,14 +160,13 @@ def replay(args: argparse.Namespace, part: dict[str, Any]) -> dict[str, Any]:
 def served(folder: Path, command: list[str], log: str) -> dict[str, Any]:
     """serve_text.py's summaries (one per instance under `autotune run`), each bucket's p50 and mean
     the median over the instances."""
-    peers.say(f"{folder.name}: $ {shlex.join(command)} (log: {folder / log})")
-    done = subprocess.run(command, cwd=folder, env=peers.cli_env(folder), capture_output=True, text=True,
+    common.say(f"{folder.name}: $ {shlex.join(command)} (log: {folder / log})")
+    done = subprocess.run(command, cwd=folder, env=common.cli_env(folder), capture_output=True, text=True,
                           check=False, stdin=subprocess.DEVNULL)
     (folder / log).write_text(done.stdout + done.stderr)
     summaries = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not summaries:
-        reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}, no output"])[-1]
-        return {"ok": False, "reason": reason[:peers.KEPT], "exit": done.returncode}
+        return {"ok": False, "reason": common.last_line(done), "exit": done.returncode}
     seen: dict[str, list[dict[str, Any]]] = {}
     for summary in summaries:
         for bucket, found in summary["buckets"].items():
@@ -165,14 +176,6 @@ def served(folder: Path, command: list[str], log: str) -> dict[str, Any]:
                for b, each in seen.items()}
     return {"ok": True, "exit": 0, "configuration": summaries[0]["configuration"], "instances": len(summaries),
             "ready_s": max(s["ready_s"] for s in summaries), "buckets": buckets, "summaries": summaries}
-
-
-def save(out: Path, found: dict[str, Any]) -> None:
-    (out / "transformers.json").write_text(json.dumps(found, indent=2, default=str) + "\n")
-
-
-def command_line() -> str:
-    return shlex.join(["PYTHONPATH=.", ".venv/bin/python", "benchmarks/transformers.py", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
-"""benchmarks/transformers.py's tables: each contender at each sequence length and weighted, with
-the speedup over the defaults (benchmarks/peers_report.py's statistics), then the replay: each
-bucket served as eager and through `apply`, against what the search measured."""
+"""benchmarks/transformer_buckets.py's tables: each contender at each sequence length and weighted,
+with the speedup over the defaults (side_by_side_report's statistics), then the replay: each bucket
+served as eager and through `apply`, against what the search measured."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import peers_report
-
 from autotune.measure import stats
+
+from lib import common, side_by_side_report
 
 TOLERANCE = 0.10  # the issue's Done-when: served "within 10% on each bucket" of what was measured
 
@@ -23,19 +23,19 @@ def contenders(found: dict[str, Any], part: dict[str, Any]) -> list[str]:
     lengths = [str(n) for n in found["lengths"]]
     weights = "/".join(f"{w:.2g}" for w in found["weights"])
     lines = [f"### {found['model']}, {part['objective']} (batch {part['batch_size']}), lengths {', '.join(lengths)}",
-             "", peers_report.provenance_line(found), "",
+             "", common.provenance_line(found), "",
              "| contender | knobs | " + "".join(f"{n} tokens: {unit} | " for n in lengths)
              + f"weighted: {unit}, median (min-max) | speedup over defaults (Hodges-Lehmann, interval) | rounds ok "
              "| note |", "|---|---|" + "---|" * len(lengths) + "---|---|---|---|"]
     for contender, summary, runs in zip(part["contenders"], part["summary"]["rows"], part["runs"], strict=True):
         cells = [number(per_length(runs, n, part["batch_size"], lower)) for n in lengths]
-        lines.append(peers_report.table_row(contender, summary, cells))
+        lines.append(side_by_side_report.table_row(contender, summary, cells))
     each = "p50 in the round" if lower else "items/s in the round (instances x batch / the length's p50)"
     figure = "p50 of the weighted mean of the calls" if lower else "items over the time of a stream with those shares"
     lines += ["", f"- each length: the median over the rounds of that length's {each}; weighted (weights {weights}): "
               f"`autotune bench`'s own figure, the one the search optimised ({figure}); speedups: of the weighted "
               "figure, paired by round",
-              winner_per_length(part, lengths), peers_report.verdict_line(part)]
+              winner_per_length(part, lengths), side_by_side_report.verdict_line(part)]
     return lines
 
 
@@ -55,9 +55,10 @@ def per_length(runs: list[dict[str, Any]], length: str, batch: int, lower: bool)
 def winner_per_length(part: dict[str, Any], lengths: list[str]) -> str:
     """The winner (last) over the defaults (first) at each length, paired by round on its p50."""
     runs = part["runs"]
-    paired = [peers_report.paired(peers_report.ratios(bucket_series(runs[0], n), bucket_series(runs[-1], n), True))
+    paired = [side_by_side_report.paired(side_by_side_report.ratios(bucket_series(runs[0], n),
+                                                                    bucket_series(runs[-1], n), True))
               for n in lengths]
-    shown = [f"{n}: {peers_report.speedup_text(found)}" for n, found in zip(lengths, paired, strict=True)]
+    shown = [f"{n}: {side_by_side_report.speedup_text(found)}" for n, found in zip(lengths, paired, strict=True)]
     return "- the winner over the defaults at each length (its p50, paired by round): " + ", ".join(shown)
 
 
