@@ -192,7 +192,7 @@ def test_every_display_carries_the_peer(capsys: pytest.CaptureFixture[str], tmp_
     assert peer_row.reference == "peer" and peer_row.reason.startswith("the best peer (another runtime)")
     assert [r.reference for r in forest.rows] == ["", "recipe", "peer"]
     report = SimpleNamespace(name="s", metrics=("latency_p50_ms",), counts={}, best=None, forest=forest,
-                             importances=(), failures=(), traces=())
+                             importances=(), failures=(), traces=(), efficiency=None)
     summary = contents.summary(report, tmp_path / "r.html")  # type: ignore[arg-type]
     assert summary["confirmation"]["against_peer"] == verdict["against_peer"]
     assert summary["confirmation"]["recommended_trial"] == 4 and "the best peer" in summary["confirmation"]["message"]
