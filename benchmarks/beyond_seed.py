@@ -21,11 +21,12 @@ from autotune.child.settings import MeasureSettings
 from autotune.config import space
 from autotune.host import machine
 from autotune.measure import stats
+from autotune.measure.objectives import metric_of
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.runner import run_series
-from autotune.search import confirm, loop, opening
-from autotune.search.confirm import Contender
+from autotune.search import loop, opening
+from autotune.search.rounds import Contender, interleave, paired
 from autotune.study import records
 
 SETTINGS = [("latency", 1), ("throughput", 8)]
@@ -82,9 +83,9 @@ def side_by_side(args: argparse.Namespace, objective: str, batch: int,
     defaults = Contender("PyTorch defaults", found["default"][0])
     seed = Contender("best, seed knobs", found["seed"][1])
     everything = Contender("best, all knobs", found["default"][1])
-    metric = confirm.metric_of(objective)
+    metric = metric_of(objective)
     contenders = [defaults, seed, everything]
-    measured = confirm.interleave(contenders, args.rounds, metric, args.timeout, run_series,
+    measured = interleave(contenders, args.rounds, metric, args.timeout, run_series,
                                   lambda e: print(f"round {e.round + 1}: {e.contender.label}: "
                                                   f"{'ok' if e.result.ok else e.result.reason}", file=sys.stderr))
     knobs = ["defaults", found["seed"][2], found["default"][2]]
@@ -97,7 +98,7 @@ def side_by_side(args: argparse.Namespace, objective: str, batch: int,
             reason = next(r.reason for r in measured.runs[position] if r.value is None)
             rows.append(f"| {setting} | {contender.label} | {knobs[position]} | failed: {reason[:80]} | | | |")
             continue
-        result = confirm.paired(measured.values(0), values, metric, 0.0)
+        result = paired(measured.values(0), values, metric, 0.0)
         p50 = stats.median(ran) if metric == "latency_p50_ms" else None
         ips = stats.median(ran) if metric != "latency_p50_ms" else None
         speed = f"{result.speedup:.2f}x ({result.interval.describe(2)})" if result else "-"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 from pathlib import Path
 
 import optuna
@@ -47,7 +48,8 @@ def row(path: Path) -> list[str]:
         raise SystemExit(f"{path}: no confirmed search in it; keep one with benchmarks/search_cost.py --keep")
     candidates = [int(c["trial"]) for c in confirmation["candidates"]]
     rounds = int(confirmation["rounds"])
-    limit = budget.TimeBudget(0.0, rounds, len(candidates), replicates=3, window_s=2.0, warm=True)
+    # a budget without end: the reserve is for the rounds the confirmation ran, not a share of a budget
+    limit = budget.TimeBudget(math.inf, rounds, len(candidates), replicates=3, window_s=2.0, warm=True)
     trials = [spent(t) for t in finished]
     processes, before = limit.reserve(trials, len(candidates), 0.0)
     _, now = limit.reserve(trials, len(candidates), 0.0, candidates)

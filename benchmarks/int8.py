@@ -4,7 +4,7 @@ For resnext101 at batch 8 (throughput, items/s) and at batch 1 (latency, p50 ms)
 defaults; the expert recipe (compile + bf16 + channels_last, Intel OpenMP, jemalloc); and int8
 with the same process knobs (compile + int8 + channels_last, Intel OpenMP, jemalloc). Every round
 runs each configuration once, as a fresh process, in the balanced random order that `autotune
-confirm` uses (`confirm.interleave`); speedups are paired per round (`confirm.paired`: the median
+confirm` uses (`rounds.interleave`); speedups are paired per round (`rounds.paired`: the median
 ratio, its order-statistic interval labelled with its real coverage, Wilcoxon p for a gain above
 3%). The int8 row also gives its guard's figures (top-1 agreement, lowest cosine similarity with
 eager fp32). Compiling (and quantizing) happens once, before the rounds, into --cache-dir.
@@ -24,7 +24,7 @@ from autotune.host import machine
 from autotune.measure import requests, stats
 from autotune.measure.objectives import Metric
 from autotune.measure.runner import run_plan
-from autotune.search import confirm
+from autotune.search import rounds
 
 PROCESS = ["omp_runtime=intel", "allocator=jemalloc"]
 CONFIGS = {"PyTorch defaults": [],
@@ -44,15 +44,15 @@ def main() -> None:
     here = machine.this_machine()
     for title, batch, metric in SETTINGS:
         measure = MeasureSettings(duration_s=args.duration)
-        contenders = [confirm.Contender(label, requests.make_plan(requests.BenchRequest.from_flags(
+        contenders = [rounds.Contender(label, requests.make_plan(requests.BenchRequest.from_flags(
             args.model, knobs, batch, measure=measure, cache_dir=args.cache_dir), here))
             for label, knobs in CONFIGS.items()]
         guard = warm(contenders)
-        measured = confirm.interleave(contenders, args.rounds, metric, 1800, run_plan, progress)
+        measured = rounds.interleave(contenders, args.rounds, metric, 1800, run_plan, progress)
         table(f"{args.model}, {title}", measured, metric, guard)
 
 
-def warm(contenders: list[confirm.Contender]) -> dict[str, Any]:
+def warm(contenders: list[rounds.Contender]) -> dict[str, Any]:
     """Compile (and quantize) each configuration once, so that every timed round loads its artifact;
     returns the int8 guard's figures from that first process."""
     found: dict[str, Any] = {}
@@ -66,13 +66,13 @@ def warm(contenders: list[confirm.Contender]) -> dict[str, Any]:
     return found
 
 
-def progress(event: confirm.RunEvent) -> None:
+def progress(event: rounds.RunEvent) -> None:
     value = "FAILED " + event.result.reason if not event.result.ok else (
         f"{event.result.throughput_ips:.2f} items/s, p50 {event.result.latency_p50_ms:.1f} ms")
     print(f"round {event.round + 1}/{event.rounds}: {event.contender.label}: {value}", file=sys.stderr)
 
 
-def table(title: str, measured: confirm.Rounds, metric: Metric, guard: dict[str, Any]) -> None:
+def table(title: str, measured: rounds.Rounds, metric: Metric, guard: dict[str, Any]) -> None:
     unit = "items/s" if metric == "throughput_ips" else "p50 ms"
     print(f"\n{title}, {len(measured.orders)} interleaved rounds (median of the rounds; speedup paired per round)")
     print(f"| configuration | {unit} | vs defaults | vs expert bf16 |")
@@ -87,10 +87,10 @@ def table(title: str, measured: confirm.Rounds, metric: Metric, guard: dict[str,
               f"lowest cosine similarity {guard['min_cosine']:.5f}; quantizing took {guard['quantize_s']:.0f} s")
 
 
-def versus(measured: confirm.Rounds, reference: int, position: int, metric: Metric) -> str:
+def versus(measured: rounds.Rounds, reference: int, position: int, metric: Metric) -> str:
     if reference == position:
         return "-"
-    compared = confirm.paired(measured.values(reference), measured.values(position), metric, 0.03)
+    compared = rounds.paired(measured.values(reference), measured.values(position), metric, 0.03)
     return compared.describe() if compared else "n/a"
 
 

@@ -41,7 +41,7 @@ import peers_report
 from autotune.child.envfile import read as read_env
 from autotune.child.knobs import PEER_BACKENDS
 from autotune.measure.results import bucket_p50s
-from autotune.search.confirm import schedule
+from autotune.search.rounds import schedule
 from autotune.study import storage
 
 REPO = Path(__file__).resolve().parent.parent

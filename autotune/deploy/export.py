@@ -41,7 +41,8 @@ class ExportError(AutotuneError):
 
 def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
     """The requested trial; else the one the confirmation recommends (its winner, the simpler expert
-    recipe the winner ties with, or the baseline when nothing won); else the best."""
+    recipe the winner is equivalent to, the better estimate of two still undecided at the cap, or
+    the baseline when nothing won); else the best."""
     trials = study.get_trials(deepcopy=False)
     if number is not None:
         trial = next((t for t in trials if t.number == number), None)
@@ -158,11 +159,17 @@ def confirmation_status(confirmation: dict[str, Any] | None, number: int) -> str
 
 def _why_recommended(confirmation: dict[str, Any], number: int) -> str:
     """Why a reference (the best expert recipe or peer) is recommended instead of the winner."""
-    if (confirmation.get("against_peer") or {}).get("trial") == number:
-        return "the best peer, faster than the winner"
-    if (confirmation.get("against_recipe") or {}).get("status") == "slower":
-        return "the best expert recipe, faster than the winner"
-    return "the simpler of two that tie"
+    peer = confirmation.get("against_peer") or {}
+    found, named = (peer, "the best peer") if peer.get("trial") == number else \
+        (confirmation.get("against_recipe") or {}, "the best expert recipe")
+    status = found.get("status")
+    if status == "slower":
+        return f"{named}, faster than the winner"
+    if status == "undecided":
+        return f"{named}, the better estimate (undecided after {found.get('rounds')} rounds)"
+    if status == "ties":  # a verdict from before "equivalent" and "undecided" were told apart
+        return "the simpler of two that tie"
+    return "the simpler of two that are equivalent"
 
 
 def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:
@@ -175,6 +182,8 @@ def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> lis
                 f"trial {number}"]
     said = [f"# confirmed: {confirmation['message']}" if confirmation["significant"]
             else f"# baseline exported: {confirmation['message']}"]
+    if words := confirmations.outcomes(confirmation):
+        said.append(f"# outcomes: {words}")
     per_bucket = confirmations.buckets_sentence(confirmation, number)
     return said + ([f"# {per_bucket}"] if per_bucket else [])
 

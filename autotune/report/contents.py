@@ -85,6 +85,7 @@ class ForestRow:
     significant: bool
     reason: str
     reference: str = ""  # "recipe" or "peer": a reference the winner is held against, not a candidate
+    outcome: str | None = None  # against the baseline: beats, slower, equivalent, undecided (None: not tested)
 
 
 # Why a reference's row is in the confirmation though it is no candidate.
@@ -109,6 +110,7 @@ class Forest:
     recommended_trial: int | None = None  # the winner, or the simpler expert recipe it ties with
     against_recipe: Mapping[str, Any] | None = None  # the winner against the best recipe (against_recipe.py)
     against_peer: Mapping[str, Any] | None = None  # the winner against the best peer (another runtime)
+    outcomes: str = ""  # the outcome against each reference in a line (`confirmations.outcomes`)
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def forest(verdict: Mapping[str, Any] | None, count: int = 1) -> Forest | None:
     return Forest(verdict["metric"], int(verdict["rounds"]), float(verdict["min_effect"]),
                   int(verdict["baseline_trial"]), int(verdict["winner_trial"]), bool(verdict["significant"]),
                   str(verdict["message"]), rows, int(verdict.get("number", 1)), count,
-                  confirmations.recommended(verdict), versus, peer)
+                  confirmations.recommended(verdict), versus, peer, confirmations.outcomes(verdict))
 
 
 def _forest_row(found: Mapping[str, Any], reference: str) -> ForestRow:
@@ -239,7 +241,7 @@ def _forest_row(found: Mapping[str, Any], reference: str) -> ForestRow:
     return ForestRow(int(found["trial"]), str(found["config"]), found["speedup"],
                      tuple(found["ci"]) if found["ci"] else None, found["ci_label"], found["p_value"],
                      bool(found["significant"]), str(found.get("reason", "")) or REFERENCE_REASONS.get(reference, ""),
-                     reference)
+                     reference, found.get("outcome"))
 
 
 def tradeoff(study: optuna.Study) -> tuple[TradeoffPoint, ...]:
@@ -307,7 +309,8 @@ def summary(report: Report, output: Path) -> dict[str, Any]:
             "significant": report.forest.significant, "winner_trial": report.forest.winner_trial,
             "recommended_trial": report.forest.recommended_trial, "against_recipe": report.forest.against_recipe,
             "against_peer": report.forest.against_peer,
-            "message": report.forest.message, "number": report.forest.number, "of": report.forest.of},
+            "message": report.forest.message, "number": report.forest.number, "of": report.forest.of,
+            "outcomes": report.forest.outcomes},
         "importance": {imp.metric: {"evaluator": IMPORTANCE_EVALUATOR, "trials": imp.trials,
                                     "knobs": dict(imp.knobs), "note": imp.note} for imp in report.importances},
         "failures": [{"state": g.state, "cause": g.cause, "reason": g.reason, "trials": list(g.trials)}
