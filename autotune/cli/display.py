@@ -165,8 +165,20 @@ def search_summary(body: Mapping[str, Any]) -> None:
     best_table(body["study"], body["objective"], body["best"], body["storage"])
     if body["versus_recipes"]:
         out.print(recipe_words(body["versus_recipes"]), soft_wrap=True, highlight=False, markup=False)
+    for host, remeasured in (body.get("baseline_remeasured") or {}).items():
+        out.print(_remeasured(host, remeasured), soft_wrap=True, highlight=False, markup=False)
     if body["accounting"]:
         accounting(body["accounting"])
+
+
+def _remeasured(host: str, remeasured: Mapping[str, Any]) -> str:
+    """A baseline measured on a noisy window and again, in one line (`records.remeasured_baselines`)."""
+    was, last = remeasured["was"], remeasured["attempts"][-1]
+    said = (f"baseline on {host}: measured on a noisy window ({was['noisy_reason']}) at p50 "
+            f"{was['latency_p50_ms']:.2f} ms, again {len(remeasured['attempts'])}x")
+    if remeasured["quiet"]:
+        return f"{said}, quietly at {last['latency_p50_ms']:.2f} ms: the speedups shown are over that"
+    return f"{said}, never quietly: the speedups shown are over the first, noisy one"
 
 
 def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], storage: str) -> None:

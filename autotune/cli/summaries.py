@@ -20,16 +20,18 @@ from autotune.study import confirmations, records
 from autotune.study.storage import shown
 
 # What each best trial reports besides its number, configuration and values.
-TRIAL_METRICS = ("latency_p50_ms", "latency_p90_ms", "throughput_ips", "peak_rss_mb", "speedup_latency",
-                 "speedup_throughput")
+TRIAL_METRICS = ("latency_p50_ms", "latency_p90_ms", "throughput_ips", "peak_rss_mb")
+SPEEDUPS = ("speedup_latency", "speedup_throughput")
 
 
-def trial(found: FrozenTrial) -> dict[str, Any]:
-    """One trial as the tables show it: knobs, parameters, objective values, metrics, speedups."""
+def trial(found: FrozenTrial, study_attrs: dict[str, Any]) -> dict[str, Any]:
+    """One trial as the tables show it: knobs, parameters, objective values, metrics, and speedups
+    over the baseline as the study knows it now (`records.speedup`)."""
     attrs = found.user_attrs
     return {"number": found.number, "config": attrs.get("config", ""), "params": dict(found.params),
             "values": list(found.values or ()), "recipe": attrs.get("recipe"),
-            **{key: attrs.get(key) for key in TRIAL_METRICS}}
+            **{key: attrs.get(key) for key in TRIAL_METRICS},
+            **{key: records.speedup(found, key, study_attrs) for key in SPEEDUPS}}
 
 
 def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: str,
@@ -42,11 +44,12 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
             "model": attrs.get("model"), "batch_size": attrs.get("batch_size"),
             "trials": {"finished": records.finished(study), "total": len(study.get_trials(deepcopy=False)),
                        "distinct_configurations": records.distinct_configs(study)},
-            "best": [trial(t) for t in best],
+            "best": [trial(t, attrs) for t in best],
             "versus_recipes": export.recipe_comparison(study, best[0]) if best else None,
             "accounting": attrs.get("accounting"), "stopped": stopped or None,
             "confirmation": attrs.get("confirmation"), "confirmations": confirmations.count(attrs),
-            "confirmed_now": confirmed_now, "confirmation_cost": cost}
+            "confirmed_now": confirmed_now, "confirmation_cost": cost,
+            "baseline_remeasured": records.remeasured_baselines(attrs)}
 
 
 def confirmation_cost(verdict: dict[str, Any], command_s: float) -> dict[str, Any]:

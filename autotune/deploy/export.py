@@ -80,8 +80,8 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         f"# knobs: {attrs.get('config', 'defaults')}",
         f"# measured: p50 latency {attrs['latency_p50_ms']:.2f} ms, p90 {attrs['latency_p90_ms']:.2f} ms, "
         f"throughput {attrs['throughput_ips']:.2f} items/s, peak RSS {attrs['peak_rss_mb']:.0f} MB",
-        f"# speedup over PyTorch defaults: latency {attrs.get('speedup_latency', 1):.2f}x, "
-        f"throughput {attrs.get('speedup_throughput', 1):.2f}x",
+        f"# speedup over PyTorch defaults: latency {records.speedup(trial, 'speedup_latency', sattrs) or 1:.2f}x, "
+        f"throughput {records.speedup(trial, 'speedup_throughput', sattrs) or 1:.2f}x",
         f"# host: {_host(sattrs.get('host', {}))}",
         f"# for host class {host_class_of(trial)}: {_measured_on(trial, sattrs.get('confirmation'))}",
         *_confirmation_lines(sattrs.get("confirmation"), trial.number),
@@ -115,7 +115,7 @@ def recipe_comparison(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]
     recipe = references.best_recipe(study, speedup)
     if recipe is None or speedup not in trial.user_attrs:
         return None
-    mine, theirs = float(trial.user_attrs[speedup]), float(recipe.user_attrs[speedup])
+    mine, theirs = (float(records.speedup(t, speedup, study.user_attrs) or 1.0) for t in (trial, recipe))
     return {"metric": "throughput" if speedup == "speedup_throughput" else "latency", "trial": trial.number,
             "speedup": mine, "recipe": recipe.user_attrs["recipe"], "recipe_trial": recipe.number,
             "recipe_speedup": theirs, "ratio": mine / theirs}

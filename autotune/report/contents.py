@@ -292,9 +292,17 @@ def best(study: optuna.Study, metrics: Sequence[Metric]) -> Best | None:
     top, base = found[0], records.baseline(study)
     return Best(top.number, str(top.user_attrs.get("config", "")),
                 {m: float(top.user_attrs[m]) for m in metrics},
-                {m: float(base.user_attrs[m]) for m in metrics} if base else {},
-                {m: float(top.user_attrs.get(records.speedup_key(m), 1.0)) for m in metrics},
+                _baseline_values(study, base, metrics),
+                {m: records.speedup(top, records.speedup_key(m), study.user_attrs) or 1.0 for m in metrics},
                 export.versus_recipes(study, top))
+
+
+def _baseline_values(study: optuna.Study, base: FrozenTrial | None, metrics: Sequence[Metric]) -> dict[Metric, float]:
+    """The baseline's values the speedups are over: its quiet re-measure when it had one."""
+    if base is None:
+        return {}
+    quiet = records.quiet_baseline(study.user_attrs, str(base.user_attrs.get("host")))
+    return {m: float((quiet or base.user_attrs)[m]) for m in metrics}
 
 
 def summary(report: Report, output: Path) -> dict[str, Any]:

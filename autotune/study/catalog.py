@@ -59,7 +59,7 @@ def _best(study: optuna.Study) -> dict[str, Any] | None:
         return None
     objective = str(study.user_attrs.get("objective", "latency"))
     return {"trial": best[0].number, "value": best[0].values[0], "unit": unit_of(metric_of(objective)),
-            "speedup": best[0].user_attrs.get(speedup_attr(objective))}
+            "speedup": records.speedup(best[0], speedup_attr(objective), study.user_attrs)}
 
 
 def verdict(confirmation: dict[str, Any] | None, count: int = 1) -> dict[str, Any] | None:
