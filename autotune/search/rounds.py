@@ -141,9 +141,9 @@ def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, tim
 
 
 def until_decided(contenders: Sequence[Contender], design: Design, metric: Metric, timeout_s: float,
-               runner: SeriesRunner, on_run: Callable[[RunEvent], None], decided: Callable[[Rounds, Look], bool],
-               seed: int | None = None, time_limit_s: float | None = None,
-               clock: Callable[[], float] = time.monotonic) -> Stopped:
+                  runner: SeriesRunner, on_run: Callable[[RunEvent], None], decided: Callable[[Rounds, Look], bool],
+                  seed: int | None = None, time_limit_s: float | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> Stopped:
     """Rounds up to each look of `design` in turn, until `decided(rounds, look)` says every
     decision is made, or the last look. With `time_limit_s`, no look after the first starts when
     its rounds, at the pace of those so far, would end past the limit: the rounds stop at the look
