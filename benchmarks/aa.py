@@ -42,8 +42,8 @@ from autotune.measure.replicates import SeriesRunner, one_by_one
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan, run_series
 from autotune.measure.stats import PairedComparison, median
-from autotune.search import compare, confirm
-from autotune.search.confirm import Contender
+from autotune.search import compare, rounds
+from autotune.search.rounds import Contender
 
 from lib import common
 
@@ -106,8 +106,8 @@ def series(args: argparse.Namespace, runner: SeriesRunner, name: str, first: Con
     when a run failed. `waited` gets each pair's latency of its second run over its first's."""
     out: list[tuple[PairedComparison, PairedComparison] | None] = []
     for k in range(count):
-        events: list[confirm.RunEvent] = []
-        measured = confirm.interleave([first, second], args.rounds, "latency_p50_ms", 600, runner,
+        events: list[rounds.RunEvent] = []
+        measured = rounds.interleave([first, second], args.rounds, "latency_p50_ms", 600, runner,
                                       events.append, seed=args.seed + seed_offset + k)
         waited.extend(second_over_first([e.result for e in events]))
         strict = compare.compared(measured, "latency_p50_ms", 0.0)

@@ -8,6 +8,13 @@ ALPHA = 0.05  # significance level of every paired verdict
 MIN_EFFECT = 0.03  # smallest gain worth recommending, unless the user says otherwise
 CONFIDENCE = 0.95  # of every interval printed as a CI
 
+# A confirmation's sequential rounds (measure/sequential.py, search/confirm.py).
+CONFIRM_ROUNDS = 20  # the most rounds a confirmation runs, its cap (--confirm-rounds, confirm --rounds)
+LOOKS = 3  # at most this many looks at the rounds: ALPHA / 2 at the last, the other half shared by the others
+LOOK_STEP = 2  # the fewest rounds between two looks: a cap close to the first look takes fewer looks
+CONFIRM_SHARE = 1 / 3  # of --time-budget: the most a search's confirmation may take past its first look
+CONFIRM_RERUNS = 2  # a confirmation run flagged noisy is run again at most this many times in its round
+
 # Stopping a trial early (search/pruning.py).
 MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
 MIN_REPLICATES = 2  # one disturbed process alone never prunes

@@ -6,12 +6,14 @@ Each is its flags and one call; `autotune.cli.main` puts them on the `autotune` 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from autotune.base.errors import AutotuneError
+from autotune.base.thresholds import CONFIRM_SHARE
 from autotune.cli import display, live, options, verdicts
 from autotune.cli.common import EXIT_FAILED, STUDIES, emit, holding, note
 from autotune.config import knobs, models
@@ -54,7 +56,7 @@ from autotune.search import opening
                    "Confirmation always uses fresh processes.")
 @click.option("--confirm-top", default=3, show_default=True, type=click.IntRange(min=0),
               help="Candidates re-measured against the baseline at the end (0: skip).")
-@options.rounds_option("--confirm-rounds", "Interleaved rounds of that confirmation")
+@options.confirm_rounds_option("--confirm-rounds", "that confirmation")
 @options.min_effect_option
 @click.option("--allow-mixed", is_flag=True,
               help="Let this host join a shared study made on another host class (raw values ranked together, "
@@ -80,9 +82,10 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
     """
     from autotune.config import space
     from autotune.measure.replicates import ReplicatePolicy
-    from autotune.search import fleet, loop
+    from autotune.search import loop
     from autotune.search.confirm import check_rounds
 
+    started = time.monotonic()
     if confirm_top:
         check_rounds(confirm_rounds, confirm_top, "--confirm-rounds", "--confirm-top")
     sizes = _batch_sizes(batch_size)
@@ -113,25 +116,42 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
             display.err.print(f"note: {stopped}", markup=False)
         if not as_json:
             display.search_summary(_search_body(opened, stopped, False))
-        confirming = opened.should_confirm(confirm_top)
-        if confirming and not fleet.claim_confirmation(opened.study, opened.storage):
-            confirming = False
-            display.err.print("note: other workers of this study are still measuring, or one of them confirms: the "
-                              "last to stop runs the confirmation (`autotune confirm` runs it now)", markup=False)
-        elif confirming:
-            _confirm(opened.study, confirm_top, confirm_rounds, min_effect, timeout, seed, as_json)
-        elif confirm_top > 0:
+        confirming, cost = _confirm_after(opened, confirm_top, confirm_rounds, min_effect, timeout, seed, as_json,
+                                          time_budget, started)
+    if as_json:
+        emit("search", _search_body(opened, stopped, confirming, cost), True, None)
+
+
+def _confirm_after(opened: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None,
+                   as_json: bool, time_budget: float | None, started: float) -> tuple[bool, dict[str, Any] | None]:
+    """The search's confirmation, when this worker runs it: at most `CONFIRM_SHARE` of the time
+    budget past its first look; whether it ran, and what it cost of the command (`started`)."""
+    from autotune.cli import summaries
+    from autotune.search import fleet
+
+    if not opened.should_confirm(top):
+        if top > 0:
             display.err.print("note: nothing new ran, so the stored confirmation stands (`autotune confirm` redoes "
                               "it)")
-    if as_json:
-        emit("search", _search_body(opened, stopped, confirming), True, None)
+        return False, None
+    if not fleet.claim_confirmation(opened.study, opened.storage):
+        display.err.print("note: other workers of this study are still measuring, or one of them confirms: the "
+                          "last to stop runs the confirmation (`autotune confirm` runs it now)", markup=False)
+        return False, None
+    limit_s = CONFIRM_SHARE * time_budget if time_budget is not None else None
+    verdict = _confirm(opened.study, top, rounds, min_effect, timeout, seed, as_json, limit_s)
+    cost = summaries.confirmation_cost(verdict, time.monotonic() - started)
+    if not as_json:
+        verdicts.cost(cost)
+    return True, cost
 
 
-def _search_body(opened: Any, stopped: str, confirmed_now: bool) -> dict[str, Any]:
+def _search_body(opened: Any, stopped: str, confirmed_now: bool, cost: dict[str, Any] | None = None) -> dict[str, Any]:
     from autotune.cli import summaries
     from autotune.study.records import best_measured
 
-    return summaries.search(opened.study, opened.storage, best_measured(opened.study)[:5], stopped, confirmed_now)
+    return summaries.search(opened.study, opened.storage, best_measured(opened.study)[:5], stopped, confirmed_now,
+                            cost)
 
 
 def _reporting(progress: live.SearchProgress) -> Any:
@@ -156,11 +176,11 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None,
-             as_json: bool) -> dict[str, Any]:
+             as_json: bool, time_limit_s: float | None = None) -> dict[str, Any]:
     from autotune.search import confirm
 
     verdict = confirm.confirm(found, top, rounds, min_effect, timeout, verdicts.confirm_progress, seed=seed,
-                              ran_on=machine.host_identity(machine.this_machine()))
+                              ran_on=machine.host_identity(machine.this_machine()), time_limit_s=time_limit_s)
     if not as_json:
         verdicts.confirmation(verdict)
     return verdict
@@ -170,7 +190,7 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 @options.study_options()
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1),
               help="Best distinct candidates re-measured against the baseline.")
-@options.rounds_option("--rounds", "Interleaved rounds, each contender once per round in a fresh process")
+@options.confirm_rounds_option("--rounds", "the confirmation")
 @options.min_effect_option
 @options.timeout_option
 @options.order_seed_option
@@ -178,11 +198,12 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
 @options.json_option
 def confirm_command(study_name: str | None, storage: str | None, top: int, rounds: int, min_effect: float,
                     timeout: float, seed: int | None, no_wait: bool, as_json: bool) -> None:
-    """Re-measure the best candidates and the baseline in interleaved rounds; store the verdict.
+    """Re-measure the best candidates and the baseline in interleaved rounds until the verdict is
+    decided (or --rounds); store it.
 
     \b
     Example:
-      autotune confirm --study resnext101_32x8d-bs1-latency --top 3 --rounds 10
+      autotune confirm --study resnext101_32x8d-bs1-latency --top 3 --rounds 20
     """
     from autotune.search.confirm import check_rounds
     from autotune.study.storage import find_study
@@ -240,7 +261,8 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     """
     from autotune.cli import summaries
     from autotune.measure.runner import run_series
-    from autotune.search import compare, confirm
+    from autotune.search import compare
+    from autotune.search import rounds as interleaved
     from autotune.study.storage import find_study
 
     metric = metric_of(parse_objective(objective, COMPARABLE))
@@ -251,7 +273,7 @@ def compare_command(first: str, second: str, study_name: str | None, storage: st
     pair = compare.distinct([compare.contender_from(spec, lambda: find_study(STUDIES, study_name, storage),
                                                     _plan_from_env_file, plan_config) for spec in (first, second)])
     with holding("compare", no_wait):
-        measured = confirm.interleave(pair, rounds, metric, timeout, run_series, verdicts.confirm_progress, seed)
+        measured = interleaved.interleave(pair, rounds, metric, timeout, run_series, verdicts.confirm_progress, seed)
     if margin is not None:
         _gate(measured, metric, margin, as_json)
     comparison = compare.compared(measured, metric, min_effect)

@@ -205,12 +205,24 @@ def search_summary(body: Mapping[str, Any]) -> None:
     best_table(body["study"], body["objective"], body["best"], body["storage"])
     if body["versus_recipes"]:
         out.print(recipe_words(body["versus_recipes"]), soft_wrap=True, highlight=False, markup=False)
+    for host, remeasured in (body.get("baseline_remeasured") or {}).items():
+        out.print(_remeasured(host, remeasured), soft_wrap=True, highlight=False, markup=False)
     if body["accounting"]:
         accounting(body["accounting"])
     if body["efficiency"]:
         from autotune.study.efficiency import words
 
         out.print(f"against this CPU: {words(body['efficiency'])}", soft_wrap=True, highlight=False, markup=False)
+
+
+def _remeasured(host: str, remeasured: Mapping[str, Any]) -> str:
+    """A baseline measured on a noisy window and again, in one line (`records.remeasured_baselines`)."""
+    was, last = remeasured["was"], remeasured["attempts"][-1]
+    said = (f"baseline on {host}: measured on a noisy window ({was['noisy_reason']}) at p50 "
+            f"{was['latency_p50_ms']:.2f} ms, again {len(remeasured['attempts'])}x")
+    if remeasured["quiet"]:
+        return f"{said}, quietly at {last['latency_p50_ms']:.2f} ms: the speedups shown are over that"
+    return f"{said}, never quietly: the speedups shown are over the first, noisy one"
 
 
 def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], storage: str) -> None:
@@ -273,8 +285,10 @@ def _verdict(verdict: Mapping[str, Any] | None) -> str:
     which = f" ({verdict['number']} of {verdict['of']})" if verdict.get("of", 1) > 1 else ""
     if verdict["word"] == "confirmed":
         return (f"yes: trial {verdict['winner_trial']}, {verdict['speedup']:.2f}x{_recommends(verdict)}"
-                f"{_peer(verdict.get('against_peer'))}{which}")
-    return f"no: baseline kept{which}"
+                f"{_recipe(verdict)}{_peer(verdict.get('against_peer'))}{which}")
+    why = {"equivalent": " (equivalent)", "slower": " (slower)",
+           "undecided": f" (undecided after {verdict.get('rounds')} rounds)"}.get(str(verdict.get("outcome")), "")
+    return f"no: baseline kept{why}{which}"
 
 
 def _recommends(verdict: Mapping[str, Any]) -> str:
@@ -284,9 +298,21 @@ def _recommends(verdict: Mapping[str, Any]) -> str:
         return ""
     if (verdict.get("against_peer") or {}).get("trial") == chosen:
         return f", peer trial {chosen} recommended"
-    if (verdict.get("against_recipe") or {"status": "ties"})["status"] == "ties":
-        return f", ties with recipe trial {chosen}"
+    status = (verdict.get("against_recipe") or {"status": "ties"})["status"]
+    if status in ("ties", "equivalent"):  # "ties": a verdict from before the four outcomes
+        return f", {'equivalent to' if status == 'equivalent' else 'ties with'} recipe trial {chosen} (the simpler)"
+    if status == "undecided":
+        return f", recipe trial {chosen} recommended (the better estimate)"
     return f", recipe trial {chosen} recommended"
+
+
+def _recipe(verdict: Mapping[str, Any]) -> str:
+    """The winner against the best expert recipe when it is still undecided ("" otherwise: the
+    recommendation says the rest)."""
+    versus = verdict.get("against_recipe") or {}
+    if versus.get("status") != "undecided" or verdict.get("recommended_trial") == versus.get("trial"):
+        return ""
+    return f"; vs recipe trial {versus['trial']}: undecided, the winner the better estimate"
 
 
 def _peer(versus: Mapping[str, Any] | None) -> str:

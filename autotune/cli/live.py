@@ -26,6 +26,8 @@ class SearchProgress:
             return
         if event.kind == "start":
             self._start(event)
+        elif event.kind == "baseline":
+            display.err.print(f"note: {event.note}", markup=False, highlight=False, soft_wrap=True)
         else:
             self._stop()
             display.err.print(self._line(event), markup=False, highlight=False, soft_wrap=True)
@@ -79,8 +81,8 @@ class SearchProgress:
             text += f" (retry of trial {outcome.retry_of})"
         best = ""
         if event.best is not None:
-            speed = event.best.user_attrs.get("speedup_" + ("throughput" if self.objective == "throughput"
-                                                           else "latency"), 1.0)
+            speed = event.speedups.get("speedup_" + ("throughput" if self.objective == "throughput"
+                                                    else "latency")) or 1.0
             best = f" | best: trial {event.best.number} {_values(self.objective, event.best.values)} ({speed:.2f}x)"
         config = event.config.describe() if event.config.values else "baseline (PyTorch defaults)"
         config = f"recipe {event.recipe}: {config}" if event.recipe else config

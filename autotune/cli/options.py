@@ -14,12 +14,12 @@ from typing import Any
 import click
 
 from autotune.base.errors import AutotuneError
-from autotune.base.thresholds import MIN_EFFECT
+from autotune.base.thresholds import CONFIRM_ROUNDS, CONFIRM_SHARE, MIN_EFFECT
 from autotune.child import hf
 from autotune.child.convert import TOLERANCE
 from autotune.child.quantize import CALIBRATION_BATCHES
 from autotune.child.settings import CACHE_DIR, MeasureSettings
-from autotune.measure import requests
+from autotune.measure import requests, sequential
 from autotune.measure.objectives import MIN_ROUNDS, min_rounds
 
 MEASURE = MeasureSettings()  # the protocol's defaults, shown in --help
@@ -68,6 +68,18 @@ def rounds_option(name: str, help_text: str) -> Decorator:
     return click.option(name, default=10, show_default=True, type=click.IntRange(min=MIN_ROUNDS),
                         help=f"{help_text} ({MIN_ROUNDS} at least for one candidate, {min_rounds(3)} for three: "
                              f"fewer can never be significant after Holm's correction).")
+
+
+def confirm_rounds_option(name: str, noun: str) -> Decorator:
+    """The cap on a confirmation's rounds: it stops as soon as its verdict is decided."""
+    first = sequential.design(CONFIRM_ROUNDS, 3).looks[0].rounds
+    return click.option(name, default=CONFIRM_ROUNDS, show_default=True, type=click.IntRange(min=MIN_ROUNDS),
+                        help=f"The most interleaved rounds {noun} runs, each contender once per round in a fresh "
+                             f"process: it looks at them a few times and stops as soon as every decision is made "
+                             f"(a clear winner at the first look, after {first} rounds for three candidates), and "
+                             f"says what is still undecided at this cap. With --time-budget, it also stops before "
+                             f"a look that would take it past {CONFIRM_SHARE:.0%} of the budget. {MIN_ROUNDS} at "
+                             f"least for one candidate, {min_rounds(3)} for three.")
 
 
 def order_seed_option(func: Any) -> Any:

@@ -15,37 +15,53 @@ from autotune.cli.common import EXIT_FAILED, EXIT_OK
 from autotune.deploy import export
 from autotune.measure.objectives import Metric, unit_of
 from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, median
-from autotune.search.confirm import Rounds
+from autotune.search.rounds import Rounds
 from autotune.study import confirmations, efficiency, records
 from autotune.study.storage import shown
 
 # What each best trial reports besides its number, configuration and values.
-TRIAL_METRICS = ("latency_p50_ms", "latency_p90_ms", "throughput_ips", "peak_rss_mb", "speedup_latency",
-                 "speedup_throughput")
+TRIAL_METRICS = ("latency_p50_ms", "latency_p90_ms", "throughput_ips", "peak_rss_mb")
+SPEEDUPS = ("speedup_latency", "speedup_throughput")
 
 
-def trial(found: FrozenTrial) -> dict[str, Any]:
-    """One trial as the tables show it: knobs, parameters, objective values, metrics, speedups."""
+def trial(found: FrozenTrial, study_attrs: dict[str, Any]) -> dict[str, Any]:
+    """One trial as the tables show it: knobs, parameters, objective values, metrics, and speedups
+    over the baseline as the study knows it now (`records.speedup`)."""
     attrs = found.user_attrs
     return {"number": found.number, "config": attrs.get("config", ""), "params": dict(found.params),
             "values": list(found.values or ()), "recipe": attrs.get("recipe"),
-            **{key: attrs.get(key) for key in TRIAL_METRICS}}
+            **{key: attrs.get(key) for key in TRIAL_METRICS},
+            **{key: records.speedup(found, key, study_attrs) for key in SPEEDUPS}}
 
 
 def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: str,
-           confirmed_now: bool) -> dict[str, Any]:
+           confirmed_now: bool, cost: dict[str, Any] | None = None) -> dict[str, Any]:
     """The end of a search: the study, its best trials, the winner against the best expert recipe,
-    what it cost, why it stopped early, and the confirmation verdict the study holds."""
+    what it cost, why it stopped early, the confirmation verdict the study holds, and, when this
+    run confirmed, what the confirmation cost of it (`confirmation_cost`)."""
     attrs = study.user_attrs
     return {"study": study.study_name, "storage": shown(storage), "objective": attrs.get("objective"),
             "model": attrs.get("model"), "batch_size": attrs.get("batch_size"),
             "trials": {"finished": records.finished(study), "total": len(study.get_trials(deepcopy=False)),
                        "distinct_configurations": records.distinct_configs(study)},
-            "best": [trial(t) for t in best],
+            "best": [trial(t, attrs) for t in best],
             "versus_recipes": export.recipe_comparison(study, best[0]) if best else None,
             "accounting": attrs.get("accounting"), "stopped": stopped or None,
             "confirmation": attrs.get("confirmation"), "confirmations": confirmations.count(attrs),
-            "confirmed_now": confirmed_now, "efficiency": efficiency.of_recommended(study)}
+            "confirmed_now": confirmed_now, "confirmation_cost": cost,
+            "baseline_remeasured": records.remeasured_baselines(attrs),
+            "efficiency": efficiency.of_recommended(study)}
+
+
+def confirmation_cost(verdict: dict[str, Any], command_s: float) -> dict[str, Any]:
+    """What a search's confirmation took: its rounds of the cap, the look it stopped at and why
+    (`stopped_by`: decided, cap, time), the noisy runs it ran again, its wall time, and its share
+    of the command's `command_s` (the whole search, the confirmation included)."""
+    wall_s = float(verdict.get("wall_s") or 0.0)
+    return {"rounds": verdict["rounds"], "rounds_cap": verdict.get("rounds_cap"), "look": verdict.get("look"),
+            "looks": len(verdict.get("looks") or []), "stopped_by": verdict.get("stopped_by"),
+            "noisy_reruns": verdict.get("noisy_reruns", 0), "wall_s": round(wall_s, 1),
+            "command_s": round(command_s, 1), "share": round(wall_s / command_s, 3) if command_s > 0 else None}
 
 
 def comparison(measured: Rounds, metric: Metric, result: PairedComparison | None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.cli.display import err, new_table, number, out
+from autotune.cli.display import clock, err, new_table, number, out
 from autotune.measure.objectives import Metric, lower_is_better, unit_of
 from autotune.measure.stats import median
 from autotune.study import confirmations
@@ -16,23 +16,23 @@ def confirm_progress(event: Any) -> None:
     result = event.result
     outcome = (f"p50 {result.latency_p50_ms:.2f} ms, {result.throughput_ips:.2f} items/s" if result.ok
                else f"FAILED: {result.reason}")
-    err.print(f"round {event.round + 1}/{event.rounds}: {event.contender.label}: {outcome}", markup=False,
-              soft_wrap=True)
+    again = f" (run again: {event.attempt})" if event.attempt else ""
+    noisy = f" NOISY ({event.noisy})" if event.noisy else ""
+    err.print(f"round {event.round + 1}/{event.rounds}: {event.contender.label}{again}: {outcome}{noisy}",
+              markup=False, soft_wrap=True)
 
 
 def confirmation(verdict: Mapping[str, Any]) -> None:
     unit = unit_of(verdict["metric"])
-    table = new_table(f"Confirmation: {verdict['rounds']} interleaved rounds against trial "
+    table = new_table(f"Confirmation: {verdict['rounds']} interleaved rounds{_looked(verdict)} against trial "
                       f"{verdict['baseline_trial']} (baseline)", "trial", "knobs", f"median {unit}", "speedup",
-                      "interval", "p", "significant", "failed runs")
+                      "interval", "p", "vs baseline", "failed runs", "noisy reruns")
     for row, kind in [*((c, "") for c in verdict["candidates"]), *_reference_rows(verdict)]:
         ci = f"{row['ci_label']} {row['ci'][0]:.3f}-{row['ci'][1]:.3f}" if row["ci"] else "-"
-        judged = ("yes" if row["significant"] else "no") if row["status"] == "ok" else f"no: {row['reason']}"
         p_value = f"{row['p_value']:.3g}" if row["p_value"] is not None else "-"
         table.add_row(f"{row['trial']}{f' ({kind})' if kind else ''}", str(row["config"]),
-                      number(row["median"]), number(row["speedup"], "x"), ci, p_value,
-                      ("peer reference" if kind == "peer" else "reference") if kind else judged,
-                      str(row["failed_runs"]))
+                      number(row["median"]), number(row["speedup"], "x"), ci, p_value, _judged(row, kind, verdict),
+                      str(row["failed_runs"]), str(row.get("reruns", 0)))
     out.print(table)
     which = int(verdict.get("number", 1))
     out.print(confirmations.heading(verdict["significant"], which, which) + verdict["message"],
@@ -45,6 +45,32 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
     if "order_seed" in verdict:
         err.print(f"rounds ran in a random balanced order, seed {verdict['order_seed']} (--seed repeats it)",
                   markup=False)
+
+
+def _looked(verdict: Mapping[str, Any]) -> str:
+    """' (look 1 of 3, at most 20)': where a sequential verdict stopped ('' for one look, or an old verdict)."""
+    looks = len(verdict.get("looks") or [])
+    return f" (look {verdict['look']} of {looks}, at most {verdict['rounds_cap']})" if looks > 1 else ""
+
+
+def _judged(row: Mapping[str, Any], kind: str, verdict: Mapping[str, Any]) -> str:
+    """A row's word against the baseline: its outcome (the winner's marked), or why it was not tested."""
+    if row["status"] != "ok":
+        return f"no: {row['reason']}"
+    if kind:
+        return f"{row.get('outcome') or '-'} ({'peer reference' if kind == 'peer' else 'reference'})"
+    outcome = row.get("outcome") or ("beats" if row["significant"] else "-")
+    return f"{outcome} (winner)" if row["significant"] and row["trial"] == verdict["winner_trial"] else outcome
+
+
+def cost(found: Mapping[str, Any]) -> None:
+    """What the search's confirmation took of the command (`summaries.confirmation_cost`)."""
+    why = {"decided": f"every decision made at look {found['look']} of {found['looks']}",
+           "cap": "undecided at the cap", "time": "stopped at the time budget's share"}.get(found["stopped_by"], "")
+    reruns = f"; {found['noisy_reruns']} noisy runs run again" if found["noisy_reruns"] else ""
+    share = "" if found["share"] is None else f": {found['share']:.0%} of this command's {clock(found['command_s'])}"
+    out.print(f"the confirmation ran {found['rounds']} of at most {found['rounds_cap']} rounds ({why}{reruns}) in "
+              f"{clock(found['wall_s'])}{share}", markup=False, soft_wrap=True)
 
 
 def _reference_rows(verdict: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str]]:

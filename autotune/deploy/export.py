@@ -42,7 +42,8 @@ class ExportError(AutotuneError):
 
 def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
     """The requested trial; else the one the confirmation recommends (its winner, the simpler expert
-    recipe the winner ties with, or the baseline when nothing won); else the best."""
+    recipe the winner is equivalent to, the better estimate of two still undecided at the cap, or
+    the baseline when nothing won); else the best."""
     trials = study.get_trials(deepcopy=False)
     if number is not None:
         trial = next((t for t in trials if t.number == number), None)
@@ -80,8 +81,8 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         f"# knobs: {attrs.get('config', 'defaults')}",
         f"# measured: p50 latency {attrs['latency_p50_ms']:.2f} ms, p90 {attrs['latency_p90_ms']:.2f} ms, "
         f"throughput {attrs['throughput_ips']:.2f} items/s, peak RSS {attrs['peak_rss_mb']:.0f} MB",
-        f"# speedup over PyTorch defaults: latency {attrs.get('speedup_latency', 1):.2f}x, "
-        f"throughput {attrs.get('speedup_throughput', 1):.2f}x",
+        f"# speedup over PyTorch defaults: latency {records.speedup(trial, 'speedup_latency', sattrs) or 1:.2f}x, "
+        f"throughput {records.speedup(trial, 'speedup_throughput', sattrs) or 1:.2f}x",
         f"# host: {_host(sattrs.get('host', {}))}",
         f"# for host class {host_class_of(trial)}: {_measured_on(trial, sattrs.get('confirmation'))}",
         *_confirmation_lines(sattrs.get("confirmation"), trial.number),
@@ -115,7 +116,7 @@ def recipe_comparison(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]
     recipe = references.best_recipe(study, speedup)
     if recipe is None or speedup not in trial.user_attrs:
         return None
-    mine, theirs = float(trial.user_attrs[speedup]), float(recipe.user_attrs[speedup])
+    mine, theirs = (float(records.speedup(t, speedup, study.user_attrs) or 1.0) for t in (trial, recipe))
     return {"metric": "throughput" if speedup == "speedup_throughput" else "latency", "trial": trial.number,
             "speedup": mine, "recipe": recipe.user_attrs["recipe"], "recipe_trial": recipe.number,
             "recipe_speedup": theirs, "ratio": mine / theirs}
@@ -159,11 +160,17 @@ def confirmation_status(confirmation: dict[str, Any] | None, number: int) -> str
 
 def _why_recommended(confirmation: dict[str, Any], number: int) -> str:
     """Why a reference (the best expert recipe or peer) is recommended instead of the winner."""
-    if (confirmation.get("against_peer") or {}).get("trial") == number:
-        return "the best peer, faster than the winner"
-    if (confirmation.get("against_recipe") or {}).get("status") == "slower":
-        return "the best expert recipe, faster than the winner"
-    return "the simpler of two that tie"
+    peer = confirmation.get("against_peer") or {}
+    found, named = (peer, "the best peer") if peer.get("trial") == number else \
+        (confirmation.get("against_recipe") or {}, "the best expert recipe")
+    status = found.get("status")
+    if status == "slower":
+        return f"{named}, faster than the winner"
+    if status == "undecided":
+        return f"{named}, the better estimate (undecided after {found.get('rounds')} rounds)"
+    if status == "ties":  # a verdict from before "equivalent" and "undecided" were told apart
+        return "the simpler of two that tie"
+    return "the simpler of two that are equivalent"
 
 
 def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:
@@ -176,6 +183,8 @@ def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> lis
                 f"trial {number}"]
     said = [f"# confirmed: {confirmation['message']}" if confirmation["significant"]
             else f"# baseline exported: {confirmation['message']}"]
+    if words := confirmations.outcomes(confirmation):
+        said.append(f"# outcomes: {words}")
     per_bucket = confirmations.buckets_sentence(confirmation, number)
     return said + ([f"# {per_bucket}"] if per_bucket else [])
 

@@ -18,11 +18,11 @@ COMPARABLE: tuple[Objective, ...] = ("latency", "throughput")  # one number per 
 
 
 
-def min_rounds(candidates: int = 1) -> int:
+def min_rounds(candidates: int = 1, alpha: float = ALPHA) -> int:
     """The fewest paired rounds whose smallest one-sided signed-rank p (1/2**rounds, every round in
-    the same direction) can pass Holm's first step, p < ALPHA / candidates."""
+    the same direction) can pass Holm's first step at `alpha`, p < alpha / candidates."""
     rounds = 1
-    while 0.5**rounds >= ALPHA / max(candidates, 1):
+    while 0.5**rounds >= alpha / max(candidates, 1):
         rounds += 1
     return rounds
 

@@ -143,6 +143,11 @@ class Measurement:
         }
 
 
+def noisy_reason(run: RunResult) -> str:
+    """Why one run is not to be trusted as it is, or "": `Measurement.noisy_reason` of it alone."""
+    return Measurement((run,)).noisy_reason
+
+
 def _window_s(run: RunResult) -> float:
     """Seconds the run took samples in: the common window, as its longest instance measured it."""
     return max((float(i.metrics.get("window_s", 0.0)) for i in run.instances), default=0.0)

@@ -83,24 +83,39 @@ def run_series(plans: Sequence[LaunchPlan], timeout_s: float, parent_env: Mappin
     `available_mb()`: a configuration must not fail for want of the memory its neighbour holds. A
     plan's peak is the one it recorded when it once succeeded in this series, else
     `expected_mb(plan)` (a benchmark's knowledge); unknown (None, the default), it runs alone."""
-    env = dict(os.environ if parent_env is None else parent_env)
-    peaks: dict[str, float] = {}  # each plan's peak memory, once it succeeded
-    first = 0
-    while first < len(plans):
-        group = _next_group(plans[first:first + SIDE_BY_SIDE], peaks, available_mb, expected_mb)
-        with contextlib.closing(_run_group(group, timeout_s, env, ignore)) as results:  # closed early: killed
-            for plan, result in zip(group, results, strict=True):
-                if result.ok:
-                    peaks[_key(plan)] = max(result.peak_rss_mb, result.setup_peak_rss_mb)
-                yield result
-        first += len(group)
+    return Series(parent_env, available_mb, expected_mb)(plans, timeout_s)
 
 
-def built_beside(processes: int, distinct: int) -> int:
-    """How many of a series' `processes` are built beside an earlier one when memory allows: each
-    of its `distinct` plans runs alone the first time, the rest `SIDE_BY_SIDE` at a time."""
-    rest = max(processes - distinct, 0)
-    return rest - math.ceil(rest / SIDE_BY_SIDE)
+class Series:
+    """`run_series` over several calls: a plan that once succeeded in any of them keeps its peak,
+    so that a confirmation that runs its rounds one call at a time builds each plan beside another
+    from its second round on, as one long series would."""
+
+    def __init__(self, parent_env: Mapping[str, str] | None = None,
+                 available_mb: Callable[[], float] = lambda: psutil.virtual_memory().available / 2**20,
+                 expected_mb: Callable[[LaunchPlan], float | None] = lambda plan: None) -> None:
+        self.env = dict(os.environ if parent_env is None else parent_env)
+        self.available_mb = available_mb
+        self.expected_mb = expected_mb
+        self.peaks: dict[str, float] = {}  # each plan's peak memory, once it succeeded
+
+    def __call__(self, plans: Sequence[LaunchPlan], timeout_s: float) -> Generator[RunResult, None, None]:
+        first = 0
+        while first < len(plans):
+            group = _next_group(plans[first:first + SIDE_BY_SIDE], self.peaks, self.available_mb, self.expected_mb)
+            with contextlib.closing(_run_group(group, timeout_s, self.env, ignore)) as results:  # closed early: killed
+                for plan, result in zip(group, results, strict=True):
+                    if result.ok:
+                        self.peaks[_key(plan)] = max(result.peak_rss_mb, result.setup_peak_rss_mb)
+                    yield result
+            first += len(group)
+
+
+def built_beside(rounds: int, contenders: int) -> int:
+    """How many processes of a confirmation's `rounds` rounds of `contenders` (each round a call of
+    one `Series`) are built beside an earlier one when memory allows: each contender runs alone in
+    the first round, then a round builds its runs `SIDE_BY_SIDE` at a time."""
+    return max(rounds - 1, 0) * (contenders - math.ceil(contenders / SIDE_BY_SIDE))
 
 
 def _next_group(upcoming: Sequence[LaunchPlan], peaks: Mapping[str, float], available_mb: Callable[[], float],

@@ -123,18 +123,37 @@ def signed_rank_p(walsh: Sequence[float], rounds: int, center: float) -> float:
     return 1.0 - _signed_rank_cdf(rounds)[above - 1] if above else 1.0
 
 
+def _needed(rounds: int, alpha: float) -> int | None:
+    """The least W+ of `rounds` rounds whose one-sided p is below `alpha` (None: no W+ is)."""
+    cdf = _signed_rank_cdf(rounds)
+    most = rounds * (rounds + 1) // 2
+    return next((w for w in range(1, most + 1) if 1.0 - cdf[w - 1] < alpha), None)
+
+
+def signed_rank_miss(rounds: int, alpha: float = ALPHA) -> float:
+    """The probability that `signed_rank_interval` of `rounds` rounds at `alpha` misses the centre
+    (2 P(W+ >= the least W+ that rejects), at most 2 alpha; 0 when the interval is unbounded)."""
+    needed = _needed(rounds, alpha)
+    return 0.0 if needed is None else 2 * _signed_rank_cdf(rounds)[rounds * (rounds + 1) // 2 - needed]
+
+
 def signed_rank_interval(walsh: Sequence[float], rounds: int, alpha: float = ALPHA) -> Interval:
     """The centres the one-sided signed-rank test at `alpha` cannot reject, from either side: a
     two-sided interval of coverage 1 - 2 P(W+ >= w) (about 1 - 2 alpha), whose low end L is such
     that signed_rank_p(walsh, rounds, c) < alpha exactly when c < L. Unbounded when no W+ can reach
     p < alpha (all of a few rounds on one side give p = 1/2**rounds)."""
-    cdf = _signed_rank_cdf(rounds)
     most = rounds * (rounds + 1) // 2
-    needed = next((w for w in range(1, most + 1) if 1.0 - cdf[w - 1] < alpha), None)  # the least W+ that rejects
+    needed = _needed(rounds, alpha)
     if needed is None:
         return Interval(-math.inf, math.inf, 1.0, " (too few rounds)")
     note = " (full range)" if needed == most else ""  # the lowest and highest round: nothing tighter holds
-    return Interval(walsh[most - needed], walsh[needed - 1], 1 - 2 * cdf[most - needed], note)
+    return Interval(walsh[most - needed], walsh[needed - 1], 1 - signed_rank_miss(rounds, alpha), note)
+
+
+def ratio_walsh(ratios: Sequence[float]) -> list[float]:
+    """The Walsh averages of the log ratios, as ratios, sorted (exp keeps their order): what the
+    signed-rank test and the Hodges-Lehmann estimate of a speedup read."""
+    return [math.exp(a) for a in walsh_averages([math.log(r) for r in ratios])]
 
 
 @dataclass(frozen=True)
@@ -163,7 +182,7 @@ def paired_speedup(ratios: Sequence[float], min_effect: float = MIN_EFFECT) -> P
     as ratios, so the gain is significant exactly when the interval's low end is above 1 + min_effect."""
     if not ratios:
         raise ValueError("no rounds to compare")
-    walsh = [math.exp(a) for a in walsh_averages([math.log(r) for r in ratios])]  # exp keeps their order
+    walsh = ratio_walsh(ratios)
     interval = signed_rank_interval(walsh, len(ratios))
     if math.isinf(interval.low):  # unbounded: as ratios, from 0 to infinity
         interval = Interval(0.0, math.inf, interval.coverage, interval.note)

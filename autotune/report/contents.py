@@ -85,6 +85,7 @@ class ForestRow:
     significant: bool
     reason: str
     reference: str = ""  # "recipe" or "peer": a reference the winner is held against, not a candidate
+    outcome: str | None = None  # against the baseline: beats, slower, equivalent, undecided (None: not tested)
 
 
 # Why a reference's row is in the confirmation though it is no candidate.
@@ -109,6 +110,7 @@ class Forest:
     recommended_trial: int | None = None  # the winner, or the simpler expert recipe it ties with
     against_recipe: Mapping[str, Any] | None = None  # the winner against the best recipe (against_recipe.py)
     against_peer: Mapping[str, Any] | None = None  # the winner against the best peer (another runtime)
+    outcomes: str = ""  # the outcome against each reference in a line (`confirmations.outcomes`)
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ def forest(verdict: Mapping[str, Any] | None, count: int = 1) -> Forest | None:
     return Forest(verdict["metric"], int(verdict["rounds"]), float(verdict["min_effect"]),
                   int(verdict["baseline_trial"]), int(verdict["winner_trial"]), bool(verdict["significant"]),
                   str(verdict["message"]), rows, int(verdict.get("number", 1)), count,
-                  confirmations.recommended(verdict), versus, peer)
+                  confirmations.recommended(verdict), versus, peer, confirmations.outcomes(verdict))
 
 
 def _forest_row(found: Mapping[str, Any], reference: str) -> ForestRow:
@@ -241,7 +243,7 @@ def _forest_row(found: Mapping[str, Any], reference: str) -> ForestRow:
     return ForestRow(int(found["trial"]), str(found["config"]), found["speedup"],
                      tuple(found["ci"]) if found["ci"] else None, found["ci_label"], found["p_value"],
                      bool(found["significant"]), str(found.get("reason", "")) or REFERENCE_REASONS.get(reference, ""),
-                     reference)
+                     reference, found.get("outcome"))
 
 
 def tradeoff(study: optuna.Study) -> tuple[TradeoffPoint, ...]:
@@ -292,9 +294,17 @@ def best(study: optuna.Study, metrics: Sequence[Metric]) -> Best | None:
     top, base = found[0], records.baseline(study)
     return Best(top.number, str(top.user_attrs.get("config", "")),
                 {m: float(top.user_attrs[m]) for m in metrics},
-                {m: float(base.user_attrs[m]) for m in metrics} if base else {},
-                {m: float(top.user_attrs.get(records.speedup_key(m), 1.0)) for m in metrics},
+                _baseline_values(study, base, metrics),
+                {m: records.speedup(top, records.speedup_key(m), study.user_attrs) or 1.0 for m in metrics},
                 export.versus_recipes(study, top))
+
+
+def _baseline_values(study: optuna.Study, base: FrozenTrial | None, metrics: Sequence[Metric]) -> dict[Metric, float]:
+    """The baseline's values the speedups are over: its quiet re-measure when it had one."""
+    if base is None:
+        return {}
+    quiet = records.quiet_baseline(study.user_attrs, str(base.user_attrs.get("host")))
+    return {m: float((quiet or base.user_attrs)[m]) for m in metrics}
 
 
 def summary(report: Report, output: Path) -> dict[str, Any]:
@@ -309,7 +319,8 @@ def summary(report: Report, output: Path) -> dict[str, Any]:
             "significant": report.forest.significant, "winner_trial": report.forest.winner_trial,
             "recommended_trial": report.forest.recommended_trial, "against_recipe": report.forest.against_recipe,
             "against_peer": report.forest.against_peer,
-            "message": report.forest.message, "number": report.forest.number, "of": report.forest.of},
+            "message": report.forest.message, "number": report.forest.number, "of": report.forest.of,
+            "outcomes": report.forest.outcomes},
         "importance": {imp.metric: {"evaluator": IMPORTANCE_EVALUATOR, "trials": imp.trials,
                                     "knobs": dict(imp.knobs), "note": imp.note,
                                     "within": [{"knob": w.knob, "share": w.share, "trials": w.trials,

@@ -195,7 +195,8 @@ def _forest(forest: Forest | None) -> str:
                                      "the baseline in interleaved rounds"))
     tested = [r for r in forest.rows if r.speedup is not None and r.interval is not None]
     untested = [(f"trial {r.trial}", r.config, r.reason) for r in forest.rows if r.speedup is None]
-    parts = [_note(_heading(forest) + forest.message)]
+    parts = [_note(_heading(forest) + forest.message)] + ([_note(f"Outcomes: {forest.outcomes}.")]
+                                                          if forest.outcomes else [])
     if tested:
         parts.insert(0, _figure(_forest_figure(forest, tested), FOREST))
     if untested:
@@ -212,7 +213,7 @@ def _forest_figure(forest: Forest, rows: Sequence[Any]) -> go.Figure:
         error_x={"type": "data", "symmetric": False, "array": [r.interval[1] - r.speedup for r in rows],
                  "arrayminus": [r.speedup - r.interval[0] for r in rows]},
         text=[_esc(f"{r.interval_label} {r.interval[0]:.3f}-{r.interval[1]:.3f}, p={r.p_value:.3g}, "
-                   f"{'significant' if r.significant else 'not significant'}<br>{r.config}") for r in rows],
+                   f"{_outcome(r)}<br>{r.config}") for r in rows],
         hovertemplate="%{y}: %{x:.3f}x<br>%{text}<extra></extra>", showlegend=False))
     fig.add_vline(x=1.0, line_dash="dash", annotation_text="baseline", annotation_position="top right")
     fig.add_vline(x=1.0 + forest.min_effect, line_dash="dot", annotation_position="bottom right",
@@ -222,6 +223,13 @@ def _forest_figure(forest: Forest, rows: Sequence[Any]) -> go.Figure:
                       f"({what}), {label}", yaxis={"autorange": "reversed"},
                       title=f"Confirmation: {forest.rounds} interleaved rounds, paired per round")
     return fig
+
+
+def _outcome(row: ForestRow) -> str:
+    """A row's outcome against the baseline (a verdict from before the four outcomes: significant or not)."""
+    if row.outcome is None:
+        return "significant" if row.significant else "not significant"
+    return f"{row.outcome}{' (winner)' if row.significant else ''}"
 
 
 def _contender(row: ForestRow, winner: int) -> str:

@@ -37,6 +37,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.base.thresholds import CONFIRM_SHARE
+from autotune.measure import sequential
 from autotune.measure.runner import built_beside
 from autotune.measure.stats import median
 
@@ -85,7 +87,7 @@ def spent(wall_s: float, compiled_s: float, timed_s: float, windows: int, warm: 
 @dataclass(frozen=True)
 class TimeBudget:
     seconds: float
-    rounds: int  # of the confirmation that follows; 0 without one
+    rounds: int  # the cap on the confirmation's rounds (--confirm-rounds); 0 without one
     top: int  # candidates it confirms at most
     replicates: int  # windows per trial
     window_s: float  # seconds of one timed window, nominal: only for a resume's estimate from the past
@@ -108,9 +110,18 @@ class TimeBudget:
         baseline_s, candidate_s = self.process_costs(trials, trial_s, candidates)
         # the trials besides the baseline, the next one counted, and the references beside them
         count = max(min(self.top, finished), len(candidates))
-        processes = self.rounds * (1 + count)
-        overlap_s = BUILD_OVERLAP * (_fixed_s(_typical(trials)) or 0.0) * built_beside(processes, 1 + count)
-        return processes, self.rounds * (baseline_s + count * candidate_s) - overlap_s
+        round_s = baseline_s + count * candidate_s
+        rounds = self.confirm_rounds(round_s)
+        overlap_s = BUILD_OVERLAP * (_fixed_s(_typical(trials)) or 0.0) * built_beside(rounds, 1 + count)
+        return rounds * (1 + count), rounds * round_s - overlap_s
+
+    def confirm_rounds(self, round_s: float) -> int:
+        """The confirmation's rounds to reserve, a round costing `round_s`: up to the last of its looks
+        (`sequential.design`) that fits in `CONFIRM_SHARE` of the budget, where the confirmation
+        stops at the latest, and its first look whatever it costs."""
+        looks = sequential.design(self.rounds, self.top).looks
+        fits = [look.rounds for look in looks if look.rounds * round_s <= CONFIRM_SHARE * self.seconds]
+        return max(fits, default=looks[0].rounds)
 
     def process_costs(self, trials: Sequence[Spent], trial_s: float,
                       candidates: Collection[int] = ()) -> tuple[float, float]:

@@ -1,5 +1,5 @@
 """`autotune compare`: two contenders (trials, env files or knobs) in the confirmation's
-interleaved rounds (confirm.interleave), the second against the first, one-sided for a gain or,
+interleaved rounds (rounds.interleave), the second against the first, one-sided for a gain or,
 as a regression gate, two-sided for a slowdown past a margin."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from autotune.measure import stats
 from autotune.measure.objectives import Metric
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.stats import PairedComparison
-from autotune.search.confirm import ConfirmError, Contender, Rounds, paired, speedups
+from autotune.search.confirm import ConfirmError
+from autotune.search.rounds import Contender, Rounds, paired, speedups
 from autotune.study import records
 
 

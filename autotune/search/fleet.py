@@ -37,7 +37,7 @@ from autotune.study.storage import StudyError, StudyLocked
 
 CLASS_ATTR = records.HOST_CLASS  # on the study: the class it is for; on a trial: its host's class id
 CONFIRMING = "confirming"  # on the study: the worker that confirms, and for how many finished trials
-HOST_BASELINE = "host_baseline:"  # + host name, on the study: that host's own baseline
+HOST_BASELINE = records.HOST_BASELINE  # + host name, on the study: that host's own baseline
 REFERENCE_KEYS = ("latency_p50_ms", "throughput_ips")
 Identity = tuple[str, int]
 T = TypeVar("T")
@@ -233,19 +233,52 @@ def claim_class(study: optuna.Study, host_class: Mapping[str, Any], allow_mixed:
 
 def host_baseline(study: optuna.Study, host: str) -> dict[str, float] | None:
     """This host's own baseline (p50 latency, throughput), or None before it measured one."""
+    reference = host_reference(study, host)
+    return None if reference is None else {key: float(reference[key]) for key in REFERENCE_KEYS}
+
+
+def host_reference(study: optuna.Study, host: str) -> dict[str, Any] | None:
+    """This host's baseline as the study records it (`records.HOST_BASELINE`): its values, whether
+    it was measured on a noisy window, after which trial, and its re-measure; for the host that ran
+    the study's baseline trial and never measured it again, that trial's."""
     recorded = study.user_attrs.get(HOST_BASELINE + host)
     if recorded is not None:
-        return {key: float(recorded[key]) for key in REFERENCE_KEYS}
+        return dict(recorded)
     ran = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
            if t.user_attrs.get("baseline") and t.user_attrs.get("host") == host]
-    return {key: float(ran[0].user_attrs[key]) for key in REFERENCE_KEYS} if ran else None
+    if not ran:
+        return None
+    attrs = ran[0].user_attrs
+    return {**{key: float(attrs[key]) for key in REFERENCE_KEYS}, "noisy": bool(attrs.get("noisy")),
+            "noisy_reason": attrs.get("noisy_reason", ""), "after_trial": ran[0].number}
 
 
 def record_host_baseline(study: optuna.Study, host: str, measurement: Measurement) -> dict[str, float]:
     summary = measurement.summary()
     reference = {key: float(summary[key]) for key in REFERENCE_KEYS}
-    study.set_user_attr(HOST_BASELINE + host, reference)
+    after = max((t.number for t in study.get_trials(deepcopy=False, states=records.FINISHED)), default=-1)
+    study.set_user_attr(HOST_BASELINE + host, {**reference, "noisy": measurement.noisy,
+                                               "noisy_reason": measurement.noisy_reason, "after_trial": after})
     return reference
+
+
+def record_remeasure(study: optuna.Study, host: str, measurement: Measurement) -> dict[str, Any]:
+    """This host's baseline measured again (`undecided.baseline_due`): the attempt is kept, and when
+    its window was quiet it becomes the reference every speedup of this host reads over
+    (`records.speedup`); a noisy attempt leaves the reference as it was."""
+    reference = host_reference(study, host) or {}
+    summary = measurement.summary()
+    after = max((t.number for t in study.get_trials(deepcopy=False, states=records.FINISHED)), default=-1)
+    attempt = {**{key: float(summary[key]) for key in REFERENCE_KEYS}, "noisy_reason": measurement.noisy_reason,
+               "after_trial": after}
+    earlier = reference.get("remeasured") or {"was": {key: reference.get(key) for key in
+                                                      (*REFERENCE_KEYS, "noisy_reason")}, "attempts": []}
+    remeasured = {**earlier, "attempts": [*earlier["attempts"], attempt], "quiet": not measurement.noisy}
+    updated = {**reference, "after_trial": after, "remeasured": remeasured}
+    if not measurement.noisy:
+        updated.update({key: attempt[key] for key in REFERENCE_KEYS}, noisy=False, noisy_reason="")
+    study.set_user_attr(HOST_BASELINE + host, updated)
+    return updated
 
 
 def taken(trials: Sequence[FrozenTrial], digest: str) -> set[Identity]:

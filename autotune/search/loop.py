@@ -11,8 +11,8 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import optuna
@@ -53,9 +53,10 @@ class Outcome:
 
 @dataclass(frozen=True)
 class TrialEvent:
-    """Progress for the display: a trial started or finished."""
+    """Progress for the display: a trial started or finished, or the baseline (`number`) was
+    measured again (`note` says how)."""
 
-    kind: Literal["start", "done"]
+    kind: Literal["start", "done", "baseline"]
     number: int
     config: Config
     finished: int
@@ -65,6 +66,8 @@ class TrialEvent:
     best: FrozenTrial | None = None
     recipe: str = ""
     finished_before: int = 0  # finished when this session started: the ETA counts only this session's
+    speedups: Mapping[str, float | None] = field(default_factory=dict)  # the best's, over the baseline as known now
+    note: str = ""
 
 
 def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None],
@@ -107,6 +110,7 @@ def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], N
         if ended is not None:
             _patiently(search, functools.partial(records.record_end, study, ended))
             return budget.message(ended, records.finished(study))
+        _quiet_baseline(search, machine, runner, on_event, start)
         claimed = fleet.claim(search.worker())
         if claimed == "taken":
             break  # the other workers run the trials left
@@ -192,9 +196,45 @@ def _run_trial(search: Search, machine: Machine, claimed: fleet.Claimed, start: 
         raise RunFailed(f"the baseline (PyTorch defaults) failed: {outcome.reason}; autotune needs it to "
                         f"tune; try `autotune bench --model {search.request.model}` to see why")
     finished, best = _patiently(search, lambda: (records.finished(study), records.best_trials(study)))
-    on_event(TrialEvent("done", finished=finished, elapsed_s=time.monotonic() - start,
-                        outcome=outcome, best=best[0] if best else None, **event))
+    on_event(TrialEvent("done", finished=finished, elapsed_s=time.monotonic() - start, outcome=outcome,
+                        best=best[0] if best else None, speedups=_speedups(study, best), **event))
     return outcome
+
+
+def _speedups(study: optuna.Study, best: list[FrozenTrial]) -> dict[str, float | None]:
+    """The best trial's speedups over its host's baseline as the study knows it now (`records.speedup`)."""
+    if not best:
+        return {}
+    attrs = study.user_attrs
+    return {key: records.speedup(best[0], key, attrs) for key in ("speedup_latency", "speedup_throughput")}
+
+
+def _quiet_baseline(search: Search, machine: Machine, runner: PlanRunner, on_event: Callable[[TrialEvent], None],
+                    start: float) -> None:
+    """This host's baseline, measured on a noisy window, measured again once the machine is quiet
+    (`undecided.baseline_due`): a quiet re-measure becomes the reference of every speedup."""
+    host, study = host_name(), search.study
+    reference = _patiently(search, lambda: fleet.host_reference(study, host))
+    if not _patiently(search, lambda: undecided.baseline_due(study.get_trials(deepcopy=False), reference)):
+        return
+    plan = requests.make_plan(opening.bench_request(search.request, Config()), machine)
+    measured = measure_replicates(plan, search.request.replicates, runner)
+    if not measured.ok:
+        return  # the baseline that measured stays; a failure now is no evidence against it
+    updated = _patiently(search, lambda: fleet.record_remeasure(study, host, measured))
+    finished = _patiently(search, lambda: records.finished(study))
+    on_event(TrialEvent("baseline", number=int(updated["after_trial"]), config=Config(), finished=finished,
+                        total=search.request.trials, elapsed_s=time.monotonic() - start,
+                        finished_before=search.finished_before, note=_remeasure_note(updated, measured)))
+
+
+def _remeasure_note(reference: Mapping[str, Any], measured: Measurement) -> str:
+    was = reference["remeasured"]["was"]
+    said = (f"the baseline, measured on a noisy window ({was['noisy_reason']}) at p50 {was['latency_p50_ms']:.2f} ms, "
+            f"measured again: p50 {measured.latency_p50_ms:.2f} ms")
+    if measured.noisy:
+        return f"{said}, noisy again ({measured.noisy_reason}): the first stays the reference"
+    return f"{said}, quiet: every speedup now reads over it"
 
 
 def _event_fields(search: Search, claimed: fleet.Claimed) -> dict[str, Any]:

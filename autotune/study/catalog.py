@@ -59,12 +59,13 @@ def _best(study: optuna.Study) -> dict[str, Any] | None:
         return None
     objective = str(study.user_attrs.get("objective", "latency"))
     return {"trial": best[0].number, "value": best[0].values[0], "unit": unit_of(metric_of(objective)),
-            "speedup": best[0].user_attrs.get(speedup_attr(objective))}
+            "speedup": records.speedup(best[0], speedup_attr(objective), study.user_attrs)}
 
 
 def verdict(confirmation: dict[str, Any] | None, count: int = 1) -> dict[str, Any] | None:
-    """The latest confirmation in a word (`confirmed`: a candidate won; `baseline`: none did), which
-    of the study's `count` confirmations it is."""
+    """The latest confirmation in a word (`confirmed`: a candidate won; `baseline`: none did), its
+    outcome against the baseline (beats, slower, equivalent, undecided: the closest candidate's when
+    none won), and which of the study's `count` confirmations it is."""
     if not confirmation:
         return None
     return {"word": "confirmed" if confirmation["significant"] else "baseline",
@@ -72,6 +73,7 @@ def verdict(confirmation: dict[str, Any] | None, count: int = 1) -> dict[str, An
             "recommended_trial": confirmations.recommended(confirmation),
             "against_recipe": _versus(confirmation.get("against_recipe")),
             "against_peer": _versus(confirmation.get("against_peer")),
+            "outcome": confirmation.get("outcome"), "decided": confirmation.get("decided"),
             "rounds": confirmation.get("rounds"), "number": int(confirmation.get("number", 1)), "of": count}
 
 

@@ -51,10 +51,37 @@ def heading(significant: bool, shown: int, of: int) -> str:
 
 
 def recommended(verdict: Mapping[str, Any]) -> int:
-    """The trial a verdict recommends (what `export` writes): the winner, the expert recipe it ties
-    with (the simpler) or that is faster, or the peer that is faster (search/against_recipe.py); a
-    verdict from before recipes were compared recommends its winner."""
+    """The trial a verdict recommends (what `export` writes): the winner, the expert recipe it is
+    equivalent to (the simpler) or that is faster, or the peer that is faster; undecided at the cap,
+    the better estimate (search/against_recipe.py); a verdict from before recipes were compared
+    recommends its winner."""
     return int(verdict.get("recommended_trial", verdict["winner_trial"]))
+
+
+# How the outcomes of a verdict read, against whom: beats, slower, equivalent, undecided.
+OUTCOME_WORDS = {"beats": "beats", "slower": "is slower than", "equivalent": "is equivalent to",
+                 "undecided": "is undecided against"}
+
+
+def outcomes(verdict: Mapping[str, Any]) -> str:
+    """The verdict's outcome against each reference in a line ("" for a verdict from before they
+    were four): 'the winner beats the baseline; is equivalent to the expert recipe (trial 3); is
+    undecided against the best peer (trial 7) after 20 rounds'."""
+    if "outcome" not in verdict or verdict["outcome"] is None:
+        return ""
+    after = f" after {verdict['rounds']} rounds"
+    first = "the winner" if verdict["significant"] else "the closest candidate"
+    said = [f"{first} {_word(verdict['outcome'], 'the baseline', after)}"]
+    for key, named in (("against_recipe", "the expert recipe"), ("against_peer", "the best peer")):
+        found = verdict.get(key) or {}
+        if found.get("status") in OUTCOME_WORDS:
+            whom = f"{named} (trial {found['trial']})"
+            said.append(_word(found["status"], whom, after))
+    return "; ".join(said)
+
+
+def _word(outcome: str, whom: str, after: str) -> str:
+    return f"{OUTCOME_WORDS[outcome]} {whom}{after if outcome == 'undecided' else ''}"
 
 
 def buckets_of(verdict: Mapping[str, Any], trial: int) -> dict[str, float]:

@@ -36,6 +36,11 @@ SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predict
 SKIPPED_ON = "not_compiled_on"  # a skipped trial's: what its prediction read (pruning.Evidence.mark)
 HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
 WRONG_ANSWERS = "wrong_answers"  # a failed trial's: its converted model failed the guard (`wrong_models`)
+# On the study, + a host's name: the reference that host's speedups are over (fleet.py writes it),
+# whether it was measured on a noisy window, and, once it was measured again (search/loop.py, by
+# study/undecided.py's rule), `remeasured`: what it was, every attempt, and whether one was quiet
+# (then the reference is that one, and every trial's speedup reads over it: `speedup`).
+HOST_BASELINE = "host_baseline:"
 
 
 def baseline(study: optuna.Study, klass: str | None = None) -> FrozenTrial | None:
@@ -163,6 +168,32 @@ def record_end(study: optuna.Study, ended: dict[str, Any]) -> None:
 def speedup_key(metric: Metric) -> str:
     """The trial attribute holding its speedup over the baseline in `metric`."""
     return "speedup_latency" if metric == "latency_p50_ms" else "speedup_throughput"
+
+
+def speedup(trial: FrozenTrial, key: str, study_attrs: Mapping[str, Any]) -> float | None:
+    """The trial's speedup (`key`: speedup_latency or speedup_throughput) over its host's baseline
+    as the study knows it now: over the quiet re-measure when that baseline was measured again, else
+    as the trial recorded it (the reference it was measured against); None when it recorded none."""
+    recorded = trial.user_attrs.get(key)
+    reference = quiet_baseline(study_attrs, str(trial.user_attrs.get("host")))
+    if recorded is None or reference is None or trial.user_attrs.get("baseline"):
+        return None if recorded is None else float(recorded)
+    if key == "speedup_throughput":
+        return round(float(trial.user_attrs["throughput_ips"]) / float(reference["throughput_ips"]), 4)
+    return round(float(reference["latency_p50_ms"]) / float(trial.user_attrs["latency_p50_ms"]), 4)
+
+
+def quiet_baseline(study_attrs: Mapping[str, Any], host: str) -> Mapping[str, Any] | None:
+    """A host's baseline when it was measured on a noisy window and again on a quiet one: the
+    reference its speedups read over (None: its baseline trial's, or the one it first measured)."""
+    reference = study_attrs.get(HOST_BASELINE + host) or {}
+    return reference if (reference.get("remeasured") or {}).get("quiet") else None
+
+
+def remeasured_baselines(study_attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Per host, its baseline's quiet re-measure ({} when none was measured again)."""
+    return {key[len(HOST_BASELINE):]: value["remeasured"] for key, value in study_attrs.items()
+            if key.startswith(HOST_BASELINE) and isinstance(value, dict) and value.get("remeasured")}
 
 
 def is_duplicate(trial: FrozenTrial) -> bool:

@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.base.errors import ConfigError
 from autotune.child.knobs import PEER_BACKENDS
 from autotune.config.knobs import KNOBS, Config
+from autotune.study import records
 
 
 def backend_of(described: str, params: Mapping[str, Any] | None = None) -> str:
@@ -54,6 +55,9 @@ def best_peer(study: optuna.Study, speedup: str) -> FrozenTrial | None:
 
 
 def _best(study: optuna.Study, speedup: str, peer: bool) -> FrozenTrial | None:
+    """By the speedup as the study knows it now (`records.speedup`: over a baseline measured again
+    when it was noisy), so that recipes measured before and after the re-measure rank alike."""
+    attrs = study.user_attrs
     ran = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
            if t.user_attrs.get("recipe") and speedup in t.user_attrs and is_peer(t) == peer]
-    return max(ran, key=lambda t: float(t.user_attrs[speedup]), default=None)
+    return max(ran, key=lambda t: records.speedup(t, speedup, attrs) or 0.0, default=None)

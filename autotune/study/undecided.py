@@ -18,11 +18,17 @@ its configuration is measured again later in the search:
 
 A recipe is never pruned on a noisy window: its stops follow the same rule. A stop on a quiet window
 is a pruning as before.
+
+The baseline is never stopped early, but a baseline measured on a noisy window would inflate (or
+deflate) every speedup shown during the search: it is measured again by the same rule
+(`baseline_due`), outside any trial, and a quiet re-measure becomes the reference every speedup
+reads over (`records.speedup`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -77,14 +83,27 @@ def due(trials: Sequence[FrozenTrial], digest: str) -> FrozenTrial | None:
     noisy), or that has waited its longest (`NOISY_RETRY_WAIT` finished trials, doubled for each
     earlier attempt), or None."""
     finished = [t for t in trials if t.state in records.FINISHED]
-    quiet = [t.number for t in finished if _measured_quiet(t)]
+    return next((t for t in pending(trials, digest)
+                 if ready(finished, t.number, len(t.user_attrs.get(ATTEMPTS, [])))), None)
 
-    def ready(attempt: FrozenTrial) -> bool:
-        waited = sum(t.number > attempt.number for t in finished)
-        longest = NOISY_RETRY_WAIT * 2 ** len(attempt.user_attrs.get(ATTEMPTS, []))
-        return waited >= longest or any(n > attempt.number for n in quiet)
 
-    return next((t for t in pending(trials, digest) if ready(t)), None)
+def ready(finished: Sequence[FrozenTrial], after: int, attempts: int) -> bool:
+    """Whether what was measured on a noisy window after trial `after` (`attempts` times already
+    measured again) is due to be measured again: a trial that finished after it measured a quiet
+    window, or `NOISY_RETRY_WAIT` trials (doubled for each earlier attempt) finished after it."""
+    later = [t for t in finished if t.number > after]
+    return len(later) >= NOISY_RETRY_WAIT * 2**attempts or any(_measured_quiet(t) for t in later)
+
+
+def baseline_due(trials: Sequence[FrozenTrial], reference: Mapping[str, Any] | None) -> bool:
+    """Whether a host's baseline (`fleet.host_reference`), measured on a noisy window, is due to be
+    measured again by the same rule as an undecided trial (`ready`), at most `NOISY_RETRIES` times:
+    the speedups shown during the search are then over a quiet baseline."""
+    if not reference or not reference.get("noisy"):
+        return False
+    attempts = len((reference.get("remeasured") or {}).get("attempts", []))
+    finished = [t for t in trials if t.state in records.FINISHED]
+    return attempts < NOISY_RETRIES and ready(finished, int(reference.get("after_trial", -1)), attempts)
 
 
 def _measured_quiet(trial: FrozenTrial) -> bool:

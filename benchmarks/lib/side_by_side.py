@@ -17,7 +17,7 @@ from typing import Any
 from autotune.child.envfile import read as read_env
 from autotune.child.knobs import PEER_BACKENDS
 from autotune.measure.results import bucket_p50s
-from autotune.search.confirm import schedule
+from autotune.search.rounds import schedule
 from autotune.study import storage
 
 from lib import common, side_by_side_report

@@ -68,6 +68,11 @@ def test_search_json_holds_the_studys_numbers(searched: tuple[Path, dict[str, An
     assert doc["accounting"] == study.user_attrs["accounting"]
     assert doc["confirmation"] == study.user_attrs["confirmation"] and doc["confirmed_now"] is True
     assert doc["confirmation"]["rounds"] == 5 and doc["stopped"] is None
+    cost = doc["confirmation_cost"]  # what the confirmation took of this command
+    assert (cost["rounds"], cost["rounds_cap"], cost["looks"]) == (5, 5, 1) and cost["stopped_by"] in ("decided", "cap")
+    assert 0 < cost["wall_s"] < cost["command_s"] and cost["share"] == pytest.approx(cost["wall_s"] / cost["command_s"],
+                                                                                     abs=0.01)
+    assert doc["confirmation"]["outcome"] in ("beats", "slower", "equivalent", "undecided")
 
 
 def test_confirm_json_is_the_stored_verdict(in_study: optuna.Study, capsys: pytest.CaptureFixture[str]) -> None:

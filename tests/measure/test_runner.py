@@ -13,7 +13,7 @@ from autotune.host import libs
 from autotune.measure.children import ignored_preload
 from autotune.measure.plan import BenchSpec, InstancePlan, LaunchPlan
 from autotune.measure.results import RunResult
-from autotune.measure.runner import built_beside, run_plan, run_series
+from autotune.measure.runner import Series, built_beside, run_plan, run_series
 from tests.support.plans import WINDOW_S, plan_of
 
 
@@ -248,6 +248,17 @@ def test_a_series_closed_early_leaves_no_process() -> None:
 
 
 def test_each_plan_runs_alone_once_then_two_at_a_time() -> None:
-    assert built_beside(40, 4) == 18  # a confirmation of 3 candidates in 10 rounds
-    assert built_beside(4, 4) == built_beside(1, 1) == 0
-    assert built_beside(5, 2) == 1
+    assert built_beside(10, 4) == 18  # a confirmation of 3 candidates in 10 rounds: 2 pairs a round after the first
+    assert built_beside(1, 4) == built_beside(1, 1) == built_beside(8, 1) == 0
+    assert built_beside(3, 5) == 4  # an odd round leaves one alone: rounds are series of their own
+
+
+def test_a_series_over_several_calls_builds_what_succeeded_before_beside_another() -> None:
+    """The confirmation calls one `Series` round by round: its second round pairs what its first
+    ran alone, as one long series would."""
+    rounds = Series(available_mb=lambda: 1e6)
+    first = list(rounds([plan_of("ok")], 60))
+    second = list(rounds([plan_of("ok")] * 2, 60))
+    assert all(r.ok for r in first + second), [r.reason for r in first + second]
+    assert not held(first[0]) and [held(r) for r in second] == [True, True]  # built together from the start
+    assert not any(held(r) for r in series([plan_of("ok")] * 2, 60)[:1])  # a new series knows nothing yet

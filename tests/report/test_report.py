@@ -14,10 +14,12 @@ from optuna.trial import TrialState, create_trial
 from plotly.offline import get_plotlyjs
 
 from autotune.host.machine import Machine
+from autotune.measure import sequential
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.report import contents, html_page, importance
 from autotune.search import confirm, loop, opening
-from autotune.search.confirm import Contender, RoundRun, Rounds
+from autotune.search.rounds import Contender, RoundRun, Rounds
+from autotune.search.verdict import decide
 from tests.support.cli import run_cli
 from tests.support.studies import SPACE, fake_runner
 
@@ -60,7 +62,8 @@ def study(tmp_path: Path, here: Machine) -> optuna.Study:
     measured = Rounds((Contender("base", None), Contender("a", None), Contender("b", None)),  # type: ignore[arg-type]
                       (five, (RoundRun(50.0, 51.0),) * 5, (RoundRun(None, None, "crashed"), *five[1:])),
                       ((0, 1, 2),) * 5, 1)
-    found.set_user_attr("confirmation", confirm.decide(base, chosen, measured, "latency_p50_ms", 5, 0.03))
+    plan = sequential.design(5, 2)  # one look, at the cap: 5 rounds
+    found.set_user_attr("confirmation", decide(base, chosen, measured, "latency_p50_ms", plan, plan.looks[0], 0.03))
     return found
 
 

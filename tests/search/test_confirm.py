@@ -1,4 +1,6 @@
-"""Pruning and confirmation with a fake benchmark: deterministic, no processes."""
+"""Pruning and confirmation with a fake benchmark: deterministic, no processes. The confirmation's
+rounds stop at the first look that decides, go on to the cap while one is undecided (or to the time
+limit), and run a noisy run again within its round."""
 
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ from autotune.cli import verdicts
 from autotune.config.knobs import Config
 from autotune.deploy import export
 from autotune.host.machine import Machine
+from autotune.measure import sequential
 from autotune.measure.plan import BenchSpec, LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy, one_by_one
 from autotune.measure.results import InstanceResult, RunResult
-from autotune.search import compare, confirm, loop, opening
-from autotune.study import confirmations
-from tests.support.studies import SPACE, fake_result, fake_runner
+from autotune.search import compare, confirm, loop, opening, rounds, verdict
+from autotune.study import catalog, confirmations
+from tests.support.studies import SPACE, fake_result, fake_runner, run_with
 
 SEED = 7
 JITTER = (-1.0, -0.6, -0.3, 0.0, 0.2, 0.5, 0.8, 1.0, 1.3, 1.6)
@@ -105,12 +108,109 @@ def test_no_significant_gain_exports_the_baseline_and_says_why(tmp_path: Path, h
 
     verdict = confirm.confirm(result, top=2, rounds=6, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
                               runner=one_by_one(all_equal))
-    assert verdict["significant"] is False
+    assert verdict["significant"] is False and verdict["outcome"] == "equivalent"
     assert verdict["winner_trial"] == 0
-    assert verdict["message"].startswith("no candidate beat the baseline by more than 3% (Holm-adjusted p < 0.05)")
+    assert verdict["message"].startswith("no candidate beat the baseline by more than 3%: the closest, trial ")
+    assert ", is equivalent to it (1.000x, 90.6% CI 1.000-1.000, equivalence p=0.0156: within 3% either way); " \
+           "PyTorch's defaults stay the recommendation" in verdict["message"]
     chosen = export.pick_trial(result, None)
     assert chosen.number == 0
-    assert "# baseline exported: no candidate beat the baseline" in export.render(result, chosen)
+    text = export.render(result, chosen)
+    assert "# baseline exported: no candidate beat the baseline" in text
+    assert "# outcomes: the closest candidate is equivalent to the baseline" in text
+
+
+def test_an_undecided_gain_at_the_cap_confirms_nothing_and_says_after_how_many_rounds(
+        tmp_path: Path, here: Machine) -> None:
+    """jemalloc 2-4% faster round by round, around the 3% minimum effect: neither a gain above it
+    nor one within it, after every one of the 10 rounds; nothing is confirmed, the defaults stay."""
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    spread = itertools.cycle((2.0, 4.0, 2.5, 3.5, 3.0))
+
+    def near_the_margin(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        faster = 1 + next(spread) / 100 if plan.config.get("allocator") == "jemalloc" else 1.0
+        return fake_result([100.0 / faster + j for j in (-0.1, 0.0, 0.1)])
+
+    verdict = confirm.confirm(result, top=1, rounds=10, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=one_by_one(near_the_margin), seed=2)
+    assert (verdict["significant"], verdict["outcome"], verdict["decided"]) == (False, "undecided", False)
+    assert (verdict["rounds"], verdict["rounds_cap"], verdict["stopped_by"], verdict["look"]) == (10, 10, "cap", 2)
+    assert verdict["recommended_trial"] == 0 and export.pick_trial(result, None).number == 0
+    assert verdict["message"].startswith("no candidate beat the baseline by more than 3% (Holm-adjusted p < 0.025 "
+                                         "at look 2 of 2): undecided after 10 rounds, the closest, trial 1, was 1.0")
+    assert verdict["message"].endswith("nothing is confirmed, so PyTorch's defaults stay the recommendation")
+    assert catalog.verdict(verdict)["outcome"] == "undecided"
+
+
+def test_a_winner_several_times_the_defaults_is_decided_at_the_first_look(tmp_path: Path, here: Machine) -> None:
+    """2x the defaults in every round: the first look (7 rounds for one candidate at 0.0125, 8 for two
+    or three) decides it, where the cap would allow 20."""
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    events: list[rounds.RunEvent] = []
+    verdict = confirm.confirm(result, top=2, rounds=20, min_effect=0.03, timeout_s=60, on_run=events.append,
+                              runner=one_by_one(slow_intel), seed=5)
+    assert verdict["significant"] and verdict["decided"] and verdict["stopped_by"] == "decided"
+    plan = sequential.design(20, len(verdict["candidates"]))
+    first = plan.looks[0].rounds
+    assert verdict["looks"] == plan.describe()
+    assert [look["alpha"] for look in verdict["looks"]] == [0.0125, 0.0125, 0.025]
+    assert (verdict["rounds"], verdict["look"], verdict["rounds_cap"]) == (first, 1, 20) and first < 10
+    assert len(events) == first * (len(verdict["candidates"]) + 1) and verdict["noisy_reruns"] == 0
+    assert f"Wilcoxon p={0.5**first:.3g} < 0.0125 at look 1 of 3, {first} interleaved rounds)" in verdict["message"]
+    # 7 rounds alike: the interval is the full range; its label is what every look's holds at once
+    assert verdict["ci_label"] == f"{plan.coverage:.1%} CI (full range)" and plan.coverage >= 0.9
+
+
+def test_a_noisy_run_is_run_again_within_its_round_and_the_quiet_one_counts(tmp_path: Path, here: Machine) -> None:
+    """jemalloc's run in its third round shares the machine (other processes used 60% of the CPUs)
+    and reads 4x slow: it runs again at once, and the round keeps the quiet rerun. The baseline's
+    run in its fifth round is noisy every time: it runs twice more, and the round keeps the median."""
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    calls = Counter[str]()
+
+    def disturbed(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        described = plan.config.describe()
+        calls[described] += 1
+        if plan.config.get("allocator") == "jemalloc" and calls[described] == 3:
+            return run_with([200.0, 200.0, 200.0], 0.6)
+        if not plan.config.values and calls[described] in (5, 6, 7):
+            return run_with([100.0 + calls[described]] * 3, 0.6)
+        return slow_intel(plan, timeout_s)
+
+    events: list[rounds.RunEvent] = []
+    verdict = confirm.confirm(result, top=1, rounds=6, min_effect=0.03, timeout_s=60, on_run=events.append,
+                              runner=one_by_one(disturbed), seed=1)
+    again = [(e.round, e.contender.trial, e.attempt, e.noisy) for e in events if e.noisy]
+    assert [a[:3] for a in again] == [(2, 1, 0), (4, 0, 0), (4, 0, 1), (4, 0, 2)]
+    assert all(a[3].startswith("other processes used 60% of the CPUs > 25%") for a in again)
+    row = verdict["candidates"][0]
+    assert (row["reruns"], verdict["baseline_reruns"], verdict["noisy_reruns"]) == (1, 2, 3)
+    assert row["median"] == pytest.approx(50.35, abs=0.01)  # the 200 ms run decided nothing
+    assert verdict["baseline_median"] == pytest.approx(100.35, abs=0.01)  # the baseline's fifth round: 106 ms
+    assert verdict["speedup"] == pytest.approx(2.0, rel=0.03) and verdict["significant"]
+
+
+def test_rounds_stop_before_a_look_that_would_end_past_the_time_limit(tmp_path: Path, here: Machine) -> None:
+    """Each run takes 10 s on the clock: the first look's 8 rounds of 2 contenders take 160 s, and
+    the next look (14 rounds) would end at 280 s, past a 250 s limit: the verdict is the first
+    look's, said undecided after 8 rounds."""
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    clock = [0.0]
+    spread = itertools.cycle((2.0, 4.0, 2.5, 3.5, 3.0))
+
+    def ticking(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        clock[0] += 10.0
+        faster = 1 + next(spread) / 100 if plan.config.get("allocator") == "jemalloc" else 1.0
+        return fake_result([100.0 / faster + j for j in (-0.1, 0.0, 0.1)])
+
+    verdict = confirm.confirm(result, top=1, rounds=20, min_effect=0.03, timeout_s=60, on_run=lambda e: None,
+                              runner=one_by_one(ticking), seed=2, time_limit_s=250.0, clock=lambda: clock[0])
+    assert (verdict["rounds"], verdict["stopped_by"], verdict["outcome"]) == (7, "time", "undecided")
+    assert verdict["wall_s"] == 140.0 and "undecided after 7 rounds" in verdict["message"]
 
 
 def test_too_few_rounds_and_no_baseline_are_errors(tmp_path: Path) -> None:
@@ -136,9 +236,9 @@ def test_rounds_that_cannot_survive_holm_for_the_top_asked_are_refused() -> None
 @pytest.mark.parametrize("count", [2, 3, 4, 5])
 def test_the_order_is_random_balanced_and_seeded(count: int) -> None:
     block = count if count % 2 == 0 else 2 * count
-    orders = confirm.schedule(count, 3 * block, seed=11)
-    assert orders == confirm.schedule(count, 3 * block, seed=11)
-    assert orders != confirm.schedule(count, 3 * block, seed=12)
+    orders = rounds.schedule(count, 3 * block, seed=11)
+    assert orders == rounds.schedule(count, 3 * block, seed=11)
+    assert orders != rounds.schedule(count, 3 * block, seed=12)
     positions = Counter((who, where) for order in orders for where, who in enumerate(order))
     follows = Counter((a, b) for order in orders for a, b in itertools.pairwise(order))
     assert set(positions.values()) == {3 * block // count}  # everyone in every position equally often
@@ -218,9 +318,9 @@ def test_a_configuration_compared_with_itself_is_two_independent_series() -> Non
     def noisy(plan: LaunchPlan, timeout_s: float) -> RunResult:
         return fake_result([100.0 + (next(jitter) * 7 % 11) for _ in range(5)])
 
-    pair = compare.distinct([confirm.Contender("trial 0", plan, 0), confirm.Contender("trial 0", plan, 0)])
+    pair = compare.distinct([rounds.Contender("trial 0", plan, 0), rounds.Contender("trial 0", plan, 0)])
     assert [c.label for c in pair] == ["trial 0 #1", "trial 0 #2"]
-    measured = confirm.interleave(pair, 6, "latency_p50_ms", 60, one_by_one(noisy), lambda e: None, seed=3)
+    measured = rounds.interleave(pair, 6, "latency_p50_ms", 60, one_by_one(noisy), lambda e: None, seed=3)
     assert [len(series) for series in measured.runs] == [6, 6]  # 6 rounds asked, 6 rounds compared
     comparison = compare.compared(measured, "latency_p50_ms", 0.0)
     assert comparison is not None and comparison.rounds == 6
@@ -228,13 +328,15 @@ def test_a_configuration_compared_with_itself_is_two_independent_series() -> Non
 
 
 def test_holm_keeps_a_borderline_second_candidate_from_winning() -> None:
-    rows = [{"p_value": 0.02, "significant": True}, {"p_value": 0.03, "significant": True},
-            {"p_value": None, "significant": False}]
-    confirm._holm(rows)
+    rows = [{"p_value": 0.02, "outcome": "beats"}, {"p_value": 0.03, "outcome": "beats"},
+            {"p_value": None, "outcome": None, "significant": False}]
+    verdict._holm(rows, 0.05)
     assert [r["significant"] for r in rows] == [True, True, False]  # 0.02 < 0.05/2, 0.03 < 0.05/1
-    rows = [{"p_value": 0.03, "significant": True}, {"p_value": 0.04, "significant": True}]
-    confirm._holm(rows)
+    rows = [{"p_value": 0.03, "outcome": "beats"}, {"p_value": 0.04, "outcome": "beats"}]
+    verdict._holm(rows, 0.05)
     assert [r["significant"] for r in rows] == [False, False]  # 0.03 > 0.05/2: neither, though both < 0.05
+    assert [r["outcome"] for r in rows] == ["undecided", "undecided"]  # a gain Holm does not pass decides nothing
+    assert sequential.holm([0.004, 0.01, 0.02], 0.0125) == [True, False, False]  # at a look's level
 
 
 def test_every_confirmation_is_kept_and_each_reader_says_which_it_shows(tmp_path: Path, here: Machine) -> None:

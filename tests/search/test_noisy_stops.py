@@ -7,10 +7,11 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.thresholds import NOISY_RETRIES, NOISY_RETRY_WAIT
-from autotune.host.machine import Machine
+from autotune.host.machine import Machine, host_name
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.results import RunResult
@@ -101,3 +102,60 @@ def test_on_a_machine_noisy_all_along_retries_come_after_their_longest_wait_and_
             waited = sum(u.number > before and u.number < after and u.state.is_finished() for u in trials)
             assert waited >= NOISY_RETRY_WAIT * 2 ** k
     assert len(trials) <= 1 + 3 * 3 + NOISY_RETRY_WAIT * 3  # bounded: no configuration runs a fourth time
+
+
+def test_a_baseline_measured_on_a_noisy_window_is_measured_again_once_the_machine_is_quiet(
+        tmp_path: Path, here: Machine) -> None:
+    """The neighbour takes the CPUs only while the baseline measures (400 ms instead of 100): once
+    trial 1 found the machine quiet, the baseline is measured again, outside any trial, and every
+    speedup (trial 1's, recorded over the noisy baseline, included) reads over the quiet one."""
+    neighbour = Neighbour(busy=range(0, 1))
+    events: list[loop.TrialEvent] = []
+    opened = opening.open_search(request(tmp_path, 4, replicates=WARM), here)
+    loop.run_search(opened, here, events.append, runner=neighbour)
+    study, host = opened.study, host_name()
+    assert [noisy for _, noisy in neighbour.ran][:3] == [True, False, False]
+    assert neighbour.ran[2][0] == "defaults"  # the baseline again, right after the first quiet trial
+    reference = study.user_attrs[records.HOST_BASELINE + host]
+    assert reference["latency_p50_ms"] == pytest.approx(100.0) and not reference["noisy"]
+    remeasured = reference["remeasured"]
+    assert remeasured["quiet"] and remeasured["was"]["latency_p50_ms"] == pytest.approx(400.0)
+    assert len(remeasured["attempts"]) == 1 and remeasured["attempts"][0]["after_trial"] == 1
+    first = study.get_trials()[1]  # measured against the noisy 400 ms
+    latency = first.user_attrs["latency_p50_ms"]
+    assert first.user_attrs["speedup_latency"] == pytest.approx(400.0 / latency, rel=1e-3)
+    assert records.speedup(first, "speedup_latency", study.user_attrs) == pytest.approx(100.0 / latency, rel=1e-3)
+    later = [t for t in study.get_trials()[2:] if "speedup_latency" in t.user_attrs]
+    assert later and all(t.user_attrs["speedup_latency"] == records.speedup(t, "speedup_latency", study.user_attrs)
+                         for t in later)  # measured over the quiet baseline already
+    notes = [e.note for e in events if e.kind == "baseline"]
+    assert len(notes) == 1 and notes[0].startswith("the baseline, measured on a noisy window (other processes used "
+                                                   "50% of the CPUs > 25%) at p50 400.00 ms, measured again: p50 "
+                                                   "100.00 ms, quiet")
+    assert records.remeasured_baselines(study.user_attrs) == {host: remeasured}
+    best = [e for e in events if e.kind == "done"][2]  # after the re-measure, the live line's best reads over it
+    assert best.best is not None and best.speedups["speedup_latency"] == pytest.approx(
+        100.0 / best.best.user_attrs["latency_p50_ms"], rel=1e-3)
+
+
+def test_a_baseline_noisy_every_time_is_measured_again_at_most_noisy_retries_times(tmp_path: Path,
+                                                                                   here: Machine) -> None:
+    neighbour = Neighbour(busy=None)  # the neighbour never leaves: no trial finds the machine quiet
+    opened = opening.open_search(request(tmp_path, 2 + NOISY_RETRY_WAIT * 4, replicates=WARM), here)
+    loop.run_search(opened, here, lambda event: None, runner=neighbour)
+    reference = opened.study.user_attrs[records.HOST_BASELINE + host_name()]
+    attempts = reference["remeasured"]["attempts"]
+    assert len(attempts) == NOISY_RETRIES and not reference["remeasured"]["quiet"]
+    assert reference["noisy"] and reference["latency_p50_ms"] == pytest.approx(400.0)  # the first stays
+    waited = [a["after_trial"] for a in attempts]
+    assert waited[0] >= NOISY_RETRY_WAIT and waited[1] - waited[0] >= 2 * NOISY_RETRY_WAIT - 1  # by undecided's rule
+    first = opened.study.get_trials()[1]
+    assert records.speedup(first, "speedup_latency", opened.study.user_attrs) == first.user_attrs["speedup_latency"]
+
+
+def test_a_baseline_measured_quietly_is_never_measured_again(tmp_path: Path, here: Machine) -> None:
+    neighbour = Neighbour(busy=range(0))
+    opened = opening.open_search(request(tmp_path, 4, replicates=WARM), here)
+    loop.run_search(opened, here, lambda event: None, runner=neighbour)
+    assert [config for config, _ in neighbour.ran].count("defaults") == 1
+    assert records.remeasured_baselines(opened.study.user_attrs) == {}
