@@ -183,7 +183,7 @@ def test_the_guard_fails_a_broken_quantization(tmp_path: Path) -> None:
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
-    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
     setup: dict[str, Any] = {}
     deploy.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, setup=setup, calibration=images)
     assert setup["top1_agreement"] >= 0.99 and setup["min_cosine"] >= 0.99 and setup["guard_items"] == 40
@@ -232,7 +232,7 @@ def test_another_thread_count_compiles_from_the_saved_quantized_graph(tmp_path: 
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
-    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
     model = tinynets.cnn().eval()
     known = deploy.eager_outputs(model, deploy.checked_batches(images[0], chosen, images))
     threads = torch.get_num_threads()
@@ -270,7 +270,7 @@ def test_apply_without_calibration_loads_the_artifact_the_study_calibrated(tmp_p
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
-    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
 
     def applied(model: Any, example: Any, calibration: list[Any]) -> dict[str, Any]:
         setup: dict[str, Any] = {}
@@ -313,7 +313,7 @@ def test_the_int8_guard_is_reused_only_for_the_same_answer_and_judged_again(tmp_
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(3)]
-    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), -1.0, tmp_path)
+    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
 
     def applied() -> dict[str, Any]:
         setup: dict[str, Any] = {}

@@ -145,6 +145,8 @@ def host_line(seen: dict[str, Any]) -> str:
     lacks = " ".join(flag for flag, present in flags.items() if not present)
     versions = [f"{name} {version}" for info in (seen.get("runtimes") or {}).values()
                 for name, version in info.get("versions", {}).items() if version]
+    limits = " ".join(f"{k}={v}" for k, v in (seen.get("isa_limits") or {}).items())
     return (f"{seen.get('cpu_model')}, {seen.get('physical_cores')} cores ({seen.get('logical_cpus')} CPUs, "
             f"{seen.get('usable_physical_cores')} usable), {isa}" + (f", no {lacks}" if lacks else "")
+            + (f", limited by {limits}" if limits else "")
             + f"; torch {seen.get('torch')}" + "".join(f", {v}" for v in versions))

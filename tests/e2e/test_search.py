@@ -145,8 +145,9 @@ def test_resume_after_ctrl_c_loses_nothing_and_leaves_no_running_trial(tmp_path:
     db = tmp_path / "studies" / "resume.db"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        # Read the study only once a benchmark runs: the file exists and its schema is complete.
-        if db.exists() and _workers(proc.pid) and _finished_so_far(tmp_path) >= 2:
+        # Read the study only once a benchmark runs: the file exists and its schema is complete. Stop
+        # it inside a trial (not while a noisy baseline is measured again, which records nothing).
+        if db.exists() and _workers(proc.pid) and _finished_so_far(tmp_path) >= 2 and _running(tmp_path):
             break
         time.sleep(0.3)
     workers = _workers(proc.pid)
@@ -176,6 +177,13 @@ def _finished_so_far(cwd: Path) -> int:
         return _finished(load(cwd, "resume"))
     except KeyError:  # the file exists, the study is not created yet
         return 0
+
+
+def _running(cwd: Path) -> bool:
+    try:
+        return bool(load(cwd, "resume").get_trials(states=(TrialState.RUNNING,)))
+    except KeyError:
+        return False
 
 
 def _finished(study: optuna.Study) -> int:
