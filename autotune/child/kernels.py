@@ -13,9 +13,10 @@ sums saturate, and `Quantized.exact` shows it. torch is imported inside function
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,20 @@ def seconds_per_call(call: Callable[[], Any]) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
+@contextlib.contextmanager
+def threads_kept() -> Iterator[None]:
+    """torch's thread count as it was, after kernels that set their own: a measuring process checks
+    int8 saturation (`probe.saturates`) on one thread, then must run the model at the count it was
+    launched with (left at one, resnext101 int8 at 2 threads took 85 ms instead of 45)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def bandwidth(threads: Sequence[int]) -> dict[str, dict[str, float]]:
     """STREAM's copy (b = a) and triad (a = b + s * c) in GB/s at each thread count."""
     import torch
@@ -138,11 +153,12 @@ def bandwidth(threads: Sequence[int]) -> dict[str, dict[str, float]]:
     a, b, c = (torch.ones(STREAM_FLOATS) for _ in range(3))
     size = STREAM_FLOATS * a.element_size()
     found = {}
-    for t in threads:
-        torch.set_num_threads(t)
-        copy = seconds_per_call(lambda: b.copy_(a))
-        triad = seconds_per_call(lambda: torch.add(b, c, alpha=3.0, out=a))
-        found[str(t)] = {"copy_gbs": 2 * size / copy / 1e9, "triad_gbs": 3 * size / triad / 1e9}
+    with threads_kept():
+        for t in threads:
+            torch.set_num_threads(t)
+            copy = seconds_per_call(lambda: b.copy_(a))
+            triad = seconds_per_call(lambda: torch.add(b, c, alpha=3.0, out=a))
+            found[str(t)] = {"copy_gbs": 2 * size / copy / 1e9, "triad_gbs": 3 * size / triad / 1e9}
     return found
 
 

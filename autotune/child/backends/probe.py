@@ -30,7 +30,7 @@ from autotune.child import backends
 from autotune.child.batches import explain
 from autotune.child.cpu import isa_limits
 from autotune.child.files import write_atomically
-from autotune.child.kernels import Kernel, bandwidth, fp32, quantized, rel_error, seconds_per_call, work
+from autotune.child.kernels import Kernel, bandwidth, fp32, quantized, rel_error, seconds_per_call, threads_kept, work
 
 FORMAT = 1  # of the probe's result; bumped when what it measures changes, so kept probes are measured again
 EXACT = 1e-4  # relative error against exact integer arithmetic above which a u8 x s8 kernel saturates
@@ -77,7 +77,7 @@ def exact_error(runtime: str, op: str) -> float:
     import torch
 
     at, _ = backends.of_runtime(runtime).probe_kernel(Kernel(runtime, "int8", op), False)
-    with torch.no_grad():
+    with torch.no_grad(), threads_kept():
         return rel_error(at(1)(), quantized(op).exact(op))
 
 
@@ -108,7 +108,7 @@ def measure(kernel: Kernel, threads: Sequence[int]) -> Measured:
             found.exact_error, found.saturates = exact_error(kernel.runtime, kernel.op), saturates(kernel.runtime)
             found.remedy = owner.int8_remedy if found.saturates else ""
         at, found.ran_as = owner.probe_kernel(kernel, bool(found.remedy))
-        with torch.no_grad():
+        with torch.no_grad(), threads_kept():
             found.rel_error = rel_error(at(max(threads))(), fp32(kernel.op))
             found.gops = {str(t): work(kernel.op) / seconds_per_call(at(t)) / 1e9 for t in threads}
     except Exception as exc:
