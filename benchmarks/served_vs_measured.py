@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.child.envfile import read as read_env
+from autotune.measure.requests import exported_config
 from autotune.measure.results import bucket_p50s
 from autotune.study import confirmations, storage
 
@@ -98,7 +99,7 @@ def bench(args: argparse.Namespace, env: dict[str, str], number: int) -> dict[st
 
 def configuration_args(env: dict[str, str]) -> list[str]:
     """`autotune bench`'s (and `plan`'s) options for the configuration an exported env file holds."""
-    knobs = [flag for knob in env["AUTOTUNE_KNOBS"].split() for flag in ("--set", knob)]
+    knobs = [flag for knob in exported_config(env).describe().split() if knob != "defaults" for flag in ("--set", knob)]
     return ["--model", env["AUTOTUNE_MODEL"], "--seq-lens", env["AUTOTUNE_SEQ_LENS"], "--seq-len-weights",
             env["AUTOTUNE_SEQ_LEN_WEIGHTS"], "--batch-size", env["AUTOTUNE_BATCH_SIZE"], *knobs]
 

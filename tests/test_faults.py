@@ -33,6 +33,7 @@ from autotune.measure.results import RunResult
 from autotune.search import loop, opening
 from autotune.study import records, storage
 from tests.conftest import FIXTURES, lscpu
+from tests.support import envs
 from tests.support.cli import AUTOTUNE, run_cli
 from tests.support.databases import damage_pages, hold_lock
 from tests.support.plans import FAKE_WORKER, plan_of
@@ -153,12 +154,7 @@ def test_a_full_disk_under_the_study_is_one_line_said_once(tmp_path: Path) -> No
         "unused for a day) and run again: the trials recorded so far are kept")
 
 
-PLAIN_ENV = """# autotune configuration: hand-written for a test
-export AUTOTUNE_INSTANCES='1'
-export AUTOTUNE_BINDING='none'
-export AUTOTUNE_INSTANCE_CPUS=''
-export AUTOTUNE_INSTANCE_NUMA_NODES=''
-"""
+PLAIN_ENV = envs.hand_written()
 
 
 def start_run(tmp_path: Path, pidfile: Path) -> subprocess.Popen[str]:
@@ -337,14 +333,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
     (root / "good.env").write_text(good)
     for name, old, new in [("lots", "AUTOTUNE_BATCH_SIZE='1'", "AUTOTUNE_BATCH_SIZE='lots'"),
                            ("zero", "AUTOTUNE_BATCH_SIZE='1'", "AUTOTUNE_BATCH_SIZE='0'"),
-                           ("knob", "AUTOTUNE_KNOBS=''", "AUTOTUNE_KNOBS='allocator=mimalloc'"),
-                           ("instances", "AUTOTUNE_INSTANCES='1'", "AUTOTUNE_INSTANCES='x'"),
                            ("binding", "AUTOTUNE_BINDING='none'", "AUTOTUNE_BINDING='magic'"),
-                           ("injected", "AUTOTUNE_INSTANCES='1'", "AUTOTUNE_INSTANCES=$(touch PWNED)")]:
+                           ("injected", "AUTOTUNE_BINDING='none'", "AUTOTUNE_BINDING=$(touch PWNED)")]:
         assert old in good, old
         (root / f"{name}.env").write_text(good.replace(old, new))
-    (root / "tolerance.env").write_text(good + "export AUTOTUNE_TOLERANCE='nan'\n")
-    (root / "calibration.env").write_text(good + "export AUTOTUNE_CALIBRATION_BATCHES='0'\n")
+    for name, line in [("knob", "export AUTOTUNE_ALLOCATOR='mimalloc'"), ("instances", "export AUTOTUNE_INSTANCES='x'"),
+                       ("tolerance", "export AUTOTUNE_TOLERANCE='nan'"),
+                       ("calibration", "export AUTOTUNE_CALIBRATION_BATCHES='0'")]:
+        (root / f"{name}.env").write_text(envs.with_line(good, line))
     (root / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (root / "notenv.txt").write_text("export A=1\n")
     (root / "bad.yaml").write_text("knobs: [unclosed\n")

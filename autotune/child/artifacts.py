@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.child.envfile import ARTIFACTS_VAR
 from autotune.child.errors import ApplyError
 from autotune.child.files import replacing, write_atomically
 
@@ -150,7 +151,7 @@ def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, An
         if not isinstance(exc, OSError):
             raise
         raise ApplyError(f"cannot save the compiled model into {path.parent}: {exc.strerror or exc}; point "
-                         f"AUTOTUNE_ARTIFACTS at a writable folder, or unset it to compile in each process") \
+                         f"{ARTIFACTS_VAR} at a writable folder, or unset it to compile in each process") \
             from None
 
 

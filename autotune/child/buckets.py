@@ -24,10 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.child.batches import is_tokens, split
+from autotune.child.envfile import SEQ_LENS_VAR
 from autotune.child.errors import ApplyError
-
-SEQ_LENS_VAR = "AUTOTUNE_SEQ_LENS"  # the buckets a configuration was measured at, `autotune export` writes them
-SEQ_LEN_WEIGHTS_VAR = "AUTOTUNE_SEQ_LEN_WEIGHTS"  # and their shares of the requests (for measuring it again)
 
 
 class BucketError(ValueError):

@@ -30,13 +30,8 @@ from autotune.child.envfile import value_text
 from autotune.child.errors import ApplyError
 from autotune.child.knobs import KNOBS, MODEL_KNOBS, KnobValue, KnobValueError, ModelKnobs
 
-# The environment `autotune export` writes for the knobs that change the model itself.
-KNOB_VARS = {name: f"AUTOTUNE_{name.upper()}" for name in MODEL_KNOBS}
-TOLERANCE_VAR = "AUTOTUNE_TOLERANCE"
-CALIBRATION_VAR = "AUTOTUNE_CALIBRATION_BATCHES"  # what the study calibrated int8 on (its input batches)
-LISTED_VAR = "AUTOTUNE_KNOBS"  # every knob of the configuration, `k=v` pairs, as export writes them
-ARTIFACTS_VAR = "AUTOTUNE_ARTIFACTS"  # a folder of compiled artifacts: loaded when they match, else made
-REPORT_VAR = "AUTOTUNE_APPLY_REPORT"  # set by `autotune run`: where apply says what it applied
+# The variables of the knobs that change the model itself (`envfile.knob_var`).
+KNOB_VARS = {name: envfile.knob_var(name) for name in MODEL_KNOBS}
 
 
 
@@ -65,14 +60,20 @@ def from_env(env: Mapping[str, str], source: str = "the environment") -> Deploym
     """The deployment an environment describes, or None when it holds no model knob at all."""
     if not any(var in env for var in KNOB_VARS.values()):
         return None
-    knobs = knobs_from_env(env, source)
-    _same_as_listed(knobs, env.get(LISTED_VAR, ""), source)
     try:
-        tolerance = float(env[TOLERANCE_VAR]) if env.get(TOLERANCE_VAR) else None
+        envfile.check_format(env)
+    except envfile.EnvFileError as exc:
+        raise ApplyError(f"{source}: {exc}; export the env file again") from None
+    knobs = knobs_from_env(env, source)
+    if envfile.version(env) == 1:
+        _same_as_listed(knobs, env.get(envfile.LISTED_VAR, ""), source)
+    tolerance_var = envfile.TOLERANCE_VAR
+    try:
+        tolerance = float(env[tolerance_var]) if env.get(tolerance_var) else None
     except ValueError:
-        raise ApplyError(f"{TOLERANCE_VAR}={env[TOLERANCE_VAR]!r} in {source} is not a number; "
+        raise ApplyError(f"{tolerance_var}={env[tolerance_var]!r} in {source} is not a number; "
                          f"export the env file again") from None
-    artifacts = Path(env[ARTIFACTS_VAR]) if env.get(ARTIFACTS_VAR) else None
+    artifacts = Path(env[envfile.ARTIFACTS_VAR]) if env.get(envfile.ARTIFACTS_VAR) else None
     return Deployment(knobs, tolerance, artifacts, source, buckets.lengths_from_env(env, source))
 
 
@@ -82,13 +83,13 @@ def knobs_from_env(env: Mapping[str, str], source: str = "the environment") -> M
 
 
 def _same_as_listed(knobs: ModelKnobs, listed: str, source: str) -> None:
-    """The export also lists every knob in one line (AUTOTUNE_KNOBS); a model knob there that the
+    """Format 1 listed every knob again in one line (AUTOTUNE_KNOBS); a model knob there that the
     variables above contradict (a file from an older autotune, an edit by hand) is refused."""
     values = to_env(knobs)
     for pair in listed.split():
         name, _, value = pair.partition("=")
         if name in KNOB_VARS and values[KNOB_VARS[name]] != value:
-            raise ApplyError(f"{source} lists {name}={value} in {LISTED_VAR} but {KNOB_VARS[name]}="
+            raise ApplyError(f"{source} lists {name}={value} in {envfile.LISTED_VAR} but {KNOB_VARS[name]}="
                              f"{values[KNOB_VARS[name]]!r}; export the env file again with this autotune")
 
 
@@ -169,7 +170,7 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
         return model
     if chosen.knobs.shapes == "dynamic" and not chosen.seq_lens:
         raise ApplyError(f"{chosen.source} sets shapes=dynamic without the sequence lengths it serves "
-                         f"({buckets.SEQ_LENS_VAR}); export the env file again")
+                         f"({envfile.SEQ_LENS_VAR}); export the env file again")
     if chosen.seq_lens and chosen.knobs.compiled:
         applied = apply_buckets(model, example_inputs, chosen, check=check, calibration=calibration)
     else:
@@ -363,8 +364,8 @@ def digest(output: Any) -> list[float]:
 
 
 def _report(chosen: Deployment | None) -> None:
-    """Tell `autotune run` (when it asked, by REPORT_VAR) that this process applied its knobs."""
-    path = os.environ.get(REPORT_VAR)
+    """Tell `autotune run` (when it asked, by `envfile.REPORT_VAR`) that this process applied its knobs."""
+    path = os.environ.get(envfile.REPORT_VAR)
     if not path:
         return
     record = {"pid": os.getpid(), "knobs": asdict(chosen.knobs) if chosen else None,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.base.errors import AutotuneError
-from autotune.child import backends, cpu, deploy, references
+from autotune.child import backends, cpu, deploy, envfile, references
 from autotune.child.artifacts import ARTIFACT_FORMAT, CALIBRATION_KIND, GRAPH_KIND, installed_torch_version
 from autotune.child.convert import saved_knobs
 from autotune.child.envfile import value_text
@@ -234,9 +234,9 @@ def exports_in(folder: Path) -> tuple[list[Export], list[str]]:
             if "is not an autotune env file" not in str(exc):
                 notes.append(f"{path.name} keeps nothing: {exc}")
             continue
-        if env.get(deploy.ARTIFACTS_VAR):
+        if env.get(envfile.ARTIFACTS_VAR):
             threads = env.get("OMP_NUM_THREADS", "")
-            found.append(Export(path.name, Path(env[deploy.ARTIFACTS_VAR]), knobs,
+            found.append(Export(path.name, Path(env[envfile.ARTIFACTS_VAR]), knobs,
                                 int(threads) if threads.isdigit() else None))
     return found, notes
 

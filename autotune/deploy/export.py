@@ -13,27 +13,25 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
-from autotune.child import deploy, envfile, hf
-from autotune.child.buckets import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR
+from autotune.child import envfile, hf
 from autotune.child.cpu import ISA_LIMITS
-from autotune.child.envfile import quote, value_text
+from autotune.child.envfile import value_text
 from autotune.child.files import write_atomically
-from autotune.child.knobs import KNOB_VARIABLES
+from autotune.child.knobs import KNOB_VARIABLES, KNOBS
 from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
-from autotune.measure.plan import PRIMITIVE_CACHE_VAR, BenchSpec, Binding, LaunchPlan, model_knobs, serving_env
+from autotune.measure.plan import PRIMITIVE_CACHE_VAR, BenchSpec, Binding, LaunchPlan, serving_env
 from autotune.study import confirmations, records, references
 
-# Variables an export sets only for some configurations; unset otherwise, so that sourcing one
-# file after another never keeps the first one's.
-OPTIONAL_VARS = (deploy.ARTIFACTS_VAR, "AUTOTUNE_EXAMPLE_INPUTS", deploy.TOLERANCE_VAR, SEQ_LENS_VAR,
-                 SEQ_LEN_WEIGHTS_VAR)
-# Everything autotune's knobs may set; the file unsets those its configuration leaves alone, so
-# that sourcing it reproduces the trial even in a shell that had them set. Nothing else is unset:
-# the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
+# Everything autotune's knobs may set in the process; the file unsets those its configuration leaves
+# alone, so that sourcing it reproduces the trial even in a shell that had them set. Nothing else is
+# unset: the shell's other variables (OPENBLAS_CORETYPE keeps some OpenBLAS builds from crashing) are
 # the user's, even though a measured child did not inherit them.
 TUNING_VARS = (*KNOB_VARIABLES, PRIMITIVE_CACHE_VAR, *ISA_LIMITS)
+# Every variable a configuration may set (`envfile`): those a file does not set are unset, so that
+# files sourced one after another never mix their knobs.
+CONFIGURATION_VARS = tuple(dict.fromkeys((*envfile.FORMAT2, *envfile.OPTIONAL, *map(envfile.knob_var, KNOBS))))
 
 
 class ExportError(AutotuneError):
@@ -74,8 +72,7 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
     # serving_env as well for a trial recorded before it: its child timed a few lengths per bucket,
     # which the cache held either way, so the file still reproduces what was measured
     shared = {**_shared_env([dict(i.env) for i in plan.instances]), **serving_env(plan.config, plan.bench)}
-    lines = [
-        f"{envfile.HEADER}: study {study.study_name}, trial {trial.number}",
+    comments = [
         f"# model {sattrs.get('model')}, batch size {sattrs.get('batch_size')}, "
         f"objective {sattrs.get('objective')}",
         f"# knobs: {attrs.get('config', 'defaults')}",
@@ -89,24 +86,22 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         *([f"# this is {confirmations.which(sattrs)}, the latest; `autotune studies` lists them"]
           if confirmations.count(sattrs) > 1 else []),
         *([f"# {line}"] if (line := versus_recipes(study, trial)) else []),
+        *(["# this study has several Pareto-optimal trials; pick another with --trial N"]
+          if len(records.best_trials(study)) > 1 and len(study.directions) > 1 else []),
         "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
     ]
-    if len(records.best_trials(study)) > 1 and len(study.directions) > 1:
-        lines.append("# this study has several Pareto-optimal trials; pick another with --trial N")
+    configuration = configuration_vars(plan) | ({envfile.ARTIFACTS_VAR: str(artifacts.resolve())} if artifacts else {})
     unset = [v for v in TUNING_VARS if v not in shared]
-    unset += [v for v in OPTIONAL_VARS if v not in _knob_vars(plan) and not (artifacts and v == deploy.ARTIFACTS_VAR)]
-    if unset:
-        lines.append(f"unset {' '.join(unset)}")
-    lines += [_export_line(k, v) for k, v in shared.items()]
-    lines += ["# knobs that are not environment variables: autotune.apply(model, example_inputs) in your "
-              "program applies them"]
-    knob_vars = _knob_vars(plan) | ({deploy.ARTIFACTS_VAR: str(artifacts.resolve())} if artifacts else {})
-    lines += [_export_line(k, v) for k, v in knob_vars.items()]
-    lines.append("# launch lines, as the trial ran them:")
+    unset += [v for v in CONFIGURATION_VARS if v not in configuration and v != envfile.FORMAT_VAR]
+    launch = ["# launch lines, as the trial ran them:"]
     for inst in plan.instances:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst.env.items())
-        lines.append(f"#   instance {inst.index}: {' '.join(filter(None, (env, shlex.join(inst.command))))}")
-    return "\n".join(envfile.comment(line) if line.startswith("#") else line for line in lines) + "\n"
+        launch.append(f"#   instance {inst.index}: {' '.join(filter(None, (env, shlex.join(inst.command))))}")
+    try:
+        return envfile.render(f"study {study.study_name}, trial {trial.number}", comments, unset, shared,
+                              configuration, launch)
+    except envfile.EnvFileError as exc:
+        raise ExportError(f"{exc}; rename what holds it and search again") from None
 
 
 def recipe_comparison(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
@@ -136,13 +131,6 @@ def recipe_words(found: dict[str, Any]) -> str:
     return (f"best expert recipe: trial {found['recipe_trial']} ({found['recipe']}), {what} "
             f"{found['recipe_speedup']:.2f}x; trial {found['trial']} is {found['ratio']:.2f}x that (search "
             f"measurements; the confirmation tests the winner against this recipe in paired rounds)")
-
-
-def _export_line(name: str, value: str) -> str:
-    try:
-        return f"export {name}={quote(value)}"
-    except envfile.EnvFileError as exc:
-        raise ExportError(f"cannot export {name}: {exc}; rename what holds it and search again") from None
 
 
 def confirmation_status(confirmation: dict[str, Any] | None, number: int) -> str:
@@ -195,35 +183,35 @@ def _shared_env(envs: list[dict[str, str]]) -> dict[str, str]:
     return {k: v for k, v in first.items() if all(e.get(k) == v for e in envs)}
 
 
-def _knob_vars(plan: LaunchPlan) -> dict[str, str]:
+def configuration_vars(plan: LaunchPlan) -> dict[str, str]:
+    """What autotune reads back (`envfile`): the model, its inputs, the backend and every other knob
+    set, each once, and how the instances were launched (`AUTOTUNE_INSTANCES` is the knob's)."""
     config, bench, instances = plan.config, plan.bench, plan.instances
+    knobs = {envfile.knob_var("backend"): config.text("backend")} | {
+        envfile.knob_var(name): value_text(value) for name, value in config.values}
     return {
-        "AUTOTUNE_MODEL": bench.model,
-        "AUTOTUNE_KNOBS": " ".join(f"{k}={value_text(v)}" for k, v in config.values),
-        "AUTOTUNE_BATCH_SIZE": str(bench.batch_size),
+        envfile.MODEL_VAR: bench.model,
+        envfile.BATCH_SIZE_VAR: str(bench.batch_size),
         **_input_vars(bench),
-        **({"AUTOTUNE_EXAMPLE_INPUTS": bench.example_inputs} if bench.example_inputs else {}),
-        **({deploy.TOLERANCE_VAR: str(bench.tolerance)} if bench.tolerance is not None else {}),
-        **({deploy.CALIBRATION_VAR: str(bench.calibration_batches)}
+        **({envfile.EXAMPLE_INPUTS_VAR: bench.example_inputs} if bench.example_inputs else {}),
+        **({envfile.TOLERANCE_VAR: str(bench.tolerance)} if bench.tolerance is not None else {}),
+        **({envfile.CALIBRATION_VAR: str(bench.calibration_batches)}
            if bench.calibration_batches is not None and config.text("precision") == "int8" else {}),
-        **deploy.to_env(model_knobs(config)),
-        "AUTOTUNE_DATALOADER_WORKERS": config.text("dataloader_workers"),
-        "AUTOTUNE_INSTANCES": str(len(instances)),
-        "AUTOTUNE_BINDING": plan.binding,
-        "AUTOTUNE_INSTANCE_CPUS": ";".join(",".join(map(str, i.cpus)) for i in instances),
-        "AUTOTUNE_INSTANCE_NUMA_NODES": ";".join("" if i.numa_node is None else str(i.numa_node)
-                                                 for i in instances),
+        **knobs,
+        envfile.BINDING_VAR: plan.binding,
+        envfile.INSTANCE_CPUS_VAR: ";".join(",".join(map(str, i.cpus)) for i in instances),
+        envfile.INSTANCE_NODES_VAR: ";".join("" if i.numa_node is None else str(i.numa_node) for i in instances),
     }
 
 
 def _input_vars(bench: BenchSpec) -> dict[str, str]:
     """The inputs' shape: a transformers model's tokens per item and head, another model's item shape."""
     if hf.is_source(bench.model) and bench.buckets:
-        return {SEQ_LENS_VAR: bench.buckets.text(), SEQ_LEN_WEIGHTS_VAR: bench.buckets.weights_text(),
-                hf.TASK_VAR: bench.task}
+        return {envfile.SEQ_LENS_VAR: bench.buckets.text(), envfile.SEQ_LEN_WEIGHTS_VAR: bench.buckets.weights_text(),
+                envfile.TASK_VAR: bench.task}
     if hf.is_source(bench.model):
-        return {hf.SEQ_LEN_VAR: str(bench.item_shape[0]), hf.TASK_VAR: bench.task}
-    return {"AUTOTUNE_INPUT_SHAPE": "x".join(map(str, bench.item_shape))}
+        return {envfile.SEQ_LEN_VAR: str(bench.item_shape[0]), envfile.TASK_VAR: bench.task}
+    return {envfile.INPUT_SHAPE_VAR: "x".join(map(str, bench.item_shape))}
 
 
 def host_class_of(trial: FrozenTrial) -> str:
@@ -270,16 +258,17 @@ def read(path: Path) -> EnvFile:
 
 
 def _env_file(path: Path, env: dict[str, str], unset: tuple[str, ...]) -> EnvFile:
+    instances = envfile.knob_var("instances")  # unset: one process, unbound
     try:
-        count = int(env.get("AUTOTUNE_INSTANCES", "1"))
+        count = int(env.get(instances, "1"))
         cpus = tuple(tuple(int(c) for c in group.split(",") if c)
-                     for group in env.get("AUTOTUNE_INSTANCE_CPUS", "").split(";"))
-        nodes = tuple(int(n) if n else None for n in env.get("AUTOTUNE_INSTANCE_NUMA_NODES", "").split(";"))
+                     for group in env.get(envfile.INSTANCE_CPUS_VAR, "").split(";"))
+        nodes = tuple(int(n) if n else None for n in env.get(envfile.INSTANCE_NODES_VAR, "").split(";"))
     except ValueError:
         raise ExportError(f"{path}: AUTOTUNE_INSTANCE_* values are damaged; export it again") from None
     if len(cpus) != count or len(nodes) != count:
-        raise ExportError(f"{path}: AUTOTUNE_INSTANCES={count} does not match the CPU lists; export it again")
-    binding = env.get("AUTOTUNE_BINDING", "none")
+        raise ExportError(f"{path}: {instances}={count} does not match the CPU lists; export it again")
+    binding = env.get(envfile.BINDING_VAR, "none")
     if binding not in get_args(Binding):
-        raise ExportError(f"{path}: AUTOTUNE_BINDING={binding!r} is not a binding autotune makes; export it again")
+        raise ExportError(f"{path}: {envfile.BINDING_VAR}={binding!r} is not a binding autotune makes; export it again")
     return EnvFile(env, unset, count, cpus, nodes, cast(Binding, binding))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from autotune.base import tempdirs
 from autotune.base.errors import AutotuneError
-from autotune.child import deploy
+from autotune.child import deploy, envfile
 from autotune.child.errors import ApplyError
 from autotune.child.knobs import ModelKnobs
 from autotune.host.libs import Libraries
@@ -81,7 +81,7 @@ def user_launches(env_file: EnvFile, command: Sequence[str], libs: Libraries,
     for index in range(env_file.instances):
         cpus = env_file.cpus[index]
         node = env_file.nodes[index]
-        env = {**base, **env_file.env, "AUTOTUNE_INSTANCE_INDEX": str(index)}
+        env = {**base, **env_file.env, envfile.INSTANCE_INDEX_VAR: str(index)}
         prefix = bind_prefix(binding, libs, cpus, [] if node is None else [node]) if cpus else ()
         affinity = cpus if binding == "sched_setaffinity" else ()
         launches.append(UserLaunch((*prefix, *command), env, affinity))
@@ -93,7 +93,7 @@ def run_checked(env_file: EnvFile, launches: Sequence[UserLaunch]) -> tuple[int,
     naming the model knobs when an instance never applied them ('' when all did)."""
     with tempfile.TemporaryDirectory(prefix=tempdirs.prefix("apply")) as tmp:
         report = Path(tmp) / "applied.jsonl"
-        told = [replace(launch, env={**launch.env, deploy.REPORT_VAR: str(report)}) for launch in launches]
+        told = [replace(launch, env={**launch.env, envfile.REPORT_VAR: str(report)}) for launch in launches]
         code = run_foreground(told)
         return code, unapplied(deploy.knobs_from_env(env_file.env), len(launches), report)
 

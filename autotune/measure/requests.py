@@ -11,16 +11,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.base.errors import ConfigError, ModelError, RunFailed
-from autotune.child import backends, hf
+from autotune.child import backends, envfile
 from autotune.child.backends.converted import CONVERT_FAILED
-from autotune.child.buckets import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR, BucketError, Buckets
-from autotune.child.deploy import CALIBRATION_VAR
-from autotune.child.envfile import has_control
+from autotune.child.buckets import BucketError, Buckets
+from autotune.child.envfile import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR, has_control
 from autotune.child.errors import LOAD_FAILED
 from autotune.child.files import unwritable
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models
-from autotune.config.knobs import Config
+from autotune.config.knobs import KNOBS, Config
 from autotune.host import capabilities
 from autotune.host.capabilities import Probe
 from autotune.host.machine import Machine, memory_gib
@@ -126,30 +125,43 @@ def plan_from_exported(env: Mapping[str, str], machine: Machine,
 
 
 def exported_request(env: Mapping[str, str], measure: MeasureSettings | None = None) -> BenchRequest:
-    """The request an env file records (AUTOTUNE_MODEL, _BATCH_SIZE, _KNOBS, ...), checked: the
-    one validation of those variables, for `run` and `compare` alike."""
-    batch = env.get("AUTOTUNE_BATCH_SIZE", "1")
+    """The request an env file records (its model, batch size, inputs and knobs), checked: the one
+    validation of those variables, for `run` and `compare` alike."""
+    batch = env.get(envfile.BATCH_SIZE_VAR, "1")
     if not batch.strip().isdigit() or int(batch) < 1:
-        raise ConfigError(f"AUTOTUNE_BATCH_SIZE={batch!r} is not a batch size (1 or more); export again")
+        raise ConfigError(f"{envfile.BATCH_SIZE_VAR}={batch!r} is not a batch size (1 or more); export again")
+    tolerance_var = envfile.TOLERANCE_VAR
     try:
-        tolerance = float(env["AUTOTUNE_TOLERANCE"]) if env.get("AUTOTUNE_TOLERANCE") else None
+        tolerance = float(env[tolerance_var]) if env.get(tolerance_var) else None
     except ValueError:
-        raise ConfigError(f"AUTOTUNE_TOLERANCE={env['AUTOTUNE_TOLERANCE']!r} is not a number; export again") from None
-    saved = env.get("AUTOTUNE_EXAMPLE_INPUTS") or None
-    calibration = env.get(CALIBRATION_VAR, "")
+        raise ConfigError(f"{tolerance_var}={env[tolerance_var]!r} is not a number; export again") from None
+    saved = env.get(envfile.EXAMPLE_INPUTS_VAR) or None
+    calibration = env.get(envfile.CALIBRATION_VAR, "")
     if calibration and not (calibration.isdigit() and int(calibration) >= 1):
-        raise ConfigError(f"{CALIBRATION_VAR}={calibration!r} is not a number of batches (1 or more); export again")
-    seq_len = env.get(hf.SEQ_LEN_VAR, "")
+        raise ConfigError(f"{envfile.CALIBRATION_VAR}={calibration!r} is not a number of batches (1 or more); "
+                          f"export again")
+    seq_len = env.get(envfile.SEQ_LEN_VAR, "")
     if seq_len and not (seq_len.isdigit() and int(seq_len) >= 1):
-        raise ConfigError(f"{hf.SEQ_LEN_VAR}={seq_len!r} is not a number of tokens (1 or more); export again")
-    return BenchRequest(model=env.get("AUTOTUNE_MODEL", ""), batch_size=int(batch),
+        raise ConfigError(f"{envfile.SEQ_LEN_VAR}={seq_len!r} is not a number of tokens (1 or more); export again")
+    return BenchRequest(model=env.get(envfile.MODEL_VAR, ""), batch_size=int(batch),
                         calibration_batches=int(calibration) if calibration else None,
-                        config=Config.from_assignments(env.get("AUTOTUNE_KNOBS", "").split()),
-                        measure=measure or MeasureSettings(), example_inputs=saved,
-                        tolerance=None if tolerance is None else check_tolerance(tolerance, "AUTOTUNE_TOLERANCE="),
-                        input_shape=None if saved else env.get("AUTOTUNE_INPUT_SHAPE"),
-                        seq_len=int(seq_len) if seq_len and not saved else None, task=env.get(hf.TASK_VAR) or None,
-                        buckets=exported_buckets(env))
+                        config=exported_config(env), measure=measure or MeasureSettings(), example_inputs=saved,
+                        tolerance=None if tolerance is None else check_tolerance(tolerance, f"{tolerance_var}="),
+                        input_shape=None if saved else env.get(envfile.INPUT_SHAPE_VAR),
+                        seq_len=int(seq_len) if seq_len and not saved else None,
+                        task=env.get(envfile.TASK_VAR) or None, buckets=exported_buckets(env))
+
+
+def exported_config(env: Mapping[str, str]) -> Config:
+    """The knobs an env file sets: format 2's `AUTOTUNE_<KNOB>` variables, each knob once (the backend
+    always named, as a knob at its default launches what leaving it unset does); format 1 listed them
+    all in `AUTOTUNE_KNOBS`."""
+    if envfile.version(env) == 1:
+        return Config.from_assignments(env.get(envfile.LISTED_VAR, "").split())
+    values = {name: env[envfile.knob_var(name)] for name in KNOBS if envfile.knob_var(name) in env}
+    if values.get("backend") == KNOBS["backend"].default:
+        del values["backend"]
+    return Config.from_mapping(values)
 
 
 def exported_buckets(env: Mapping[str, str]) -> Buckets | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from autotune.child.envfile import read as read_env
 from autotune.child.knobs import PEER_BACKENDS
+from autotune.measure.requests import exported_config
 from autotune.measure.results import bucket_p50s
 from autotune.search.rounds import schedule
 from autotune.study import storage
@@ -107,14 +108,16 @@ def backend_of(knobs: tuple[str, ...]) -> str:
 
 
 def winner(folder: Path, export_exit: int, study: dict[str, Any]) -> Contender:
-    """What `autotune export` wrote, benched from its AUTOTUNE_KNOBS line; a failed export is a
-    contender whose every run fails with that reason."""
+    """What `autotune export` wrote, benched from the knobs it sets; a failed export is a contender
+    whose every run fails with that reason."""
     label = "autotune's confirmed winner (exported)"
     if export_exit != 0:
         why = f"autotune export exited {export_exit} (see export.log)"
         return Contender(label, "winner", (), why, unavailable=why)
     env = read_env(folder / "best.env").env
-    return Contender(label, "winner", tuple(env.get("AUTOTUNE_KNOBS", "").split()), exported_trial(folder, study))
+    config = exported_config(env)
+    return Contender(label, "winner", tuple(config.describe().split()) if config.values else (),
+                     exported_trial(folder, study))
 
 
 def exported_trial(folder: Path, study: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from autotune.child import deploy, envfile
 from autotune.child.knobs import ModelKnobs
 from tests.conftest import NEEDS_BF16, ROOT
 from tests.fixtures.models import tinynets
+from tests.support import envs
 from tests.support.cli import AUTOTUNE
 
 pytestmark = pytest.mark.e2e
@@ -121,18 +122,14 @@ def test_export_builds_artifacts_for_a_configuration_that_preloads_libraries(
     assert exported.returncode == 0, exported.stderr
     assert list((tmp_path / "compiled").glob("torchscript-*.pt"))
     env = envfile.parse((tmp_path / "best.env").read_text()).env
-    assert all(f"{knob}" in env["AUTOTUNE_KNOBS"] for knob in preloaded)
+    assert all(env[envfile.knob_var(knob.partition("=")[0])] == knob.partition("=")[2] for knob in preloaded)
     libraries = {"allocator=jemalloc": "libjemalloc", "allocator=tcmalloc": "libtcmalloc",
                  "omp_runtime=intel": "libiomp5"}
     assert all(libraries[knob] in env["LD_PRELOAD"] for knob in preloaded)
 
 
 def _env_file(path: Path, knobs: ModelKnobs) -> Path:
-    lines = [f"{envfile.HEADER}: written by a test", "export AUTOTUNE_INSTANCES='1'",
-             "export AUTOTUNE_BINDING='none'", "export AUTOTUNE_INSTANCE_CPUS=''",
-             "export AUTOTUNE_INSTANCE_NUMA_NODES=''",
-             *(f"export {k}={envfile.quote(v)}" for k, v in deploy.to_env(knobs).items())]
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(envs.hand_written(**deploy.to_env(knobs)))
     return path
 
 
