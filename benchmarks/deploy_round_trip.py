@@ -24,8 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autotune.child.envfile import quote
 from autotune.measure import stats
+from autotune.model.envfile import quote
 from autotune.study.storage import find_study
 
 from lib import common

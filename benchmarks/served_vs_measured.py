@@ -33,9 +33,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.child.envfile import read as read_env
 from autotune.measure.requests import exported_config
 from autotune.measure.results import bucket_p50s
+from autotune.model.envfile import read as read_env
 from autotune.study import confirmations, storage
 
 from lib import common, side_by_side_report

@@ -42,9 +42,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.child.buckets import BucketError, Buckets
 from autotune.measure import stats
 from autotune.measure.results import bucket_p50s
+from autotune.model.buckets import BucketError, Buckets
 from autotune.study import confirmations, storage
 
 from lib import buckets_report, common, side_by_side

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.child import backends
-from autotune.child.knobs import PEER_BACKENDS
 from autotune.config import space_fit
 from autotune.host import capabilities, topology
 from autotune.host.capabilities import PROBE_DIR_ENV
@@ -17,6 +15,8 @@ from autotune.host.libs import Libraries
 from autotune.host.lock import LOCK_ENV
 from autotune.host.machine import Machine
 from autotune.host.topology import Topology, from_lscpu_file
+from autotune.model import backends
+from autotune.model.knobs import PEER_BACKENDS
 
 pytest.register_assert_rewrite("tests.support")  # before they are imported: their asserts explain failures too
 from tests.support import probes  # noqa: E402

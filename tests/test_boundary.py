@@ -22,6 +22,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 CHILD = PACKAGE / "child"
+MODEL = PACKAGE / "model"
 HARNESS = ("optuna", "click", "rich", "sqlalchemy")
 
 
@@ -51,14 +52,14 @@ def boundary_violations(path: Path, package: str | None = None) -> list[str]:
         root = module.split(".")[0]
         if root in HARNESS:
             problems.append(f"{path.name}:{line} imports {module}")
-        elif root == "autotune" and not module.startswith("autotune.child"):
+        elif root == "autotune" and not module.startswith(("autotune.child", "autotune.model")):
             problems.append(f"{path.name}:{line} imports the parent side ({module})")
         elif root in ("torch", "torchvision") and top:
             problems.append(f"{path.name}:{line} imports {module} at module level")
     return problems
 
 
-@pytest.mark.parametrize("path", sorted(CHILD.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted([*CHILD.glob("*.py"), *MODEL.rglob("*.py")]), ids=lambda p: p.name)
 def test_child_modules_import_nothing_of_the_harness_or_the_parent(path: Path) -> None:
     assert boundary_violations(path) == []
 
@@ -74,13 +75,14 @@ def test_the_boundary_check_catches_a_planted_import(tmp_path: Path, line: str) 
 
 
 def test_importing_the_child_loads_no_harness_and_no_torch() -> None:
-    code = ("import sys, json; import autotune.child.worker, autotune.child.build, autotune.child.deploy; "
+    code = ("import sys, json; import autotune.child.worker, autotune.child.build, autotune.model.apply; "
             "print(json.dumps(sorted(sys.modules)))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                        check=True, cwd=PACKAGE.parent).stdout)
     roots = {name.split(".")[0] for name in loaded}
     assert not roots & {*HARNESS, "torch", "scipy", "psutil"}
-    assert [m for m in loaded if m.startswith("autotune.") and not m.startswith("autotune.child")] == ["autotune.api"]
+    assert [m for m in loaded if m.startswith("autotune.")
+            and not m.startswith(("autotune.child", "autotune.model"))] == ["autotune.api"]
 
 
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -108,8 +110,8 @@ CHILD_BOUNDARY = "The measuring child imports nothing of the harness"
     ("host/topology.py", "from autotune.config import knobs", [LAYERS]),
     ("study/storage.py", "import autotune.search.loop", [LAYERS]),
     ("search/budget.py", "from autotune.deploy import export", [LAYERS]),  # side by side, neither above
-    ("child/cpu.py", "import optuna", [CHILD_BOUNDARY]),
-    ("child/envfile.py", "from autotune.measure import stats", [LAYERS, CHILD_BOUNDARY]),
+    ("model/cpu.py", "import optuna", [CHILD_BOUNDARY]),
+    ("model/envfile.py", "from autotune.measure import stats", [LAYERS, CHILD_BOUNDARY]),
 ])
 def test_a_planted_upward_import_breaks_a_contract(tmp_path: Path, module: str, line: str, broken: list[str]) -> None:
     shutil.copytree(PACKAGE, tmp_path / "autotune", ignore=shutil.ignore_patterns("__pycache__"))

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from autotune.base.errors import ConfigError
-from autotune.child import cpu
-from autotune.child.errors import ApplyError
-from autotune.child.knobs import ModelKnobs
 from autotune.config import space, space_fit
 from autotune.config.knobs import Config
 from autotune.host import machine
 from autotune.host.capabilities import Probe
 from autotune.measure import requests
+from autotune.model import cpu
+from autotune.model.errors import ApplyError
+from autotune.model.knobs import ModelKnobs
 from autotune.search import opening
 from tests.conftest import FIXTURES, NEEDS_INT8
 from tests.support import probes
@@ -145,7 +145,7 @@ def test_a_bad_calibration_flag_is_one_line(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_a_quantizer_failure_names_the_operator() -> None:
-    from autotune.child import quantize
+    from autotune.model import quantize
 
     def _annotate_conv2d_binary_unary() -> None:
         raise ValueError("Input partition has more than one output node")
@@ -161,7 +161,7 @@ def test_a_quantizer_failure_names_the_operator() -> None:
 def test_a_model_torch_export_cannot_capture_fails_naming_the_line() -> None:
     import torch
 
-    from autotune.child import quantize
+    from autotune.model import quantize
     from tests.fixtures.models import tinynets
 
     x = torch.randn(2, 3, 8, 8)
@@ -178,18 +178,18 @@ def test_the_guard_fails_a_broken_quantization(tmp_path: Path) -> None:
     themselves, it passes and records its figures."""
     import torch
 
-    from autotune.child import deploy
-    from autotune.child.errors import WrongAnswers
+    from autotune.model import apply
+    from autotune.model.errors import WrongAnswers
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
-    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
+    chosen = apply.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
     setup: dict[str, Any] = {}
-    deploy.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, setup=setup, calibration=images)
+    apply.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, setup=setup, calibration=images)
     assert setup["top1_agreement"] >= 0.99 and setup["min_cosine"] >= 0.99 and setup["guard_items"] == 40
     broken = [x * 1e-4 for x in images]
     with pytest.raises(WrongAnswers, match=r"^wrong answers: int8 agrees with eager fp32 on the top-1 answer of "):
-        deploy.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, calibration=broken,
+        apply.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, calibration=broken,
                                 guard_inputs=images)
 
 
@@ -227,24 +227,24 @@ def test_another_thread_count_compiles_from_the_saved_quantized_graph(tmp_path: 
     torchvision model); the guard still judges every one of them."""
     import torch
 
-    from autotune.child import deploy
-    from autotune.child.artifacts import fingerprint
+    from autotune.model import apply
+    from autotune.model.artifacts import fingerprint
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
-    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
+    chosen = apply.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
     model = tinynets.cnn().eval()
-    known = deploy.eager_outputs(model, deploy.checked_batches(images[0], chosen, images))
+    known = apply.eager_outputs(model, apply.checked_batches(images[0], chosen, images))
     threads = torch.get_num_threads()
     setups: list[dict[str, Any]] = [{}, {}, {}]
     try:
         torch.set_num_threads(1)
-        assert deploy.apply_saved(images[0], chosen, fingerprint(model), known, setup={}, calibration=images) is None
-        deploy.apply_deployment(model, images[0], chosen, check=True, setup=setups[0], calibration=images)
+        assert apply.apply_saved(images[0], chosen, fingerprint(model), known, setup={}, calibration=images) is None
+        apply.apply_deployment(model, images[0], chosen, check=True, setup=setups[0], calibration=images)
         torch.set_num_threads(2)
-        deploy.apply_deployment(model, images[0], chosen, check=True, setup=setups[1], calibration=images)
+        apply.apply_deployment(model, images[0], chosen, check=True, setup=setups[1], calibration=images)
         torch.set_num_threads(3)
-        applied = deploy.apply_saved(images[0], chosen, fingerprint(model), known, setup=setups[2],
+        applied = apply.apply_saved(images[0], chosen, fingerprint(model), known, setup=setups[2],
                                      calibration=images)
     finally:
         torch.set_num_threads(threads)
@@ -266,15 +266,15 @@ def test_apply_without_calibration_loads_the_artifact_the_study_calibrated(tmp_p
     with other weights, or a damaged file, calibrates on its example as before."""
     import torch
 
-    from autotune.child import deploy
+    from autotune.model import apply
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(4)]
-    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
+    chosen = apply.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
 
     def applied(model: Any, example: Any, calibration: list[Any]) -> dict[str, Any]:
         setup: dict[str, Any] = {}
-        deploy.apply_deployment(model, example, chosen, check=True, setup=setup, calibration=calibration)
+        apply.apply_deployment(model, example, chosen, check=True, setup=setup, calibration=calibration)
         return setup
 
     study = applied(tinynets.cnn(), images[0], images[1:])
@@ -308,16 +308,16 @@ def test_the_int8_guard_is_reused_only_for_the_same_answer_and_judged_again(tmp_
     one, judging them against its own tolerance; a record whose answer differs is measured again."""
     import torch
 
-    from autotune.child import deploy
-    from autotune.child.errors import WrongAnswers
+    from autotune.model import apply
+    from autotune.model.errors import WrongAnswers
     from tests.fixtures.models import tinynets
 
     images = [torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(3)]
-    chosen = deploy.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
+    chosen = apply.Deployment(ModelKnobs(backend="inductor", precision="int8"), None, tmp_path)
 
     def applied() -> dict[str, Any]:
         setup: dict[str, Any] = {}
-        deploy.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, setup=setup, calibration=images)
+        apply.apply_deployment(tinynets.cnn(), images[0], chosen, check=True, setup=setup, calibration=images)
         return setup
 
     first, second = applied(), applied()
@@ -347,7 +347,7 @@ def test_aotinductor_compiles_under_no_grad_whatever_the_callers_grad_mode(tmp_p
     import torch
     import torch._inductor
 
-    from autotune.child.backends import inductor
+    from autotune.model.backends import inductor
 
     seen: list[bool] = []
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
@@ -370,7 +370,7 @@ def test_a_compile_that_ran_out_of_disk_says_so_not_that_the_compiler_is_missing
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: str, expected: str) -> None:
     import torch._inductor
 
-    from autotune.child.backends import inductor
+    from autotune.model.backends import inductor
 
     def fail(exported: object, package_path: str, inductor_configs: object) -> None:
         raise RuntimeError(said)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from autotune.base.errors import ConfigError
-from autotune.child.errors import ApplyError
-from autotune.child.knobs import ModelKnobs
 from autotune.config import space, space_fit
 from autotune.config.knobs import Config
 from autotune.host import capabilities
+from autotune.model.errors import ApplyError
+from autotune.model.knobs import ModelKnobs
 from tests.conftest import FIXTURES, NEEDS_INT8
 from tests.support import probes
 from tests.support.cli import AUTOTUNE, QUICK_BENCH, run_cli
@@ -80,13 +80,13 @@ def test_quantizes_the_linears_and_records_the_guard(tmp_path: Path, backend: st
     """A random MLP's logits tie closely on a few inputs, so the test allows 10% changed answers."""
     import torch
 
-    from autotune.child import deploy
+    from autotune.model import apply
     from tests.fixtures.models import tinynets
 
     example, *held_out = _batches()
-    chosen = deploy.Deployment(ModelKnobs(backend=backend, precision=precision), 0.1, tmp_path)  # type: ignore[arg-type]
+    chosen = apply.Deployment(ModelKnobs(backend=backend, precision=precision), 0.1, tmp_path)  # type: ignore[arg-type]
     model, setup = tinynets.mlp(), {}  # type: ignore[var-annotated]
-    applied = deploy.apply_deployment(model, example, chosen, check=True, setup=setup, guard_inputs=held_out)
+    applied = apply.apply_deployment(model, example, chosen, check=True, setup=setup, guard_inputs=held_out)
     assert setup["quantized_linears"] == 2 and setup["guard_items"] == 40 and "calibration" not in setup
     assert setup["top1_agreement"] >= 0.9 and setup["min_cosine"] >= 0.99 and setup["max_rel_err"] < 0.05
     assert ("artifact_file" in setup) == (backend == "inductor") and "aot_fallback" not in setup
@@ -100,7 +100,7 @@ def test_apply_quantizes_a_copy_and_the_guard_judges_it(monkeypatch: pytest.Monk
     import torch
 
     import autotune
-    from autotune.child.errors import WrongAnswers
+    from autotune.model.errors import WrongAnswers
     from tests.fixtures.models import tinynets
 
     monkeypatch.setenv("AUTOTUNE_PRECISION", "int8_dynamic")
@@ -116,7 +116,7 @@ def test_apply_quantizes_a_copy_and_the_guard_judges_it(monkeypatch: pytest.Monk
 def test_a_model_without_linear_layers_is_one_line() -> None:
     import torch
 
-    from autotune.child.linear_int8 import quantize_linears
+    from autotune.model.linear_int8 import quantize_linears
 
     with pytest.raises(ApplyError, match=r"^precision=int8_weight_only quantizes nn.Linear layers and this model has "
                                          r"none; use precision=int8 \(backend=inductor\) or fp32$"):

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.child import deploy, hf, quantize, references
-from autotune.child.batches import call, explain, leaves
-from autotune.child.buckets import Buckets
-from autotune.child.deploy import Deployment
-from autotune.child.errors import LOAD_FAILED, ApplyError
-from autotune.child.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
+from autotune.model import apply, hf, quantize, references
+from autotune.model.apply import Deployment
+from autotune.model.batches import call, explain, leaves
+from autotune.model.buckets import Buckets
+from autotune.model.errors import LOAD_FAILED, ApplyError
+from autotune.model.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
 
 
 class SyntheticImages:
@@ -283,18 +283,18 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
     if knobs.is_default:
         return _timed_first_call(_load_timed(args, setup), example, setup)
     calibration, guard = int8_batches(args, knobs)
-    checked = deploy.checked_batches(example, deployment, calibration, guard)
+    checked = apply.checked_batches(example, deployment, calibration, guard)
     entry = references.entry_path(Path(args.cache_dir), args.model, checked) \
         if knobs.compiled and references.applies(args.model) else None
     known = references.lookup(entry) if entry else None
-    saved = deploy.apply_saved(example, deployment, known.weights, known.outputs, setup=setup, on_phase=on_phase,
+    saved = apply.apply_saved(example, deployment, known.weights, known.outputs, setup=setup, on_phase=on_phase,
                                calibration=calibration, guard_inputs=guard) if known else None
     setup["eager_model"] = "kept outputs" if saved else "built"
     if saved:
         return saved.run
     model = _load_timed(args, setup)
-    outputs = known.outputs if known else deploy.eager_outputs(model, checked)  # 33 eager batches for int8
-    applied = deploy.apply_deployment(model, example, deployment, check=True, setup=setup, on_phase=on_phase,
+    outputs = known.outputs if known else apply.eager_outputs(model, checked)  # 33 eager batches for int8
+    applied = apply.apply_deployment(model, example, deployment, check=True, setup=setup, on_phase=on_phase,
                                       calibration=calibration, guard_inputs=guard, references=outputs)
     if entry and known is None and "artifact_file" in setup and "aot_fallback" not in setup:
         references.remember(entry, references.Known(artifacts_weights(setup["artifact_file"]), outputs))
@@ -325,5 +325,5 @@ def _timed_first_call(model: Any, example: Any, setup: dict[str, Any]) -> Callab
     output = forward(example)
     setup["first_forward_s"] = time.perf_counter() - start
     setup["output_dtype"] = str(leaves(output)[0].dtype).replace("torch.", "")
-    setup["output_digest"] = deploy.digest(output)
+    setup["output_digest"] = apply.digest(output)
     return forward

@@ -19,7 +19,7 @@ import argparse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from autotune.child.buckets import Buckets, Mixed, Round, fit, spread
+from autotune.model.buckets import Buckets, Mixed, Round, fit, spread
 
 # Lengths a dynamic model serves once before it is timed, the shortest first: a BERT-base int8 model then
 # holds 512 oneDNN primitives, and its short requests cost what they cost beside the 805-1540 of a

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-from autotune.child.buckets import Mixed, Round
+from autotune.model.buckets import Mixed, Round
 
 
 def cpu_seconds() -> float:
@@ -96,7 +96,7 @@ def one_sample(forward: Any, batch: Any) -> tuple[float, float]:
     buckets is timed by its `Mixed` forward (the weighted mean of its calls)."""
     if isinstance(batch, Round):
         return cast(Mixed, forward).timed(batch)
-    from autotune.child.batches import batch_size
+    from autotune.model.batches import batch_size
 
     start = time.perf_counter()
     forward(batch)

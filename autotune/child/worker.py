@@ -44,13 +44,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
-from autotune.child.artifacts import installed_torch_version
-from autotune.child.envfile import value_text
-from autotune.child.files import write_atomically
-from autotune.child.knobs import KNOBS, MODEL_KNOBS
-from autotune.child.quantize import CALIBRATION_BATCHES
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.child.timing import Window, limits, timed_loop, warm_up
+from autotune.model.artifacts import installed_torch_version
+from autotune.model.envfile import value_text
+from autotune.model.files import write_atomically
+from autotune.model.knobs import KNOBS, MODEL_KNOBS
+from autotune.model.quantize import CALIBRATION_BATCHES
 
 MEASURE = MeasureSettings()  # the defaults of the protocol's flags
 EXIT_BENCH_ERROR = 3  # a failure the worker understood and described in its result file
@@ -246,10 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     new_from = outermost_missing(inductor_cache)  # torch._dynamo's import creates the folder, needed or not
     import torch
 
-    from autotune.child import kernels, rounds
-    from autotune.child.batches import explain
+    from autotune.child import rounds
     from autotune.child.build import build, dataset_of, knobs_of
-    from autotune.child.errors import ApplyError, WrongAnswers
+    from autotune.model import kernels
+    from autotune.model.batches import explain
+    from autotune.model.errors import ApplyError, WrongAnswers
 
     found = rounds.buckets_of(args)
     parts = rounds.per_length(args, found, not knobs_of(args).one_shape)  # a stream per bucket, or the one

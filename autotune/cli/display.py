@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autotune.child.envfile import value_text
 from autotune.cli.streams import is_terminal
 from autotune.config.knobs import Knob
 from autotune.host.topology import format_cpus
 from autotune.measure.objectives import Metric, unit_of
+from autotune.model.envfile import value_text
 from autotune.study import confirmations
 
 # Every `--json` payload carries what it is and the version of its layout; a field removed or

@@ -23,9 +23,9 @@ import click
 
 from autotune.base import tempdirs
 from autotune.base.errors import FREE_DISK, AutotuneError, Interrupted, RunFailed
-from autotune.child.errors import ApplyError
 from autotune.cli import cmd_machine, cmd_result, cmd_search, crash, streams
 from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
+from autotune.model.errors import ApplyError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -15,12 +15,12 @@ import click
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import CONFIRM_ROUNDS, CONFIRM_SHARE, MIN_EFFECT
-from autotune.child import hf
-from autotune.child.convert import TOLERANCE
-from autotune.child.quantize import CALIBRATION_BATCHES
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.measure import requests, sequential
 from autotune.measure.objectives import MIN_ROUNDS, min_rounds
+from autotune.model import hf
+from autotune.model.convert import TOLERANCE
+from autotune.model.quantize import CALIBRATION_BATCHES
 
 MEASURE = MeasureSettings()  # the protocol's defaults, shown in --help
 

@@ -10,11 +10,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.child import envfile
 from autotune.cli.common import EXIT_FAILED, EXIT_OK
 from autotune.deploy import export
 from autotune.measure.objectives import Metric, unit_of
 from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, median
+from autotune.model import envfile
 from autotune.search.rounds import Rounds
 from autotune.study import confirmations, efficiency, records
 from autotune.study.storage import shown

@@ -1,7 +1,7 @@
 """The harness's view of the knobs: looking one up by name, and `Config`, the knobs a request set.
 
-The knobs themselves (names, values, defaults, conditions) are defined once, in the child's layer
-(`autotune.child.knobs`), so that the measuring child and `apply` read the same rules. A `Config`
+The knobs themselves (names, values, defaults, conditions) are defined once, in the model layer
+(`autotune.model.knobs`), so that the measuring child and `apply` read the same rules. A `Config`
 holds only the knobs a user (or a trial) set; everything else stays at PyTorch's default, so the
 empty configuration is "what the user has today".
 """
@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autotune.base.errors import ConfigError
-from autotune.child.envfile import value_text
-from autotune.child.knobs import (
+from autotune.model.envfile import value_text
+from autotune.model.knobs import (
     KNOBS,
     VALUE_CONDITIONS,
     Knob,

@@ -1,6 +1,6 @@
 """Resolving what users type for `--model`: a torchvision classification model (short names
 included), `pkg.module:factory`, a TorchScript file (`.pt`), an exported program (`.pt2`) or a
-Hugging Face transformers model (`hf:TYPE` or `hf:FOLDER`, `autotune.child.hf`)."""
+Hugging Face transformers model (`hf:TYPE` or `hf:FOLDER`, `autotune.model.hf`)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Literal
 
 from autotune.base.errors import ModelError
-from autotune.child import hf
-from autotune.child.buckets import BucketError, Buckets
-from autotune.child.envfile import has_control
-from autotune.child.errors import ApplyError
+from autotune.model import hf
+from autotune.model.buckets import BucketError, Buckets
+from autotune.model.envfile import has_control
+from autotune.model.errors import ApplyError
 
 ModelKind = Literal["torchvision", "factory", "torchscript", "exported", "huggingface"]
 
@@ -74,7 +74,7 @@ class ModelSpec:
 
     @property
     def probe_op(self) -> str:
-        """The operation of the kernel probe this model's work is like (`autotune.child.kernels`)."""
+        """The operation of the kernel probe this model's work is like (`autotune.model.kernels`)."""
         return "matmul" if self.linear_heavy else "conv"
 
     def check_shapes(self, shapes: object) -> None:
@@ -145,9 +145,9 @@ def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: st
 
 def _example_inputs(text: str) -> tuple[tuple[int, ...], str]:
     """One item's shape (of the first tensor) and the absolute path of a checked inputs file."""
-    from autotune.child.batches import leaves
     from autotune.child.build import load_examples
-    from autotune.child.errors import ApplyError
+    from autotune.model.batches import leaves
+    from autotune.model.errors import ApplyError
 
     path = str(Path(text).expanduser().resolve())
     if has_control(path):

@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.base.errors import ConfigError
-from autotune.child import backends
 from autotune.config.knobs import Config, KnobValue
 from autotune.config.space import SearchSpace
 from autotune.host.capabilities import Refused
 from autotune.host.topology import Topology
+from autotune.model import backends
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from typing import Any, Protocol
 import yaml
 
 from autotune.base.errors import AutotuneError
-from autotune.child.envfile import value_text
-from autotune.child.knobs import SHRINKS_WITH
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, knob, parse
+from autotune.model.envfile import value_text
+from autotune.model.knobs import SHRINKS_WITH
 
 USER_SPACES = Path("search_spaces")  # in the current folder: the user's own spaces, found before the shipped ones
 BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes

@@ -10,14 +10,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from autotune.child import backends
-from autotune.child.backends import RUNTIME_OF
-from autotune.child.envfile import value_text
-from autotune.child.knobs import CORE_BOUND, LINEAR_INT8
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, KnobValue, conditions, knob
 from autotune.config.space import SAMPLE_ORDER, KnobRange, SearchSpace, SpaceError
 from autotune.host.capabilities import Refused
 from autotune.host.libs import LIBRARIES
+from autotune.model import backends
+from autotune.model.backends import RUNTIME_OF
+from autotune.model.envfile import value_text
+from autotune.model.knobs import CORE_BOUND, LINEAR_INT8
 
 # Which library (the knob's `needs`) or runtime (the backend's packages) each choice needs, so a
 # machine without it never samples it.

@@ -2,7 +2,7 @@
 
 A cache folder (`--cache-dir`, default studies/cache) holds compiled artifacts in `artifacts/`
 (an AOTInductor package or a TorchScript file, each with a `.json` description, see
-`child.convert`), inductor's kernel cache in `inductor/<torch version>/`, and the eager outputs
+`model.convert`), inductor's kernel cache in `inductor/<torch version>/`, and the eager outputs
 that let a process load an artifact without building the model in `references/<torch version>/`. An export folder
 (`autotune export --artifacts DIR`) holds artifacts directly. Exported env files in the current
 folder that point at an artifacts folder (AUTOTUNE_ARTIFACTS) keep the artifacts they would load.
@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from autotune.base.errors import AutotuneError
-from autotune.child import backends, cpu, deploy, envfile, references
-from autotune.child.artifacts import ARTIFACT_FORMAT, CALIBRATION_KIND, GRAPH_KIND, installed_torch_version
-from autotune.child.convert import saved_knobs
-from autotune.child.envfile import value_text
-from autotune.child.errors import ApplyError
-from autotune.child.knobs import ModelKnobs
+from autotune.model import apply, backends, cpu, envfile, references
+from autotune.model.artifacts import ARTIFACT_FORMAT, CALIBRATION_KIND, GRAPH_KIND, installed_torch_version
+from autotune.model.convert import saved_knobs
+from autotune.model.envfile import value_text
+from autotune.model.errors import ApplyError
+from autotune.model.knobs import ModelKnobs
 
 # Each backend's artifact by its file suffix (eager's weight cache is a TorchScript file too).
 KINDS = {b.suffix: f"{b.artifact_kind()} artifact" for b in backends.REGISTRY if b.suffix}
 ARTIFACT_SUFFIXES = tuple(KINDS)
 CALIBRATION = "int8 calibration batches"  # what `apply` without batches of its own calibrates on (convert.calibrated)
-REFERENCES = "eager outputs"  # child.references: what a process that only loads an artifact checks it with
+REFERENCES = "eager outputs"  # model.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
 
 
@@ -133,7 +133,7 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
 
 def unusable(meta: dict[str, Any], here: Here) -> str:
     """Why this torch and CPU can no longer load the artifact ("" when they can): the rule
-    `child.convert.artifact_meta` keys artifacts by."""
+    `model.convert.artifact_meta` keys artifacts by."""
     if meta.get("format") != ARTIFACT_FORMAT:
         return f"made in format {meta.get('format')}, this autotune reads {ARTIFACT_FORMAT}"
     if meta.get("torch") != here.torch:
@@ -229,7 +229,7 @@ def exports_in(folder: Path) -> tuple[list[Export], list[str]]:
     for path in sorted(folder.glob("*.env")):
         try:
             env = export.read(path).env
-            knobs = deploy.knobs_from_env(env, str(path))
+            knobs = apply.knobs_from_env(env, str(path))
         except (AutotuneError, ApplyError) as exc:
             if "is not an autotune env file" not in str(exc):
                 notes.append(f"{path.name} keeps nothing: {exc}")

@@ -13,15 +13,15 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
-from autotune.child import envfile, hf
-from autotune.child.cpu import ISA_LIMITS
-from autotune.child.envfile import value_text
-from autotune.child.files import write_atomically
-from autotune.child.knobs import KNOB_VARIABLES, KNOBS
 from autotune.deploy.user_run import EnvFile
 from autotune.measure import requests
 from autotune.measure.objectives import speedup_attr
 from autotune.measure.plan import PRIMITIVE_CACHE_VAR, BenchSpec, Binding, LaunchPlan, serving_env
+from autotune.model import envfile, hf
+from autotune.model.cpu import ISA_LIMITS
+from autotune.model.envfile import value_text
+from autotune.model.files import write_atomically
+from autotune.model.knobs import KNOB_VARIABLES, KNOBS
 from autotune.study import confirmations, records, references
 
 # Everything autotune's knobs may set in the process; the file unsets those its configuration leaves

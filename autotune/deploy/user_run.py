@@ -19,13 +19,13 @@ from pathlib import Path
 
 from autotune.base import tempdirs
 from autotune.base.errors import AutotuneError
-from autotune.child import deploy, envfile
-from autotune.child.errors import ApplyError
-from autotune.child.knobs import ModelKnobs
 from autotune.host.libs import Libraries
 from autotune.host.topology import Topology, format_cpus
 from autotune.measure.children import kill_group
 from autotune.measure.plan import Binding, best_binder, bind_prefix
+from autotune.model import apply, envfile
+from autotune.model.errors import ApplyError
+from autotune.model.knobs import ModelKnobs
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def check_runnable(env_file: EnvFile, source: Path, program: str, topology: Topo
     """The program exists, the file's CPUs are ones this process may use, and its model knobs
     are ones this machine can apply."""
     try:
-        chosen = deploy.from_env(env_file.env, str(source))
+        chosen = apply.from_env(env_file.env, str(source))
         if chosen is not None:
             chosen.knobs.check()
     except ApplyError as exc:
@@ -95,7 +95,7 @@ def run_checked(env_file: EnvFile, launches: Sequence[UserLaunch]) -> tuple[int,
         report = Path(tmp) / "applied.jsonl"
         told = [replace(launch, env={**launch.env, envfile.REPORT_VAR: str(report)}) for launch in launches]
         code = run_foreground(told)
-        return code, unapplied(deploy.knobs_from_env(env_file.env), len(launches), report)
+        return code, unapplied(apply.knobs_from_env(env_file.env), len(launches), report)
 
 
 def unapplied(knobs: ModelKnobs, instances: int, report: Path) -> str:

@@ -1,4 +1,4 @@
-"""What this CPU runs and how fast, measured: the kernel probe (`autotune.child.backends.probe`) run in a
+"""What this CPU runs and how fast, measured: the kernel probe (`autotune.model.backends.probe`) run in a
 child process once per host, instruction-set limits and library versions, kept in the cache, and
 read into the decisions a search and `bench` make and the peaks `doctor` shows.
 
@@ -26,9 +26,9 @@ from typing import Any
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import PROBE_AGREES, PROBE_SLOWER
-from autotune.child import backends, cpu
-from autotune.child.backends import probe as kernel_probe
-from autotune.child.files import unwritable, write_atomically
+from autotune.model import backends, cpu
+from autotune.model.backends import probe as kernel_probe
+from autotune.model.files import unwritable, write_atomically
 
 # Where probes are kept when not under the cache folder: one folder for every study of a machine
 # (the tests point their autotune processes at one, so that the suite probes once).
@@ -281,13 +281,13 @@ def run_child(threads: Sequence[int], folder: Path) -> dict[str, Any]:
                 return partial | {"kernels": done, "bandwidth": {}, "bandwidth_error": why}
             if not running:
                 raise ProbeError(f"the kernel probe failed ({why}) before it measured anything; run `python -m "
-                                 f"autotune.child.backends.probe --out probe.json --threads 1` to see why")
+                                 f"autotune.model.backends.probe --out probe.json --threads 1` to see why")
             done.append(_crashed(running, why))
     raise ProbeError("the kernel probe kept failing; run `autotune doctor --probe` to try again")
 
 
 def _child(threads: Sequence[int], out: Path, skip: Sequence[str], timeout_s: float) -> tuple[int, str]:
-    argv = [sys.executable, "-m", "autotune.child.backends.probe", "--out", str(out),
+    argv = [sys.executable, "-m", "autotune.model.backends.probe", "--out", str(out),
             "--threads", ",".join(map(str, threads)), "--skip", ",".join(skip)]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                start_new_session=True)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child import backends, cpu
-from autotune.child.cpu import ISA_FLAGS, cpuinfo
 from autotune.host import libs, topology
 from autotune.host.libs import Libraries
 from autotune.host.topology import Topology, format_cpus
+from autotune.model import backends, cpu
+from autotune.model.cpu import ISA_FLAGS, cpuinfo
 
 # For tests only: the name this process gives its host, so that processes on one machine act as
 # the workers of several hosts. Never set it on a real fleet.

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from autotune.base.errors import TopologyError
-from autotune.child import deploy
-from autotune.child.buckets import Buckets
-from autotune.child.cpu import ISA_LIMITS
-from autotune.child.knobs import ModelKnobs
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config.knobs import Config
 from autotune.host.libs import Libraries
 from autotune.host.topology import PhysicalCore, Topology, format_cpus
+from autotune.model import apply
+from autotune.model.buckets import Buckets
+from autotune.model.cpu import ISA_LIMITS
+from autotune.model.knobs import ModelKnobs
 
 KMP_AFFINITY = {
     "compact": "granularity=fine,compact,1,0",
@@ -155,13 +155,13 @@ def model_knobs(config: Config) -> ModelKnobs:
 
 def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
     """The benchmark child's argv; the runner appends the per-run `--result` and `--ready-fd`."""
-    knobs = deploy.to_env(model_knobs(config))
+    knobs = apply.to_env(model_knobs(config))
     return (
         python, "-m", "autotune.child.worker",
         "--model", bench.model,
         "--item-shape", "x".join(map(str, bench.item_shape)),
         "--batch-size", str(bench.batch_size),
-        *(arg for name, var in deploy.KNOB_VARS.items() for arg in (f"--{name.replace('_', '-')}", knobs[var])),
+        *(arg for name, var in apply.KNOB_VARS.items() for arg in (f"--{name.replace('_', '-')}", knobs[var])),
         *(("--tolerance", str(bench.tolerance)) if bench.tolerance is not None else ()),
         *(("--calibration-batches", str(bench.calibration_batches))
           if bench.calibration_batches is not None and config.text("precision") == "int8" else ()),

@@ -11,12 +11,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.base.errors import ConfigError, ModelError, RunFailed
-from autotune.child import backends, envfile
-from autotune.child.backends.converted import CONVERT_FAILED
-from autotune.child.buckets import BucketError, Buckets
-from autotune.child.envfile import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR, has_control
-from autotune.child.errors import LOAD_FAILED
-from autotune.child.files import unwritable
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.config import models
 from autotune.config.knobs import KNOBS, Config
@@ -32,6 +26,12 @@ from autotune.measure.plan import (
     worker_command,
 )
 from autotune.measure.runner import run_plan
+from autotune.model import backends, envfile
+from autotune.model.backends.converted import CONVERT_FAILED
+from autotune.model.buckets import BucketError, Buckets
+from autotune.model.envfile import SEQ_LEN_WEIGHTS_VAR, SEQ_LENS_VAR, has_control
+from autotune.model.errors import LOAD_FAILED
+from autotune.model.files import unwritable
 
 
 @dataclass(frozen=True)

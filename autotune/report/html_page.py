@@ -21,8 +21,8 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from autotune.base.errors import AutotuneError
-from autotune.child.files import write_atomically
 from autotune.measure.objectives import Metric, lower_is_better
+from autotune.model.files import write_atomically
 from autotune.report.contents import METRIC_LABELS, FailureGroup, Forest, ForestRow, History, Report, TradeoffPoint
 from autotune.report.importance import IMPORTANCE_EVALUATOR, Importance, Marginal
 from autotune.study import confirmations, efficiency

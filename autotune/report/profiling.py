@@ -25,7 +25,6 @@ from optuna.trial import FrozenTrial
 
 from autotune.base import tempdirs
 from autotune.base.errors import AutotuneError, RunFailed
-from autotune.child.files import write_atomically
 from autotune.config.knobs import Config
 from autotune.deploy import export
 from autotune.host.machine import Machine
@@ -33,6 +32,7 @@ from autotune.measure import requests
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
+from autotune.model.files import write_atomically
 from autotune.study import records
 from autotune.study.storage import safe_name
 

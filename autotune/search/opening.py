@@ -13,8 +13,6 @@ from typing import Any
 
 import optuna
 
-from autotune.child import hf
-from autotune.child.buckets import Buckets
 from autotune.child.settings import CACHE_DIR, STUDIES_DIR, MeasureSettings
 from autotune.config import models, recipes, space, space_fit
 from autotune.config.knobs import Config
@@ -24,6 +22,8 @@ from autotune.host.machine import Machine, class_id, fingerprint, host_class, to
 from autotune.measure import requests
 from autotune.measure.objectives import OBJECTIVES, Objective, parse_objective
 from autotune.measure.replicates import ReplicatePolicy
+from autotune.model import hf
+from autotune.model.buckets import Buckets
 from autotune.search import fleet, proposals
 from autotune.study import claims, holders, records, storage
 from autotune.study.storage import StudyError

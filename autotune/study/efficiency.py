@@ -12,8 +12,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.child.backends import RUNTIME_OF
 from autotune.config.knobs import Config
+from autotune.model.backends import RUNTIME_OF
 from autotune.study import confirmations, records
 
 WORK = "flops_per_item"  # the user attribute of the trial whose process counted it (the baseline)

@@ -17,8 +17,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import ConfigError
-from autotune.child.knobs import PEER_BACKENDS
 from autotune.config.knobs import KNOBS, Config
+from autotune.model.knobs import PEER_BACKENDS
 from autotune.study import records
 
 

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.child.envfile import read as read_env
-from autotune.child.knobs import PEER_BACKENDS
 from autotune.measure.requests import exported_config
 from autotune.measure.results import bucket_p50s
+from autotune.model.envfile import read as read_env
+from autotune.model.knobs import PEER_BACKENDS
 from autotune.search.rounds import schedule
 from autotune.study import storage
 

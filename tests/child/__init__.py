@@ -1,1 +1,1 @@
-"""Tests of autotune/child/."""
+"""Tests of autotune/child/: the measuring child."""

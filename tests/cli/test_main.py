@@ -115,8 +115,8 @@ def test_doctor_json_lists_libraries_with_install_hints(capsys: pytest.CaptureFi
 
 def test_doctor_lists_the_runtimes_found_with_their_versions_and_how_to_install_a_missing_one(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.child import backends
-    from autotune.child.backends.base import Packages
+    from autotune.model import backends
+    from autotune.model.backends.base import Packages
 
     found = {"openvino": "2026.4.1", "nncf": "3.4.0", "onnxruntime": None, "onnx": "1.23.2", "onnxscript": None}
     monkeypatch.setattr(Packages, "versions", lambda self: {name: found[name] for name in self.distributions})
@@ -220,7 +220,7 @@ RUNS = {"search": ["--trials", "2"], "bench": [], "plan": []}
 @pytest.fixture
 def without_openvino(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """This environment as one without OpenVINO's packages, in an empty folder (what gets written)."""
-    from autotune.child import backends
+    from autotune.model import backends
 
     real = backends.missing
     monkeypatch.setattr(backends, "missing", lambda backend: ("openvino", "nncf") if backend == "openvino" else

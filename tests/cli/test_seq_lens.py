@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.child import buckets, rounds
+from autotune.child import rounds
 from autotune.measure import requests
+from autotune.model import buckets
 from tests.support.cli import run_cli
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from autotune.base.errors import ModelError
-from autotune.child import hf
 from autotune.config.models import resolve
+from autotune.model import hf
 
 NAMES = ("resnet18", "resnet50")
 

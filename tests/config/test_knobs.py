@@ -60,11 +60,11 @@ def test_layout_knobs_follow_the_backend_and_mkldnn() -> None:
 
 
 def test_the_model_knobs_types_and_defaults_are_the_tables() -> None:
-    """ModelKnobs's fields and their Literal types say what `child.knobs.KNOBS` says, knob by knob."""
+    """ModelKnobs's fields and their Literal types say what `model.knobs.KNOBS` says, knob by knob."""
     from dataclasses import fields
     from typing import get_args
 
-    from autotune.child.knobs import KNOBS, MODEL_KNOBS, Backend, MemoryFormat, ModelKnobs, Precision, Shapes
+    from autotune.model.knobs import KNOBS, MODEL_KNOBS, Backend, MemoryFormat, ModelKnobs, Precision, Shapes
 
     assert {f.name for f in fields(ModelKnobs)} == set(MODEL_KNOBS)
     assert {name: getattr(ModelKnobs(), name) for name in MODEL_KNOBS} == {n: KNOBS[n].default for n in MODEL_KNOBS}
@@ -73,9 +73,9 @@ def test_the_model_knobs_types_and_defaults_are_the_tables() -> None:
 
 
 def test_the_child_flags_take_the_knobs_values_and_the_protocol_defaults() -> None:
-    from autotune.child.knobs import KNOBS, MODEL_KNOBS
     from autotune.child.settings import CACHE_DIR, MeasureSettings
     from autotune.child.worker import parse_args
+    from autotune.model.knobs import KNOBS, MODEL_KNOBS
 
     args = parse_args(["--model", "resnet18", "--item-shape", "3x8x8", "--result", "r.json"])
     assert (args.backend, args.precision, args.mkldnn, args.cache_dir) == ("eager", "fp32", "off", CACHE_DIR)
@@ -89,8 +89,8 @@ def test_the_child_flags_take_the_knobs_values_and_the_protocol_defaults() -> No
 
 
 def test_apply_and_the_harness_refuse_a_broken_condition_in_the_same_words() -> None:
-    from autotune.child.errors import ApplyError
-    from autotune.child.knobs import ModelKnobs
+    from autotune.model.errors import ApplyError
+    from autotune.model.knobs import ModelKnobs
 
     with pytest.raises(ConfigError) as harness:
         Config.from_assignments(["backend=inductor", "mkldnn=on"])
@@ -119,6 +119,6 @@ def test_the_docs_knob_table_is_the_knob_table(capsys: pytest.CaptureFixture[str
     code, out, _ = run_cli(capsys, "knobs", "--markdown")
     page = (ROOT / "docs" / "knobs.md").read_text()
     assert code == 0 and page.endswith(out), "docs/knobs.md is stale: run `autotune knobs --markdown`"
-    from autotune.child.knobs import KNOBS
+    from autotune.model.knobs import KNOBS
 
     assert out.count("\n") == len(KNOBS) + 2

@@ -8,10 +8,10 @@ import optuna
 import pytest
 
 from autotune.base.errors import ConfigError
-from autotune.child.knobs import KNOBS, PEER_BACKENDS, VALUE_CONDITIONS
 from autotune.config import recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.config.space import SAMPLE_ORDER, SHRINKS_WITH, SpaceError
+from autotune.model.knobs import KNOBS, PEER_BACKENDS, VALUE_CONDITIONS
 from tests.conftest import lscpu
 from tests.support import probes
 
@@ -78,7 +78,7 @@ def test_a_backend_whose_runtime_is_not_installed_is_dropped_with_a_note() -> No
 
 
 def test_what_the_machine_offers_comes_from_the_runtimes_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.child import backends
+    from autotune.model import backends
 
     monkeypatch.setattr(backends, "missing", lambda backend: ("onnxscript",) if backend == "onnxruntime" else ())
     assert space_fit.runtimes_installed() == {"openvino": True, "onnxruntime": False}

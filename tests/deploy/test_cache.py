@@ -14,12 +14,12 @@ import optuna
 import pytest
 
 from autotune.base.errors import AutotuneError
-from autotune.child import deploy, references
-from autotune.child.artifacts import ARTIFACT_FORMAT, installed_torch_version
-from autotune.child.convert import saved_knobs
-from autotune.child.knobs import ModelKnobs
 from autotune.cli.options import parse_duration
 from autotune.deploy import cache, export
+from autotune.model import apply, references
+from autotune.model.artifacts import ARTIFACT_FORMAT, installed_torch_version
+from autotune.model.convert import saved_knobs
+from autotune.model.knobs import ModelKnobs
 from tests.support.cli import AUTOTUNE
 
 HERE = cache.Here(torch="2.14.1+cu130", isa=("avx2", "avx512f"))
@@ -27,7 +27,7 @@ DAY = 86400.0
 
 
 def artifact(folder: Path, name: str, knobs: ModelKnobs, age_s: float = 0.0, **meta: Any) -> Path:
-    """An artifact file and its description, as child.artifacts.save_artifact leaves them."""
+    """An artifact file and its description, as model.artifacts.save_artifact leaves them."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     path.write_bytes(b"x" * 1000)
@@ -81,7 +81,7 @@ def test_scan_lists_artifacts_kernels_and_leftovers(tmp_path: Path) -> None:
 
 
 def test_the_kept_eager_outputs_are_entries_per_torch_version(tmp_path: Path) -> None:
-    """`child.references` keeps them per torch version: another torch's are unusable, and pruned."""
+    """`model.references` keeps them per torch version: another torch's are unusable, and pruned."""
     for version in (HERE.torch, "2.13.0", "2.12.0"):
         folder = tmp_path / references.FOLDER / version
         folder.mkdir(parents=True)
@@ -143,7 +143,7 @@ def test_int8_calibration_batches_are_listed_and_kept_by_the_env_file_that_loads
 
 
 def test_a_guard_record_is_kept_in_the_description_and_a_damaged_one_is_no_record(tmp_path: Path) -> None:
-    from autotune.child.artifacts import guard_record, remember_guard
+    from autotune.model.artifacts import guard_record, remember_guard
 
     path = artifact(tmp_path / "artifacts", "inductor-a.pt2", ModelKnobs(backend="inductor", precision="int8"))
     assert guard_record(path, "k") is None
@@ -187,7 +187,7 @@ def test_cli_prune_keeps_what_an_exported_env_file_points_to(tmp_path: Path,
     trial = export.pick_trial(searched, None)
     export.write(tmp_path / "best.env", export.render(searched, trial, compiled))
     env = export.read(tmp_path / "best.env").env
-    knobs = deploy.knobs_from_env(env)
+    knobs = apply.knobs_from_env(env)
     threads = int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else 1
     here = {"torch": installed_torch_version(), "isa": list(cache.Here.now().isa)}
     kept = artifact(compiled, "inductor-kept.pt2", knobs, age_s=40 * DAY, threads=threads, **here)

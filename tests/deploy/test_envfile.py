@@ -1,4 +1,4 @@
-"""The env file, the format a user keeps (child/envfile.py): what an export of each kind of
+"""The env file, the format a user keeps (model/envfile.py): what an export of each kind of
 configuration sets (its own knobs, once) and unsets, a file cut short, a format this autotune does not
 read, and a file of the previous format, which still loads."""
 
@@ -13,11 +13,11 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 import autotune
-from autotune.child import deploy, envfile
 from autotune.config.knobs import KNOBS, Config
 from autotune.deploy import export
 from autotune.host.machine import Machine
 from autotune.measure import requests
+from autotune.model import apply, envfile
 from tests.conftest import FIXTURES
 from tests.support.cli import AUTOTUNE
 
@@ -79,7 +79,7 @@ def test_the_file_reads_back_the_configuration_it_was_written_for(here: Machine)
     assignments = ("backend=inductor", "precision=int8", "omp_threads=1", "instances=2", "omp_runtime=llvm")
     parsed = envfile.parse(exported(here, *assignments))
     assert requests.exported_config(parsed.env) == Config.from_assignments(assignments)
-    assert deploy.from_env(parsed.env) is not None
+    assert apply.from_env(parsed.env) is not None
     defaults = envfile.parse(exported(here))
     assert requests.exported_config(defaults.env) == Config()  # backend=eager names what runs, sets nothing
 
@@ -100,7 +100,7 @@ def test_a_file_cut_short_is_refused_in_one_line(here: Machine, tmp_path: Path, 
 def test_a_newer_format_is_refused_saying_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(autotune.ApplyError, match=r"AUTOTUNE_FORMAT='3' is a format this autotune does not read "
                                                   r"\(it reads 1 to 2\); upgrade autotune"):
-        deploy.from_env({"AUTOTUNE_FORMAT": "3", "AUTOTUNE_BACKEND": "eager"})
+        apply.from_env({"AUTOTUNE_FORMAT": "3", "AUTOTUNE_BACKEND": "eager"})
 
 
 def test_a_file_of_the_previous_format_still_loads(tmp_path: Path) -> None:

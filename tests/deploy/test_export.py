@@ -13,9 +13,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.child import envfile
 from autotune.deploy import export
 from autotune.deploy.export import ExportError
+from autotune.model import envfile
 from tests.support.cli import AUTOTUNE
 
 

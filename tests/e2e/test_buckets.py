@@ -15,8 +15,8 @@ import torch
 import transformers
 
 import autotune
-from autotune.child import buckets, deploy
-from autotune.child.knobs import ModelKnobs
+from autotune.model import apply, buckets
+from autotune.model.knobs import ModelKnobs
 from tests.conftest import NEEDS_INT8
 from tests.support.cli import autotune as autotune_cli
 from tests.support.hf import token_batch
@@ -95,6 +95,6 @@ def test_a_longer_input_than_the_largest_bucket_is_one_error(bucketed_bert: auto
 @pytest.fixture(scope="module")
 def bucketed_bert(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> autotune.Applied:
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tiny_bert).eval()
-    chosen = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path_factory.mktemp("artifacts"),
+    chosen = apply.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path_factory.mktemp("artifacts"),
                                seq_lens=(8, 16))
-    return deploy.apply_buckets(deploy.hf.wrapped(model), token_batch(12), chosen, check=True)
+    return apply.apply_buckets(apply.hf.wrapped(model), token_batch(12), chosen, check=True)

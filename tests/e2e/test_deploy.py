@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import autotune
-from autotune.child import deploy, envfile
-from autotune.child.knobs import ModelKnobs
+from autotune.model import apply, envfile
+from autotune.model.knobs import ModelKnobs
 from tests.conftest import NEEDS_BF16, ROOT
 from tests.fixtures.models import tinynets
 from tests.support import envs
@@ -63,7 +63,7 @@ def child_setup(cwd: Path, model: str, inputs: str, *knobs: str) -> dict[str, An
 def test_apply_answers_what_the_child_measured(here: Path, tmp_path: Path, knob: str, knobs: ModelKnobs) -> None:
     measured = child_setup(here, "tinynets:cnn", "images.pt", knob)
     example = torch.load(here / "images.pt")[:BATCH]
-    applied = deploy.apply_deployment(tinynets.cnn(), example, deploy.Deployment(knobs, artifacts=tmp_path),
+    applied = apply.apply_deployment(tinynets.cnn(), example, apply.Deployment(knobs, artifacts=tmp_path),
                                       check=False)
     assert applied.setup["output_dtype"] == measured["output_dtype"]
     assert applied.setup["output_digest"] == pytest.approx(measured["output_digest"], rel=1e-4, abs=1e-4)
@@ -74,8 +74,8 @@ def test_a_token_id_model_goes_through_bench_and_apply(here: Path, tmp_path: Pat
     assert measured["max_rel_err"] <= 1e-3
     tokens = torch.load(here / "tokens.pt")[:BATCH]
     assert tokens.dtype == torch.int64
-    deployment = deploy.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
-    applied = deploy.apply_deployment(tinynets.encoder(), tokens, deployment, check=True)
+    deployment = apply.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
+    applied = apply.apply_deployment(tinynets.encoder(), tokens, deployment, check=True)
     assert applied.setup["output_digest"] == pytest.approx(measured["output_digest"], rel=1e-4, abs=1e-4)
 
 
@@ -92,7 +92,7 @@ def test_export_compiles_artifacts_that_apply_loads(here: Path, tmp_path: Path) 
     assert list((tmp_path / "compiled").glob("torchscript-*.pt"))
     env = envfile.parse((tmp_path / "best.env").read_text()).env
     assert env["AUTOTUNE_BACKEND"] == "torchscript"
-    assert env[deploy.ARTIFACTS_VAR] == str((tmp_path / "compiled").resolve())
+    assert env[apply.ARTIFACTS_VAR] == str((tmp_path / "compiled").resolve())
     program = ("import torch, autotune, tinynets; torch.manual_seed(0)\n"
                "m = autotune.apply(tinynets.cnn(), torch.randn(1, 3, 32, 32), env_file='best.env')\n"
                "print(m.setup['artifact_hit'], 'trace_s' in m.setup)\n")
@@ -129,7 +129,7 @@ def test_export_builds_artifacts_for_a_configuration_that_preloads_libraries(
 
 
 def _env_file(path: Path, knobs: ModelKnobs) -> Path:
-    path.write_text(envs.hand_written(**deploy.to_env(knobs)))
+    path.write_text(envs.hand_written(**apply.to_env(knobs)))
     return path
 
 
@@ -157,10 +157,10 @@ def test_serve_example_runs_under_an_env_file(tmp_path: Path) -> None:
 
 
 def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: Path) -> None:
-    deployment = deploy.Deployment(ModelKnobs(backend="inductor", precision="bf16"), artifacts=tmp_path)
+    deployment = apply.Deployment(ModelKnobs(backend="inductor", precision="bf16"), artifacts=tmp_path)
     example = torch.randn(BATCH, 3, 32, 32)
-    first = deploy.apply_deployment(tinynets.cnn(), example, deployment, check=True)
-    again = deploy.apply_deployment(tinynets.cnn(), example, deployment, check=False)
+    first = apply.apply_deployment(tinynets.cnn(), example, deployment, check=True)
+    again = apply.apply_deployment(tinynets.cnn(), example, deployment, check=False)
     assert first.setup["artifact_hit"] is False and first.setup["compile_s"] > 0
     assert again.setup["artifact_hit"] is True and "compile_s" not in again.setup
     assert len(list(tmp_path.glob("inductor-*.pt2"))) == 1
@@ -171,7 +171,7 @@ def test_an_inductor_artifact_is_compiled_once_and_checks_its_inputs(tmp_path: P
 
 
 def test_an_inductor_artifact_takes_keyword_inputs_in_any_order(tmp_path: Path) -> None:
-    """The AOTInductor package is loaded through torch's loader directly (child.backends.inductor.Package),
+    """The AOTInductor package is loaded through torch's loader directly (model.backends.inductor.Package),
     which puts keyword inputs in the order they were exported in."""
 
     class TwoInputs(torch.nn.Module):
@@ -179,9 +179,9 @@ def test_an_inductor_artifact_takes_keyword_inputs_in_any_order(tmp_path: Path) 
             return {"scaled": image * scale, "sum": image.sum(dim=(1, 2, 3)) - scale.sum()}
 
     image, scale = torch.randn(BATCH, 3, 8, 8), torch.rand(BATCH, 1, 1, 1) + 1
-    deployment = deploy.Deployment(ModelKnobs(backend="inductor"), artifacts=tmp_path)
-    deploy.apply_deployment(TwoInputs(), {"image": image, "scale": scale}, deployment, check=True)
-    loaded = deploy.apply_deployment(TwoInputs(), {"scale": scale, "image": image}, deployment, check=True)
+    deployment = apply.Deployment(ModelKnobs(backend="inductor"), artifacts=tmp_path)
+    apply.apply_deployment(TwoInputs(), {"image": image, "scale": scale}, deployment, check=True)
+    loaded = apply.apply_deployment(TwoInputs(), {"scale": scale, "image": image}, deployment, check=True)
     assert loaded.setup["artifact_hit"] is True
     output = loaded(scale=scale, image=image)
     assert set(output) == {"scaled", "sum"} and torch.allclose(output["scaled"], image * scale)
@@ -196,10 +196,10 @@ class Branchy(torch.nn.Module):
 
 def test_a_model_export_cannot_capture_falls_back_to_torch_compile(monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
-    for var, value in {**deploy.to_env(ModelKnobs(backend="inductor")), "AUTOTUNE_ARTIFACTS": str(tmp_path)}.items():
+    for var, value in {**apply.to_env(ModelKnobs(backend="inductor")), "AUTOTUNE_ARTIFACTS": str(tmp_path)}.items():
         monkeypatch.setenv(var, value)
     example = torch.ones(2, 4)
-    with pytest.warns(deploy.CompileFallback, match="torch.export failed .*; torch.compile: compiled in this "
+    with pytest.warns(apply.CompileFallback, match="torch.export failed .*; torch.compile: compiled in this "
                                                      "process, not saved"):
         applied = autotune.apply(Branchy(), example, check=True)
     assert torch.equal(applied(example), example * 2)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.child import envfile
+from autotune.model import envfile
 from tests.conftest import NEEDS_PEERS
 from tests.fixtures.models import tinynets
 from tests.support.cli import AUTOTUNE

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from autotune.child.backends import probe as kernel_probe
 from autotune.host import capabilities, topology
 from autotune.host.capabilities import Probe, ProbeError
+from autotune.model.backends import probe as kernel_probe
 from tests.conftest import HOST_PROBE
 from tests.support import probes
 from tests.support.cli import run_cli
@@ -142,7 +142,7 @@ def test_a_child_that_measures_nothing_is_one_error(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(capabilities, "_child", lambda *args: (1, "exit 1: ModuleNotFoundError: No module named x"))
     with pytest.raises(ProbeError, match=r"^the kernel probe failed \(exit 1: ModuleNotFoundError: No module named "
                                          r"x\) before it measured anything; run `python -m "
-                                         r"autotune.child.backends.probe"):
+                                         r"autotune.model.backends.probe"):
         capabilities.run_child([1], tmp_path)
 
 
@@ -180,7 +180,7 @@ def test_probing_in_a_measuring_process_keeps_its_thread_count() -> None:
     process was launched with (left at one, resnext101 int8 at 2 threads took 85 ms instead of 45)."""
     import torch
 
-    from autotune.child.kernels import Kernel, bandwidth
+    from autotune.model.kernels import Kernel, bandwidth
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -200,7 +200,7 @@ def test_probing_in_a_measuring_process_keeps_its_thread_count() -> None:
 def test_int8_sums_saturate_where_onednn_is_limited_to_avx2() -> None:
     """With oneDNN limited to AVX2 (no VNNI), u8 x s8 pairs go through 16-bit sums: measured to saturate
     at the full uint8 range, so PyTorch's int8 quantizes activations to 7 bits, which agree."""
-    program = ("from autotune.child.backends import probe as p; from autotune.child.kernels import Kernel; "
+    program = ("from autotune.model.backends import probe as p; from autotune.model.kernels import Kernel; "
                "import json; m = p.measure(Kernel('torch', 'int8', 'conv'), [1]); "
                "print(json.dumps([p.saturates('torch'), p.remedy('inductor'), m.rel_error]))")
     env = os.environ | {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.child import hf
 from autotune.deploy import export
 from autotune.host.machine import Machine
 from autotune.measure import requests
+from autotune.model import hf
 from autotune.search import loop, opening
 from autotune.study.storage import StudyError
 from tests.support.studies import fake_runner, request

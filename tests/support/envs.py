@@ -3,7 +3,7 @@ what the test gives besides what every such file holds."""
 
 from __future__ import annotations
 
-from autotune.child import envfile
+from autotune.model import envfile
 
 
 def hand_written(**variables: str) -> str:

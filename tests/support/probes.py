@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.child.backends.probe import all_kernels
 from autotune.host.capabilities import Probe
+from autotune.model.backends.probe import all_kernels
 
 # GOP/s a made-up CPU reaches per precision at 1 thread (twice that at 2): int8 4x fp32, bf16 2x.
 SPEED = {"fp32": 100.0, "bf16": 200.0, "int8": 400.0, "int8_dynamic": 250.0, "int8_weight_only": 100.0}
@@ -39,7 +39,7 @@ def failing(name: str, error: str) -> dict[str, dict[str, Any]]:
 
 def refusing(bf16: bool = False, int8: bool = False) -> dict[tuple[str, str], str]:
     """What `capabilities.refusals` gives on a CPU whose probe refuses bf16 (slow) and/or int8 (failed)."""
-    from autotune.child.backends import REGISTRY
+    from autotune.model.backends import REGISTRY
 
     refused = {}
     for backend in REGISTRY:

@@ -1,0 +1,221 @@
+"""backend=openvino: `openvino.convert_model(model, example_input=...)` with the example's shapes
+fixed, saved as IR (an .xml beside its .bin, weights kept in fp32), compiled for the CPU plugin with
+the knobs' hint, streams, pinning, the process's thread count and the inference precision (bf16
+where precision=bf16). precision=int8: NNCF post-training quantization on the calibration batches,
+with its overflow fix (7-bit weights) where this CPU's int8 sums saturate (measured: `probe.remedy`).
+
+The probe runs its operations as OpenVINO models (int8 with FakeQuantize, the form NNCF writes) and
+reads back which precision the CPU plugin really ran them in.
+
+OpenVINO's runtime frees memory a preloaded malloc did not allocate ("free(): invalid pointer",
+SIGABRT; SIGBUS once): every such run crashed, resnet18 and BERT alike (OpenVINO 2026.4.1), so it
+never runs under jemalloc or tcmalloc.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.model.backends.base import Packages, Ready
+from autotune.model.backends.converted import CONVERT_FAILED, Converter, Run, failed_at, flat, flat_numpy
+from autotune.model.batches import explain, split
+from autotune.model.errors import ApplyError
+from autotune.model.kernels import CONV, Kernel, inputs, quantized
+from autotune.model.knobdefs import Knob, KnobValue, Precision
+
+if TYPE_CHECKING:
+    from autotune.model.knobs import ModelKnobs
+
+OV_PRECISION = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}  # int8: the quantized layers run int8 anyway
+
+
+class OpenVINO(Converter):
+    name = "openvino"
+    runtime = "openvino"
+    label = "OpenVINO"
+    summary = "openvino.convert_model, saved as IR, compiled for the CPU plugin"
+    precisions: tuple[Precision, ...] = ("fp32", "bf16", "int8")
+    # NNCF quantizes for OpenVINO.
+    packages = Packages("OpenVINO", "openvino", ("openvino", "nncf"), ("openvino", "nncf"))
+    suffix = ".xml"
+    int8_remedy = "overflow_fix"
+
+    def __init__(self) -> None:
+        self.knobs = (
+            self.own(Knob("ov_hint", "choice", "OpenVINO's performance hint: latency (one stream, all threads) or "
+                          "throughput (several streams)", choices=("latency", "throughput"), default="latency",
+                          places=True)),
+            self.own(Knob("ov_streams", "int", "OpenVINO's number of streams (NUM_STREAMS); 0 = as the hint decides",
+                          low=0, high=4096, default=0, places=True, core_bound=True, shrinks_with="omp_threads")),
+            self.own(Knob("ov_pinning", "bool", "OpenVINO pins its threads to CPUs (ENABLE_CPU_PINNING)",
+                          default=True, places=True)),
+        )
+
+    def files(self, path: Path) -> tuple[Path, ...]:
+        return path, weights_file(path)
+
+    def recipes(self, cores: int) -> tuple[tuple[str, dict[str, KnobValue]], ...]:
+        """At its defaults (the LATENCY hint), then its bf16 inference precision (it does not always pick
+        it by itself: on an AVX-512 EPYC without AMX its defaults ran fp32) and its int8 through NNCF,
+        each where the probe runs it well."""
+        return (("OpenVINO defaults (LATENCY hint)", {"backend": self.name}),
+                ("OpenVINO bf16", {"backend": self.name, "precision": "bf16"}),
+                ("OpenVINO int8 (NNCF)", {"backend": self.name, "precision": "int8"}))
+
+    def save(self, model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path: Path,
+             calibration: Sequence[Any]) -> None:
+        """The IR's weights go straight to their final place first, so that no process finds an .xml
+        without its .bin."""
+        import openvino as ov
+
+        args, kwargs = split(example)
+        if args and kwargs:
+            raise ApplyError("backend=openvino converts a model called with positional or keyword inputs, not both")
+        try:
+            converted = _converted(model, args, kwargs)
+            shapes = [ov.PartialShape(list(t.shape)) for t in flat(example)]  # fixed, as the other backends compile
+            converted.reshape(dict(zip(converted.inputs, shapes, strict=True)))
+        except Exception as exc:
+            raise ApplyError(f"backend=openvino: openvino.convert_model {CONVERT_FAILED} at "
+                             f"{failed_at(exc)} ({explain(exc)}); use another backend for it") from exc
+        if knobs.precision == "int8":
+            converted = _nncf_quantized(model, converted, calibration)
+        bin_tmp = weights_file(tmp)
+        try:
+            ov.save_model(converted, str(tmp), compress_to_fp16=False)
+            os.replace(bin_tmp, weights_file(path))
+        finally:
+            bin_tmp.unlink(missing_ok=True)
+
+    def runner(self, path: Path, knobs: ModelKnobs, threads: int) -> Run:
+        import openvino as ov
+
+        config: dict[str, Any] = {"PERFORMANCE_HINT": knobs.ov_hint.upper(), "INFERENCE_NUM_THREADS": threads,
+                                  "ENABLE_CPU_PINNING": knobs.ov_pinning,
+                                  "INFERENCE_PRECISION_HINT": OV_PRECISION[knobs.precision]}
+        if knobs.ov_streams:
+            config["NUM_STREAMS"] = knobs.ov_streams
+        core = ov.Core()
+        try:
+            compiled = core.compile_model(core.read_model(str(path), str(weights_file(path))), "CPU", config)
+        except Exception as exc:
+            raise ApplyError(f"OpenVINO could not load {path.name} ({explain(exc)}); delete it and its .bin to "
+                             f"convert the model anew") from exc
+        request = compiled.create_infer_request()
+
+        def run(arrays: list[Any]) -> list[Any]:
+            return [array.copy() for array in request.infer(arrays).to_tuple()]
+
+        return run
+
+    def probe_kernel(self, kernel: Kernel, remedy: bool) -> Ready:
+        import openvino as ov
+
+        model = _probe_model(kernel, remedy)
+        core = ov.Core()
+
+        def compiled(threads: int) -> Any:
+            return core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                                                     "INFERENCE_PRECISION_HINT": OV_PRECISION[kernel.precision]})
+
+        def at(threads: int) -> Callable[[], Any]:
+            request = compiled(threads).create_infer_request()
+            x = inputs(kernel.op)[0].numpy()
+            return lambda: request.infer([x])[0]
+
+        return at, _ran_as(compiled(1), kernel.op)
+
+
+def weights_file(path: Path) -> Path:
+    """OpenVINO IR's weights, beside its .xml."""
+    return path.with_suffix(".bin")
+
+
+def _converted(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """OpenVINO's model from the module, as its TorchScript tracing sees it; where tracing fails (a
+    dict or nested output, say), from torch.export's graph, which convert_model also takes. The
+    tracing's failure is the one told when both fail."""
+    import openvino as ov
+    import torch
+
+    try:
+        return ov.convert_model(model, example_input=kwargs or (args[0] if len(args) == 1 else args))
+    except Exception as traced:
+        try:
+            with torch.no_grad():
+                return ov.convert_model(torch.export.export(model, args, kwargs))
+        except Exception:
+            raise traced from None
+
+
+def _nncf_quantized(model: Any, converted: Any, calibration: Sequence[Any]) -> Any:
+    import logging
+
+    import nncf
+
+    nncf.set_log_level(logging.ERROR)
+    batches = [_numpy_inputs(batch) for batch in calibration]
+    transformer = any("attention" in type(m).__name__.lower() for m in model.modules())
+    try:
+        return nncf.quantize(converted, nncf.Dataset(batches), subset_size=len(batches),
+                             model_type=nncf.ModelType.TRANSFORMER if transformer else None,
+                             advanced_parameters=_overflow_fix())
+    except Exception as exc:
+        raise ApplyError(f"precision=int8: NNCF could not quantize the OpenVINO model ({explain(exc)}); use "
+                         f"precision=fp32 or bf16 with backend=openvino") from exc
+
+
+def _overflow_fix() -> Any:
+    """NNCF's 7-bit weights on every layer where this CPU's int8 sums saturate (measured), else NNCF's own choice."""
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+
+    from autotune.model.backends import probe  # the probe reads the registry, which holds this module
+
+    return AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE) if probe.remedy("openvino") else None
+
+
+def _numpy_inputs(batch: Any) -> Any:
+    """A batch as NNCF feeds the OpenVINO model: one array, or a tuple of them in input order."""
+    arrays = flat_numpy(batch)
+    return arrays[0] if len(arrays) == 1 else tuple(arrays)
+
+
+def _probe_model(kernel: Kernel, remedy: bool) -> Any:
+    """The probe's operation as an OpenVINO model; int8 as NNCF's graphs hold it: FakeQuantize on the
+    activations (256 levels on [0, 1]) and on the weights (symmetric per output channel; with the
+    overflow fix, 7-bit weights: a range twice as wide on the same 255 levels, as NNCF writes them)."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    x, w = (t.numpy() for t in inputs(kernel.op))
+    data = ops.parameter(list(x.shape), ov.Type.f32)
+    source: Any = data
+    weights: Any = ops.constant(w)
+    if kernel.precision == "int8":
+        q = quantized(kernel.op, w_max=63 if remedy else 127)
+        high = (q.w_scales.numpy() * 127).reshape(-1, *([1] * (w.ndim - 1))).astype(np.float32)
+        source = ops.fake_quantize(data, 0.0, 1.0, 0.0, 1.0, round(1 / q.x_scale) + 1)
+        weights = ops.fake_quantize(weights, -high, high, -high, high, 255)
+    if kernel.op == "conv":
+        pad = [CONV[2] // 2] * 2
+        out = ops.convolution(source, weights, [1, 1], pad, pad, [1, 1])
+    else:
+        out = ops.matmul(source, weights, transpose_a=False, transpose_b=True)
+    return ov.Model([out], [data], f"probe-{kernel.op}")
+
+
+def _ran_as(compiled: Any, op: str) -> str:
+    """The precision OpenVINO's CPU plugin runs the convolution or matmul in (its runtime model)."""
+    wanted = ("Convolution",) if op == "conv" else ("MatMul", "FullyConnected")
+    for node in compiled.get_runtime_model().get_ordered_ops():
+        info = node.get_rt_info()
+        if "layerType" in info and info["layerType"].astype(str) in wanted:
+            return info["runtimePrecision"].astype(str).lower() if "runtimePrecision" in info else ""
+    return ""
+
+
+OPENVINO: Converter = OpenVINO()

@@ -1,0 +1,79 @@
+"""What a knob is (a name, its values, default and condition, and how text becomes its value), and
+the precisions: shared by the knob table (`autotune.model.knobs`) and the backends that declare
+knobs of their own (`autotune.model.backends`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from autotune.model.envfile import SWITCH, value_text
+
+KnobValue = bool | int | str
+KnobKind = Literal["bool", "int", "choice"]
+Condition = tuple[tuple[str, tuple[str, ...]], ...]  # (knob, the values it must have), all must hold
+
+_TRUE = {"on", "true", "yes", "1"}
+_FALSE = {"off", "false", "no", "0"}
+
+
+class KnobValueError(ValueError):
+    """A value a knob does not take; the message names the knob and what it takes."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable setting; `only_when` names the (knob, allowed values) it depends on."""
+
+    name: str
+    kind: KnobKind
+    help: str
+    choices: tuple[str, ...] = ()
+    low: int = 0
+    high: int = 0
+    default: KnobValue | None = None
+    only_when: Condition = ()
+    # For a knob without a default: the value whose launch is what leaving it unset runs, or comes
+    # closest ("max": the most its range offers). How a sampler sees a recipe, which sets few knobs.
+    unset_as: KnobValue | None = None
+    model: bool = False  # changes the module itself (apply's business); the others are the process's
+    places: bool = False  # a runtime's setting that places its work on the cores, not what it computes
+    core_bound: bool = False  # an integer no larger than the usable physical cores (its `max`)
+    shrinks_with: str = ""  # the knob whose sampled value caps this one (threads x instances fit the cores)
+    needs: tuple[tuple[str, str], ...] = ()  # (value, the library it preloads): a machine without it lacks it
+    sets: tuple[str, ...] = ()  # the environment variables it sets (an export unsets them when it does not)
+
+    def allowed(self) -> str:
+        if self.kind == "bool":
+            return ", ".join(SWITCH)
+        if self.kind == "int":
+            return f"an integer from {self.low} to {self.high}"
+        return ", ".join(self.choices)
+
+    def spellings(self) -> tuple[str, ...]:
+        """The values as a user types them (a switch's on/off): the child's flags take these."""
+        return tuple(SWITCH) if self.kind == "bool" else self.choices
+
+    def parse(self, raw: object) -> KnobValue:
+        """Turn text (CLI, YAML, study params, env files) into this knob's typed value, or say why not."""
+        text = value_text(raw).strip().lower()
+        if self.kind == "bool" and text in _TRUE | _FALSE:
+            return text in _TRUE
+        if self.kind == "int":
+            try:
+                number = int(text)
+            except ValueError:
+                number = None
+            if number is not None and self.low <= number <= self.high:
+                return number
+        if self.kind == "choice" and text in self.choices:
+            return text
+        raise KnobValueError(f"{self.name}={raw} is not allowed; use {self.allowed()}")
+
+
+Precision = Literal["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")
+# torchao's quantize_ on the model's nn.Linear layers, no calibration (`linear_int8`).
+LINEAR_INT8: tuple[Precision, ...] = ("int8_dynamic", "int8_weight_only")
+# Quantized: judged by top-1 agreement and cosine similarity with eager fp32 (`quantize.agreement_guard`).
+QUANTIZED: tuple[Precision, ...] = ("int8", *LINEAR_INT8)

@@ -1,0 +1,1 @@
+"""Tests of autotune/model/: what a model becomes and how it runs."""

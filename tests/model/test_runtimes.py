@@ -1,0 +1,32 @@
+"""The peer runtimes' packages, named twice: in each backend's module (found, versioned, told how
+to install) and as pyproject.toml's extras (what `pip install 'autotune[openvino]'` installs)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from autotune.model import backends
+from tests.conftest import ROOT
+
+tomllib = pytest.importorskip("tomllib")
+
+
+def test_each_runtime_s_extra_installs_exactly_the_packages_it_needs() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for spec in (b.packages for b in backends.REGISTRY if b.packages):
+        names = tuple(re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0] for requirement in extras[spec.extra])
+        assert names == spec.distributions, spec.extra
+        assert f"'autotune[{spec.extra}]'" in spec.install
+
+
+def setup_extras() -> set[str]:
+    """The extras ./setup.sh installs autotune with (`-e ".[test,...]"`)."""
+    found = re.search(r'-e "\.\[([\w,]+)\]"', (ROOT / "setup.sh").read_text())
+    assert found, "setup.sh installs autotune without extras"
+    return set(found.group(1).split(","))
+
+
+def test_setup_installs_both_extras() -> None:
+    assert {"openvino", "onnxruntime"} <= setup_extras()
