@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-# What the environment can limit the instruction set to (oneDNN's JIT, ATen's kernels, inductor's
-# code, OpenVINO's CPU plugin): `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` makes an AVX-512
-# machine run what an AVX2 one does.
-ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+# What the environment can limit the instruction set to (oneDNN's JIT, OpenVINO's CPU plugin, ATen's
+# kernels and inductor's code, MKL's fp32 matmuls): `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+# MKL_ENABLE_INSTRUCTIONS=AVX2` makes an AVX-512 machine run what an AVX2 one does, but for ONNX
+# Runtime's own kernels (MLAS), which read the CPU's flags and take no such limit.
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 @functools.lru_cache(maxsize=1)
