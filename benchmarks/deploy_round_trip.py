@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from autotune.measure import stats
-from autotune.model.envfile import quote
+from autotune.model import envfile
 from autotune.study.storage import find_study
 
 from lib import common
@@ -107,9 +107,10 @@ def serve(folder: Path, args: argparse.Namespace, tuned: bool, artifacts: str | 
         env_file = folder / "best.env"
         if artifacts is not None:  # the same file, pointing at an empty folder: apply compiles
             env_file = folder / "compiling.env"
-            text = (folder / "best.env").read_text().splitlines()
-            env_file.write_text("\n".join(line for line in text if "AUTOTUNE_ARTIFACTS=" not in line)
-                                + f"\nexport AUTOTUNE_ARTIFACTS={quote(artifacts)}\n")
+            kept = [line for line in (folder / "best.env").read_text().splitlines()
+                    if not line.startswith(f"export {envfile.ARTIFACTS_VAR}=")]
+            env_file.write_text("\n".join([*kept[:-1], envfile.export_line(envfile.ARTIFACTS_VAR, artifacts),
+                                           kept[-1]]) + "\n")  # the last line says the file is whole
         command = [sys.executable, "-m", "autotune", "run", str(env_file), "--", *command]
     out = subprocess.run(command, cwd=folder, env=common.cli_env(folder), capture_output=True, text=True,
                          check=True).stdout

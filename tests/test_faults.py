@@ -258,7 +258,7 @@ def test_an_interrupted_trial_records_what_stopped_it_and_runs_again(
     assert records.same_config(opened.study, 99, cut.user_attrs["config"], 1, opened.settings_digest) is None
 
 
-def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -> None:
+def test_export_unsets_what_autotune_sets_and_nothing_of_the_shells(tmp_path: Path, here: Machine) -> None:
     opened = opening.open_search(request(tmp_path, 2), here)
     loop.run_search(opened, here, lambda e: None, runner=fake_runner)
     trial = copy.deepcopy(export.pick_trial(opened.study, 0))
@@ -266,8 +266,10 @@ def test_export_unsets_only_what_a_knob_can_set(tmp_path: Path, here: Machine) -
     plan["cleared"] = ["OMP_SCHEDULE", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TORCH_SHOW_CPP_STACKTRACES"]
     trial.user_attrs = {**trial.user_attrs, "plan": plan}
     unset = [line for line in export.render(opened.study, trial).splitlines() if line.startswith("unset ")]
-    assert unset == [f"unset {' '.join(export.TUNING_VARS)} {' '.join(export.OPTIONAL_VARS)}"]
-
+    words = unset[0].split()[1:]
+    assert len(unset) == 1 and not set(words) & set(plan["cleared"])
+    assert set(export.TUNING_VARS) <= set(words) <= {*export.TUNING_VARS, *export.CONFIGURATION_VARS}
+    assert "AUTOTUNE_OMP_THREADS" in words and "AUTOTUNE_BACKEND" not in words  # the defaults set only the backend
 
 
 def test_run_keeps_the_shells_variables_that_source_keeps(tmp_path: Path, here: Machine) -> None:

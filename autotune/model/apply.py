@@ -58,7 +58,7 @@ class Deployment:
 def from_env(env: Mapping[str, str], source: str = "the environment") -> Deployment | None:
     """The deployment an environment describes, or None when it holds no model knob at all."""
     if not any(var in env for var in KNOB_VARS.values()):
-        return None
+        return None  # no env file was sourced (it always names the backend): nothing to check
     try:
         envfile.check_format(env)
     except envfile.EnvFileError as exc:

@@ -52,9 +52,11 @@ INSTANCE_NODES_VAR = "AUTOTUNE_INSTANCE_NUMA_NODES"  # and NUMA node
 INSTANCE_INDEX_VAR = "AUTOTUNE_INSTANCE_INDEX"  # set by `autotune run` in each instance, not in the file
 REPORT_VAR = "AUTOTUNE_APPLY_REPORT"  # set by `autotune run`: where apply says what it applied
 LISTED_VAR = "AUTOTUNE_KNOBS"  # format 1: every knob again, `k=v` pairs
-# Format 1's variables that a whole format-1 file held: a cut removes the end of a file, and the
-# instances' NUMA nodes were its last variable.
-FORMAT1 = (MODEL_VAR, LISTED_VAR, knob_var("backend"), INSTANCE_NODES_VAR)
+# What a whole format-1 file held (every one since the first export), and its last lines: the
+# launch lines, one comment per instance, after every variable (the artifacts' folder included).
+FORMAT1 = (MODEL_VAR, LISTED_VAR)
+FORMAT1_LAUNCH = "# launch lines, as the trial ran them:"
+FORMAT1_LAST = "#   instance "
 # What every format-2 file holds: the backend always names what runs; the other knobs where set.
 FORMAT2 = (FORMAT_VAR, MODEL_VAR, BATCH_SIZE_VAR, knob_var("backend"), BINDING_VAR, INSTANCE_CPUS_VAR,
            INSTANCE_NODES_VAR)
@@ -184,16 +186,24 @@ def check_format(env: Mapping[str, str]) -> int:
 
 
 def check_whole(env: Mapping[str, str], text: str) -> None:
-    """Refuse a file of a format this autotune does not read, or one cut short: format 2 (its header
-    says so) ends with `END` and sets what every such file sets; format 1 set every variable of
-    `FORMAT1`, the instances' NUMA nodes last. (An environment has no last line: variables set by
-    hand are read as they are.)"""
+    """Refuse a file of a format this autotune does not read, one whose header and AUTOTUNE_FORMAT
+    disagree, or one cut short: format 2 (its header says so) ends with `END` and sets what every
+    such file sets (`FORMAT2`); format 1 set `FORMAT1` and ended with its launch lines. (An
+    environment has no last line: variables set by hand are read as they are.)"""
     named = re.match(re.escape(HEADER) + r", format (\d+):", text)
-    found = check_format({**env, FORMAT_VAR: named.group(1)} if named else env)
-    needed = FORMAT2 if found == 2 else FORMAT1
-    missing = [var for var in needed if var not in env]
-    cut = found == 2 and (text.rstrip("\n").splitlines() or [""])[-1] != END
-    if missing or cut:
+    declared = int(named.group(1)) if named else 1
+    if FORMAT_VAR in env and env[FORMAT_VAR] != str(declared):
+        raise EnvFileError(f"its header says format {declared} but it sets {FORMAT_VAR}={env[FORMAT_VAR]!r} "
+                           f"(edited by hand?)")
+    found = check_format({**env, FORMAT_VAR: str(declared)})
+    lines = [line for line in text.splitlines() if line.strip()]
+    if found == 2:
+        missing, ends = [var for var in FORMAT2 if var not in env], lines[-1] == END
+        whole = f"ends with {END!r}"
+    else:
+        missing = [var for var in FORMAT1 if var not in env]
+        ends = FORMAT1_LAUNCH in lines and lines[-1].startswith(FORMAT1_LAST)
+        whole = "ends with its launch lines, one comment per instance"
+    if missing or not ends:
         lacking = f" (it lacks {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else ""
-        whole = f"ends with {END!r}" if found == 2 else f"sets {INSTANCE_NODES_VAR} last"
-        raise EnvFileError(f"the configuration is cut short{lacking}: a whole format-{found} file {whole}")
+        raise EnvFileError(f"the configuration is cut short or edited{lacking}: a whole format-{found} file {whole}")

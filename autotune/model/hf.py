@@ -33,7 +33,6 @@ DEFAULT_TASK = "sequence-classification"
 DEFAULT_SEQ_LEN = 128  # tokens per item when --seq-len is not given
 OUTPUTS = ("logits", "last_hidden_state")  # the head's tensor: the first of these a model's output holds
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # made when the model's forward takes them
-# What `autotune export` writes for a transformers model in place of AUTOTUNE_INPUT_SHAPE.
 
 
 @dataclass(frozen=True)

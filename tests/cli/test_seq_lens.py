@@ -11,7 +11,7 @@ import pytest
 
 from autotune.child import rounds
 from autotune.measure import requests
-from autotune.model import buckets
+from autotune.model import buckets, envfile
 from tests.support.cli import run_cli
 
 
@@ -28,10 +28,10 @@ def test_the_plan_carries_the_buckets_and_their_shares(capsys: pytest.CaptureFix
 
 
 def test_an_exported_environment_gives_the_buckets_back() -> None:
-    env = {"AUTOTUNE_MODEL": "hf:bert", buckets.SEQ_LENS_VAR: "32,128", buckets.SEQ_LEN_WEIGHTS_VAR: "0.75,0.25"}
+    env = {"AUTOTUNE_MODEL": "hf:bert", envfile.SEQ_LENS_VAR: "32,128", envfile.SEQ_LEN_WEIGHTS_VAR: "0.75,0.25"}
     assert requests.exported_request(env).buckets == buckets.Buckets((32, 128), (0.75, 0.25))
     with pytest.raises(requests.ConfigError, match="AUTOTUNE_SEQ_LENS='128,32': .* is not increasing"):
-        requests.exported_request({**env, buckets.SEQ_LENS_VAR: "128,32"})
+        requests.exported_request({**env, envfile.SEQ_LENS_VAR: "128,32"})
 
 
 def test_the_buckets_builds_combine_into_one_setup_record() -> None:

@@ -18,7 +18,8 @@ from autotune.deploy import export
 from autotune.host.machine import Machine
 from autotune.measure import requests
 from autotune.model import apply, envfile
-from tests.conftest import FIXTURES
+from autotune.model.knobs import ModelKnobs
+from tests.conftest import FIXTURES, NEEDS_PEERS
 from tests.support.cli import AUTOTUNE
 
 KNOB_VARS = {envfile.knob_var(name) for name in KNOBS}
@@ -68,6 +69,7 @@ def test_shapes_is_exported_only_with_the_buckets_it_serves(here: Machine) -> No
     assert envfile.parse(text).env[envfile.SEQ_LENS_VAR] == "32,128"
 
 
+@NEEDS_PEERS
 def test_an_openvino_export_sets_its_runtime_s_knobs_alone(here: Machine) -> None:
     text = exported(here, "backend=openvino", "ov_hint=throughput", "ov_streams=2", "omp_threads=2")
     assert knob_exports(text) == {"AUTOTUNE_BACKEND": "openvino", "AUTOTUNE_OV_HINT": "throughput",
@@ -79,7 +81,8 @@ def test_the_file_reads_back_the_configuration_it_was_written_for(here: Machine)
     assignments = ("backend=inductor", "precision=int8", "omp_threads=1", "instances=2", "omp_runtime=llvm")
     parsed = envfile.parse(exported(here, *assignments))
     assert requests.exported_config(parsed.env) == Config.from_assignments(assignments)
-    assert apply.from_env(parsed.env) is not None
+    applied = apply.from_env(parsed.env)
+    assert applied is not None and applied.knobs == ModelKnobs(backend="inductor", precision="int8")
     defaults = envfile.parse(exported(here))
     assert requests.exported_config(defaults.env) == Config()  # backend=eager names what runs, sets nothing
 
@@ -89,7 +92,7 @@ def test_a_file_cut_short_is_refused_in_one_line(here: Machine, tmp_path: Path, 
     whole = exported(here, "backend=inductor", "omp_threads=2").splitlines(keepends=True)
     path = tmp_path / "cut.env"
     path.write_text("".join(whole[:lines]))
-    with pytest.raises(envfile.EnvFileError, match=r"^.*cut.env: the configuration is cut short.*: a whole "
+    with pytest.raises(envfile.EnvFileError, match=r"^.*cut.env: the configuration is cut short or edited.*: a whole "
                                                    r"format-2 file ends with '# end of the autotune configuration'; "
                                                    r"export it again$"):
         envfile.read(path)
@@ -111,8 +114,23 @@ def test_a_file_of_the_previous_format_still_loads(tmp_path: Path) -> None:
     parsed = envfile.read(path)
     assert requests.exported_config(parsed.env).describe() == (
         "backend=inductor precision=bf16 omp_threads=2 omp_runtime=intel kmp_affinity=compact")
+    lines = path.read_text().splitlines(keepends=True)
     cut = tmp_path / "cut1.env"
-    cut.write_text("".join(path.read_text().splitlines(keepends=True)[:-3]))
-    with pytest.raises(envfile.EnvFileError, match="cut short .*lacks AUTOTUNE_INSTANCE_NUMA_NODES.*sets "
-                                                   "AUTOTUNE_INSTANCE_NUMA_NODES last"):
-        envfile.read(cut)
+    for kept in (lines[:-1], lines[:-2], lines[:12]):  # its last line; the launch lines; most of it
+        cut.write_text("".join(kept))
+        with pytest.raises(envfile.EnvFileError, match=r"cut short or edited.*: a whole format-1 file ends with its "
+                                                       r"launch lines, one comment per instance; export it again$"):
+            envfile.read(cut)
+
+
+def test_a_file_edited_after_its_last_line_or_against_its_header_is_refused(here: Machine, tmp_path: Path) -> None:
+    whole = exported(here, "backend=inductor")
+    path = tmp_path / "edited.env"
+    path.write_text(whole + "export OMP_NUM_THREADS='1'\n")
+    with pytest.raises(envfile.EnvFileError, match="cut short or edited"):
+        envfile.read(path)
+    path.write_text(whole.replace("export AUTOTUNE_FORMAT='2'", "export AUTOTUNE_FORMAT='1'"))
+    with pytest.raises(envfile.EnvFileError, match=r"its header says format 2 but it sets AUTOTUNE_FORMAT='1'"):
+        envfile.read(path)
+    path.write_text(whole)
+    assert envfile.read(path).format == 2

@@ -92,7 +92,7 @@ def test_export_compiles_artifacts_that_apply_loads(here: Path, tmp_path: Path) 
     assert list((tmp_path / "compiled").glob("torchscript-*.pt"))
     env = envfile.parse((tmp_path / "best.env").read_text()).env
     assert env["AUTOTUNE_BACKEND"] == "torchscript"
-    assert env[apply.ARTIFACTS_VAR] == str((tmp_path / "compiled").resolve())
+    assert env[envfile.ARTIFACTS_VAR] == str((tmp_path / "compiled").resolve())
     program = ("import torch, autotune, tinynets; torch.manual_seed(0)\n"
                "m = autotune.apply(tinynets.cnn(), torch.randn(1, 3, 32, 32), env_file='best.env')\n"
                "print(m.setup['artifact_hit'], 'trace_s' in m.setup)\n")
@@ -129,7 +129,7 @@ def test_export_builds_artifacts_for_a_configuration_that_preloads_libraries(
 
 
 def _env_file(path: Path, knobs: ModelKnobs) -> Path:
-    path.write_text(envs.hand_written(**apply.to_env(knobs)))
+    path.write_text(envs.hand_written(**envs.knob_vars(knobs)))
     return path
 
 

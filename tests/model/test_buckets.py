@@ -13,7 +13,7 @@ import torch
 
 import autotune
 from autotune.child import rounds, timing
-from autotune.model import apply, batches, buckets
+from autotune.model import apply, batches, buckets, envfile
 from autotune.model.knobs import ModelKnobs
 from tests.fixtures.models import tinynets
 
@@ -76,7 +76,7 @@ def test_a_batch_without_token_inputs_or_with_ragged_ones_is_refused() -> None:
 @pytest.fixture
 def bucketed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> autotune.Applied:
     env = {**apply.to_env(ModelKnobs(backend="torchscript")), buckets.SEQ_LENS_VAR: "8,16,32",
-           apply.ARTIFACTS_VAR: str(tmp_path)}
+           envfile.ARTIFACTS_VAR: str(tmp_path)}
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     return autotune.apply(tinynets.masked_tokens(), tokens(12), check=True)

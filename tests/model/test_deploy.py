@@ -18,6 +18,7 @@ from autotune.child import build, worker
 from autotune.model import apply, artifacts, batches, convert, cpu, envfile
 from autotune.model.knobs import ModelKnobs
 from tests.fixtures.models import tinynets
+from tests.support import envs
 
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
 TOKENS = torch.randint(0, 500, (2, 16), generator=torch.Generator().manual_seed(3))
@@ -62,8 +63,7 @@ def test_each_knob_from_the_environment_gives_eager_answers(monkeypatch: pytest.
 def test_an_env_file_path_is_read_without_the_environment(tmp_path: Path) -> None:
     knobs = ModelKnobs(backend="torchscript")
     path = tmp_path / "best.env"
-    path.write_text(f"{envfile.HEADER}: test\n" + "".join(f"export {k}={envfile.quote(v)}\n"
-                                                          for k, v in env_of(knobs).items()))
+    path.write_text(envs.hand_written(**envs.knob_vars(knobs)))
     applied = autotune.apply(tinynets.cnn(), IMAGES, env_file=path)
     assert applied.knobs == knobs
     assert isinstance(applied.setup["trace_s"], float)
@@ -189,7 +189,7 @@ def test_a_stale_artifact_is_detected_and_rebuilt(monkeypatch: pytest.MonkeyPatc
 
 def test_apply_reports_back_to_autotune_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     report = tmp_path / "applied.jsonl"
-    monkeypatch.setenv(apply.REPORT_VAR, str(report))
+    monkeypatch.setenv(envfile.REPORT_VAR, str(report))
     for var, value in env_of(ModelKnobs(precision="bf16")).items():
         monkeypatch.setenv(var, value)
     autotune.apply(tinynets.cnn(), IMAGES)

@@ -15,7 +15,7 @@ from torch.utils.data import default_collate
 
 import autotune
 from autotune.child import build, worker
-from autotune.model import apply, hf, references
+from autotune.model import apply, envfile, hf, references
 from autotune.model.artifacts import fingerprint
 from autotune.model.knobs import ModelKnobs
 from tests.conftest import ROOT
@@ -94,7 +94,7 @@ def test_apply_runs_the_users_model_through_the_measured_artifact(tiny_bert: Pat
     chosen = apply.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
     measured = apply.apply_deployment(build.load_model(f"hf:{tiny_bert}", "", ""), token_batch(), chosen,
                                        check=True)
-    for var, value in {**apply.to_env(chosen.knobs), apply.ARTIFACTS_VAR: str(tmp_path)}.items():
+    for var, value in {**apply.to_env(chosen.knobs), envfile.ARTIFACTS_VAR: str(tmp_path)}.items():
         monkeypatch.setenv(var, value)
     users = transformers.AutoModelForSequenceClassification.from_pretrained(tiny_bert)
     applied = autotune.apply(users, token_batch(), check=True)

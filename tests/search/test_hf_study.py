@@ -10,7 +10,7 @@ import pytest
 from autotune.deploy import export
 from autotune.host.machine import Machine
 from autotune.measure import requests
-from autotune.model import hf
+from autotune.model import envfile
 from autotune.search import loop, opening
 from autotune.study.storage import StudyError
 from tests.support.studies import fake_runner, request
@@ -45,7 +45,7 @@ def test_the_export_plans_the_same_child_again(tmp_path: Path, here: Machine, ti
     path = tmp_path / "best.env"
     export.write(path, export.render(opened.study, best))
     env = export.read(path).env
-    assert (env[hf.SEQ_LEN_VAR], env[hf.TASK_VAR]) == ("16", "feature-extraction")
+    assert (env[envfile.SEQ_LEN_VAR], env[envfile.TASK_VAR]) == ("16", "feature-extraction")
     assert "AUTOTUNE_INPUT_SHAPE" not in env
     again = requests.plan_from_exported(env, here)
     assert (again.bench.model, again.bench.item_shape, again.bench.task) == (f"hf:{tiny_bert}", (16,),

@@ -3,7 +3,8 @@ what the test gives besides what every such file holds."""
 
 from __future__ import annotations
 
-from autotune.model import envfile
+from autotune.model import apply, envfile
+from autotune.model.knobs import ModelKnobs
 
 
 def hand_written(**variables: str) -> str:
@@ -18,3 +19,11 @@ def hand_written(**variables: str) -> str:
 def with_line(text: str, line: str) -> str:
     """`text` (a whole env file) with `line` added before its last line, so that it stays whole."""
     return text.replace(envfile.END, f"{line}\n{envfile.END}")
+
+
+def knob_vars(knobs: ModelKnobs) -> dict[str, str]:
+    """The variables an export writes for these model knobs: the backend, and each other knob that is
+    not at its default (a format-2 file sets a knob once, and only where it is set)."""
+    defaults = apply.to_env(ModelKnobs())
+    backend = envfile.knob_var("backend")
+    return {var: value for var, value in apply.to_env(knobs).items() if var == backend or value != defaults[var]}
