@@ -67,7 +67,8 @@ def cost(found: Mapping[str, Any]) -> None:
     """What the search's confirmation took of the command (`summaries.confirmation_cost`)."""
     why = {"decided": f"every decision made at look {found['look']} of {found['looks']}",
            "cap": "undecided at the cap", "time": "stopped at the time budget's share"}.get(found["stopped_by"], "")
-    reruns = f"; {found['noisy_reruns']} noisy runs run again" if found["noisy_reruns"] else ""
+    n = found["noisy_reruns"]
+    reruns = f"; {n} noisy {'run' if n == 1 else 'runs'} run again" if n else ""
     share = "" if found["share"] is None else f": {found['share']:.0%} of this command's {clock(found['command_s'])}"
     out.print(f"the confirmation ran {found['rounds']} of at most {found['rounds_cap']} rounds ({why}{reruns}) in "
               f"{clock(found['wall_s'])}{share}", markup=False, soft_wrap=True)
