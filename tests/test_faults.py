@@ -340,6 +340,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
         assert old in good, old
         (root / f"{name}.env").write_text(good.replace(old, new))
     for name, line in [("knob", "export AUTOTUNE_ALLOCATOR='mimalloc'"), ("instances", "export AUTOTUNE_INSTANCES='x'"),
+                       ("cpus", "export AUTOTUNE_INSTANCE_CPUS='0,x'"),
                        ("tolerance", "export AUTOTUNE_TOLERANCE='nan'"),
                        ("calibration", "export AUTOTUNE_CALIBRATION_BATCHES='0'")]:
         (root / f"{name}.env").write_text(envs.with_line(good, line))
@@ -566,7 +567,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["run", "tolerance.env", "--", "true"], "tolerance.env: AUTOTUNE_TOLERANCE=nan is not a tolerance"),
     (["run", "calibration.env", "--", "true"], "calibration.env: AUTOTUNE_CALIBRATION_BATCHES='0' is not a number"),
     (["run", "knob.env", "--", "true"], "knob.env: allocator=mimalloc is not allowed"),
-    (["run", "instances.env", "--", "true"], "instances.env: AUTOTUNE_INSTANCE_* values are damaged"),
+    (["run", "instances.env", "--", "true"], "instances.env: instances=x is not allowed; use an integer"),
+    (["run", "cpus.env", "--", "true"], "cpus.env: AUTOTUNE_INSTANCE_* values are damaged"),
     (["run", "binding.env", "--", "true"], "binding.env: AUTOTUNE_BINDING='magic' is not a binding"),
     (["run", "injected.env", "--", "true"], "injected.env"),
     (["run", "good.env", "--", "no-such-program-here"], "command not found: 'no-such-program-here'"),

@@ -102,8 +102,8 @@ def test_a_new_compile_of_a_known_model_reuses_its_kept_outputs(tmp_path: Path, 
     for artifact in (tmp_path / "artifacts").glob("torchscript-*.pt"):
         artifact.unlink()
     computed: list[int] = []
-    real = build.deploy.eager_outputs
-    monkeypatch.setattr(build.deploy, "eager_outputs",
+    real = build.apply.eager_outputs
+    monkeypatch.setattr(build.apply, "eager_outputs",
                         lambda model, batches: computed.append(1) or real(model, batches))
     again: dict[str, Any] = {}
     build.build(child_args(tmp_path), IMAGES, again)
