@@ -277,6 +277,8 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
     without building the model."""
     setup["model"] = args.model
     knobs = knobs_of(args)
+    if args.task == hf.GENERATE:
+        return _generation(args, example, knobs, setup, on_phase)
     artifacts = Path(args.artifacts) if args.artifacts else Path(args.cache_dir, "artifacts")
     lengths = Buckets.parse(args.seq_lens).lengths if args.seq_lens and knobs.shapes == "dynamic" else ()
     deployment = Deployment(knobs, args.tolerance, artifacts, "the benchmark plan", lengths)
@@ -299,6 +301,21 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
     if entry and known is None and "artifact_file" in setup and "aot_fallback" not in setup:
         references.remember(entry, references.Known(artifacts_weights(setup["artifact_file"]), outputs))
     return applied.run
+
+
+def _generation(args: argparse.Namespace, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
+                on_phase: Callable[[str], None] | None) -> Callable[[Any], Any]:
+    """--task generate: the causal LM as the knobs say, guarded on held-out prompts, its first request timed."""
+    from autotune.child.generating import GUARD_LENGTH, build_generation, first_request
+    from autotune.model.generate.measure import GUARD_PROMPTS, prompts_of
+
+    shape = tuple(int(n) for n in args.item_shape.split("x"))
+    tokens = hf.token_inputs(args.model, args.task)
+    guard = dataset_for((min(shape[0], GUARD_LENGTH),), pool=GUARD_PROMPTS, seed=GUARD_SEED, tokens=tokens)
+    guard_prompts = prompts_of(batches(guard, 1, GUARD_PROMPTS, 0)[0])
+    made = build_generation(args, _load_timed(args, setup), knobs, guard_prompts, setup, on_phase)
+    first_request(made, example, setup)
+    return made
 
 
 def _load_timed(args: argparse.Namespace, setup: dict[str, Any]) -> Any:

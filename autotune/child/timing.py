@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from autotune.model.buckets import Mixed, Round
+from autotune.model.generate.measure import Generation
 
 
 def cpu_seconds() -> float:
@@ -55,8 +56,8 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
     latencies_ms: list[float] = []
     iterations_ms: list[float] = []
     items = 0.0
-    if isinstance(forward, Mixed):
-        forward.reset()  # its per-bucket figures: the timed rounds only
+    if isinstance(forward, (Mixed, Generation)):
+        forward.reset()  # its per-bucket or per-request figures: the timed ones only
     with torch.no_grad():
         cpu_before = cpu_seconds()  # before the wait: scanning /proc takes milliseconds, sleeping no CPU
         time.sleep(max(window.start - time.monotonic(), 0.0))
@@ -80,6 +81,8 @@ def timed_loop(args: argparse.Namespace, forward: Any, batches: Any, window: Win
               "window_s": ended - start, "span_s": span, "throughput_ips": items / span, "cpu_s": cpu_s}
     if isinstance(forward, Mixed):
         result["buckets"] = forward.summary()
+    if isinstance(forward, Generation):
+        result["generation"] = forward.summary()
     return result | checks.verdict()
 
 
@@ -96,6 +99,8 @@ def one_sample(forward: Any, batch: Any) -> tuple[float, float]:
     buckets is timed by its `Mixed` forward (the weighted mean of its calls)."""
     if isinstance(batch, Round):
         return cast(Mixed, forward).timed(batch)
+    if isinstance(forward, Generation):  # one request: prefill and decode, its tokens the items
+        return forward.timed(batch)
     from autotune.model.batches import batch_size
 
     start = time.perf_counter()

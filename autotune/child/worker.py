@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             # what really ran goes with it: the harness checks every preloaded library was used
             write_json(args.result, {"status": "ok", "setup": setup, "runtime": runtime_report(args)})
             return 0
-        if found is None and knobs_of(args).is_default:  # PyTorch's defaults: the model's own work, once per study
+        # PyTorch's defaults: the model's own work, once per study (a generating model's limit is bandwidth)
+        if found is None and knobs_of(args).is_default and args.task != "generate":
             setup["flops_per_item"] = kernels.model_flops(forward, examples[0]) / args.batch_size
         release_setup_memory()
         setup_peak_mb, peak_note = peak_rss_mb(), start_peak_rss()

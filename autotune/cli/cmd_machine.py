@@ -51,7 +51,7 @@ def doctor(cache_dir: Path, rerun: bool, no_wait: bool, as_json: bool) -> None:
               help="Plan for another machine: a file with its `lscpu --parse=CPU,Core,Socket,Node`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-         example_inputs: str | None, seq_len: int | None, task: str | None,
+         example_inputs: str | None, seq_len: int | None, task: str | None, new_tokens: int | None,
          seq_lens: str | None, seq_len_weights: str | None, calibration_batches: int | None,
          lscpu: Path | None, as_json: bool) -> None:
     """Show what would be launched for a configuration, without running it.
@@ -62,7 +62,8 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
     """
     request = requests.BenchRequest.from_flags(model, assignments, batch_size, input_shape=input_shape,
                                                example_inputs=example_inputs, seq_len=seq_len, task=task,
-        buckets=models.parse_buckets(seq_lens, seq_len_weights),
+                                               new_tokens=new_tokens,
+                                               buckets=models.parse_buckets(seq_lens, seq_len_weights),
                                                calibration_batches=calibration_batches)
     target = machine.described_machine(lscpu) if lscpu else machine.this_machine()
     emit("plan", requests.make_plan(request, target).to_json(), as_json, display.plan)
@@ -74,7 +75,7 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 @options.no_wait_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, input_shape: str | None,
-                  example_inputs: str | None, seq_len: int | None, task: str | None,
+                  example_inputs: str | None, seq_len: int | None, task: str | None, new_tokens: int | None,
          seq_lens: str | None, seq_len_weights: str | None, cache_dir: Path,
                   as_json: bool, timeout: float, tolerance: float | None, calibration_batches: int | None,
                   no_wait: bool, **measure: Any) -> None:
@@ -90,7 +91,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
     request = requests.BenchRequest.from_flags(model, assignments, batch_size, measure=options.settings(**measure),
                                                cache_dir=cache_dir, input_shape=input_shape,
                                                example_inputs=example_inputs, seq_len=seq_len, task=task,
-        buckets=models.parse_buckets(seq_lens, seq_len_weights),
+                                               new_tokens=new_tokens,
+                                               buckets=models.parse_buckets(seq_lens, seq_len_weights),
                                                tolerance=tolerance, calibration_batches=calibration_batches)
     here = machine.this_machine()
     launch = requests.make_plan(request, here)
@@ -104,7 +106,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
         with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
                             f"{len(launch.instances)} instance(s)", quiet=as_json) as on_phase:
             result = run_plan(launch, timeout, on_phase=on_phase)
-    emit("bench", {"plan": launch.to_json(), "result": result.summary()}, as_json, display.bench_result)
+    emit("bench", {"plan": launch.to_json(), "result": result.summary(), "bandwidth_gbs": probe.bandwidth_gbs()},
+         as_json, display.bench_result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
 

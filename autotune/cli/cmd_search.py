@@ -37,8 +37,9 @@ from autotune.search import opening
               help="Pin a knob in every trial (the baseline stays PyTorch's defaults) and search the rest; repeatable.")
 @options.duration_option("--time-budget", "Start no trial once it and the confirmation no longer fit in this "
                                           "time (20m, 1.5h); whichever of this and --trials comes first.")
-@click.option("--space", "space_spec", default="default", show_default=True,
-              help="Search space: a name in search_spaces/ or a .yaml path.")
+@click.option("--space", "space_spec",
+              help="Search space: a name in search_spaces/ or a .yaml path (default: default; generate with "
+                   "--task generate).")
 @options.study_options("Study name (default: MODEL-bsB-OBJECTIVE).", "Optuna storage URL (default: sqlite:///studies/STUDY.db).")
 @click.option("--objective", default="latency", show_default=True,
               help="latency (min p50), throughput (max items/s) or both (Pareto front).")
@@ -65,9 +66,9 @@ from autotune.search import opening
 @options.no_wait_option
 @options.json_option
 def search(model: str, input_shape: str | None, example_inputs: str | None, seq_len: int | None, task: str | None,
-         seq_lens: str | None, seq_len_weights: str | None,
+           new_tokens: int | None, seq_lens: str | None, seq_len_weights: str | None,
            trials: int, pins: tuple[str, ...],
-           time_budget: float | None, space_spec: str,
+           time_budget: float | None, space_spec: str | None,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
            min_effect: float, timeout: float, tolerance: float | None, calibration_batches: int | None,
@@ -90,12 +91,13 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
         check_rounds(confirm_rounds, confirm_top, "--confirm-rounds", "--confirm-top")
     sizes = _batch_sizes(batch_size)
     request = opening.SearchRequest(
-        model=model, trials=trials, space=space.find(space_spec), objective=parse_objective(objective),
+        model=model, trials=trials, space=space.find(space_spec or ("generate" if task == "generate" else "default")),
+        objective=parse_objective(objective),
         batch_size=sizes[0], batch_sizes=sizes if len(sizes) > 1 else (), max_latency_ms=max_latency_ms,
         study=study_name, storage=storage, measure=options.settings(**measure),
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout, in_process=warm_replicates),
         cache_dir=cache_dir, seed=seed,
-        input_shape=input_shape, example_inputs=example_inputs, seq_len=seq_len, task=task,
+        input_shape=input_shape, example_inputs=example_inputs, seq_len=seq_len, task=task, new_tokens=new_tokens,
         buckets=models.parse_buckets(seq_lens, seq_len_weights), tolerance=tolerance,
         calibration_batches=calibration_batches, command_line=" ".join(["autotune", *sys.argv[1:]]),
         pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,

@@ -154,12 +154,29 @@ def bench_result(data: Mapping[str, Any]) -> None:
                              for length, b in inst["buckets"].items())
             out.print(f"instance {inst['index']}, per bucket (p50 ms, share of requests): {each}; "
                       f"its p50 is of the rounds' weighted means")
+    if result.get("generation"):
+        out.print(generation_text(result["generation"], data.get("bandwidth_gbs")))
     if not result["ok"]:
         out.print(f"[red]Failed: {result['reason']}[/red]")
         for inst in result["instances"]:
             if not inst["ok"] and inst.get("stderr_tail"):
                 out.print(f"--- instance {inst['index']} output (tail) ---")
                 out.print(inst["stderr_tail"].rstrip(), markup=False)
+
+
+def generation_text(found: Mapping[str, Any], bandwidth_gbs: float | None) -> str:
+    """--task generate: time to first token, per output token, and the decode's share of the memory bandwidth."""
+    from autotune.study.efficiency import bandwidth_fraction
+
+    tpot = found.get("tpot_p50_ms")
+    said = (f"generation (p50 over requests): time to first token {number(found.get('ttft_p50_ms'), ' ms')}, "
+            f"per output token {number(tpot, ' ms')}" + (f" ({1e3 / tpot:.1f} tokens/s decode)" if tpot else ""))
+    if tpot and bandwidth_gbs and found.get("weight_bytes"):
+        limit = bandwidth_fraction(0, float(found["weight_bytes"]), float(tpot), float(bandwidth_gbs))
+        said += (f"; a decode step reads {limit['weight_gb']:.2f} GB of weights: {limit['read_gbs']:.1f} GB/s, "
+                 f"{limit['fraction']:.0%} of the {limit['bandwidth_gbs']:.1f} GB/s this CPU measured "
+                 f"(at most {limit['ceiling_tokens_per_s']:.1f} tokens/s)")
+    return said
 
 
 def spread_text(bucket: str, recorded: Mapping[str, Any]) -> str:

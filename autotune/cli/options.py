@@ -6,6 +6,7 @@ tolerance) are checked here too, so that a command's body only sees valid values
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -164,18 +165,41 @@ def settings(warmup: int, warmup_time: float, duration: float, min_iterations: i
 
 def text_options(func: Any) -> Any:
     """The inputs and head of a transformers model (`--model hf:...`)."""
+    func = _sized(func)
     func = click.option("--task", type=click.Choice(list(hf.TASKS)),
                         help=f"The head of an hf: model (default {hf.DEFAULT_TASK}); its output is what is "
-                             f"timed and checked.")(func)
+                             f"timed and checked. generate: a causal LM's requests, a prefill over the prompt "
+                             f"and one decode step per new token.")(func)
+    func = click.option("--new-tokens", type=click.IntRange(min=1),
+                        help=f"--task generate: tokens generated per request (default {hf.DEFAULT_NEW_TOKENS}).")(func)
+    func = click.option("--model-size", metavar="SIZE",
+                        help="An hf:TYPE model's configuration scaled to about SIZE parameters (0.5b, 125m, ...; "
+                             "random weights), the same as --model hf:TYPE@SIZE.")(func)
     func = click.option("--seq-len-weights", metavar="W,W,...",
                         help="The share of requests at each length of --seq-lens (default: equal), e.g. 5,3,1.")(func)
     func = click.option("--seq-lens", metavar="N,N,...",
                         help="Sequence-length buckets of an hf: text model, increasing, e.g. 32,128,384: each "
                              "configuration is measured at every length (one compiled model each) and their "
                              "weighted mean is optimised; apply serves any length up to the largest.")(func)
-    return click.option("--seq-len", type=click.IntRange(min=1),
-                        help=f"Tokens per item of an hf: text model's random inputs (default "
-                             f"{hf.DEFAULT_SEQ_LEN}).")(func)
+    return click.option("--seq-len", "--prompt-len", "seq_len", type=click.IntRange(min=1),
+                        help=f"Tokens per item of an hf: text model's random inputs, a prompt's with --task "
+                             f"generate (default {hf.DEFAULT_SEQ_LEN}).")(func)
+
+
+def _sized(func: Any) -> Any:
+    """The command with `--model-size` folded into `--model` (hf:TYPE@SIZE), the one form the rest reads."""
+
+    @functools.wraps(func)
+    def folded(*args: Any, model_size: str | None = None, **kwargs: Any) -> Any:
+        if model_size is not None:
+            model = kwargs.get("model") or ""
+            if not hf.is_source(model) or hf.SIZE_MARK in model:
+                raise click.UsageError("--model-size scales an hf:TYPE model (e.g. --model hf:qwen2 --model-size "
+                                       "0.5b); give --model hf:TYPE without a size")
+            kwargs["model"] = f"{model}{hf.SIZE_MARK}{model_size}"
+        return func(*args, **kwargs)
+
+    return folded
 
 
 def model_options(func: Any) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from autotune.base.errors import ModelError
-from autotune.model import hf
+from autotune.model import hf, sizes
 from autotune.model.buckets import BucketError, Buckets
 from autotune.model.envfile import has_control
 from autotune.model.errors import ApplyError
@@ -66,6 +66,15 @@ class ModelSpec:
     buckets: Buckets | None = None  # `--seq-lens`: measured at each length (item_shape: the largest)
 
     @property
+    def generates(self) -> bool:
+        """A causal LM measured generating (`--task generate`): its item is (prompt tokens, new tokens)."""
+        return self.task == hf.GENERATE
+
+    @property
+    def new_tokens(self) -> int:
+        return self.item_shape[1] if self.generates else 0
+
+    @property
     def linear_heavy(self) -> bool:
         """Whether Linear layers carry the model's work (what int8_dynamic and int8_weight_only
         quantize): transformers and models autotune cannot look into, but not torchvision's
@@ -113,10 +122,15 @@ def classification_models() -> tuple[str, ...]:
 
 def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: str | None = None,
             example_inputs: str | None = None, seq_len: int | None = None, task: str | None = None,
-            buckets: Buckets | None = None) -> ModelSpec:
+            buckets: Buckets | None = None, new_tokens: int | None = None) -> ModelSpec:
     """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name.
     `example_inputs` (a torch.save file) replaces the synthetic inputs and gives the item shape.
     `seq_len` or `buckets` (sequence lengths) and `task` are for transformers models (`hf:`) alone."""
+    if new_tokens is not None and task != hf.GENERATE:
+        raise ModelError("--new-tokens is how many tokens --task generate generates; add --task generate (with a "
+                         "causal LM such as --model hf:qwen2) or drop --new-tokens")
+    if task == hf.GENERATE:
+        return _generating(text, input_shape, example_inputs, seq_len, buckets, new_tokens)
     if input_shape is not None and example_inputs is not None:
         raise ModelError("give --input-shape or --example-inputs, not both (the file's tensors have a shape)")
     if hf.is_source(text) and buckets is not None:
@@ -249,6 +263,39 @@ def _huggingface(text: str, input_shape: str | None, example_inputs: str | None,
     return ModelSpec(name, (_seq_len(text, config, seq_len),), "huggingface", task=task)
 
 
+def _generating(text: str, input_shape: str | None, example_inputs: str | None, prompt_len: int | None,
+                buckets: Buckets | None, new_tokens: int | None) -> ModelSpec:
+    """`--task generate`: a causal LM (`hf:TYPE`, `hf:TYPE@SIZE` or `hf:FOLDER`), fed random prompts of
+    `prompt_len` tokens, generating `new_tokens` per request, all within the model's positions."""
+    if not hf.is_source(text):
+        raise ModelError(f"--task generate needs a causal language model (--model hf:qwen2, hf:llama, hf:gpt2, or a "
+                         f"folder written by save_pretrained); {text} is not a transformers model")
+    if input_shape is not None or example_inputs is not None or buckets is not None:
+        given = "--input-shape" if input_shape is not None else "--example-inputs" if example_inputs else "--seq-lens"
+        raise ModelError(f"--task generate takes --prompt-len N and --new-tokens N, not {given}")
+    tokens = hf.DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
+    if tokens < 1:
+        raise ModelError(f"--new-tokens {tokens} generates nothing; give 1 token or more")
+    name = _hf_name(text)
+    try:
+        config = hf.config_of(name)
+        if hf.head_name(config, hf.GENERATE) is None:
+            raise ModelError(f"{text} ({config.model_type}) is not a causal language model; --task generate takes "
+                             f"gpt2, llama, qwen2, ... (transformers' causal LM types)")
+        hf.vocab_size(name, config)
+    except ApplyError as exc:
+        raise ModelError(str(exc)) from None
+    length = hf.DEFAULT_SEQ_LEN if prompt_len is None else prompt_len
+    limit = hf.max_positions(config)
+    if length < 1:
+        raise ModelError(f"--prompt-len {length} is not a length; give 1 token or more")
+    if limit is not None and length + tokens > limit:
+        raise ModelError(f"a prompt of {length} tokens and {tokens} new ones need {length + tokens} positions and "
+                         f"{text} takes {limit} (max_position_embeddings); give a shorter --prompt-len or fewer "
+                         f"--new-tokens")
+    return ModelSpec(name, (length, tokens), "huggingface", task=hf.GENERATE)
+
+
 def _bucketed(text: str, example_inputs: str | None, seq_len: int | None, task: str | None,
               buckets: Buckets) -> ModelSpec:
     """A transformers model measured at each of `buckets`' lengths, every one within its positions."""
@@ -285,6 +332,13 @@ def _hf_name(text: str) -> str:
     path = Path(rest).expanduser()
     if rest in types:
         return text
+    kind, mark, size = rest.partition(hf.SIZE_MARK)
+    if mark and kind in types and "/" not in rest:  # hf:TYPE@SIZE
+        try:
+            sizes.parse_size(size)
+        except ApplyError as exc:
+            raise ModelError(f"--model {text}: {exc}") from None
+        return f"{hf.PREFIX}{kind}{hf.SIZE_MARK}{size.strip().lower()}"
     if "/" not in rest and not rest.startswith((".", "~")) and not path.is_dir():
         close = difflib.get_close_matches(rest.lower(), types, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}? " if close else ""

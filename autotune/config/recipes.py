@@ -36,15 +36,17 @@ class Recipe:
 
 
 def recipes(topology: Topology, objective: str, refused: Refused | None = None,
-            installed: Mapping[str, bool] | None = None) -> list[Recipe]:
+            installed: Mapping[str, bool] | None = None, generates: bool = False) -> list[Recipe]:
     """The known recipes for this machine and objective, in the order a search runs them: those of
     the peer runtimes `installed` (backend -> whether its packages are; none when None), then the
-    experts' for PyTorch, each backend's in the registry's order (`Backend.recipes`); a recipe whose
+    experts' for PyTorch, each backend's in the registry's order (`Backend.recipes`, or for a causal
+    LM generating text, `Backend.generation_recipes`); a recipe whose
     backend and precision this CPU's probe refused (`refused`) is not among them."""
     cores, refused = len(topology.usable_cores), refused or {}
     offered = [Recipe(name, Config.from_mapping(values)) for backend in backends.REGISTRY
                if not backend.packages or (installed or {}).get(backend.name, False)
-               for name, values in backend.recipes(cores) if not _refused(values, refused)]
+               for name, values in (backend.generation_recipes(cores) if generates else backend.recipes(cores))
+               if not _refused(values, refused)]
     found = []
     for group in ([r for r in offered if r.peer], [r for r in offered if not r.peer]):
         found += group + ([_per_node(r, topology) for r in group] if objective != "latency" else [])

@@ -17,7 +17,7 @@ from autotune.host.libs import LIBRARIES
 from autotune.model import backends
 from autotune.model.backends import RUNTIME_OF
 from autotune.model.envfile import value_text
-from autotune.model.knobs import CORE_BOUND, LINEAR_INT8
+from autotune.model.knobs import CORE_BOUND, LINEAR_INT8, PRECISIONS
 
 # Which library (the knob's `needs`) or runtime (the backend's packages) each choice needs, so a
 # machine without it never samples it.
@@ -67,6 +67,52 @@ def for_model(space: SearchSpace, linear_heavy: bool) -> SearchSpace:
     note = (f"precision={'/'.join(c for c in found.choices if c in LINEAR_INT8)} dropped: they quantize Linear "
             f"layers, and this model's work is in its convolutions")
     return SearchSpace(space.source, ranges, (*space.notes, note), space.cores)
+
+
+# Knobs of one kind of model alone: a causal LM's generation, or the other models' forward calls.
+GENERATION_KNOBS = ("kv_cache", "attention")
+FORWARD_KNOBS = ("mkldnn", "weight_cache", "memory_format", "shapes", "ov_hint", "ov_streams", "ov_pinning",
+                 "ort_optimization", "ort_execution", "ort_inter_threads", "dataloader_workers")
+
+
+def task_refusals(generates: bool) -> dict[tuple[str, str], str]:
+    """(backend, precision) -> why a model of this kind is not run so: a backend generates text with
+    its `generates` precisions (llama.cpp with nothing else), the other models run with its
+    `precisions`. Read like the probe's refusals (`for_probe`, `pin`)."""
+    found: dict[tuple[str, str], str] = {}
+    for backend in backends.REGISTRY:
+        taken = backend.generates if generates else backend.precisions
+        for precision in PRECISIONS:
+            if precision in taken:
+                continue
+            if not taken:
+                found[(backend.name, precision)] = ("it does not generate text" if generates else
+                                                    "it runs --task generate alone")
+            else:
+                found[(backend.name, precision)] = (f"it generates text with {'/'.join(taken)}" if generates else
+                                                    "int4 weights are for --task generate" if
+                                                    precision == "int4_weight_only" else
+                                                    f"it runs {'/'.join(taken)}")
+    return found
+
+
+def check_task_knobs(config: Config, generates: bool) -> None:
+    """A knob set for the other kind of model (a KV cache for an image model, mkldnn for generation) is refused."""
+    other = FORWARD_KNOBS if generates else GENERATION_KNOBS
+    pinned = [name for name in other if name in config.as_dict()]
+    if pinned:
+        what = "--task generate" if generates else "a model that is not generating (--task generate)"
+        raise SpaceError(f"--set {pinned[0]} does not apply to {what}; drop it")
+
+
+def for_task(space: SearchSpace, generates: bool, pins: Config) -> SearchSpace:
+    """A causal LM generating text is searched over the generation knobs (KV cache, attention), not
+    the forward-call ones (mkldnn, layouts, length buckets, the peers' graph settings, DataLoader
+    workers); any other model the other way round. A pin of the other kind is refused."""
+    check_task_knobs(pins, generates)
+    other = FORWARD_KNOBS if generates else GENERATION_KNOBS
+    return SearchSpace(space.source, tuple(rng for rng in space.knobs if rng.name not in other), space.notes,
+                       space.cores)
 
 
 def for_buckets(space: SearchSpace, bucketed: bool) -> SearchSpace:

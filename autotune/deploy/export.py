@@ -209,6 +209,9 @@ def _input_vars(bench: BenchSpec) -> dict[str, str]:
     if hf.is_source(bench.model) and bench.buckets:
         return {envfile.SEQ_LENS_VAR: bench.buckets.text(), envfile.SEQ_LEN_WEIGHTS_VAR: bench.buckets.weights_text(),
                 envfile.TASK_VAR: bench.task}
+    if hf.is_source(bench.model) and bench.task == hf.GENERATE:  # its item: a prompt and the tokens generated
+        return {envfile.SEQ_LEN_VAR: str(bench.item_shape[0]), envfile.NEW_TOKENS_VAR: str(bench.item_shape[1]),
+                envfile.TASK_VAR: bench.task}
     if hf.is_source(bench.model):
         return {envfile.SEQ_LEN_VAR: str(bench.item_shape[0]), envfile.TASK_VAR: bench.task}
     return {envfile.INPUT_SHAPE_VAR: "x".join(map(str, bench.item_shape))}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from autotune.base.errors import ConfigError, ModelError, RunFailed
 from autotune.child.settings import CACHE_DIR, MeasureSettings
-from autotune.config import models
+from autotune.config import models, space_fit
 from autotune.config.knobs import KNOBS, Config
 from autotune.host import capabilities
 from autotune.host.capabilities import Probe
@@ -47,6 +47,7 @@ class BenchRequest:
     example_inputs: str | None = None
     seq_len: int | None = None  # tokens per item of a transformers model's random inputs; None: hf.DEFAULT_SEQ_LEN
     task: str | None = None  # a transformers model's head; None: hf.DEFAULT_TASK
+    new_tokens: int | None = None  # --task generate: tokens generated per request; None: hf.DEFAULT_NEW_TOKENS
     buckets: Buckets | None = None  # `--seq-lens`: a transformers model measured at each length
     tolerance: float | None = None  # None: per precision (convert.TOLERANCE)
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES
@@ -64,8 +65,10 @@ def check_runs_here(request: BenchRequest, probe: Probe) -> str:
     """Refuse a precision this CPU's kernel probe found cannot run with the backend asked for (its
     reason); one it measured far slower than fp32 runs, and the note returned says so ("" when none)."""
     backend, precision = request.config.text("backend"), request.config.text("precision")
-    op = resolved(request).probe_op
-    why = capabilities.refusals(probe, op, slow=False).get((backend, precision))
+    spec = resolved(request)
+    op = spec.probe_op
+    why = {**space_fit.task_refusals(spec.generates), **capabilities.refusals(probe, op, slow=False)}.get(
+        (backend, precision))
     if why:
         raise ConfigError(f"precision={precision} cannot run here with backend={backend}: {why}; use precision=fp32 "
                           f"(or `autotune doctor --probe` to measure this CPU again)")
@@ -87,6 +90,7 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
         raise ConfigError(backends.not_installed(backend))
     spec = resolved(request)
     spec.check_shapes(request.config.get("shapes"))
+    space_fit.check_task_knobs(request.config, spec.generates)
     check_batch_fits((request.batch_size,), spec.item_shape)
     bench = BenchSpec(
         model=spec.name, item_shape=spec.item_shape, batch_size=request.batch_size,
@@ -103,7 +107,8 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
 
 def resolved(request: BenchRequest) -> models.ModelSpec:
     return models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
-                          seq_len=request.seq_len, task=request.task, buckets=request.buckets)
+                          seq_len=request.seq_len, task=request.task, buckets=request.buckets,
+                          new_tokens=request.new_tokens)
 
 
 def check_batch_fits(batch_sizes: Iterable[int], item_shape: tuple[int, ...]) -> None:
@@ -143,13 +148,18 @@ def exported_request(env: Mapping[str, str], measure: MeasureSettings | None = N
     seq_len = env.get(envfile.SEQ_LEN_VAR, "")
     if seq_len and not (seq_len.isdigit() and int(seq_len) >= 1):
         raise ConfigError(f"{envfile.SEQ_LEN_VAR}={seq_len!r} is not a number of tokens (1 or more); export again")
+    new_tokens = env.get(envfile.NEW_TOKENS_VAR, "")
+    if new_tokens and not (new_tokens.isdigit() and int(new_tokens) >= 1):
+        raise ConfigError(f"{envfile.NEW_TOKENS_VAR}={new_tokens!r} is not a number of tokens (1 or more); "
+                          f"export again")
     return BenchRequest(model=env.get(envfile.MODEL_VAR, ""), batch_size=int(batch),
                         calibration_batches=int(calibration) if calibration else None,
                         config=exported_config(env), measure=measure or MeasureSettings(), example_inputs=saved,
                         tolerance=None if tolerance is None else check_tolerance(tolerance, f"{tolerance_var}="),
                         input_shape=None if saved else env.get(envfile.INPUT_SHAPE_VAR),
                         seq_len=int(seq_len) if seq_len and not saved else None,
-                        task=env.get(envfile.TASK_VAR) or None, buckets=exported_buckets(env))
+                        task=env.get(envfile.TASK_VAR) or None, buckets=exported_buckets(env),
+                        new_tokens=int(new_tokens) if new_tokens else None)
 
 
 def exported_config(env: Mapping[str, str]) -> Config:
@@ -196,7 +206,8 @@ def _check_runs(request: BenchRequest, machine: Machine, spec: models.ModelSpec,
     plan = make_plan(BenchRequest(model=request.model, config=Config(), batch_size=1,
                                   cache_dir=request.cache_dir, input_shape=request.input_shape,
                                   example_inputs=request.example_inputs, seq_len=request.seq_len,
-                                  task=request.task, buckets=request.buckets), machine)
+                                  task=request.task, buckets=request.buckets, new_tokens=request.new_tokens),
+                     machine)
     reason = probe(plan, timeout_s)
     if reason.startswith(LOAD_FAILED):
         raise ModelError(reason)

@@ -64,6 +64,11 @@ class RunResult:
         return bucket_p50s([i.metrics for i in self.instances])
 
     @property
+    def generation(self) -> dict[str, float]:
+        """--task generate: the median over the instances of their TTFT and TPOT p50s ({} otherwise)."""
+        return generation_p50s([i.metrics for i in self.instances])
+
+    @property
     def peak_rss_mb(self) -> float:
         """What serving holds: the instances' peaks over warmup and the timed loop, summed."""
         return sum(float(i.metrics["peak_rss_mb"]) for i in self.instances)
@@ -104,6 +109,10 @@ class RunResult:
             out.update(latency_p50_ms=self.latency_p50_ms, latency_p90_ms=self.latency_p90_ms,
                        throughput_ips=self.throughput_ips, peak_rss_mb=self.peak_rss_mb,
                        setup_peak_rss_mb=self.setup_peak_rss_mb)
+            if self.generation:
+                weights = next((i.metrics["setup"]["weight_bytes"] for i in self.instances
+                                if "weight_bytes" in i.metrics.get("setup", {})), None)
+                out["generation"] = self.generation | ({"weight_bytes": weights} if weights else {})
         out["instances"] = [instance_summary(i) for i in self.instances]
         return out
 
@@ -156,6 +165,8 @@ def instance_summary(result: InstanceResult) -> dict[str, Any]:
                    late_start_s=m.get("late_start_s"), setup=m.get("setup", {}), runtime=m.get("runtime", {}))
         if "buckets" in m:  # sequence-length buckets: each one's median sweep, its sweeps, lengths and weight
             out["buckets"] = m["buckets"]
+        if "generation" in m:  # --task generate: time to first token, time per output token, tokens/s
+            out["generation"] = m["generation"]
     else:
         out.update(stderr_tail=result.stderr_tail, wrong_answers=result.wrong_answers)
     return out
@@ -169,6 +180,18 @@ def bucket_p50s(instances: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         for length, bucket in (instance.get("buckets") or {}).items():
             seen.setdefault(length, []).append(float(bucket["latency_p50_ms"]))
     return {length: median(p50s) for length, p50s in seen.items()}
+
+
+def generation_p50s(instances: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """--task generate: the median over `instances` (metrics or summaries) of their time to first
+    token and time per output token p50s ({} without generation)."""
+    found = [m["generation"] for m in instances if m.get("generation")]
+    out = {}
+    for key in ("ttft_p50_ms", "tpot_p50_ms"):
+        values = [float(g[key]) for g in found if g.get(key) is not None]
+        if values:
+            out[key] = median(values)
+    return out
 
 
 def combine(results: tuple[InstanceResult, ...], wall_s: float,

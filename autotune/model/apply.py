@@ -53,6 +53,7 @@ class Deployment:
     artifacts: Path | None = None
     source: str = "the environment"
     seq_lens: tuple[int, ...] = ()  # sequence-length buckets: one compiled model per length (`autotune.model.buckets`)
+    generates: bool = False  # measured generating text (--task generate): apply returns a `Generating`
 
 
 def from_env(env: Mapping[str, str], source: str = "the environment") -> Deployment | None:
@@ -73,7 +74,8 @@ def from_env(env: Mapping[str, str], source: str = "the environment") -> Deploym
         raise ApplyError(f"{tolerance_var}={env[tolerance_var]!r} in {source} is not a number; "
                          f"export the env file again") from None
     artifacts = Path(env[envfile.ARTIFACTS_VAR]) if env.get(envfile.ARTIFACTS_VAR) else None
-    return Deployment(knobs, tolerance, artifacts, source, buckets.lengths_from_env(env, source))
+    return Deployment(knobs, tolerance, artifacts, source, buckets.lengths_from_env(env, source),
+                      env.get(envfile.TASK_VAR) == hf.GENERATE)
 
 
 def knobs_from_env(env: Mapping[str, str], source: str = "the environment") -> ModelKnobs:
@@ -161,9 +163,24 @@ def apply(model: Any, example_inputs: Any, env_file: str | os.PathLike[str] | No
 
     A transformers model comes back as the benchmark child ran it (`hf.wrap`), configured or not:
     its output is its head's tensor (logits, last hidden state), not a ModelOutput.
+
+    A causal LM (transformers' ...ForCausalLM) comes back as a `Generating`: its `stream` and
+    `generate` take prompts (token ids [batch, length], `example_inputs` like them) and run what a
+    study measured generating (`--task generate`), or PyTorch's defaults without a configuration
+    (`autotune.model.generate.applied`).
     """
-    model = hf.wrapped(model)
     chosen = load_env_file(env_file) if env_file is not None else from_env(os.environ)
+    from autotune.model.generate.applied import apply_generation, is_causal_lm
+
+    if (chosen is not None and chosen.generates) or (chosen is None and is_causal_lm(model)):
+        if not is_causal_lm(model):
+            raise ApplyError(f"{chosen.source} was measured generating text (--task generate) and this model is "  # type: ignore[union-attr]
+                             f"{type(model).__name__}, not a transformers causal LM (...ForCausalLM)")
+        _report(chosen)
+        knobs = chosen.knobs if chosen is not None else ModelKnobs()
+        return apply_generation(model, example_inputs, knobs, tolerance=chosen.tolerance if chosen else None,
+                                artifacts=chosen.artifacts if chosen else None, check=check)
+    model = hf.wrapped(model)
     if chosen is None or (chosen.knobs.is_default and not check):
         _report(chosen)
         return model

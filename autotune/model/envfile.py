@@ -41,6 +41,7 @@ BATCH_SIZE_VAR = "AUTOTUNE_BATCH_SIZE"
 INPUT_SHAPE_VAR = "AUTOTUNE_INPUT_SHAPE"  # a model's item shape (not a transformers model's)
 EXAMPLE_INPUTS_VAR = "AUTOTUNE_EXAMPLE_INPUTS"  # the inputs a study measured with (`--example-inputs`)
 SEQ_LEN_VAR, TASK_VAR = "AUTOTUNE_SEQ_LEN", "AUTOTUNE_TASK"  # a transformers model's tokens per item and head
+NEW_TOKENS_VAR = "AUTOTUNE_NEW_TOKENS"  # --task generate: tokens generated per request
 SEQ_LENS_VAR = "AUTOTUNE_SEQ_LENS"  # the buckets a configuration was measured at
 SEQ_LEN_WEIGHTS_VAR = "AUTOTUNE_SEQ_LEN_WEIGHTS"  # and their shares of the requests (for measuring it again)
 TOLERANCE_VAR = "AUTOTUNE_TOLERANCE"  # what the guard allows, where the study set it
@@ -61,7 +62,8 @@ FORMAT1_LAST = "#   instance "
 FORMAT2 = (FORMAT_VAR, MODEL_VAR, BATCH_SIZE_VAR, knob_var("backend"), BINDING_VAR, INSTANCE_CPUS_VAR,
            INSTANCE_NODES_VAR)
 # Read only where set; a file that does not set them unsets them.
-OPTIONAL = (INPUT_SHAPE_VAR, EXAMPLE_INPUTS_VAR, SEQ_LEN_VAR, TASK_VAR, SEQ_LENS_VAR, SEQ_LEN_WEIGHTS_VAR,
+OPTIONAL = (INPUT_SHAPE_VAR, EXAMPLE_INPUTS_VAR, SEQ_LEN_VAR, TASK_VAR, NEW_TOKENS_VAR, SEQ_LENS_VAR,
+            SEQ_LEN_WEIGHTS_VAR,
             TOLERANCE_VAR, CALIBRATION_VAR, ARTIFACTS_VAR, LISTED_VAR)
 
 

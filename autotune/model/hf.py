@@ -18,6 +18,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.model import sizes
 from autotune.model.batches import explain
 from autotune.model.errors import LOAD_FAILED, ApplyError
 
@@ -28,7 +29,11 @@ TASKS = {
     "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
     "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
     "feature-extraction": "MODEL_MAPPING_NAMES",
+    "generate": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",  # a causal LM: prefill, then one decode step per token
 }
+GENERATE = "generate"
+DEFAULT_NEW_TOKENS = 64  # tokens generated per request when --new-tokens is not given
+SIZE_MARK = "@"  # `hf:TYPE@SIZE`: the type's configuration scaled to about SIZE parameters (`sized`)
 DEFAULT_TASK = "sequence-classification"
 DEFAULT_SEQ_LEN = 128  # tokens per item when --seq-len is not given
 OUTPUTS = ("logits", "last_hidden_state")  # the head's tensor: the first of these a model's output holds
@@ -67,11 +72,15 @@ def model_types() -> tuple[str, ...]:
 
 
 def config_of(spec: str) -> Any:
-    """The model's configuration: the folder's config.json, or the type's defaults."""
+    """The model's configuration: the folder's config.json, or the type's defaults (at the size
+    `hf:TYPE@SIZE` names)."""
     transformers = transformers_module()
     folder = folder_of(spec)
     if folder is None:
-        config = transformers.CONFIG_MAPPING[spec.removeprefix(PREFIX)]()
+        kind, _, size = spec.removeprefix(PREFIX).partition(SIZE_MARK)
+        config = transformers.CONFIG_MAPPING[kind]()
+        if size:
+            config = sizes.sized(config, sizes.parse_size(size))
         if getattr(config, "pad_token_id", 0) is None:  # a decoder classifies a batch only with one
             config.pad_token_id = getattr(config, "eos_token_id", None)
         return config
@@ -126,11 +135,36 @@ def max_positions(config: Any) -> int | None:
     return limit if isinstance(limit, int) and limit > 0 else None
 
 
+def load_causal(spec: str) -> Any:
+    """The causal LM of a resolved `hf:` spec, as it is (not wrapped: generation calls it step by
+    step), fp32, in eval mode; random weights (seeded by the caller) for a type, a folder's own."""
+    import torch
+
+    transformers = transformers_module()
+    config = config_of(spec)
+    head = head_class(config, GENERATE)
+    if head is None:
+        raise ApplyError(f"{spec} ({config.model_type}) is not a causal language model; --task generate takes "
+                         f"gpt2, llama, qwen2, ... (transformers' causal LM types)")
+    folder = folder_of(spec)
+    if folder is None:
+        return head(config).eval()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        return head.from_pretrained(folder, local_files_only=True, dtype=torch.float32).eval()
+    except Exception as exc:
+        raise ApplyError(f"{LOAD_FAILED}s in {folder} ({explain(exc)}); save the model with "
+                         f"save_pretrained") from None
+
+
 def load(spec: str, task: str) -> Any:
     """The model of a resolved `hf:` spec with the task's head, wrapped (`wrap`), in eval mode.
     A folder's weights are its own (a head it lacks is initialised at random, seeded by the caller)."""
     import torch
 
+    if task == GENERATE:
+        return load_causal(spec)
     transformers = transformers_module()
     config = config_of(spec)
     head = head_class(config, task or DEFAULT_TASK)

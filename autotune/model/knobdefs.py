@@ -71,9 +71,11 @@ class Knob:
         raise KnobValueError(f"{self.name}={raw} is not allowed; use {self.allowed()}")
 
 
-Precision = Literal["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only"]
-PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only")
+Precision = Literal["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only", "int4_weight_only"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only", "int4_weight_only")
 # torchao's quantize_ on the model's nn.Linear layers, no calibration (`linear_int8`).
 LINEAR_INT8: tuple[Precision, ...] = ("int8_dynamic", "int8_weight_only")
 # Quantized: judged by top-1 agreement and cosine similarity with eager fp32 (`quantize.agreement_guard`).
-QUANTIZED: tuple[Precision, ...] = ("int8", *LINEAR_INT8)
+QUANTIZED: tuple[Precision, ...] = ("int8", *LINEAR_INT8, "int4_weight_only")
+# What --task generate offers (weights in int4 are for a language model's decode alone).
+GENERATION_PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8_weight_only", "int4_weight_only", "int8_dynamic")

@@ -55,11 +55,21 @@ def _knob_table(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> d
              "the kernel probe measured bf16 run well); int8 = static quantization calibrated on the example "
              "batches: PT2E for inductor, NNCF for openvino, QDQ for onnxruntime; int8_dynamic = torchao's dynamic "
              "int8 of every nn.Linear, activations quantized as it runs; int8_weight_only = torchao's int8 weights "
-             "of every nn.Linear, computed in fp32 (eager, inductor)",
+             "of every nn.Linear, computed in fp32 (eager, inductor); --task generate: bf16 = the weights in bf16, "
+             "int8_weight_only/int4_weight_only = weights in 8 or 4 bits (torchao's; ATen's CPU int4 kernel; "
+             "llama.cpp's Q8_0/Q4_0; NNCF's for OpenVINO GenAI)",
              choices=PRECISIONS, default="fp32", only_when=dense, model=True),
         *(knob for backend in rest for knob in backend.knobs),
-        Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance; OpenVINO's inference threads "
-             "and ONNX Runtime's intra-op threads", low=1, high=4096, unset_as="max", core_bound=True,
+        Knob("kv_cache", "choice", "--task generate: the KV cache; dynamic = transformers' default, grown token by "
+             "token; static = allocated once for the prompt and the new tokens (backend=inductor always uses it: its "
+             "compiled decode step takes fixed shapes)", choices=("dynamic", "static"), default="dynamic",
+             only_when=(("backend", ("eager",)),), model=True),
+        Knob("attention", "choice", "--task generate: transformers' attention implementation; sdpa = PyTorch's "
+             "scaled_dot_product_attention, eager = its own matmuls", choices=("sdpa", "eager"), default="sdpa",
+             only_when=(("backend", ("eager", "inductor")),), model=True),
+        Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance; OpenVINO's inference threads, "
+             "ONNX Runtime's intra-op threads and llama.cpp's threads", low=1, high=4096, unset_as="max",
+             core_bound=True,
              shrinks_with="instances", sets=("OMP_NUM_THREADS", "MKL_NUM_THREADS")),
         Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
              "(libiomp5 preloaded), llvm (libomp preloaded); PyTorch backends only", choices=("gnu", "intel", "llvm"),
@@ -93,7 +103,7 @@ def _value_conditions(registry: tuple[backends.Backend, ...] = backends.REGISTRY
     them either), and a preloaded malloc with the backends that tolerate one (`preloaded_malloc`)."""
     found: dict[tuple[str, str], Condition] = {}
     for precision in PRECISIONS[1:]:
-        taking = tuple(b.name for b in registry if precision in b.precisions)
+        taking = tuple(b.name for b in registry if precision in b.precisions or precision in b.generates)
         found[("precision", precision)] = (("backend", taking),) + (
             (("weight_cache", ("off",)),) if precision in LINEAR_INT8 else ())
     tolerant = tuple(b.name for b in registry if b.preloaded_malloc)
@@ -144,7 +154,7 @@ def broken_condition(values: Mapping[str, KnobValue], set_names: Iterable[str]) 
 
 
 # The model knobs' values as types; what each takes is `knobs.KNOBS` (a test holds the two together).
-Backend = Literal["eager", "torchscript", "inductor", "openvino", "onnxruntime"]
+Backend = Literal["eager", "torchscript", "inductor", "openvino", "onnxruntime", "llamacpp"]
 
 
 MemoryFormat = Literal["contiguous", "channels_last"]
@@ -160,6 +170,12 @@ OrtOptimization = Literal["disabled", "basic", "extended", "all"]
 
 
 OrtExecution = Literal["sequential", "parallel"]
+
+
+KvCache = Literal["dynamic", "static"]
+
+
+Attention = Literal["sdpa", "eager"]
 
 
 def _default(name: str) -> Any:
@@ -184,6 +200,8 @@ class ModelKnobs:
     ort_optimization: OrtOptimization = field(default=_default("ort_optimization"))
     ort_execution: OrtExecution = field(default=_default("ort_execution"))
     ort_inter_threads: int = field(default=_default("ort_inter_threads"))
+    kv_cache: KvCache = field(default=_default("kv_cache"))
+    attention: Attention = field(default=_default("attention"))
 
     @property
     def is_default(self) -> bool:

@@ -63,6 +63,7 @@ class SearchRequest:
     example_inputs: str | None = None
     seq_len: int | None = None  # a transformers model's tokens per item; None: hf.DEFAULT_SEQ_LEN
     task: str | None = None  # a transformers model's head; None: hf.DEFAULT_TASK
+    new_tokens: int | None = None  # --task generate: tokens generated per request; None: hf.DEFAULT_NEW_TOKENS
     buckets: Buckets | None = None  # `--seq-lens`: a transformers model measured at each length
     tolerance: float | None = None  # None: per precision
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES (not recorded)
@@ -139,14 +140,16 @@ def validate(request: SearchRequest, machine: Machine,
     if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
         raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
     model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
-                           seq_len=request.seq_len, task=request.task, buckets=request.buckets)
+                           seq_len=request.seq_len, task=request.task, buckets=request.buckets,
+                           new_tokens=request.new_tokens)
     requests.check_cache_dir(request.cache_dir)
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available |= space_fit.runtimes_installed()
     adapted = space_fit.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
-    refused = capabilities.refusals(probe, model.probe_op) if probe is not None else {}
-    adapted = space_fit.for_probe(adapted, refused)
+    refused = {**space_fit.task_refusals(model.generates),
+               **(capabilities.refusals(probe, model.probe_op) if probe is not None else {})}
+    adapted = space_fit.for_task(space_fit.for_probe(adapted, refused), model.generates, request.pins)
     if "precision" not in request.pins.as_dict():
         adapted = space_fit.for_model(adapted, model.linear_heavy)
     model.check_shapes(request.pins.as_dict().get("shapes"))
@@ -171,8 +174,9 @@ def open_search(request: SearchRequest, machine: Machine,
     study = storage.create(name, url, DIRECTIONS[request.objective], sampler(request.seed, liar),
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     settings, cls = _settings(request, model, machine), host_class(machine)
-    found = recipes.recipes(machine.topology, request.objective, capabilities.refusals(probe, model.probe_op),
-                            space_fit.runtimes_installed())
+    refused = {**space_fit.task_refusals(model.generates), **capabilities.refusals(probe, model.probe_op)}
+    found = recipes.recipes(machine.topology, request.objective, refused, space_fit.runtimes_installed(),
+                            generates=model.generates)
     known, left_out = recipes.fitting(found, adapted, request.pins)
     # In one worker at a time, as claiming a trial (fleet.claim): two hosts of different classes
     # would both claim a new study, and a dead worker's trial failed here would be retried under a claimer.
@@ -270,4 +274,5 @@ def bench_request(request: SearchRequest, config: Config, batch: int | None = No
                                  measure=request.measure, cache_dir=request.cache_dir,
                                  input_shape=request.input_shape, example_inputs=request.example_inputs,
                                  seq_len=request.seq_len, task=request.task, buckets=request.buckets,
+                                 new_tokens=request.new_tokens,
                                  tolerance=request.tolerance, calibration_batches=request.calibration_batches)

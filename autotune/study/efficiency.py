@@ -19,9 +19,33 @@ from autotune.study import confirmations, records
 WORK = "flops_per_item"  # the user attribute of the trial whose process counted it (the baseline)
 
 
+def of_generation(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
+    """--task generate: the weights a decode step reads over its time per output token, against this
+    CPU's measured memory bandwidth (the limit of decode at batch 1: every weight read once per step).
+    None where the study kept no bandwidth or the trial no generation figures."""
+    probe = study.user_attrs.get("probe") or {}
+    found = trial.user_attrs.get("generation") or {}
+    bandwidth, tpot, weights = probe.get("bandwidth_gbs"), found.get("tpot_p50_ms"), found.get("weight_bytes")
+    if not bandwidth or not tpot or not weights:
+        return None
+    return bandwidth_fraction(trial.number, float(weights), float(tpot), float(bandwidth))
+
+
+def bandwidth_fraction(trial: int, weight_bytes: float, tpot_ms: float, bandwidth_gbs: float) -> dict[str, Any]:
+    """A decode step's weight traffic (GB/s) and its fraction of `bandwidth_gbs`, with the ceiling it implies."""
+    read = weight_bytes / (tpot_ms / 1e3) / 1e9
+    return {"trial": trial, "weight_gb": round(weight_bytes / 1e9, 3), "tpot_ms": round(tpot_ms, 2),
+            "read_gbs": round(read, 1), "bandwidth_gbs": round(bandwidth_gbs, 1),
+            "fraction": round(read / bandwidth_gbs, 3),
+            "ceiling_tokens_per_s": round(bandwidth_gbs * 1e9 / weight_bytes, 1)}
+
+
 def of_trial(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
     """`trial`'s achieved GOP/s and its fraction of its precision's measured peak; None where the
-    study kept no probe, or no process counted the model's work (a model with length buckets)."""
+    study kept no probe, or no process counted the model's work (a model with length buckets).
+    A generating model's is its decode's share of the memory bandwidth (`of_generation`)."""
+    if trial.user_attrs.get("generation"):
+        return of_generation(study, trial)
     probe = study.user_attrs.get("probe")
     base = records.baseline(study)
     work = base.user_attrs.get(WORK) if base is not None else None
@@ -54,6 +78,11 @@ def of_recommended(study: optuna.Study) -> dict[str, Any] | None:
 
 
 def words(found: Mapping[str, Any]) -> str:
+    if "read_gbs" in found:
+        return (f"trial {found['trial']} decodes at {found['tpot_ms']:.1f} ms per token, reading its "
+                f"{found['weight_gb']:.2f} GB of weights at {found['read_gbs']:.1f} GB/s: {found['fraction']:.0%} "
+                f"of this CPU's measured memory bandwidth ({found['bandwidth_gbs']:.1f} GB/s; at most "
+                f"{found['ceiling_tokens_per_s']:.1f} tokens/s with these weights)")
     arranged = f"{found['peak_instances']} x {found['peak_threads']} thread(s)"
     return (f"trial {found['trial']} computes {found['achieved_gops']:.0f} GOP/s ({found['gflop_per_item']:.2f} "
             f"GFLOP per item): {found['fraction']:.0%} of this CPU's measured {found['precision']} peak "

@@ -21,7 +21,7 @@ from autotune.config.knobs import Config, identity_of
 from autotune.measure.objectives import Metric
 from autotune.measure.plan import LaunchPlan, model_knobs
 from autotune.measure.replicates import Measurement
-from autotune.measure.results import STDERR_TAIL_CHARS, RunResult
+from autotune.measure.results import STDERR_TAIL_CHARS, RunResult, generation_p50s
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 # Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
@@ -431,6 +431,11 @@ def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Map
                  if "flops_per_item" in inst.metrics.get("setup", {})), None)
     if work:
         trial.set_user_attr("flops_per_item", work)  # the model's work, counted by the baseline's process
+    instances = [inst.metrics for run in measurement.runs for inst in run.instances]
+    generation = generation_p50s(instances)
+    if generation:  # --task generate: time to first token and per output token, the weights a decode step reads
+        weights = next((m["setup"]["weight_bytes"] for m in instances if "weight_bytes" in m.get("setup", {})), None)
+        trial.set_user_attr("generation", generation | ({"weight_bytes": weights} if weights else {}))
 
 
 def first_call(measurement: Measurement) -> dict[str, float]:

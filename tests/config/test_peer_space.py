@@ -81,7 +81,7 @@ def test_what_the_machine_offers_comes_from_the_runtimes_found(monkeypatch: pyte
     from autotune.model import backends
 
     monkeypatch.setattr(backends, "missing", lambda backend: ("onnxscript",) if backend == "onnxruntime" else ())
-    assert space_fit.runtimes_installed() == {"openvino": True, "onnxruntime": False}
+    assert space_fit.runtimes_installed() == {"openvino": True, "onnxruntime": False, "llamacpp": True}
 
 
 @pytest.mark.parametrize(("pinned", "narrowed"), [
@@ -108,7 +108,7 @@ def test_a_knob_of_one_runtime_with_another_backend_breaks_its_condition() -> No
     with pytest.raises(ConfigError, match=r"^omp_runtime applies only with backend=eager/torchscript/inductor"):
         pins("omp_runtime=intel", "backend=openvino")
     with pytest.raises(ConfigError, match=r"^allocator=jemalloc applies only with backend=eager/torchscript/inductor/"
-                                          r"onnxruntime \(here backend=openvino\)"):
+                                          r"onnxruntime/llamacpp \(here backend=openvino\)"):
         pins("allocator=jemalloc", "backend=openvino")
     fitted = space_fit.pin(adapted(), pins("backend=onnxruntime"), EVERYTHING)
     with pytest.raises(SpaceError, match="--set omp_runtime=intel needs backend=eager/torchscript/inductor, which "

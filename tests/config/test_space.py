@@ -77,7 +77,8 @@ def test_every_bad_file_names_file_key_and_what_is_allowed(tmp_path: Path, text:
 def test_unreadable_and_unknown_spaces(tmp_path: Path) -> None:
     with pytest.raises(SpaceError, match="cannot read search space .*missing.yaml: No such file"):
         space.load(tmp_path / "missing.yaml")
-    with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, quick, seed"):
+    with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, generate, "
+                                         "quick, seed"):
         space.find("nope")
 
 
@@ -88,7 +89,8 @@ def test_shipped_spaces_are_found_from_any_folder(tmp_path: Path, monkeypatch: p
     repository = ROOT / "search_spaces"
     assert space.shipped_spaces().resolve() == repository
     assert space.find("quick").resolve() == repository / "quick.yaml"
-    with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, quick, seed$"):
+    with pytest.raises(SpaceError, match="no search space 'nope'; give a .yaml path or one of: default, generate, "
+                                         "quick, seed$"):
         space.find("nope")
 
 
@@ -100,7 +102,7 @@ def test_spaces_in_the_current_folder_come_first(tmp_path: Path, monkeypatch: py
     assert space.find("quick") == Path("search_spaces/quick.yaml")
     assert space.load(space.find("quick")).names() == ("mkldnn",)
     assert space.find("default").resolve() == space.shipped_spaces().resolve() / "default.yaml"
-    with pytest.raises(SpaceError, match="one of: default, mine, quick, seed$"):
+    with pytest.raises(SpaceError, match="one of: default, generate, mine, quick, seed$"):
         space.find("nope")
 
 

@@ -90,7 +90,8 @@ def test_check_fails_wrong_answers_beyond_the_tolerance() -> None:
     ("env", "message"),
     [
         ({"AUTOTUNE_BACKEND": "tensorrt"}, "AUTOTUNE_BACKEND='tensorrt' in the environment is not one of eager, "
-                                           "torchscript, inductor, openvino, onnxruntime; export the env file again"),
+                                           "torchscript, inductor, openvino, onnxruntime, llamacpp; export the env "
+                                           "file again"),
         ({"AUTOTUNE_MKLDNN": "maybe"}, "AUTOTUNE_MKLDNN='maybe' in the environment is not one of on, off"),
         ({"AUTOTUNE_BACKEND": "inductor", "AUTOTUNE_MKLDNN": "on"},
          "mkldnn applies only with backend=eager (here backend=inductor); set backend or drop mkldnn"),

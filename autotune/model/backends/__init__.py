@@ -6,7 +6,7 @@ the kernel probe, the artifacts and the cache all read this registry.
 
 from __future__ import annotations
 
-from autotune.model.backends import inductor, onnxruntime, openvino, pytorch
+from autotune.model.backends import inductor, llamacpp, onnxruntime, openvino, pytorch
 from autotune.model.backends.base import Backend, Packages
 
 __all__ = ["REGISTRY", "Backend", "Packages", "get", "installed", "not_installed", "of_runtime"]
@@ -17,6 +17,7 @@ REGISTRY: tuple[Backend, ...] = (
     inductor.INDUCTOR,
     openvino.OPENVINO,
     onnxruntime.ONNXRUNTIME,
+    llamacpp.LLAMACPP,
 )
 NAMES = tuple(b.name for b in REGISTRY)
 TORCH_BACKENDS = tuple(b.name for b in REGISTRY if not b.peer)  # PyTorch's own ways to run a model

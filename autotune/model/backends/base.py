@@ -66,6 +66,7 @@ class Backend:
     label: str = "PyTorch"  # how notes name that runtime
     summary: str = ""  # what it does, in a phrase: the `backend` knob's help
     precisions: tuple[Precision, ...] = ("fp32",)
+    generates: tuple[Precision, ...] = ()  # the precisions it generates text with (--task generate); () none
     packages: Packages | None = None  # None: PyTorch's own
     knobs: tuple[Knob, ...] = ()  # its own settings (`own` adds their condition)
     suffix: str = ""  # its artifact's file suffix ("" where it saves none)
@@ -128,6 +129,10 @@ class Backend:
 
     def recipes(self, cores: int) -> tuple[tuple[str, dict[str, KnobValue]], ...]:
         """The recipes its users run, by name: the knobs each sets (the backend itself included)."""
+        return ()
+
+    def generation_recipes(self, cores: int) -> tuple[tuple[str, dict[str, KnobValue]], ...]:
+        """The recipes its users run to generate text (--task generate), by name."""
         return ()
 
     # -- the kernel probe ----------------------------------------------------------------------------

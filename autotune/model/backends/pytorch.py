@@ -19,7 +19,7 @@ from autotune.model.artifacts import save_artifact
 from autotune.model.backends.base import OPS, Backend, Ready
 from autotune.model.batches import autocast
 from autotune.model.kernels import CONV, REDUCED, Kernel, Quantized, inputs, quantized, torch_op
-from autotune.model.knobdefs import LINEAR_INT8, Knob, KnobValue, Precision
+from autotune.model.knobdefs import GENERATION_PRECISIONS, LINEAR_INT8, Knob, KnobValue, Precision
 
 if TYPE_CHECKING:
     from autotune.model.convert import Quantized as Calibration
@@ -79,6 +79,7 @@ class Eager(TorchBackend):
     name = "eager"
     summary = "the module as it is (with mkldnn and weight_cache: the seed's layout and TorchScript weight cache)"
     precisions: tuple[Precision, ...] = ("fp32", "bf16", "int8_dynamic", "int8_weight_only")
+    generates = GENERATION_PRECISIONS
 
     def __init__(self) -> None:
         self.knobs = (
@@ -103,6 +104,14 @@ class Eager(TorchBackend):
                                       "omp_runtime": "intel", "kmp_affinity": "compact", "kmp_blocktime": 1,
                                       "allocator": "jemalloc", "instances": 1}
         return ("seed", seed), ("pytorch-launcher", launcher)
+
+    def generation_recipes(self, cores: int) -> tuple[tuple[str, dict[str, KnobValue]], ...]:
+        """transformers' static cache in bf16 (its documented way to cut a decode step's cost), and
+        PyTorch's launcher's process settings around the defaults."""
+        launcher: dict[str, KnobValue] = {"omp_runtime": "intel", "kmp_affinity": "compact", "kmp_blocktime": 1,
+                                          "allocator": "jemalloc", "omp_threads": cores, "instances": 1}
+        return (("hf-static-bf16", {"kv_cache": "static", "precision": "bf16", "omp_threads": cores}),
+                ("pytorch-launcher", launcher))
 
 
 class TorchScript(TorchBackend):
