@@ -5,9 +5,11 @@ and the winner served through `apply` (examples/serve_llm.py) against its measur
    objective latency: a request's prefill and decode), then `autotune export best.env`.
 2. Side by side, each a fresh `autotune bench` process per round, rounds in a balanced random
    order: PyTorch's defaults, the exported winner, and the peers at their best documented settings
-   (llama.cpp Q4_0 and Q8_0, OpenVINO GenAI int4 and int8, a thread per core). A peer runs under
-   `--tolerance 1`: its speed is measured whatever its guard says, and the guard's figures (the
-   next-token logits' mean cosine similarity with fp32 eager's, top-1 agreement) are in its row.
+   (llama.cpp Q4_0 and Q8_0, OpenVINO GenAI int4 and int8, a thread per core), with PyTorch's own
+   int4 (gpt-fast's recipe: the decode step compiled). These run under `--tolerance 1`: their speed
+   is measured whatever their guard says (random weights fail int4: docs/generation.md), and the
+   guard's figures (the next-token logits' mean cosine similarity with fp32 eager's, top-1
+   agreement) are in their row.
    Per contender: time to first token, time per output token, decode tokens/s, the request, peak
    RSS, and the decode's share of this CPU's measured memory bandwidth (the weights a step reads
    over its time per token, against the probe's STREAM triad).
@@ -40,7 +42,9 @@ SERVE = common.REPO / "examples" / "serve_llm.py"
 TOLERANCE = 0.10  # the issue's Done-when: served decode "within 10%" of the search's figure
 # A request is seconds long: few of them per process, one untimed.
 MEASURE = ("--warmup", "1", "--warmup-time", "0", "--min-iterations", "3", "--duration", "1")
-PEERS = (("llama.cpp Q4_0", ("backend=llamacpp", "precision=int4_weight_only")),
+# Measured whatever their guard says (`--tolerance 1`): the peers, and PyTorch's own int4 (gpt-fast's recipe)
+UNGUARDED = (("PyTorch int4, decode compiled", ("backend=inductor", "precision=int4_weight_only")),
+             ("llama.cpp Q4_0", ("backend=llamacpp", "precision=int4_weight_only")),
          ("llama.cpp Q8_0", ("backend=llamacpp", "precision=int8_weight_only")),
          ("OpenVINO GenAI int4", ("backend=openvino", "precision=int4_weight_only")),
          ("OpenVINO GenAI int8", ("backend=openvino", "precision=int8_weight_only")))
@@ -76,7 +80,7 @@ def main() -> int:
     found["bandwidth_gbs"] = bandwidth(out)
     winner = side_by_side.winner(out, found["export_exit"], study)
     contenders = [side_by_side.Contender("PyTorch defaults", "defaults", ()), winner,
-                  *(side_by_side.Contender(label, "peer", knobs) for label, knobs in PEERS)]
+                  *(side_by_side.Contender(label, "unguarded", knobs) for label, knobs in UNGUARDED)]
     found["contenders"] = [c.label for c in contenders]
     found["knobs"] = [list(c.knobs) for c in contenders]
     found["runs"] = side_by_side_rounds(args, out, source, contenders)
@@ -104,18 +108,17 @@ def side_by_side_rounds(args: Any, out: Path, source: list[str],
         for position in order:
             contender = contenders[position]
             run: dict[str, Any] = {"ok": False, "reason": contender.unavailable} if contender.unavailable else \
-                bench(out, source, contender.knobs, peer=contender.kind == "peer")
+                bench(out, source, contender.knobs, unguarded=contender.kind == "unguarded")
             runs[position].append({"round": number, **run})
             shown = f"TPOT {run['tpot_ms']:.2f} ms" if run["ok"] else f"FAILED {run['reason'][:120]}"
             common.say(f"round {number + 1}/{args.rounds}: {contender.label}: {shown}")
     return runs
 
 
-def bench(out: Path, source: list[str], knobs: tuple[str, ...], peer: bool = False,
-          env_file: str | None = None) -> dict[str, Any]:
+def bench(out: Path, source: list[str], knobs: tuple[str, ...], unguarded: bool = False) -> dict[str, Any]:
     """One fresh `autotune bench` process: a request's figures, its guard's, its memory."""
     sets = [arg for knob in knobs for arg in ("--set", knob)]
-    tolerance = ["--tolerance", "1"] if peer else []
+    tolerance = ["--tolerance", "1"] if unguarded else []
     command = [sys.executable, "-m", "autotune", "bench", *source, *sets, *tolerance, *MEASURE, "--json"]
     done = subprocess.run(command, cwd=out, env=common.cli_env(out), capture_output=True, text=True, check=False,
                           stdin=subprocess.DEVNULL)

@@ -28,7 +28,9 @@ def of_generation(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | N
     bandwidth, tpot, weights = probe.get("bandwidth_gbs"), found.get("tpot_p50_ms"), found.get("weight_bytes")
     if not bandwidth or not tpot or not weights:
         return None
-    return bandwidth_fraction(trial.number, float(weights), float(tpot), float(bandwidth))
+    found_ttft = found.get("ttft_p50_ms")
+    return bandwidth_fraction(trial.number, float(weights), float(tpot), float(bandwidth)) | (
+        {"ttft_ms": round(float(found_ttft), 1)} if found_ttft else {})
 
 
 def bandwidth_fraction(trial: int, weight_bytes: float, tpot_ms: float, bandwidth_gbs: float) -> dict[str, Any]:
@@ -79,7 +81,8 @@ def of_recommended(study: optuna.Study) -> dict[str, Any] | None:
 
 def words(found: Mapping[str, Any]) -> str:
     if "read_gbs" in found:
-        return (f"trial {found['trial']} decodes at {found['tpot_ms']:.1f} ms per token, reading its "
+        first = f" after a first token at {found['ttft_ms']:.0f} ms" if "ttft_ms" in found else ""
+        return (f"trial {found['trial']} decodes at {found['tpot_ms']:.1f} ms per token{first}, reading its "
                 f"{found['weight_gb']:.2f} GB of weights at {found['read_gbs']:.1f} GB/s: {found['fraction']:.0%} "
                 f"of this CPU's measured memory bandwidth ({found['bandwidth_gbs']:.1f} GB/s; at most "
                 f"{found['ceiling_tokens_per_s']:.1f} tokens/s with these weights)")

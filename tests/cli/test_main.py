@@ -118,7 +118,8 @@ def test_doctor_lists_the_runtimes_found_with_their_versions_and_how_to_install_
     from autotune.model import backends
     from autotune.model.backends.base import Packages
 
-    found = {"openvino": "2026.4.1", "nncf": "3.4.0", "onnxruntime": None, "onnx": "1.23.2", "onnxscript": None,
+    found = {"openvino": "2026.4.1", "nncf": "3.4.0", "openvino-genai": "2026.4.1.0", "onnxruntime": None,
+             "onnx": "1.23.2", "onnxscript": None,
              "llama-cpp-python": "0.3.36", "gguf": "0.19.0"}
     monkeypatch.setattr(Packages, "versions", lambda self: {name: found[name] for name in self.distributions})
     monkeypatch.setattr(backends, "missing", lambda backend: ("onnxruntime", "onnxscript") if backend == "onnxruntime"
@@ -126,13 +127,15 @@ def test_doctor_lists_the_runtimes_found_with_their_versions_and_how_to_install_
     code, out, _ = run_cli(capsys, "doctor", "--json")
     assert code == 0
     assert json.loads(out)["runtimes"] == {
-        "openvino": {"name": "OpenVINO", "versions": {"openvino": "2026.4.1", "nncf": "3.4.0"}, "install": None},
+        "openvino": {"name": "OpenVINO", "versions": {"openvino": "2026.4.1", "nncf": "3.4.0",
+                                                      "openvino-genai": "2026.4.1.0"}, "install": None},
         "onnxruntime": {"name": "ONNX Runtime", "versions": {"onnxruntime": None, "onnx": "1.23.2", "onnxscript": None},
                         "install": "pip install 'autotune[onnxruntime]' (or: pip install onnxruntime onnx onnxscript)"},
         "llamacpp": {"name": "llama.cpp", "versions": {"llama-cpp-python": "0.3.36", "gguf": "0.19.0"},
                      "install": None}}
     code, out, _ = run_cli(capsys, "doctor")
-    assert "runtimes: openvino 2026.4.1, nncf 3.4.0, onnx 1.23.2, llama-cpp-python 0.3.36, gguf 0.19.0\n" in out
+    assert ("runtimes: openvino 2026.4.1, nncf 3.4.0, openvino-genai 2026.4.1.0, onnx 1.23.2, llama-cpp-python 0.3.36, "
+            "gguf 0.19.0\n") in out
     assert "backend=onnxruntime needs ONNX Runtime: pip install 'autotune[onnxruntime]' (or: pip install " in out
 
 
@@ -237,7 +240,7 @@ def test_a_backend_whose_runtime_is_not_installed_is_one_line_and_writes_nothing
         capsys: pytest.CaptureFixture[str], without_openvino: Path, command: str) -> None:
     code, out, err = run_cli(capsys, command, "--model", "resnet18", "--set", "backend=openvino", *RUNS[command])
     assert code == 2
-    install = "pip install 'autotune[openvino]' (or: pip install openvino nncf)"
+    install = "pip install 'autotune[openvino]' (or: pip install openvino nncf openvino-genai)"
     assert err == ("Error: --set backend=openvino cannot run here: OpenVINO is not installed; install it with "
                    f"{install}; drop that --set\n" if command == "search" else
                    "Error: backend=openvino needs OpenVINO, and this environment lacks openvino, nncf; install it "

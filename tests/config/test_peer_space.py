@@ -70,7 +70,7 @@ def test_a_backend_whose_runtime_is_not_installed_is_dropped_with_a_note() -> No
     fitted = adapted(openvino=False)
     assert fitted.get("backend").choices == ("eager", "torchscript", "inductor", "onnxruntime")  # type: ignore[union-attr]
     assert fitted.notes == ("backend=openvino dropped: OpenVINO is not installed; install it with pip install "
-                            "'autotune[openvino]' (or: pip install openvino nncf)",)
+                            "'autotune[openvino]' (or: pip install openvino nncf openvino-genai)",)
     assert fitted.lacks(Config.from_mapping({"backend": "openvino"})) == "backend=openvino"
     with pytest.raises(SpaceError, match=r"^--set backend=openvino cannot run here: OpenVINO is not installed; "
                                          r"install it with pip install 'autotune\[openvino\]'.*; drop that --set$"):

@@ -130,7 +130,7 @@ def test_a_runtime_not_installed_says_how_to_install_it(monkeypatch: pytest.Monk
     with pytest.raises(autotune.ApplyError) as raised:
         applied(tinynets.cnn(), IMAGES, ModelKnobs(backend="openvino"), tmp_path)
     assert str(raised.value) == ("backend=openvino needs OpenVINO, and this environment lacks nncf; install it with "
-                                 "pip install 'autotune[openvino]' (or: pip install openvino nncf)")
+                                 "pip install 'autotune[openvino]' (or: pip install openvino nncf openvino-genai)")
 
 
 def test_the_cache_lists_and_removes_an_openvino_artifact_with_its_weights(tmp_path: Path) -> None:

@@ -38,8 +38,11 @@ class OpenVINO(Converter):
     label = "OpenVINO"
     summary = "openvino.convert_model, saved as IR, compiled for the CPU plugin"
     precisions: tuple[Precision, ...] = ("fp32", "bf16", "int8")
+    # --task generate: OpenVINO GenAI's LLMPipeline (autotune.model.generate.openvino_genai)
+    generates: tuple[Precision, ...] = ("fp32", "bf16", "int8_weight_only", "int4_weight_only")
     # NNCF quantizes for OpenVINO.
-    packages = Packages("OpenVINO", "openvino", ("openvino", "nncf"), ("openvino", "nncf"))
+    packages = Packages("OpenVINO", "openvino", ("openvino", "nncf", "openvino-genai"),
+                        ("openvino", "nncf", "openvino_genai"))
     suffix = ".xml"
     int8_remedy = "overflow_fix"
 
@@ -64,6 +67,11 @@ class OpenVINO(Converter):
         return (("OpenVINO defaults (LATENCY hint)", {"backend": self.name}),
                 ("OpenVINO bf16", {"backend": self.name, "precision": "bf16"}),
                 ("OpenVINO int8 (NNCF)", {"backend": self.name, "precision": "int8"}))
+
+    def generation_recipes(self, cores: int) -> tuple[tuple[str, dict[str, KnobValue]], ...]:
+        """OpenVINO GenAI with NNCF's weight compression, int4 (optimum-intel's default) and int8."""
+        return (("OpenVINO GenAI int4", {"backend": self.name, "precision": "int4_weight_only", "omp_threads": cores}),
+                ("OpenVINO GenAI int8", {"backend": self.name, "precision": "int8_weight_only", "omp_threads": cores}))
 
     def save(self, model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path: Path,
              calibration: Sequence[Any]) -> None:
