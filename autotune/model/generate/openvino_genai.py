@@ -251,7 +251,7 @@ def _reads_input_ids(gather: Any) -> bool:
     node = gather.input_value(1).get_node()
     while node.get_type_name() == "Convert":
         node = node.input_value(0).get_node()
-    return node.get_type_name() == "Parameter" and node.get_friendly_name() == "input_ids"
+    return bool(node.get_type_name() == "Parameter" and node.get_friendly_name() == "input_ids")
 
 
 def _embedding_bytes(gather: Any) -> int:
