@@ -87,8 +87,8 @@ def main() -> int:
     found["served"] = served_rounds(args, out, source) if found["export_exit"] == 0 else []
     found["served_summary"] = side_by_side_report.paired(
         [r["bench_tpot"] / r["served_tpot"] for r in found["served"] if r.get("bench_tpot") and r.get("served_tpot")])
-    common.write_json(out, "llm.json", found)
-    common.write_table(out, "llm.md", markdown(args, found))
+    common.write_json(out, "llm", found)
+    common.write_table(out, "llm", markdown(args, found))
     return 0
 
 
@@ -188,7 +188,8 @@ def markdown(args: Any, found: dict[str, Any]) -> str:
     band = found.get("bandwidth_gbs")
     lines = [common.provenance_line(found), "",
              f"{args.model}, prompt {args.prompt_len} tokens, {args.new_tokens} new, batch 1; {args.trials}-trial "
-             f"search (seed {args.seed}); {args.rounds} side-by-side rounds; bandwidth {band} GB/s (probe's triad)", "",
+             f"search at most (seed {args.seed}); {args.rounds} side-by-side rounds; memory bandwidth "
+             f"{'-' if band is None else f'{band:.1f}'} GB/s (the probe's triad)", "",
              "| contender | knobs | TTFT ms | TPOT ms | decode tokens/s | request ms | peak RSS MB | of bandwidth "
              "| guard: mean cosine, top-1 |", "|---|---|---|---|---|---|---|---|---|"]
     for label, knobs, runs in zip(found["contenders"], found["knobs"], found["runs"], strict=True):
