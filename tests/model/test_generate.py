@@ -12,7 +12,7 @@ import autotune
 from autotune.model import generate, hf, sizes
 from autotune.model.envfile import MODEL_VAR, NEW_TOKENS_VAR, SEQ_LEN_VAR, TASK_VAR, knob_var
 from autotune.model.errors import ApplyError, WrongAnswers
-from autotune.model.generate import int4, measure
+from autotune.model.generate import int4, int8, measure
 from autotune.model.generate.applied import Generating
 from autotune.model.generate.pytorch import TorchGenerator, convert, weight_bytes
 from autotune.model.knobs import ModelKnobs
@@ -165,3 +165,18 @@ def test_apply_refuses_a_model_that_does_not_generate_and_prompts_that_are_not_i
         applied.generate(torch.zeros(1, 4), 2)
     with pytest.raises(ApplyError, match="1 token or more"):
         applied.generate(prompts(1), 0)
+
+
+def test_the_int8_layer_computes_its_dequantized_weights() -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 64)
+    layer = int8._layer_class()(linear)
+    x = torch.randn(5, 256)
+    exact = linear(x)
+    error = (layer(x).float() - exact).norm() / exact.norm()
+    assert 1e-4 < error < 0.02  # 8 bits per channel and bf16 activations: close, not exact
+    model = tiny()
+    before = weight_bytes(model)
+    setup: dict[str, object] = {}
+    convert(model, ModelKnobs(precision="int8_weight_only"), setup)
+    assert setup["int8_linears"] == 2 * 7 + 1 and weight_bytes(model) < before / 3

@@ -2,8 +2,9 @@
 one decode step per token with the KV cache), greedy, with the model knobs applied:
 
 - precision: fp32; bf16 (the weights themselves in bf16: a decode step reads every weight once, so
-  half the bytes); int8_weight_only and int8_dynamic (torchao on every nn.Linear, as for encoders);
-  int4_weight_only (`int4`: ATen's CPU int4 kernel, bf16 activations);
+  half the bytes); int8_weight_only (`int8`: ATen's CPU int8 weight-only kernel, bf16 activations);
+  int4_weight_only (`int4`: ATen's CPU int4 kernel, bf16 activations); int8_dynamic (torchao's, as
+  for encoders);
 - kv_cache: dynamic (transformers' default: grows with every token) or static (allocated once for
   the prompt and the new tokens, reset per request): a decode step of fixed shapes;
 - backend=inductor: the decode step compiled by torch.compile (over a static cache, always), the
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.model.batches import explain
 from autotune.model.errors import ApplyError
-from autotune.model.generate import int4
+from autotune.model.generate import int4, int8
 
 if TYPE_CHECKING:
     from autotune.model.knobs import ModelKnobs
@@ -40,7 +41,7 @@ def convert(model: Any, knobs: ModelKnobs, setup: dict[str, Any]) -> Any:
         raise ApplyError(f"attention={knobs.attention}: {model.config.model_type} cannot use it ({explain(exc)}); "
                          f"use attention=eager") from None
     start = time.perf_counter()
-    if knobs.precision in ("bf16", "int4_weight_only"):
+    if knobs.precision in ("bf16", "int8_weight_only", "int4_weight_only"):
         model.to(torch.bfloat16)
     if knobs.precision == "int4_weight_only":
         setup["int4_linears"] = int4.quantize_model(model)
@@ -48,7 +49,9 @@ def convert(model: Any, knobs: ModelKnobs, setup: dict[str, Any]) -> Any:
         if not setup["int4_linears"]:
             raise ApplyError(f"precision=int4_weight_only: no nn.Linear of this model takes a multiple of "
                              f"{int4.GROUP} inputs (its quantization groups); use int8_weight_only")
-    elif knobs.precision in ("int8_weight_only", "int8_dynamic"):
+    elif knobs.precision == "int8_weight_only":
+        setup["int8_linears"] = int8.quantize_model(model)
+    elif knobs.precision == "int8_dynamic":
         quantize_linears(model, knobs, setup)
     setup["convert_s"] = time.perf_counter() - start
     return model
