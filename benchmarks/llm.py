@@ -64,6 +64,8 @@ def main() -> int:
     p.add_argument("--serve-rounds", type=int, help=f"served-against-measured rounds (default {FULL['serve_rounds']})")
     p.add_argument("--requests", type=int, help="requests the service times per round")
     p.add_argument("--seed", type=int, default=61, help="of the search and the rounds' order")
+    p.add_argument("--served-only", action="store_true", help="in an --out folder of an earlier run: measure "
+                   "step 3 again (its search, export and side-by-side kept)")
     p.add_argument("extra", nargs="*", help="more `autotune search` flags, after --")
     args = p.parse_args()
     common.fill(args, FULL, QUICK)
@@ -71,6 +73,8 @@ def main() -> int:
     (out / "tmp").mkdir(exist_ok=True)
     source = ["--model", args.model, "--task", "generate", "--prompt-len", str(args.prompt_len), "--new-tokens",
               str(args.new_tokens)]
+    if args.served_only:
+        return served_again(args, out, source)
     found: dict[str, Any] = {**common.provenance(out)}
     found["search_exit"] = common.autotune(out, "search", *source, "--trials", str(args.trials), "--seed",
                                            str(args.seed), *MEASURE, *args.extra, log="search.log")
@@ -87,6 +91,18 @@ def main() -> int:
     found["served"] = served_rounds(args, out, source) if found["export_exit"] == 0 else []
     found["served_summary"] = side_by_side_report.paired(
         [r["bench_tpot"] / r["served_tpot"] for r in found["served"] if r.get("bench_tpot") and r.get("served_tpot")])
+    common.write_json(out, "llm", found)
+    common.write_table(out, "llm", markdown(args, found))
+    return 0
+
+
+def served_again(args: Any, out: Path, source: list[str]) -> int:
+    """Step 3 again over an earlier run's export, its record and table rewritten with the new rounds."""
+    found = json.loads((out / "llm.json").read_text())
+    found["served"] = served_rounds(args, out, source)
+    found["served_summary"] = side_by_side_report.paired(
+        [r["bench_tpot"] / r["served_tpot"] for r in found["served"] if r.get("bench_tpot") and r.get("served_tpot")])
+    found["served_provenance"] = common.provenance(out)
     common.write_json(out, "llm", found)
     common.write_table(out, "llm", markdown(args, found))
     return 0
@@ -210,23 +226,16 @@ def markdown(args: Any, found: dict[str, Any]) -> str:
     summary = found.get("served_summary")
     lines += ["", f"Served through `apply` (examples/serve_llm.py under `autotune run best.env`) against `autotune "
               f"bench` of best.env, {len(found['served'])} rounds: measured TPOT over served TPOT "
-              f"{side_by_side_report.speedup_text(summary)}; within {TOLERANCE:.0%}: {within(summary)}"]
+              f"{side_by_side_report.speedup_text(summary)}; within {TOLERANCE:.0%}: "
+              f"{side_by_side_report.within(summary, TOLERANCE)}"]
+    again = found.get("served_provenance")
+    if again:
+        lines.append(f"(these rounds: `{again['command']}` at {again['commit']}, {again['date']})")
     return "\n".join(lines) + "\n"
 
 
 def share(limit: dict[str, Any] | None) -> str:
     return "-" if limit is None else f"{limit['fraction']:.0%}"
-
-
-def within(paired: dict[str, Any] | None) -> str:
-    if paired is None:
-        return "-"
-    low, high = 1 / (1 + TOLERANCE), 1 + TOLERANCE
-    if low <= paired["low"] and paired["high"] <= high:
-        return "yes"
-    if paired["high"] < low or paired["low"] > high:
-        return "no"
-    return "undecided"
 
 
 if __name__ == "__main__":

@@ -148,17 +148,6 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def within(paired: dict[str, Any] | None) -> str:
-    if paired is None:
-        return "-"
-    low, high = 1 / (1 + TOLERANCE), 1 + TOLERANCE
-    if low <= paired["low"] and paired["high"] <= high:
-        return "yes"
-    if paired["high"] < low or paired["low"] > high:
-        return "no"
-    return "undecided"
-
-
 def markdown(args: argparse.Namespace, found: dict[str, Any]) -> str:
     done = sum(r["bench"]["ok"] and r["serve"]["ok"] for r in found["rounds"])
     lines = [common.provenance_line(found), "", f"{args.rounds} rounds (seed {args.seed}), {done} with both "
@@ -168,7 +157,8 @@ def markdown(args: argparse.Namespace, found: dict[str, Any]) -> str:
     for length, each in found["buckets"].items():
         lines.append(f"| {length} | {' '.join(f'{v:.1f}' for v in each['bench_ms'])} "
                      f"| {' '.join(f'{v:.1f}' if v else '-' for v in each['served_ms'])} "
-                     f"| {side_by_side_report.speedup_text(each['paired'])} | {within(each['paired'])} "
+                     f"| {side_by_side_report.speedup_text(each['paired'])} "
+                     f"| {side_by_side_report.within(each['paired'], TOLERANCE)} "
                      f"| {found['confirmed'].get(length, '-')} |")
     return "\n".join(lines) + "\n"
 

@@ -10,11 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from autotune.base.errors import ConfigError
 from autotune.config import space, space_fit
 from autotune.config.knobs import Config
 from autotune.host import capabilities
+from autotune.model.backends import REGISTRY
+from autotune.model.backends.openvino import OPENVINO
+from autotune.model.convert import prepare
 from autotune.model.errors import ApplyError
 from autotune.model.knobs import ModelKnobs
 from tests.conftest import FIXTURES, NEEDS_INT8
@@ -27,12 +31,18 @@ LINEAR_INT8 = ("int8_dynamic", "int8_weight_only")
 
 @pytest.mark.parametrize("precision", LINEAR_INT8)
 def test_offered_only_with_eager_and_inductor(precision: str) -> None:
-    wrong = re.escape(f"precision={precision} applies only with backend=eager/inductor (here backend=openvino); "
+    taking = "/".join(b.name for b in REGISTRY if precision in b.precisions or precision in b.generates)
+    wrong = re.escape(f"precision={precision} applies only with backend={taking} (here backend=onnxruntime); "
                       f"set backend or drop precision")
     with pytest.raises(ConfigError, match=f"^{wrong}$"):
-        Config.from_assignments(["backend=openvino", f"precision={precision}"])
+        Config.from_assignments(["backend=onnxruntime", f"precision={precision}"])
     with pytest.raises(ApplyError, match=f"^{wrong}$"):
-        ModelKnobs(backend="openvino", precision=precision).check()  # type: ignore[arg-type]
+        ModelKnobs(backend="onnxruntime", precision=precision).check()  # type: ignore[arg-type]
+    if precision in OPENVINO.generates:  # OpenVINO GenAI's weights: a model that does not generate is refused
+        with pytest.raises(ApplyError, match=f"^backend=openvino runs precision={precision} for --task generate "
+                                             f"alone; with this model use fp32/bf16/int8$"):
+            knobs = ModelKnobs(backend="openvino", precision=precision)  # type: ignore[arg-type]
+            prepare(torch.nn.Linear(2, 2), torch.zeros(1, 2), knobs, {})
     with pytest.raises(ApplyError, match=f"^precision={precision} applies only with weight_cache=off"):
         ModelKnobs(precision=precision, weight_cache=True).check()  # type: ignore[arg-type]
     for backend in ("eager", "inductor"):

@@ -76,6 +76,10 @@ def prepare(model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
     import torch
 
     knobs.check()
+    runs = knobs.runs_in.precisions
+    if knobs.precision not in runs:  # a precision the backend takes for generating text alone
+        raise ApplyError(f"backend={knobs.backend} runs precision={knobs.precision} for --task generate alone; "
+                         f"with this model use {'/'.join(runs)}")
     weights = fingerprint(model) if knobs.compiled else ""
     mkldnn, channels_last = knobs.mkldnn, knobs.memory_format == "channels_last"
     if mkldnn:

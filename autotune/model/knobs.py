@@ -56,8 +56,8 @@ def _knob_table(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> d
              "batches: PT2E for inductor, NNCF for openvino, QDQ for onnxruntime; int8_dynamic = torchao's dynamic "
              "int8 of every nn.Linear, activations quantized as it runs; int8_weight_only = torchao's int8 weights "
              "of every nn.Linear, computed in fp32 (eager, inductor); --task generate: bf16 = the weights in bf16, "
-             "int8_weight_only/int4_weight_only = weights in 8 or 4 bits (torchao's; ATen's CPU int4 kernel; "
-             "llama.cpp's Q8_0/Q4_0; NNCF's for OpenVINO GenAI)",
+             "int8_weight_only/int4_weight_only = weights in 8 or 4 bits (ATen's CPU int8 and int4 kernels, bf16 "
+             "activations; llama.cpp's Q8_0/Q4_0; NNCF's for OpenVINO GenAI)",
              choices=PRECISIONS, default="fp32", only_when=dense, model=True),
         *(knob for backend in rest for knob in backend.knobs),
         Knob("kv_cache", "choice", "--task generate: the KV cache; dynamic = transformers' default, grown token by "

@@ -92,6 +92,19 @@ def table_row(contender: dict[str, Any], summary: dict[str, Any], before_value: 
             f"| {summary['ok_rounds']}/{summary['rounds']} | {note} |")
 
 
+def within(paired: dict[str, Any] | None, tolerance: float) -> str:
+    """Whether a paired ratio's whole interval lies within 1/(1+tolerance)..1+tolerance ("yes"), wholly
+    beyond it ("no"), or neither ("undecided"); "-" without one."""
+    if paired is None:
+        return "-"
+    low, high = 1 / (1 + tolerance), 1 + tolerance
+    if low <= paired["low"] and paired["high"] <= high:
+        return "yes"
+    if paired["high"] < low or paired["low"] > high:
+        return "no"
+    return "undecided"
+
+
 def speedup_text(found: dict[str, Any] | None) -> str:
     if found is None:
         return "-"

@@ -14,7 +14,7 @@ from autotune.config.knobs import Config
 from autotune.config.models import resolve
 from autotune.host.machine import this_machine
 from autotune.search import opening
-from tests.support.cli import run_cli
+from tests.support.cli import assert_one_error_line, run_cli
 
 
 @pytest.fixture
@@ -58,11 +58,7 @@ GENERATE = ["--task", "generate"]
 def test_each_mistake_is_one_line_exit_2_and_nothing_written(capsys: pytest.CaptureFixture[str], empty: Path,
                                                             command: list[str], args: list[str],
                                                             message: str) -> None:
-    code, out, err = run_cli(capsys, *command, *args)
-    assert code == 2 and out == ""
-    assert err.startswith(message), err
-    assert err.count("\n") == 1 and "Traceback" not in err
-    assert list(empty.iterdir()) == []
+    assert_one_error_line(capsys, empty, message, *command, *args)
 
 
 def test_the_plan_carries_the_prompt_and_the_new_tokens(capsys: pytest.CaptureFixture[str], empty: Path) -> None:

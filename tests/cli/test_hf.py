@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.cli import run_cli
+from tests.support.cli import assert_one_error_line, run_cli
 
 
 @pytest.fixture
@@ -61,11 +61,7 @@ def empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_each_mistake_is_one_line_exit_2_and_nothing_written(capsys: pytest.CaptureFixture[str], empty: Path,
                                                             command: list[str], args: list[str],
                                                             message: str) -> None:
-    code, out, err = run_cli(capsys, *command, *args)
-    assert code == 2 and out == ""
-    assert err.startswith(message), err
-    assert err.count("\n") == 1 and "Traceback" not in err
-    assert list(empty.iterdir()) == []
+    assert_one_error_line(capsys, empty, message, *command, *args)
 
 
 def test_without_transformers_the_fix_is_named(capsys: pytest.CaptureFixture[str], empty: Path,

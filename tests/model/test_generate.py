@@ -180,3 +180,16 @@ def test_the_int8_layer_computes_its_dequantized_weights() -> None:
     setup: dict[str, object] = {}
     convert(model, ModelKnobs(precision="int8_weight_only"), setup)
     assert setup["int8_linears"] == 2 * 7 + 1 and weight_bytes(model) < before / 3
+
+
+def test_a_peer_without_an_artifacts_folder_converts_into_one_removed_at_exit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = ("import tempfile, torch, autotune; from autotune.model import hf\n"
+              "from autotune.model.generate.applied import _scratch\n"
+              "print(_scratch())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    made = Path(done.stdout.strip().splitlines()[-1])
+    assert made.parent == tmp_path and not made.exists()

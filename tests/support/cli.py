@@ -30,3 +30,13 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 def autotune(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """The installed `autotune ARGS...` run in `cwd`, its output captured."""
     return subprocess.run([AUTOTUNE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_error_line(capsys: pytest.CaptureFixture[str], folder: Path, message: str, *args: str) -> None:
+    """`autotune ARGS...` is a bad input: exit 2, nothing on stdout, one `Error:` line starting with
+    `message`, no traceback, and nothing written in `folder` (where it ran)."""
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.startswith(message), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert list(folder.iterdir()) == []

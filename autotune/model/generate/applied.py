@@ -10,7 +10,9 @@ the measuring child made.
 
 from __future__ import annotations
 
+import atexit
 import copy
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,12 +77,21 @@ def apply_generation(model: Any, example_prompts: Any, knobs: Any, *, tolerance:
         setup["weight_bytes"] = generate.pytorch.weight_bytes(model)
         return Generating(eager, model, knobs, setup)
     reference = eager.logits(prompts) if check else None
-    work = artifacts if artifacts is not None else Path(tempfile.mkdtemp(prefix="autotune-generate-"))
+    work = artifacts if artifacts is not None else _scratch()
     made = generate.generator(copy.deepcopy(model), knobs, setup, spec=_spec_of(model), work=work / "generate")
     if reference is not None:
         measure.judge(measure.logits_agreement(reference, measure.logits_of(made, prompts)), knobs.describe(),
                       knobs.precision, tolerance, setup)
     return Generating(made, model, knobs, setup)
+
+
+def _scratch() -> Path:
+    """Where a peer converts the model when no artifacts folder was given (`autotune export
+    --artifacts` keeps one): a temporary folder removed when the process exits, so that a service
+    started again converts again rather than leaving gigabytes of weights behind each time."""
+    folder = Path(tempfile.mkdtemp(prefix="autotune-generate-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _spec_of(model: Any) -> str:

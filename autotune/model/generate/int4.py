@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from autotune.model.generate.layers import replace_linears
+
 GROUP = 128  # inputs per quantization group: llama.cpp's Q4_0 uses 32, gpt-fast and torchao 32..256
 INNER_TILES = 1  # the CPU kernel's packing takes inner_k_tiles but packs the same for any value
 
@@ -63,12 +65,8 @@ def quantize_model(model: Any, group: int = GROUP) -> int:
     """Replace every nn.Linear whose input width `group` divides (and whose output width is even, as the
     packing needs) by its int4 layer, in place; returns how many were replaced. The model is expected in
     bf16 (the kernel's activations)."""
-    import torch
+    def make(linear: Any) -> Any:
+        fits = linear.in_features % group == 0 and linear.out_features % 2 == 0
+        return _layer_class()(linear, group) if fits else None
 
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear) and child.in_features % group == 0 and child.out_features % 2 == 0:
-                setattr(parent, name, _layer_class()(child, group))
-                replaced += 1
-    return replaced
+    return replace_linears(model, make)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from autotune.model.generate.layers import replace_linears
+
 
 def quantize_weight(weight: Any) -> tuple[Any, Any]:
     """An fp32 [out, in] weight as int8 codes and one bf16 scale per output channel."""
@@ -54,12 +56,4 @@ def _layer_class() -> Any:
 def quantize_model(model: Any) -> int:
     """Replace every nn.Linear by its int8 layer, in place; returns how many. The model is expected in
     bf16 (the kernel's activations)."""
-    import torch
-
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, _layer_class()(child))
-                replaced += 1
-    return replaced
+    return replace_linears(model, _layer_class())

@@ -9,8 +9,8 @@ The guard: the next-token logits at every position of held-out prompts (teacher-
 prefill each) against PyTorch's fp32 eager ones, judged by their mean cosine similarity; the top-1
 agreement and how many greedy tokens agree before the first difference are recorded beside it. The
 top-1 answer does not judge: random weights give logits with small margins (the best token leads
-the second by ~0.14 of the logits' spread on a random 0.5B qwen2), so int8 weights flip 13% of
-them where a trained model's would hold (bf16 4.5%, int8_dynamic 17%; mean cosine 0.9998, 0.9990,
+the second by ~0.14 of the logits' spread on a random 0.5B qwen2), so torchao's int8 weights
+flipped 13% of them where a trained model's would hold (bf16 4.5%, int8_dynamic 17%; mean cosine 0.9998, 0.9990,
 0.9978). int4 weights (mean cosine 0.85 there) fail the default tolerance on random weights;
 `--tolerance` accepts them, said as such.
 """
