@@ -16,15 +16,6 @@ from autotune.host.machine import this_machine
 from autotune.search import opening
 from tests.support.cli import assert_one_error_line, run_cli
 
-
-@pytest.fixture
-def empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "here"
-    folder.mkdir()
-    monkeypatch.chdir(folder)
-    return folder
-
-
 GENERATE = ["--task", "generate"]
 
 

@@ -13,15 +13,6 @@ import torch
 from tests.support.cli import assert_one_error_line, run_cli
 
 
-@pytest.fixture
-def empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The folder autotune runs in, where nothing may be written."""
-    folder = tmp_path / "here"
-    folder.mkdir()
-    monkeypatch.chdir(folder)
-    return folder
-
-
 @pytest.mark.parametrize("command", [["plan"], ["bench", "--cache-dir", "cache"], ["search", "--trials", "2"]])
 @pytest.mark.parametrize(
     ("args", "message"),
