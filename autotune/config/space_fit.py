@@ -124,22 +124,25 @@ def for_buckets(space: SearchSpace, bucketed: bool) -> SearchSpace:
                        space.cores)
 
 
-def for_probe(space: SearchSpace, refused: Refused) -> SearchSpace:
+def for_probe(space: SearchSpace, refused: Refused, silent: Refused | None = None) -> SearchSpace:
     """The space without what this CPU's kernel probe refused: a backend whose fp32 failed, a
     precision no backend of the space runs well here (dropped), or runs well on some backends only
-    (offered with those alone). Every note gives the probe's reason."""
+    (offered with those alone). Every note gives the probe's reason. `silent`: pairs left out without
+    a note (what the model's task does not run: `task_refusals`)."""
+    quiet = silent or {}
     notes: list[str] = []
     ranges = {rng.name: rng for rng in space.knobs}
     if "backend" in ranges:
-        ranges["backend"] = _drop_backends(space.source, ranges["backend"], refused, notes)
+        ranges["backend"] = _drop_backends(space.source, ranges["backend"], refused, notes, quiet)
     backends = tuple(map(value_text, ranges["backend"].choices)) if "backend" in ranges else (
         value_text(KNOBS["backend"].default),)
     if "precision" in ranges:
-        ranges["precision"] = _fit_precisions(space.source, ranges["precision"], backends, refused, notes)
+        ranges["precision"] = _fit_precisions(space.source, ranges["precision"], backends, refused, notes, quiet)
     return SearchSpace(space.source, tuple(ranges.values()), (*space.notes, *notes), space.cores)
 
 
-def _drop_backends(source: str, rng: KnobRange, refused: Refused, notes: list[str]) -> KnobRange:
+def _drop_backends(source: str, rng: KnobRange, refused: Refused, notes: list[str], quiet: Refused) -> KnobRange:
+    rng = replace(rng, choices=tuple(b for b in rng.choices if (value_text(b), "fp32") not in quiet))
     keep = tuple(b for b in rng.choices if (value_text(b), "fp32") not in refused)
     notes += [f"backend={value_text(b)} dropped: {refused[(value_text(b), 'fp32')]}"
               for b in rng.choices if b not in keep]
@@ -149,19 +152,23 @@ def _drop_backends(source: str, rng: KnobRange, refused: Refused, notes: list[st
 
 
 def _fit_precisions(source: str, rng: KnobRange, backends: tuple[str, ...], refused: Refused,
-                    notes: list[str]) -> KnobRange:
+                    notes: list[str], quiet: Refused) -> KnobRange:
     keep, only = [], []
     for value in rng.choices:
         text = value_text(value)
         allowed = dict(VALUE_CONDITIONS.get(("precision", text), ())).get("backend", backends)
-        candidates = tuple(b for b in backends if b in allowed)
+        present = tuple(b for b in backends if b in allowed)
+        candidates = tuple(b for b in present if (b, text) not in quiet)
+        if present and not candidates:  # what this kind of model does not run: left out without a note
+            continue
         fine = tuple(b for b in candidates if (b, text) not in refused)
         if candidates and not fine:
             notes.append(f"precision={text} dropped: {_reasons(candidates, text, refused)}")
             continue
         keep.append(value)
-        if len(fine) < len(candidates):
+        if len(fine) < len(present):
             only.append((text, (("backend", fine),)))
+        if len(fine) < len(candidates):
             refusing = tuple(b for b in candidates if b not in fine)
             notes.append(f"precision={text} only with backend={'/'.join(fine)}: with "
                          f"{'/'.join(refusing)}, {_reasons(refusing, text, refused)}")

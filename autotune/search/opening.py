@@ -147,9 +147,10 @@ def validate(request: SearchRequest, machine: Machine,
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available |= space_fit.runtimes_installed()
     adapted = space_fit.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
-    refused = {**space_fit.task_refusals(model.generates),
-               **(capabilities.refusals(probe, model.probe_op) if probe is not None else {})}
-    adapted = space_fit.for_task(space_fit.for_probe(adapted, refused), model.generates, request.pins)
+    task = space_fit.task_refusals(model.generates)
+    probed = capabilities.refusals(probe, model.probe_op) if probe is not None else {}
+    adapted = space_fit.for_task(space_fit.for_probe(adapted, probed, task), model.generates, request.pins)
+    refused = {**task, **probed}
     if "precision" not in request.pins.as_dict():
         adapted = space_fit.for_model(adapted, model.linear_heavy)
     model.check_shapes(request.pins.as_dict().get("shapes"))
