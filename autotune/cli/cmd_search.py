@@ -47,6 +47,8 @@ from autotune.search import opening
               help="Items per forward call; a list like 1,2,4,8 is searched with --objective throughput.")
 @click.option("--max-latency-ms", type=options.Finite(),
               help="With --objective throughput: only configurations whose p90 latency stays under this.")
+@click.option("--max-tpot-ms", type=options.Finite(),
+              help="With --task generate: only configurations whose p90 time per output token stays under this.")
 @click.option("--seed", type=int,
               help="Seed of the sampler and of the confirmation's round order, for a reproducible run.")
 @click.option("--replicates", default=3, show_default=True, type=click.IntRange(min=1),
@@ -70,6 +72,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
            trials: int, pins: tuple[str, ...],
            time_budget: float | None, space_spec: str | None,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
+           max_tpot_ms: float | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
            min_effect: float, timeout: float, tolerance: float | None, calibration_batches: int | None,
            cache_dir: Path, no_wait: bool, as_json: bool, allow_mixed: bool, **measure: Any) -> None:
@@ -94,6 +97,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
         model=model, trials=trials, space=space.find(space_spec or ("generate" if task == "generate" else "default")),
         objective=parse_objective(objective),
         batch_size=sizes[0], batch_sizes=sizes if len(sizes) > 1 else (), max_latency_ms=max_latency_ms,
+        max_tpot_ms=max_tpot_ms,
         study=study_name, storage=storage, measure=options.settings(**measure),
         replicates=ReplicatePolicy(replicates=replicates, timeout_s=timeout, in_process=warm_replicates),
         cache_dir=cache_dir, seed=seed,

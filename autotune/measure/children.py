@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.measure.plan import Binding, InstancePlan, child_environment
-from autotune.measure.results import STDERR_TAIL_CHARS, InstanceResult
+from autotune.measure.results import STDERR_TAIL_CHARS, InstanceResult, stopped_by
 
 # What a child is doing, told as it changes: (instance index, phase), e.g. (0, "compiling").
 PhaseCallback = Callable[[int, str], None]
@@ -98,7 +98,7 @@ def barrier(children: list[Child], deadline: float, timeout_s: float, on_phase: 
         return False
     dead = [c for c in children if not c.said(b"ready") and c.proc.poll() is not None]
     if dead:
-        stop_unfinished(children, f"stopped because instance {dead[0].plan.index} failed")
+        stop_unfinished(children, stopped_by(dead[0].plan.index))
         return False
     return True
 

@@ -6,7 +6,10 @@ One owner for these words, so that the study, pruning, confirmation and display 
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import ALPHA
@@ -15,6 +18,9 @@ Objective = Literal["latency", "throughput", "both"]
 Metric = Literal["latency_p50_ms", "throughput_ips"]
 OBJECTIVES: tuple[Objective, ...] = ("latency", "throughput", "both")
 COMPARABLE: tuple[Objective, ...] = ("latency", "throughput")  # one number per run, so pairs compare
+# The figures a search may bound: each one's flag, how a breach reads, its tag in a study's name.
+LIMITED = {"latency_p90_ms": ("--max-latency-ms", "a p90 latency", "p90"),
+           "tpot_p90_ms": ("--max-tpot-ms", "a p90 time per output token", "tpot")}
 
 
 
@@ -82,3 +88,47 @@ def unit_of(metric: Metric) -> str:
 def speedup_attr(objective: str) -> str:
     """The trial attribute holding its speedup over the baseline on the objective's metric."""
     return "speedup_throughput" if metric_of(objective) == "throughput_ips" else "speedup_latency"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds a result keeps to count (a trial within them is feasible): `--max-latency-ms` on
+    the p90 latency of a request, `--max-tpot-ms` on the p90 time per output token of one
+    (`--task generate`). Both are figures of one run: an instance's p90, the median over instances."""
+
+    latency_p90_ms: float | None = None
+    tpot_p90_ms: float | None = None
+
+    def bounds(self) -> dict[str, float]:
+        """Each limit set, by the figure it bounds."""
+        return {figure: float(limit) for figure in LIMITED if (limit := getattr(self, figure)) is not None}
+
+    def over(self, figures: Mapping[str, Any]) -> dict[str, float]:
+        """Per limit set, by how many ms `figures` exceed it (<= 0: within); a figure that was not
+        measured is over by infinity."""
+        return {figure: (math.inf if figures.get(figure) is None else float(figures[figure])) - limit
+                for figure, limit in self.bounds().items()}
+
+    def breach(self, figures: Mapping[str, Any]) -> str:
+        """What breaks a limit, said for a verdict ("" when within them all)."""
+        for figure, excess in self.over(figures).items():
+            if excess > 0:
+                flag, what, _ = LIMITED[figure]
+                value = figures.get(figure)
+                shown = "none measured" if value is None else f"{float(value):.2f} ms"
+                return f"had {what} of {shown} in these rounds, over {flag} {self.bounds()[figure]:g}"
+        return ""
+
+    def suffix(self) -> str:
+        """The limits' part of a study's name."""
+        return "".join(f"-{LIMITED[figure][2]}max{limit:g}ms" for figure, limit in self.bounds().items() if limit)
+
+    @classmethod
+    def of_study(cls, attrs: Mapping[str, Any]) -> Limits:
+        """The limits a study was opened with (its user attributes)."""
+        def read(key: str) -> float | None:
+            return float(attrs[key]) if attrs.get(key) else None
+        return cls(read("max_latency_ms"), read("max_tpot_ms"))
+
+
+NO_LIMITS = Limits()

@@ -11,7 +11,7 @@ from typing import Any
 from autotune.base.thresholds import BUSY_MACHINE, NOISY, REMEASURE, STARVED
 from autotune.measure import stats
 from autotune.measure.plan import LaunchPlan, stretched
-from autotune.measure.results import RunResult
+from autotune.measure.results import RunResult, generation_figures
 from autotune.measure.stats import median
 
 PERCENTILES = tuple(range(101))  # the stored summary of all samples: p0..p100, a fixed size
@@ -140,7 +140,16 @@ class Measurement:
             "steal_share_max": max((n.get("steal_share", 0.0) for n in noise), default=0.0),
             "load_before": noise[0].get("load_before") if noise else None,
             "load_after": noise[-1].get("load_after") if noise else None,
-        }
+        } | ({"generation": self.generation} if self.generation else {})
+
+    @cached_property
+    def generation(self) -> dict[str, float]:
+        """--task generate: time to first token and per output token over every run's instances,
+        and the weights a decode step reads ({} otherwise)."""
+        instances = [i.metrics for r in self.runs for i in r.instances]
+        figures = generation_figures(instances)
+        weights = next((m["setup"]["weight_bytes"] for m in instances if "weight_bytes" in m.get("setup", {})), None)
+        return figures | ({"weight_bytes": weights} if figures and weights else {})
 
 
 def noisy_reason(run: RunResult) -> str:

@@ -14,6 +14,8 @@ from autotune.measure.stats import median, percentile
 
 STDERR_TAIL_CHARS = 2000  # of a failed child's output: what a result carries and a trial keeps
 
+STOPPED_BY = "stopped because instance"  # the reason of an instance another one's failure stopped
+
 
 @dataclass(frozen=True)
 class InstanceResult:
@@ -65,8 +67,9 @@ class RunResult:
 
     @property
     def generation(self) -> dict[str, float]:
-        """--task generate: the median over the instances of their TTFT and TPOT p50s ({} otherwise)."""
-        return generation_p50s([i.metrics for i in self.instances])
+        """--task generate: the median over the instances of their TTFT and TPOT p50s and TPOT p90s
+        ({} otherwise)."""
+        return generation_figures([i.metrics for i in self.instances])
 
     @property
     def peak_rss_mb(self) -> float:
@@ -182,21 +185,29 @@ def bucket_p50s(instances: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return {length: median(p50s) for length, p50s in seen.items()}
 
 
-def generation_p50s(instances: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def generation_figures(instances: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """--task generate: the median over `instances` (metrics or summaries) of their time to first
-    token and time per output token p50s ({} without generation)."""
+    token and time per output token p50s, and of their p90 time per output token ({} without
+    generation)."""
     found = [m["generation"] for m in instances if m.get("generation")]
     out = {}
-    for key in ("ttft_p50_ms", "tpot_p50_ms"):
+    for key in ("ttft_p50_ms", "tpot_p50_ms", "tpot_p90_ms"):
         values = [float(g[key]) for g in found if g.get(key) is not None]
         if values:
             out[key] = median(values)
     return out
 
 
+def stopped_by(index: int, what: str = "failed") -> str:
+    """The reason of an instance stopped because another failed: not a cause of its own."""
+    return f"{STOPPED_BY} {index} {what}"
+
+
 def combine(results: tuple[InstanceResult, ...], wall_s: float,
             noise: Mapping[str, float] | None = None) -> RunResult:
-    """The run's verdict: failed when any instance failed, naming the first."""
+    """The run's verdict: failed when any instance failed, naming the first that failed of its own
+    accord (the instances it stopped say only that)."""
     failed = [r for r in results if not r.ok]
-    reason = "" if not failed else f"instance {failed[0].index}: {failed[0].reason}"
+    cause = next((r for r in failed if not r.reason.startswith(STOPPED_BY)), failed[0]) if failed else None
+    reason = "" if cause is None else f"instance {cause.index}: {cause.reason}"
     return RunResult(ok=not failed, reason=reason, instances=results, wall_s=wall_s, noise=noise or {})

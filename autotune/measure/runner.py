@@ -49,7 +49,7 @@ from autotune.measure.children import (
     wait_done,
 )
 from autotune.measure.plan import LaunchPlan
-from autotune.measure.results import InstanceResult, RunResult, combine
+from autotune.measure.results import InstanceResult, RunResult, combine, stopped_by
 
 # Plans of a series built at the same time (`run_series`): on this 2-CPU machine a process builds on
 # about one CPU (interpreter, imports, model), so two fill both CPUs; measured in
@@ -188,7 +188,7 @@ def _start_plan(plan: LaunchPlan, folder: Path, env: Mapping[str, str], hold: bo
             run.children.append(start_child(instance, plan.binding, folder, env, hold))
     except OSError as exc:  # could not start an instance (e.g. a binding tool is missing)
         index = len(run.children)
-        stop_unfinished(run.children, f"stopped because instance {index} could not start")
+        stop_unfinished(run.children, stopped_by(index, "could not start"))
         run.unstarted = InstanceResult(index, False, f"could not start: {exc}", None, "")
     return run
 
@@ -207,7 +207,7 @@ def _turn(run: _Run, deadline: float, timeout_s: float, on_phase: PhaseCallback,
     if held:
         failed = [c for c in children if not c.said(b"built")]
         if failed:
-            stop_unfinished(children, f"stopped because instance {failed[0].plan.index} failed")
+            stop_unfinished(children, stopped_by(failed[0].plan.index))
             return None, None
         tell(children, b"warm\n")
     if not barrier(children, deadline, timeout_s, on_phase):

@@ -275,7 +275,7 @@ def failures(trials: Sequence[FrozenTrial]) -> tuple[FailureGroup, ...]:
 
 def context(attrs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The study's own description, the host, the measurement settings and the search accounting."""
-    study = {k: attrs[k] for k in ("model", "objective", "batch_size", "batch_sizes", "max_latency_ms",
+    study = {k: attrs[k] for k in ("model", "objective", "batch_size", "batch_sizes", "max_latency_ms", "max_tpot_ms",
                                    "created_by", "created_at") if attrs.get(k) not in (None, "", [])}
     return {"study": study, "host": dict(attrs.get("host", {})), "settings": dict(attrs.get("settings", {})),
             "accounting": dict(attrs.get("accounting", {}))}

@@ -113,7 +113,7 @@ def _history(histories: Sequence[History]) -> str:
     fig.update_layout(height=420 * len(histories), title="Optimisation history")
     return _section("History", _figure(fig, HISTORY), _note(
         "Each measured trial's value; pruned trials (x) show the median of the replicates they ran. "
-        "The line is the best completed trial so far (feasible ones only, under --max-latency-ms)."))
+        "The line is the best completed trial so far (feasible ones only, under --max-latency-ms and --max-tpot-ms)."))
 
 
 def _history_traces(fig: go.Figure, hist: History, row: int) -> None:

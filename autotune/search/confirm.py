@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import ALPHA
 from autotune.measure import sequential
-from autotune.measure.objectives import metric_of, min_rounds
+from autotune.measure.objectives import Limits, metric_of, min_rounds
 from autotune.measure.replicates import SeriesRunner
 from autotune.measure.runner import Series
 from autotune.search import against_recipe, verdict
@@ -79,12 +79,11 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
     contenders += [Contender(f"trial {t.number} ({'peer' if references.is_peer(t) else 'recipe'})",
                              records.plan_of(t), t.number) for t in extra_references(study, chosen)]
     reference = Contender(f"trial {base.number} (baseline)", records.plan_of(base), base.number)
-    limit = study.user_attrs.get("max_latency_ms")
+    limits = Limits.of_study(study.user_attrs)
     plan = sequential.design(rounds, max(len(chosen), 1))
 
     def judged(measured: Rounds | None, look: sequential.Look) -> dict[str, Any]:
-        return verdict.decide(base, chosen, measured, metric, plan, look, min_effect,
-                              float(limit) if limit else None, recipe, peer)
+        return verdict.decide(base, chosen, measured, metric, plan, look, min_effect, limits, recipe, peer)
 
     if not chosen:
         return confirmations.record(study, {**judged(None, plan.looks[-1]), **(ran_on or {})})

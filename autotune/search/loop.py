@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -275,11 +274,6 @@ def _host_baseline(search: Search, machine: Machine, runner: PlanRunner) -> dict
     return _patiently(search, lambda: fleet.record_host_baseline(search.study, host, measured))
 
 
-def _constrain(trial: optuna.Trial, limit_ms: float) -> None:
-    p90 = float(trial.user_attrs["latency_p90_ms"]) if "latency_p90_ms" in trial.user_attrs else math.inf
-    records.record_constraint(trial, p90 - limit_ms)
-
-
 def _measured_as(search: Search, trial: optuna.Trial, config: Config, batch: int) -> FrozenTrial | None:
     """The earlier trial whose result this one reuses: one that launched the same, and for a
     configuration that launches what the baseline does (`allocator=default`), this host's baseline."""
@@ -398,9 +392,8 @@ def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome,
             records.record_pruned(trial, outcome.reason)
         if outcome.undecided is not None:
             undecided.record(trial, outcome.reason, outcome.undecided)
-    if outcome.state == TrialState.COMPLETE and search.request.max_latency_ms is not None:
-        _constrain(trial, search.request.max_latency_ms)
     if outcome.state == TrialState.COMPLETE:
+        records.record_limits(trial, search.request.limits, trial.user_attrs)
         search.study.tell(trial, list(outcome.values), skip_if_finished=True)
     else:
         search.study.tell(trial, state=outcome.state, skip_if_finished=True)

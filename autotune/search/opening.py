@@ -20,7 +20,7 @@ from autotune.host import capabilities
 from autotune.host.capabilities import Probe
 from autotune.host.machine import Machine, class_id, fingerprint, host_class, torch_versions
 from autotune.measure import requests
-from autotune.measure.objectives import OBJECTIVES, Objective, parse_objective
+from autotune.measure.objectives import OBJECTIVES, Limits, Objective, parse_objective
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.model import hf
 from autotune.model.buckets import Buckets
@@ -67,7 +67,8 @@ class SearchRequest:
     buckets: Buckets | None = None  # `--seq-lens`: a transformers model measured at each length
     tolerance: float | None = None  # None: per precision
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES (not recorded)
-    max_latency_ms: float | None = None
+    max_latency_ms: float | None = None  # `--max-latency-ms`: on a request's p90 latency (objective throughput)
+    max_tpot_ms: float | None = None  # `--max-tpot-ms`: on the p90 time per output token (--task generate)
     batch_sizes: tuple[int, ...] = ()  # searched (objective throughput) when more than one
     command_line: str = ""
     pins: Config = field(default_factory=Config)  # knobs fixed in every trial but the baseline (`--set`)
@@ -75,6 +76,10 @@ class SearchRequest:
     confirm_rounds: int = 0  # of the confirmation that follows, for the budget; 0 without one
     confirm_top: int = 0  # candidates that confirmation takes at most
     allow_mixed: bool = False  # `--allow-mixed`: hosts of another class than the study's may join it
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_latency_ms, self.max_tpot_ms)
 
 
 @dataclass
@@ -108,10 +113,9 @@ class Search:
 
 def study_name(request: SearchRequest, model: models.ModelSpec) -> str:
     batch = "-".join(map(str, request.batch_sizes)) if len(request.batch_sizes) > 1 else str(request.batch_size)
-    limit = f"-p90max{request.max_latency_ms:g}ms" if request.max_latency_ms else ""
     stem = storage.safe_name(_stem(model))
     return storage.check_name(request.study if request.study is not None else
-                              f"{stem}-bs{batch}-{request.objective}{limit}")
+                              f"{stem}-bs{batch}-{request.objective}{request.limits.suffix()}")
 
 
 def _stem(model: models.ModelSpec) -> str:
@@ -139,9 +143,15 @@ def validate(request: SearchRequest, machine: Machine,
                          f"{request.objective} give one --batch-size")
     if request.max_latency_ms is not None and (request.objective != "throughput" or request.max_latency_ms <= 0):
         raise StudyError("--max-latency-ms needs --objective throughput and a positive limit in ms")
+    if request.max_tpot_ms is not None and request.max_tpot_ms <= 0:
+        raise StudyError(f"--max-tpot-ms {request.max_tpot_ms:g} is not allowed; give a positive limit in ms per "
+                         f"output token")
     model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
                            seq_len=request.seq_len, task=request.task, buckets=request.buckets,
                            new_tokens=request.new_tokens)
+    if request.max_tpot_ms is not None and not model.generates:
+        raise StudyError("--max-tpot-ms bounds the time per output token of text generation; add --task generate "
+                         "(a causal LM), or use --max-latency-ms")
     requests.check_cache_dir(request.cache_dir)
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
@@ -225,7 +235,7 @@ def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list
     """Measurements a locked database kept out of the study last time are recorded now."""
     notes = []
     for path in storage.kept_aside(url, request.studies_dir, study.study_name):
-        number = records.restore_kept(study, path, request.max_latency_ms)
+        number = records.restore_kept(study, path, request.limits)
         if number is not None:
             notes.append(f"trial {number}'s measurement, kept in {path} while the study was locked, is recorded now")
     return notes
@@ -234,6 +244,7 @@ def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list
 def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
     wanted = {"model": model.name, "batch_size": request.batch_size, "objective": request.objective,
               "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms,
+              "max_tpot_ms": request.max_tpot_ms,
               "pins": request.pins.describe() if request.pins.values else ""}
     return (wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
             | ({"task": model.task} if model.task else {})

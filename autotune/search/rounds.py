@@ -52,9 +52,10 @@ class RunEvent:
 
 @dataclass(frozen=True)
 class RoundRun:
-    """What one contender's run in a round gave: the metric, its p90 latency, or why it failed,
-    how long its processes took from start to exit, and, when a run was flagged noisy and run
-    again, each attempt's flag ("" for a quiet one) and which attempt the round kept."""
+    """What one contender's run in a round gave: the metric, its p90 latency (and p90 time per
+    output token), or why it failed, how long its processes took from start to exit, and, when a
+    run was flagged noisy and run again, each attempt's flag ("" for a quiet one) and which
+    attempt the round kept."""
 
     value: float | None
     p90_ms: float | None
@@ -63,6 +64,7 @@ class RoundRun:
     buckets: Mapping[str, float] = field(default_factory=dict)  # per sequence-length bucket, its p50 ms
     flags: tuple[str, ...] = ()  # every attempt's noisy reason, in order (empty: not checked)
     kept: int = 0  # the attempt whose value the round keeps
+    tpot_p90_ms: float | None = None  # --task generate: the p90 time per output token
 
     @property
     def reruns(self) -> int:
@@ -215,6 +217,7 @@ def round_run(attempts: Sequence[RunResult], metric: Metric, checked: bool = Fal
     kept = _kept(attempts, flags, metric)
     chosen = attempts[kept]
     return RoundRun(metric_value(chosen, metric), chosen.latency_p90_ms, wall_s=wall_s,
+                    tpot_p90_ms=chosen.generation.get("tpot_p90_ms"),
                     buckets=chosen.bucket_p50s_ms, flags=flags, kept=kept)
 
 

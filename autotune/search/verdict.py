@@ -23,26 +23,26 @@ from optuna.trial import FrozenTrial
 
 from autotune.base.thresholds import ALPHA
 from autotune.measure import sequential, stats
-from autotune.measure.objectives import Metric
+from autotune.measure.objectives import NO_LIMITS, Limits, Metric
 from autotune.measure.sequential import Design, Look
 from autotune.search import against_recipe
 from autotune.search.rounds import RoundRun, Rounds, speedups
 
 
 def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | None, metric: Metric, plan: Design,
-           look: Look, min_effect: float, max_latency_ms: float | None = None, recipe: FrozenTrial | None = None,
+           look: Look, min_effect: float, limits: Limits = NO_LIMITS, recipe: FrozenTrial | None = None,
            peer: FrozenTrial | None = None) -> dict[str, Any]:
     """The verdict from the rounds at `look`: contender 0 is the baseline, then `chosen` in order,
     then the best expert recipe (`recipe`) and the best peer (`peer`) that are not among them, each
     found by its trial number (against_recipe.py)."""
     reference = measured.values(0) if measured else []
-    rows = [_row(trial, measured.runs[i + 1], reference, metric, min_effect, max_latency_ms, look, plan)
+    rows = [_row(trial, measured.runs[i + 1], reference, metric, min_effect, limits, look, plan)
             for i, trial in enumerate(chosen)] if measured else []
     _holm(rows, look.alpha)
     winners = [r for r in rows if r["significant"]]
     best = max(winners, key=lambda r: r["speedup"]) if winners else None
-    versus = _against("recipe", recipe, chosen, measured, best, metric, min_effect, max_latency_ms, look, plan)
-    versus_peer = _against("peer", peer, chosen, measured, best, metric, min_effect, max_latency_ms, look, plan)
+    versus = _against("recipe", recipe, chosen, measured, best, metric, min_effect, limits, look, plan)
+    versus_peer = _against("peer", peer, chosen, measured, best, metric, min_effect, limits, look, plan)
     if versus_peer is not None and measured is not None:
         over_recipe = speedups(measured.values(_series(chosen, measured, recipe)),
                                measured.values(_series(chosen, measured, peer)), metric) if recipe and peer else []
@@ -112,7 +112,7 @@ def position(chosen: Sequence[FrozenTrial], trial: FrozenTrial) -> int | None:
 
 def _against(kind: against_recipe.Kind, reference: FrozenTrial | None, chosen: Sequence[FrozenTrial],
              measured: Rounds | None, best: dict[str, Any] | None, metric: Metric, min_effect: float,
-             max_latency_ms: float | None, look: Look, plan: Design) -> dict[str, Any] | None:
+             limits: Limits, look: Look, plan: Design) -> dict[str, Any] | None:
     """The winner against a reference (the best expert recipe or the best peer), with the
     reference's own row against the baseline when it was not a candidate (None: no winner, or no
     such reference ran)."""
@@ -125,7 +125,7 @@ def _against(kind: against_recipe.Kind, reference: FrozenTrial | None, chosen: S
     found = against_recipe.compare(reference, values, best, speedups(values, winner, metric), min_effect, look, plan,
                                    kind)
     if at > len(chosen):
-        found["against_baseline"] = _row(reference, series, measured.values(0), metric, min_effect, max_latency_ms,
+        found["against_baseline"] = _row(reference, series, measured.values(0), metric, min_effect, limits,
                                          look, plan)
     return found
 
@@ -199,9 +199,9 @@ def _buckets(runs: Sequence[RoundRun]) -> dict[str, float]:
 
 
 def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float | None], metric: Metric,
-         min_effect: float, max_latency_ms: float | None, look: Look, plan: Design) -> dict[str, Any]:
+         min_effect: float, limits: Limits, look: Look, plan: Design) -> dict[str, Any]:
     """One candidate's line of the verdict; only a candidate whose every run succeeded within the
-    study's latency limit is tested (`status` "ok"), the others say why they cannot win."""
+    study's limits is tested (`status` "ok"), the others say why they cannot win."""
     ran = [r.value for r in runs if r.value is not None]
     row: dict[str, Any] = {"trial": trial.number, "config": trial.user_attrs.get("config"),
                            "failed_runs": len(runs) - len(ran), "median": _median(ran),
@@ -210,7 +210,7 @@ def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float
                            "ci": None, "ci_label": None, "ci_coverage": None, "p_value": None,
                            "p_value_slower": None, "p_value_equivalent": None, "outcome": None,
                            "significant": False}
-    row.update(_disqualified(runs, max_latency_ms))
+    row.update(_disqualified(runs, limits))
     ratios = speedups(reference, [r.value for r in runs], metric)
     if row["status"] == "ok" and len(ratios) >= 2:
         judged = sequential.judge(ratios, look, plan, min_effect)
@@ -218,13 +218,11 @@ def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float
     return row
 
 
-def _disqualified(runs: Sequence[RoundRun], max_latency_ms: float | None) -> dict[str, str]:
+def _disqualified(runs: Sequence[RoundRun], limits: Limits) -> dict[str, str]:
     failed = [r for r in runs if r.value is None]
     if failed:
         return {"status": "failed", "reason": f"failed {len(failed)} of {len(runs)} runs: {failed[0].reason}"}
-    p90 = stats.median([r.p90_ms for r in runs if r.p90_ms is not None]) if runs else 0.0
-    if max_latency_ms is not None and p90 > max_latency_ms:
-        return {"status": "over the latency limit",
-                "reason": f"had a p90 latency of {p90:.2f} ms in these rounds, over --max-latency-ms "
-                          f"{max_latency_ms:g}"}
-    return {}
+    figures = {"latency_p90_ms": _median([r.p90_ms for r in runs if r.p90_ms is not None]),
+               "tpot_p90_ms": _median([r.tpot_p90_ms for r in runs if r.tpot_p90_ms is not None])}
+    breach = limits.breach(figures)
+    return {"status": "over the latency limit", "reason": breach} if breach else {}

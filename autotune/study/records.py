@@ -18,10 +18,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import INTERRUPTED_BY, ConfigError
 from autotune.config.knobs import Config, identity_of
-from autotune.measure.objectives import Metric
+from autotune.measure.objectives import Limits, Metric
 from autotune.measure.plan import LaunchPlan, model_knobs
 from autotune.measure.replicates import Measurement
-from autotune.measure.results import STDERR_TAIL_CHARS, RunResult, generation_p50s
+from autotune.measure.results import STDERR_TAIL_CHARS, RunResult
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 # Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
@@ -346,7 +346,7 @@ def _run_cause(failed: RunResult) -> str:
     return KILLED if codes and all(code is not None and code < 0 for code in codes) else ERROR
 
 
-def restore_kept(study: optuna.Study, path: Path, max_latency_ms: float | None) -> int | None:
+def restore_kept(study: optuna.Study, path: Path, limits: Limits) -> int | None:
     """A trial's measurement kept aside while the study was locked, recorded now on that trial if
     it is still RUNNING (then the file is removed); its number, or None when there was nothing to do."""
     data = json.loads(path.read_text())
@@ -367,8 +367,7 @@ def restore_kept(study: optuna.Study, path: Path, max_latency_ms: float | None) 
         record_pruned(trial, data["reason"])
     else:
         trial.set_user_attr("status", "ok")
-        if max_latency_ms is not None:
-            record_constraint(trial, float(data["summary"]["latency_p90_ms"]) - max_latency_ms)
+        record_limits(trial, limits, data.get("summary", {}))
     study.tell(trial, data["values"] if state == TrialState.COMPLETE else None, state=state)
     path.unlink()
     return frozen.number
@@ -405,12 +404,24 @@ def record_skipped(trial: optuna.Trial, reason: str, evidence: str) -> None:
     trial.set_user_attr(SKIPPED_ON, evidence)
 
 
-def record_constraint(trial: optuna.Trial, over_ms: float) -> None:
-    """p90 latency over a limit, as an Optuna constraint and mirrored in user attributes
-    (optuna-dashboard 0.21 does not show Optuna 5 constraints)."""
-    trial.set_constraint("latency_p90_over_limit_ms", over_ms)  # duplicates too: no constraint reads as feasible
-    trial.set_user_attr("constraint_latency_p90_over_limit_ms", round(over_ms, 4))
-    trial.set_user_attr("feasible", over_ms <= 0)
+def record_limits(trial: optuna.Trial, limits: Limits, summary: Mapping[str, Any]) -> None:
+    """How far a completed trial's figures (its summary) are over the study's limits, each as an
+    Optuna constraint (`latency_p90_over_limit_ms`, `tpot_p90_over_limit_ms`) mirrored in user
+    attributes (optuna-dashboard 0.21 does not show Optuna 5 constraints), and `feasible`.
+    Duplicates are recorded too: a trial without constraints reads as feasible."""
+    over = limits.over(limit_figures(summary))
+    for figure, excess in over.items():
+        name = f"{figure.removesuffix('_ms')}_over_limit_ms"
+        trial.set_constraint(name, excess)
+        trial.set_user_attr(f"constraint_{name}", round(excess, 4))
+    if over:
+        trial.set_user_attr("feasible", all(excess <= 0 for excess in over.values()))
+
+
+def limit_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures that limits bound, from a trial's summary or user attributes."""
+    return {"latency_p90_ms": summary.get("latency_p90_ms"),
+            "tpot_p90_ms": (summary.get("generation") or {}).get("tpot_p90_ms")}
 
 
 def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Mapping[str, float] | None) -> None:
@@ -431,11 +442,6 @@ def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Map
                  if "flops_per_item" in inst.metrics.get("setup", {})), None)
     if work:
         trial.set_user_attr("flops_per_item", work)  # the model's work, counted by the baseline's process
-    instances = [inst.metrics for run in measurement.runs for inst in run.instances]
-    generation = generation_p50s(instances)
-    if generation:  # --task generate: time to first token and per output token, the weights a decode step reads
-        weights = next((m["setup"]["weight_bytes"] for m in instances if "weight_bytes" in m.get("setup", {})), None)
-        trial.set_user_attr("generation", generation | ({"weight_bytes": weights} if weights else {}))
 
 
 def first_call(measurement: Measurement) -> dict[str, float]:

@@ -52,6 +52,29 @@ def test_each_mistake_is_one_line_exit_2_and_nothing_written(capsys: pytest.Capt
     assert_one_error_line(capsys, empty, message, *command, *args)
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "resnet18", "--max-tpot-ms", "20"],
+         "Error: --max-tpot-ms bounds the time per output token of text generation; add --task generate"),
+        (["--model", "hf:gpt2", *GENERATE, "--max-tpot-ms", "0"],
+         "Error: --max-tpot-ms 0 is not allowed; give a positive limit in ms per output token"),
+        (["--model", "hf:gpt2", *GENERATE, "--max-tpot-ms", "inf"],
+         "Error: Invalid value for '--max-tpot-ms': 'inf' is not a finite number."),
+    ],
+)
+def test_a_bad_token_limit_is_one_line_exit_2_and_nothing_written(capsys: pytest.CaptureFixture[str], empty: Path,
+                                                                 args: list[str], message: str) -> None:
+    assert_one_error_line(capsys, empty, message, "search", "--trials", "2", *args)
+
+
+def test_a_token_limit_names_the_study() -> None:
+    model = resolve("hf:qwen2@tiny", task="generate", new_tokens=8)
+    request = opening.SearchRequest(model="hf:qwen2@tiny", trials=2, space=space.find("generate"), task="generate",
+                                    max_tpot_ms=25.0)
+    assert opening.study_name(request, model) == "qwen2_tiny-generate-bs1-latency-tpotmax25ms"
+
+
 def test_the_plan_carries_the_prompt_and_the_new_tokens(capsys: pytest.CaptureFixture[str], empty: Path) -> None:
     code, out, _ = run_cli(capsys, "plan", "--model", "hf:qwen2", "--model-size", "tiny", *GENERATE, "--prompt-len",
                            "16", "--new-tokens", "8", "--json")

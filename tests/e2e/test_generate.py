@@ -48,12 +48,14 @@ def test_llama_cpp_is_measured_the_same_way(tmp_path: Path) -> None:
 
 def test_search_export_and_serve(tmp_path: Path) -> None:
     proc = autotune(tmp_path, "search", *TINY, "--trials", "3", "--replicates", "1", "--confirm-top", "0", *QUICK,
-                    "--set", "backend=eager", "--cache-dir", str(tmp_path / "cache"))
+                    "--set", "backend=eager", "--max-tpot-ms", "5000", "--cache-dir", str(tmp_path / "cache"))
     assert proc.returncode == 0, proc.stderr
-    name = "qwen2_tiny-generate-bs1-latency"
+    name = "qwen2_tiny-generate-bs1-latency-tpotmax5000ms"
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'studies' / name}.db")
     done = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
-    assert done and all("tpot_p50_ms" in t.user_attrs["generation"] for t in done)
+    assert done and all(0 < t.user_attrs["generation"]["tpot_p50_ms"] <= t.user_attrs["generation"]["tpot_p90_ms"]
+                        for t in done)
+    assert all(t.user_attrs["feasible"] and t.user_attrs["constraint_tpot_p90_over_limit_ms"] < 0 for t in done)
     assert autotune(tmp_path, "export", "best.env", "--trial", str(done[-1].number)).returncode == 0
     env = (tmp_path / "best.env").read_text()
     assert "AUTOTUNE_TASK='generate'" in env and "AUTOTUNE_NEW_TOKENS='6'" in env

@@ -112,7 +112,7 @@ def test_one_instance_failing_before_the_barrier_stops_the_others() -> None:
     assert not result.ok
     assert result.instances[1].reason == "crashed with SIGSEGV"
     assert result.instances[0].reason == "stopped because instance 1 failed"
-    assert result.reason == "instance 0: stopped because instance 1 failed"
+    assert result.reason == "instance 1: crashed with SIGSEGV"  # the cause, not the instance it stopped
 
 
 @pytest.mark.parametrize(("behaviour", "when"), [("hang-early", "before measuring"),

@@ -193,3 +193,12 @@ def test_a_peer_without_an_artifacts_folder_converts_into_one_removed_at_exit(tm
                           env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
     made = Path(done.stdout.strip().splitlines()[-1])
     assert made.parent == tmp_path and not made.exists()
+
+
+@pytest.mark.parametrize("values", [[5.0], [3.0, 1.0], [10.0, 12.0, 11.0, 30.0, 13.0],
+                                    [float(i % 7) for i in range(23)]])
+def test_the_childs_p90_per_output_token_is_the_harness_percentile(values: list[float]) -> None:
+    from autotune.measure.stats import percentile
+
+    assert measure.p90(values) == pytest.approx(percentile(values, 90))
+    assert measure.p90([]) is None

@@ -24,6 +24,7 @@ from autotune.measure.replicates import ReplicatePolicy, one_by_one
 from autotune.measure.results import InstanceResult, RunResult
 from autotune.search import compare, confirm, loop, opening, rounds, verdict
 from autotune.study import catalog, confirmations
+from tests.support import verdicts as fakes
 from tests.support.studies import SPACE, fake_result, fake_runner, run_with
 
 SEED = 7
@@ -300,6 +301,23 @@ def test_a_constrained_study_rechecks_the_latency_limit_in_confirmation(tmp_path
     row = verdict["candidates"][0]
     assert row["status"] == "over the latency limit" and not verdict["significant"]
     assert row["reason"].startswith("had a p90 latency of 51.") and row["reason"].endswith("over --max-latency-ms 45")
+
+
+def test_a_generating_study_rechecks_the_time_per_output_token_limit_in_confirmation() -> None:
+    """Both candidates kept --max-tpot-ms 20 in the search; in the rounds the faster request (a
+    short prefill) decodes at 24 ms per token: it is out, the other one wins."""
+    configs = ("defaults", "allocator=jemalloc", "mkldnn=on")
+    made = optuna.create_study(direction="minimize")
+    made.set_user_attr("max_tpot_ms", 20.0)
+    made.add_trial(fakes.trial("defaults", 100.0, configs, baseline=True))
+    made.add_trial(fakes.trial("allocator=jemalloc", 50.0, configs))
+    made.add_trial(fakes.trial("mkldnn=on", 60.0, configs))
+    verdict = fakes.confirmed(made, {"defaults": 100.0, "allocator=jemalloc": 50.0, "mkldnn=on": 60.0}, top=2,
+                              tpot_p90_ms={"defaults": 30.0, "allocator=jemalloc": 24.0, "mkldnn=on": 19.0})
+    rows = {row["trial"]: row for row in verdict["candidates"]}
+    assert rows[1]["status"] == "over the latency limit" and rows[1]["p_value"] is None
+    assert rows[1]["reason"] == "had a p90 time per output token of 24.00 ms in these rounds, over --max-tpot-ms 20"
+    assert rows[2]["status"] == "ok" and verdict["significant"] and verdict["winner_trial"] == 2
 
 
 def test_five_rounds_are_labelled_with_their_real_coverage(tmp_path: Path, here: Machine) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
 import optuna
 
 from autotune.measure import replicates
+from autotune.measure.objectives import Limits
 from autotune.study import records
 from tests.support.studies import run_with
 
@@ -106,3 +108,47 @@ def test_a_rerun_records_the_trial_it_retries() -> None:
     assert records.mark_rerun(other, study.get_trials()) is None
     assert study.get_trials()[rerun.number].user_attrs["retry_of"] == 0
     assert "retry_of" not in study.get_trials()[other.number].user_attrs
+
+
+def generating(tpot_p90s: list[float]) -> replicates.Measurement:
+    """A --task generate measurement: one run of one instance per p90 time per output token."""
+    runs = []
+    for tpot in tpot_p90s:
+        run = run_with([100.0, 110.0, 120.0], 0.0)
+        metrics = run.instances[0].metrics | {"generation": {"ttft_p50_ms": 40.0, "tpot_p50_ms": tpot - 2,
+                                                             "tpot_p90_ms": tpot},
+                                              "setup": {"weight_bytes": 10**6}}
+        runs.append(dataclasses.replace(run, instances=(dataclasses.replace(run.instances[0], metrics=metrics),)))
+    return replicates.Measurement(tuple(runs))
+
+
+def recorded(measurement: replicates.Measurement, limits: Limits) -> dict[str, object]:
+    study = optuna.create_study()
+    trial = study.ask()
+    records.record_metrics(trial, measurement, None)
+    records.record_limits(trial, limits, trial.user_attrs)
+    study.tell(trial, 1.0)
+    return {**study.get_trials()[0].user_attrs, "constraints": study.get_trials()[0].system_attrs}
+
+
+def test_a_generating_trial_records_its_p90_time_per_output_token_and_the_limit_it_breaks() -> None:
+    attrs = recorded(generating([18.0, 24.0, 30.0]), Limits(tpot_p90_ms=20.0))
+    assert attrs["generation"] == {"ttft_p50_ms": 40.0, "tpot_p50_ms": 22.0, "tpot_p90_ms": 24.0,
+                                   "weight_bytes": 10**6}  # medians over the runs' instances
+    assert attrs["constraint_tpot_p90_over_limit_ms"] == 4.0 and attrs["feasible"] is False
+    assert attrs["constraints"] == {"constraints:tpot_p90_over_limit_ms": 4.0}
+
+
+def test_a_trial_must_keep_every_limit_to_be_feasible() -> None:
+    within = recorded(generating([18.0]), Limits(latency_p90_ms=500.0, tpot_p90_ms=20.0))
+    assert within["feasible"] is True and within["constraint_latency_p90_over_limit_ms"] < 0
+    assert within["constraint_tpot_p90_over_limit_ms"] == -2.0
+    slow = recorded(generating([18.0]), Limits(latency_p90_ms=100.0, tpot_p90_ms=20.0))
+    assert slow["feasible"] is False and slow["constraint_latency_p90_over_limit_ms"] > 0
+
+
+def test_a_trial_that_measured_no_time_per_token_breaks_a_token_limit_and_none_set_records_nothing() -> None:
+    forward = recorded(replicates.Measurement((run_with([10.0, 11.0], 0.0),)), Limits(tpot_p90_ms=20.0))
+    assert forward["feasible"] is False and forward["constraint_tpot_p90_over_limit_ms"] == float("inf")
+    free = recorded(generating([18.0]), Limits())
+    assert "feasible" not in free and free["constraints"] == {}

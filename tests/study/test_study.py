@@ -357,6 +357,8 @@ def test_a_duplicate_reuses_only_a_trial_measured_under_the_same_settings(tmp_pa
         ({"batch_sizes": (1, 8)}, "a list of batch sizes is searched only with --objective throughput"),
         ({"max_latency_ms": 50.0}, "--max-latency-ms needs --objective throughput and a positive limit"),
         ({"objective": "throughput", "max_latency_ms": -1.0}, "--max-latency-ms needs --objective throughput"),
+        ({"max_tpot_ms": 0.0}, "--max-tpot-ms 0 is not allowed; give a positive limit in ms per output token"),
+        ({"max_tpot_ms": 20.0}, "--max-tpot-ms bounds the time per output token of text generation; add --task"),
     ],
 )
 def test_bad_requests_write_nothing(tmp_path: Path, here: Machine, change: dict[str, object],

@@ -4,6 +4,7 @@ a small jitter that differs round by round, so that the paired tests decide as t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -42,8 +43,9 @@ def trial(config: str, search_ms: float, configs: tuple[str, ...], **attrs: obje
                     "speedup_latency": 100.0 / search_ms, **attrs})
 
 
-def runner(latency_ms: Mapping[str, float]) -> SeriesRunner:
-    """Each configuration at its latency, a different small jitter every round (FAILS: it fails)."""
+def runner(latency_ms: Mapping[str, float], tpot_p90_ms: Mapping[str, float] | None = None) -> SeriesRunner:
+    """Each configuration at its latency, a different small jitter every round (FAILS: it fails);
+    with `tpot_p90_ms`, each generates text at that p90 time per output token."""
     jitter: dict[str, Iterator[float]] = {}
 
     def run(launch: LaunchPlan, timeout_s: float) -> RunResult:
@@ -51,13 +53,19 @@ def runner(latency_ms: Mapping[str, float]) -> SeriesRunner:
         if latency_ms[described] == FAILS:
             return RunResult(False, "instance 0: crashed with SIGSEGV", (), 1.0)
         shift = next(jitter.setdefault(described, itertools.cycle(JITTER)))
-        return fake_result([latency_ms[described] * (1 + shift / 100) + j for j in (-0.2, 0.0, 0.2)])
+        result = fake_result([latency_ms[described] * (1 + shift / 100) + j for j in (-0.2, 0.0, 0.2)])
+        if tpot_p90_ms is None:
+            return result
+        tpot = tpot_p90_ms[described]
+        metrics = result.instances[0].metrics | {"generation": {"tpot_p50_ms": tpot * 0.95, "tpot_p90_ms": tpot}}
+        return dataclasses.replace(result, instances=(dataclasses.replace(result.instances[0], metrics=metrics),))
 
     return one_by_one(run)
 
 
 def confirmed(made: optuna.Study, latency_ms: Mapping[str, float], top: int = 1,
-              on_run: Callable[[confirm.RunEvent], None] = lambda e: None) -> dict[str, Any]:
+              on_run: Callable[[confirm.RunEvent], None] = lambda e: None,
+              tpot_p90_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The study confirmed in 12 rounds with a 3% minimum effect, the order seeded."""
     return confirm.confirm(made, top=top, rounds=12, min_effect=0.03, timeout_s=60, on_run=on_run,
-                           runner=runner(latency_ms), seed=3)
+                           runner=runner(latency_ms, tpot_p90_ms), seed=3)

@@ -62,11 +62,20 @@ class Generation:
         self.ttft_ms, self.tpot_ms = [], []
 
     def summary(self) -> dict[str, Any]:
-        """Medians over the requests since the last `reset`."""
+        """Medians over the requests since the last `reset`, and the p90 time per output token
+        (what `--max-tpot-ms` bounds)."""
         tpot = statistics.median(self.tpot_ms) if self.tpot_ms else None
         return {"requests": len(self.ttft_ms), "new_tokens": self.new_tokens,
                 "ttft_p50_ms": statistics.median(self.ttft_ms) if self.ttft_ms else None,
-                "tpot_p50_ms": tpot, "decode_tokens_per_s": 1e3 / tpot if tpot else None}
+                "tpot_p50_ms": tpot, "tpot_p90_ms": p90(self.tpot_ms),
+                "decode_tokens_per_s": 1e3 / tpot if tpot else None}
+
+
+def p90(values: list[float]) -> float | None:
+    """The 90th percentile, linearly interpolated (as the harness's `stats.percentile`)."""
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
 
 
 def prompts_of(batch: Any) -> Any:
