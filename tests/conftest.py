@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,12 @@ from tests.support.pg import NoServer, Server, server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# A suite started as a shell's background job (`sh -c '...' &`) ignores SIGINT, every process it
+# starts inherits that, and Python then installs no Ctrl-C handler: the tests that press Ctrl-C would
+# wait in vain. A handler of the suite's own is reset to the default in each child, so they hear it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The tests' autotune processes keep one kernel probe for this host (under test-artifacts/, which git
 # ignores), so that the suite probes once per machine; and the marks below read it.

@@ -157,20 +157,13 @@ def test_a_full_disk_under_the_study_is_one_line_said_once(tmp_path: Path) -> No
 PLAIN_ENV = envs.hand_written()
 
 
-def _hears_ctrl_c() -> None:
-    """SIGINT as a terminal gives it: a suite started in the background (`sh -c '...' &`) ignores
-    SIGINT, its children inherit that, and Python then installs no Ctrl-C handler."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start_run(tmp_path: Path, pidfile: Path) -> subprocess.Popen[str]:
     """`autotune run` of a program that writes its pid and sleeps, with its own TMPDIR."""
     env_file = tmp_path / "plain.env"
     env_file.write_text(PLAIN_ENV)
     program = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     proc = subprocess.Popen([AUTOTUNE, "run", str(env_file), "--", sys.executable, "-c", program],
-                            env={**os.environ, "TMPDIR": str(tmp_path)}, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_hears_ctrl_c)
+                            env={**os.environ, "TMPDIR": str(tmp_path)}, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline and proc.poll() is None
