@@ -48,7 +48,8 @@ def test_its_recipes_and_probe_kernels_are_its_own(name: str) -> None:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", [n for n in NAMES if backends.installed(n)])
+# The installed backends that run a forward model (llama.cpp only generates: test_generate_llamacpp.py).
+@pytest.mark.parametrize("name", [n for n in NAMES if backends.installed(n) and backends.get(n).precisions])
 def test_converted_guarded_saved_loaded_and_applied_the_same_way(tmp_path: Path, name: str) -> None:
     """Every backend through `apply_deployment`, the path the benchmark child and a user's program
     share: the guard passes, a compiled backend saves its artifact once, and the next process loads it."""
