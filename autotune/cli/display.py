@@ -171,8 +171,7 @@ def generation_text(found: Mapping[str, Any], bandwidth_gbs: float | None) -> st
     tpot, ttft, tail = found.get("tpot_p50_ms"), found.get("ttft_p50_ms"), found.get("tpot_p90_ms")
     said = (f"generation (p50 over requests): time to first token {'-' if ttft is None else f'{ttft:.1f} ms'}, "
             f"per output token {'-' if tpot is None else f'{tpot:.2f} ms'}"
-            + (f" ({1e3 / tpot:.1f} tokens/s decode; p90 {tail:.2f} ms)" if tpot and tail else
-               f" ({1e3 / tpot:.1f} tokens/s decode)" if tpot else ""))
+            + (f" ({1e3 / tpot:.1f} tokens/s decode{f'; p90 {tail:.2f} ms' if tail else ''})" if tpot else ""))
     if tpot and bandwidth_gbs and found.get("weight_bytes"):
         limit = bandwidth_fraction(0, float(found["weight_bytes"]), float(tpot), float(bandwidth_gbs))
         said += (f"; a decode step reads {limit['weight_gb']:.2f} GB of weights: {limit['read_gbs']:.1f} GB/s, "
