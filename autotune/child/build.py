@@ -132,6 +132,13 @@ class SavedInputs:
         self.items = load_examples(path)
         self.count = example_count(self.items)
 
+    @classmethod
+    def of(cls, items: Any) -> SavedInputs:
+        """Inputs already in memory (a tensor, tuple or dict of tensors, items along dim 0)."""
+        made = cls.__new__(cls)
+        made.items, made.count = items, example_count(items)
+        return made
+
     def __len__(self) -> int:
         return 1 << 30
 
@@ -207,10 +214,23 @@ def int8_batches(args: argparse.Namespace, knobs: ModelKnobs) -> tuple[list[Any]
         return [], []
     size, count = args.batch_size, args.calibration_batches if knobs.precision == "int8" else 0
     guard_count = -(-quantize.GUARD_ITEMS // size)
+    if getattr(args, "eval_data", ""):
+        return eval_batches(args, count, guard_count)
     calibration = dataset_of(args, count * size, CALIBRATION_SEED)
     guard = dataset_of(args, guard_count * size, GUARD_SEED)
     offset = count * size if args.example_inputs else 0
     return batches(calibration, count, size, 0), batches(guard, guard_count, size, offset)
+
+
+def eval_batches(args: argparse.Namespace, count: int, guard_count: int) -> tuple[list[Any], list[Any]]:
+    """With `--eval-data`: int8 calibrates on its calibration items (`evaldata`), cycled to `count`
+    batches, and the guard compares the first items of the search's part, never the same items."""
+    from autotune.child import evaldata
+
+    data = evaldata.load_labelled(args.eval_data, tuple(int(n) for n in args.item_shape.split("x")))
+    size = args.batch_size
+    calibration, search = SavedInputs.of(data.part("calibration").inputs), SavedInputs.of(data.part("search").inputs)
+    return batches(calibration, count, size, 0), batches(search, guard_count, size, 0)
 
 
 def batches(dataset: Any, count: int, size: int, start: int) -> list[Any]:
@@ -306,14 +326,25 @@ def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],
 def _generation(args: argparse.Namespace, example: Any, knobs: ModelKnobs, setup: dict[str, Any],
                 on_phase: Callable[[str], None] | None) -> Callable[[Any], Any]:
     """--task generate: the causal LM as the knobs say, guarded on held-out prompts, its first request timed."""
+    import torch
+
     from autotune.child.generating import GUARD_LENGTH, build_generation, first_request
     from autotune.model.generate.measure import GUARD_PROMPTS, prompts_of
 
     shape = tuple(int(n) for n in args.item_shape.split("x"))
     tokens = hf.token_inputs(args.model, args.task)
-    guard = dataset_for((min(shape[0], GUARD_LENGTH),), pool=GUARD_PROMPTS, seed=GUARD_SEED, tokens=tokens)
-    guard_prompts = prompts_of(batches(guard, 1, GUARD_PROMPTS, 0)[0])
-    made = build_generation(args, _load_timed(args, setup), knobs, guard_prompts, setup, on_phase)
+    model = _load_timed(args, setup)
+    if getattr(args, "eval_data", ""):  # the user's text: the first tokens of the search's first windows
+        from autotune.child import evaldata, quality
+
+        windows = evaldata.window_part(quality.generation_windows(args, model.config), "search")
+        guard_prompts = torch.stack([w[:GUARD_LENGTH] for w in windows[:GUARD_PROMPTS]])
+        setup["guard_inputs"] = "eval data"
+    else:
+        guard = dataset_for((min(shape[0], GUARD_LENGTH),), pool=GUARD_PROMPTS, seed=GUARD_SEED, tokens=tokens)
+        guard_prompts = prompts_of(batches(guard, 1, GUARD_PROMPTS, 0)[0])
+        setup["guard_inputs"] = "random tokens"
+    made = build_generation(args, model, knobs, guard_prompts, setup, on_phase)
     first_request(made, example, setup)
     return made
 

@@ -34,6 +34,7 @@ import ctypes
 import ctypes.util
 import gc
 import json
+import math
 import os
 import re
 import resource
@@ -44,6 +45,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
+from autotune.child.evaldata import SPLITS
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.child.timing import Window, limits, timed_loop, warm_up
 from autotune.model.artifacts import installed_torch_version
@@ -72,6 +74,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--import-path", default="", help="folder to import a model factory from")
     p.add_argument("--task", default="", help="an hf: model's head (default: sequence-classification)")
     p.add_argument("--probe", action="store_true", help="build, check one forward, write the result, exit")
+    p.add_argument("--eval-data", default="", help="the user's data: calibration, and with --eval-split, quality")
+    p.add_argument("--eval-split", default="", choices=("", *SPLITS),
+                   help="with --probe: judge the configuration on this part of --eval-data beside fp32 eager")
+    p.add_argument("--guard-records-only", action="store_true",
+                   help="the guard records its figures and fails nothing (a quality limit on --eval-data judges)")
     p.add_argument("--dataloader-workers", type=int, default=0)
     p.add_argument("--warmup", type=int, default=MEASURE.warmup)
     p.add_argument("--warmup-time", type=float, default=MEASURE.warmup_s)
@@ -89,7 +96,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hold", action="store_true", help="after building, say `built` and wait for `warm` on stdin")
     p.add_argument("--profile", type=int, default=0, help="profile this many forward calls instead of timing")
     p.add_argument("--trace", default="", help="with --profile: where the Chrome trace is written")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.guard_records_only:
+        args.tolerance = math.inf  # nothing is below 1 - inf: the figures are recorded, nothing fails
+    return args
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -270,8 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         forward = built(args, examples[0], setup) if found is None else \
             rounds.build_mixed(parts, examples, found, knobs_of(args).one_shape, setup, built)
         if args.probe:
+            from autotune.child import quality
+
+            judged = {"quality": quality.evaluate(args, forward)} if args.eval_split else {}
             # what really ran goes with it: the harness checks every preloaded library was used
-            write_json(args.result, {"status": "ok", "setup": setup, "runtime": runtime_report(args)})
+            write_json(args.result, {"status": "ok", "setup": setup, "runtime": runtime_report(args), **judged})
             return 0
         # PyTorch's defaults: the model's own work, once per study (a generating model's limit is bandwidth)
         if found is None and knobs_of(args).is_default and args.task != "generate":

@@ -71,6 +71,7 @@ def plan(model: str, assignments: tuple[str, ...], batch_size: int, input_shape:
 
 @click.command(name="bench")
 @options.model_options
+@options.eval_data_option
 @options.measure_options
 @options.no_wait_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -78,14 +79,17 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
                   example_inputs: str | None, seq_len: int | None, task: str | None, new_tokens: int | None,
          seq_lens: str | None, seq_len_weights: str | None, cache_dir: Path,
                   as_json: bool, timeout: float, tolerance: float | None, calibration_batches: int | None,
-                  no_wait: bool, **measure: Any) -> None:
-    """Run one configuration once and print latency, throughput and memory.
+                  no_wait: bool, eval_data: str | None, **measure: Any) -> None:
+    """Run one configuration once and print latency, throughput and memory (and with --eval-data,
+    its quality on your held-out data beside fp32 eager's).
 
     \b
     Example:
       autotune bench --model resnet18 --set instances=2 --set omp_runtime=intel
       autotune bench --model hf:bert --seq-len 128 --set backend=inductor
+      autotune bench --model hf:./smollm2 --task generate --eval-data book.txt --set precision=int4_weight_only
     """
+    from autotune.measure import quality
     from autotune.measure.runner import run_plan
 
     request = requests.BenchRequest.from_flags(model, assignments, batch_size, measure=options.settings(**measure),
@@ -93,7 +97,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
                                                example_inputs=example_inputs, seq_len=seq_len, task=task,
                                                new_tokens=new_tokens,
                                                buckets=models.parse_buckets(seq_lens, seq_len_weights),
-                                               tolerance=tolerance, calibration_batches=calibration_batches)
+                                               tolerance=tolerance, calibration_batches=calibration_batches,
+                                               eval_data=eval_data)
     here = machine.this_machine()
     launch = requests.make_plan(request, here)
     requests.check_cache_dir(cache_dir)
@@ -106,8 +111,12 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
         with display.status(f"measuring {launch.bench.model} ({request.config.describe()}), "
                             f"{len(launch.instances)} instance(s)", quiet=as_json) as on_phase:
             result = run_plan(launch, timeout, on_phase=on_phase)
-    emit("bench", {"plan": launch.to_json(), "result": result.summary(), "bandwidth_gbs": probe.bandwidth_gbs()},
-         as_json, display.bench_result)
+        judged = {}
+        if launch.bench.eval_data and result.ok:
+            with display.status("judging its quality on the held-out data", quiet=as_json):
+                judged = {"quality": quality.measure(launch, "search", timeout)}
+    emit("bench", {"plan": launch.to_json(), "result": result.summary(), "bandwidth_gbs": probe.bandwidth_gbs(),
+                   **judged}, as_json, display.bench_result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
 

@@ -15,6 +15,7 @@ import click
 from autotune.base.errors import AutotuneError
 from autotune.cli import display, options
 from autotune.cli.common import STUDIES, emit, holding
+from autotune.config import evaldata
 from autotune.host import machine
 from autotune.measure import requests
 
@@ -28,14 +29,17 @@ DEFAULT_PROFILED = 20  # forward calls `profile` records per configuration
 @click.argument("path", type=click.Path(path_type=Path))
 @options.study_options()
 @click.option("--trial", "trial_number", type=int, help="Export this trial instead of the best.")
+@click.option("--max-quality-drop", metavar="X",
+              help="Export the fastest trial whose quality drop on --eval-data is at most X (accuracy points, or "
+                   "percent of perplexity), instead of the confirmed one.")
 @click.option("--artifacts", type=click.Path(path_type=Path, file_okay=False),
               help="Compile the configuration once into this folder; autotune.apply loads it from there.")
 @options.timeout_option
 @options.no_wait_option
 @options.json_option
 def export_command(path: Path, study_name: str | None, storage: str | None,
-                   trial_number: int | None, artifacts: Path | None, timeout: float, no_wait: bool,
-                   as_json: bool) -> None:
+                   trial_number: int | None, max_quality_drop: str | None, artifacts: Path | None, timeout: float,
+                   no_wait: bool, as_json: bool) -> None:
     """Write the best configuration (or --trial N) as a bash env file to `source`.
 
     \b
@@ -43,14 +47,18 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
       autotune export best.env
       autotune export fast.env --study resnet18-bs1-latency --trial 7
       autotune export best.env --artifacts compiled/
+      autotune export within1pt.env --max-quality-drop 1
     """
     from autotune.cli import summaries
     from autotune.deploy import export
     from autotune.study.records import plan_of
     from autotune.study.storage import find_study
 
+    drop = evaldata.parse_drop(max_quality_drop)
+    if drop is not None and trial_number is not None:
+        raise AutotuneError("give --trial or --max-quality-drop, not both")
     found = find_study(STUDIES, study_name, storage)
-    trial = export.pick_trial(found, trial_number)
+    trial = export.fastest_within(found, drop) if drop is not None else export.pick_trial(found, trial_number)
     text = export.render(found, trial, artifacts)
     if artifacts is not None:
         with holding("export", no_wait), display.status(f"compiling trial {trial.number} into {artifacts}"):
@@ -62,7 +70,7 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
     display.err.print(f"wrote {path}: study {found.study_name}, trial {trial.number} "
                       f"({trial.user_attrs.get('config')})", markup=False, soft_wrap=True)
     verdict = found.user_attrs.get("confirmation")
-    if verdict and trial_number is None and not verdict["significant"]:
+    if verdict and trial_number is None and drop is None and not verdict["significant"]:
         display.err.print(f"note: the baseline was exported: {verdict['message']}", markup=False, soft_wrap=True)
     if as_json:
         emit("export", summaries.exported(path, found, trial, text, artifacts), True, None)

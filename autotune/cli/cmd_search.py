@@ -16,7 +16,7 @@ from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import CONFIRM_SHARE
 from autotune.cli import display, live, options, verdicts
 from autotune.cli.common import EXIT_FAILED, STUDIES, emit, holding, note
-from autotune.config import knobs, models
+from autotune.config import evaldata, knobs, models
 from autotune.host import capabilities, machine
 from autotune.measure import requests
 from autotune.measure.objectives import COMPARABLE, metric_of, min_rounds_two_sided, parse_objective
@@ -47,6 +47,10 @@ from autotune.search import opening
               help="Items per forward call; a list like 1,2,4,8 is searched with --objective throughput.")
 @click.option("--max-latency-ms", type=options.Finite(),
               help="With --objective throughput: only configurations whose p90 latency stays under this.")
+@options.eval_data_option
+@click.option("--max-quality-drop", metavar="X",
+              help="The most quality a trial may lose against fp32 eager on --eval-data: accuracy points, or percent "
+                   "of perplexity (2%). Trials beyond it are kept, shown, and never win.")
 @click.option("--max-tpot-ms", type=options.Finite(),
               help="With --task generate: only configurations whose p90 time per output token stays under this.")
 @click.option("--seed", type=int,
@@ -72,7 +76,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
            trials: int, pins: tuple[str, ...],
            time_budget: float | None, space_spec: str | None,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
-           max_tpot_ms: float | None,
+           max_tpot_ms: float | None, eval_data: str | None, max_quality_drop: str | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
            min_effect: float, timeout: float, tolerance: float | None, calibration_batches: int | None,
            cache_dir: Path, no_wait: bool, as_json: bool, allow_mixed: bool, **measure: Any) -> None:
@@ -83,6 +87,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
       autotune search --model resnext101 --trials 50
       autotune search --model resnet18 --trials 10 --space quick --objective throughput
       autotune search --model resnext101 --trials 50 --set backend=eager --time-budget 20m
+      autotune search --model hf:./smollm2 --task generate --eval-data book.txt --max-quality-drop 2% --trials 50
     """
     from autotune.config import space
     from autotune.measure.replicates import ReplicatePolicy
@@ -105,7 +110,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
         buckets=models.parse_buckets(seq_lens, seq_len_weights), tolerance=tolerance,
         calibration_batches=calibration_batches, command_line=" ".join(["autotune", *sys.argv[1:]]),
         pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,
-        confirm_rounds=confirm_rounds if confirm_top else 0, confirm_top=confirm_top)
+        confirm_rounds=confirm_rounds if confirm_top else 0, confirm_top=confirm_top,
+        eval_data=eval_data, max_quality_drop=evaldata.parse_drop(max_quality_drop))
     here = machine.this_machine()
     opening.validate(request, here)  # a bad input is said at once, not after waiting for the machine
     with holding("search", no_wait):

@@ -16,6 +16,7 @@ from rich.table import Table
 from autotune.cli.streams import is_terminal
 from autotune.config.knobs import Knob
 from autotune.host.topology import format_cpus
+from autotune.measure import quality
 from autotune.measure.objectives import Metric, unit_of
 from autotune.model.envfile import value_text
 from autotune.study import confirmations
@@ -156,6 +157,8 @@ def bench_result(data: Mapping[str, Any]) -> None:
                       f"its p50 is of the rounds' weighted means")
     if result.get("generation"):
         out.print(generation_text(result["generation"], data.get("bandwidth_gbs")))
+    if data.get("quality"):
+        out.print(quality.describe(data["quality"]), markup=False)
     if not result["ok"]:
         out.print(f"[red]Failed: {result['reason']}[/red]")
         for inst in result["instances"]:
@@ -221,6 +224,8 @@ def search_summary(body: Mapping[str, Any]) -> None:
     from autotune.deploy.export import recipe_words  # optuna loads only for the commands that need it
 
     best_table(body["study"], body["objective"], body["best"], body["storage"])
+    if body.get("speed_vs_quality"):
+        quality_front(body["speed_vs_quality"], body.get("max_quality_drop"))
     if body["versus_recipes"]:
         out.print(recipe_words(body["versus_recipes"]), soft_wrap=True, highlight=False, markup=False)
     for host, remeasured in (body.get("baseline_remeasured") or {}).items():
@@ -258,6 +263,23 @@ def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], s
         path = os.path.relpath(storage[len("sqlite:///"):])
         shown = storage if path.startswith("..") else f"sqlite:///{path}"
         out.print(f"review:          optuna-dashboard {shown}", soft_wrap=True)
+
+
+def quality_front(trials: Iterable[Mapping[str, Any]], limit: float | None) -> None:
+    """Speed against quality on the user's data: the trials no other beats on both (`records.quality_front`)."""
+    rows = list(trials)
+    kind = rows[0]["quality"]["kind"]
+    unit = "points" if kind == "accuracy" else "%"
+    table = new_table("Speed against quality (the trials no other is both faster and better than)", "trial", "knobs",
+                      "p50 ms", "items/s", kind, "95% CI", f"drop ({unit})", "drop 95% CI", "within limit")
+    for t in rows:
+        found = t["quality"]
+        table.add_row(str(t["number"]), t["config"], f"{t['latency_p50_ms']:.2f}", f"{t['throughput_ips']:.2f}",
+                      f"{found['value']:.3f}" if kind == "perplexity" else f"{found['value']:.2f}%",
+                      "-".join(f"{x:.3g}" for x in found["interval"]), f"{found['drop']:+.2f}",
+                      " to ".join(f"{x:+.2f}" for x in found["drop_interval"]),
+                      "-" if limit is None else ("yes" if found["drop"] <= limit else "no"))
+    out.print(table)
 
 
 def accounting(numbers: Mapping[str, Any]) -> None:

@@ -33,6 +33,14 @@ INPUTS_HELP = ("Your own inputs instead of random ones: a torch.save file of a t
                "tensors, items along dim 0 (integer token ids work).")
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+EVAL_DATA_HELP = ("Your data to judge quality on, beside the speed: labelled inputs (a torch.save file of "
+                  "{'inputs': X, 'labels': Y}, or a folder of class folders of images), or for --task generate a "
+                  "text file (perplexity, KL divergence). int8 calibrates on a part of it; the rest is held out "
+                  "(docs/quality.md).")
+
+
+def eval_data_option(func: Any) -> Any:
+    return click.option("--eval-data", type=click.Path(), help=EVAL_DATA_HELP)(func)
 
 
 class Finite(click.FloatRange):

@@ -31,7 +31,8 @@ def trial(found: FrozenTrial, study_attrs: dict[str, Any]) -> dict[str, Any]:
     return {"number": found.number, "config": attrs.get("config", ""), "params": dict(found.params),
             "values": list(found.values or ()), "recipe": attrs.get("recipe"),
             **{key: attrs.get(key) for key in TRIAL_METRICS},
-            **{key: records.speedup(found, key, study_attrs) for key in SPEEDUPS}}
+            **{key: records.speedup(found, key, study_attrs) for key in SPEEDUPS},
+            "quality": attrs.get(records.QUALITY), "feasible": attrs.get("feasible", True)}
 
 
 def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: str,
@@ -50,7 +51,9 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
             "confirmation": attrs.get("confirmation"), "confirmations": confirmations.count(attrs),
             "confirmed_now": confirmed_now, "confirmation_cost": cost,
             "baseline_remeasured": records.remeasured_baselines(attrs),
-            "efficiency": efficiency.of_recommended(study)}
+            "efficiency": efficiency.of_recommended(study),
+            "speed_vs_quality": [trial(t, attrs) for t in records.quality_front(study)],
+            "max_quality_drop": attrs.get("max_quality_drop")}
 
 
 def confirmation_cost(verdict: dict[str, Any], command_s: float) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.cli.display import clock, err, new_table, number, out
+from autotune.measure import quality
 from autotune.measure.objectives import Metric, lower_is_better, unit_of
 from autotune.measure.stats import median
 from autotune.study import confirmations
@@ -39,6 +40,12 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
               markup=False, soft_wrap=True)
     if per_bucket := confirmations.buckets_sentence(verdict, confirmations.recommended(verdict)):
         out.print(per_bucket, markup=False, soft_wrap=True)
+    if verdict.get("quality"):
+        rechecked = verdict["quality"]
+        out.print(f"quality of trial {rechecked['trial']} re-checked on the confirmation's own held-out part of "
+                  f"--eval-data: {quality.describe(rechecked)}", markup=False, soft_wrap=True)
+    if verdict.get("quality_breach"):
+        out.print(f"Not recommended: {verdict['quality_breach']}", markup=False, soft_wrap=True)
     if "host" in verdict:
         out.print(f"measured on host {verdict['host']} (host class {verdict['host_class']})", markup=False,
                   soft_wrap=True)

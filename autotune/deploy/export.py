@@ -14,8 +14,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
 from autotune.deploy.user_run import EnvFile
-from autotune.measure import requests
-from autotune.measure.objectives import speedup_attr
+from autotune.measure import quality, requests
+from autotune.measure.objectives import LIMITED, Limits, speedup_attr
 from autotune.measure.plan import PRIMITIVE_CACHE_VAR, BenchSpec, Binding, LaunchPlan, serving_env
 from autotune.model import envfile, hf
 from autotune.model.cpu import ISA_LIMITS
@@ -64,6 +64,26 @@ def pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
     return best[0]
 
 
+def fastest_within(study: optuna.Study, max_drop: float) -> FrozenTrial:
+    """`export --max-quality-drop X`: the fastest completed trial (by the study's objective) whose
+    quality drop on --eval-data is at most `max_drop` and that keeps the study's other limits."""
+    completed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                 if not records.is_duplicate(t) and t.values]
+    judged = [(t, quality.drop_of(t.user_attrs.get(records.QUALITY))) for t in completed]
+    if not any(drop is not None for _, drop in judged):
+        raise ExportError(f"study {study.study_name!r} records no quality figures; search it with --eval-data "
+                          f"(and --max-quality-drop) first")
+    other = {Limits.constraint(figure) for figure in LIMITED if figure != "quality_drop"}
+    fits = [t for t, drop in judged if drop is not None and drop <= max_drop
+            and all(t.user_attrs.get(f"constraint_{name}", 0) <= 0 for name in other)]
+    if not fits:
+        least = min(drop for _, drop in judged if drop is not None)
+        raise ExportError(f"no completed trial of {study.study_name!r} drops at most {max_drop:g} (the least drop "
+                          f"measured is {least:.2f}); give a larger --max-quality-drop")
+    reverse = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(fits, key=lambda t: t.values[0], reverse=reverse)[0]
+
+
 def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = None) -> str:
     """The trial's recorded plan as a file that `source`, `autotune run` and `autotune.apply` all
     understand; `artifacts` is the folder of compiled artifacts that `apply` loads."""
@@ -86,6 +106,7 @@ def render(study: optuna.Study, trial: FrozenTrial, artifacts: Path | None = Non
         *([f"# this is {confirmations.which(sattrs)}, the latest; `autotune studies` lists them"]
           if confirmations.count(sattrs) > 1 else []),
         *([f"# {line}"] if (line := versus_recipes(study, trial)) else []),
+        *_quality_lines(trial, sattrs.get("confirmation")),
         *(["# this study has several Pareto-optimal trials; pick another with --trial N"]
           if len(records.best_trials(study)) > 1 and len(study.directions) > 1 else []),
         "# use: `source` this file in bash, or `autotune run THIS_FILE -- python your_program.py`",
@@ -159,6 +180,20 @@ def _why_recommended(confirmation: dict[str, Any], number: int) -> str:
     if status == "ties":  # a verdict from before "equivalent" and "undecided" were told apart
         return "the simpler of two that tie"
     return "the simpler of two that are equivalent"
+
+
+def _quality_lines(trial: FrozenTrial, confirmation: dict[str, Any] | None) -> list[str]:
+    """What the trial's quality on the user's data was, in the search and, for the trial the
+    confirmation recommended, on the confirmation's own held-out part."""
+    said, verdict = [], confirmation or {}
+    if isinstance(found := trial.user_attrs.get(records.QUALITY), dict):
+        said.append(f"# quality on --eval-data (the search's held-out part): {quality.describe(found)}")
+    rechecked = verdict.get("quality")
+    if isinstance(rechecked, dict) and rechecked.get("trial") == trial.number:
+        said.append(f"# quality re-checked on the confirmation's held-out part: {quality.describe(rechecked)}")
+    if verdict.get("quality_breach"):
+        said.append(f"# not recommended: {verdict['quality_breach']}")
+    return said
 
 
 def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> list[str]:

@@ -18,9 +18,11 @@ Objective = Literal["latency", "throughput", "both"]
 Metric = Literal["latency_p50_ms", "throughput_ips"]
 OBJECTIVES: tuple[Objective, ...] = ("latency", "throughput", "both")
 COMPARABLE: tuple[Objective, ...] = ("latency", "throughput")  # one number per run, so pairs compare
-# The figures a search may bound: each one's flag, how a breach reads, its tag in a study's name.
-LIMITED = {"latency_p90_ms": ("--max-latency-ms", "a p90 latency", "p90"),
-           "tpot_p90_ms": ("--max-tpot-ms", "a p90 time per output token", "tpot")}
+# The figures a search may bound: each one's flag, how a breach reads, its tag in a study's name, its unit
+# ("" for a quality drop: accuracy points or percent of perplexity, as the task measures it).
+LIMITED = {"latency_p90_ms": ("--max-latency-ms", "a p90 latency", "p90", "ms"),
+           "tpot_p90_ms": ("--max-tpot-ms", "a p90 time per output token", "tpot", "ms"),
+           "quality_drop": ("--max-quality-drop", "a quality drop", "qdrop", "")}
 
 
 
@@ -98,14 +100,15 @@ class Limits:
 
     latency_p90_ms: float | None = None
     tpot_p90_ms: float | None = None
+    quality_drop: float | None = None  # `--max-quality-drop`: on the user's data (`autotune.measure.quality`)
 
     def bounds(self) -> dict[str, float]:
         """Each limit set, by the figure it bounds."""
         return {figure: float(limit) for figure in LIMITED if (limit := getattr(self, figure)) is not None}
 
     def over(self, figures: Mapping[str, Any]) -> dict[str, float]:
-        """Per limit set, by how many ms `figures` exceed it (<= 0: within); a figure that was not
-        measured is over by infinity."""
+        """Per limit set, by how much (in its unit) `figures` exceed it (<= 0: within); a figure that was
+        not measured is over by infinity."""
         return {figure: (math.inf if figures.get(figure) is None else float(figures[figure])) - limit
                 for figure, limit in self.bounds().items()}
 
@@ -113,22 +116,30 @@ class Limits:
         """What breaks a limit, said for a verdict ("" when within them all)."""
         for figure, excess in self.over(figures).items():
             if excess > 0:
-                flag, what, _ = LIMITED[figure]
+                flag, what, _, unit = LIMITED[figure]
                 value = figures.get(figure)
-                shown = "none measured" if value is None else f"{float(value):.2f} ms"
+                shown = "none measured" if value is None else f"{float(value):.2f}{' ' + unit if unit else ''}"
                 return f"had {what} of {shown} in these rounds, over {flag} {self.bounds()[figure]:g}"
         return ""
 
     def suffix(self) -> str:
         """The limits' part of a study's name."""
-        return "".join(f"-{LIMITED[figure][2]}max{limit:g}ms" for figure, limit in self.bounds().items() if limit)
+        return "".join(f"-{LIMITED[figure][2]}max{limit:g}{LIMITED[figure][3]}"
+                       for figure, limit in self.bounds().items())
+
+    @staticmethod
+    def constraint(figure: str) -> str:
+        """The Optuna constraint (and user attribute) a limit on `figure` is recorded as."""
+        unit = LIMITED[figure][3]
+        return f"{figure.removesuffix('_' + unit) if unit else figure}_over_limit{'_' + unit if unit else ''}"
 
     @classmethod
     def of_study(cls, attrs: Mapping[str, Any]) -> Limits:
         """The limits a study was opened with (its user attributes)."""
         def read(key: str) -> float | None:
             return float(attrs[key]) if attrs.get(key) else None
-        return cls(read("max_latency_ms"), read("max_tpot_ms"))
+        drop = attrs.get("max_quality_drop")
+        return cls(read("max_latency_ms"), read("max_tpot_ms"), None if drop is None else float(drop))
 
 
 NO_LIMITS = Limits()

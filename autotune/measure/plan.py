@@ -69,6 +69,8 @@ class BenchSpec:
     def buckets(self) -> Buckets | None:
         return Buckets(self.seq_lens, self.seq_len_weights) if self.seq_lens else None
     calibration_batches: int | None = None  # precision=int8: batches observed; None: quantize.CALIBRATION_BATCHES
+    eval_data: str = ""  # the user's data (`--eval-data`): int8 calibrates on it; quality is judged on it
+    guard_judges: bool = True  # False: the guard records its figures and fails nothing (a quality limit judges)
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,8 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         "--cache-dir", bench.cache_dir,
         *(("--import-path", bench.import_path) if bench.import_path else ()),
         *(("--example-inputs", bench.example_inputs) if bench.example_inputs else ()),
+        *(("--eval-data", bench.eval_data) if bench.eval_data else ()),
+        *(() if bench.guard_judges else ("--guard-records-only",)),
         *(("--task", bench.task) if bench.task else ()),
         *(("--seq-lens", bench.buckets.text(), "--seq-len-weights", bench.buckets.weights_text())
           if bench.buckets else ()),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from autotune.base.errors import ConfigError, ModelError, RunFailed
 from autotune.child.settings import CACHE_DIR, MeasureSettings
-from autotune.config import models, space_fit
+from autotune.config import evaldata, models, space_fit
 from autotune.config.knobs import KNOBS, Config
 from autotune.host import capabilities
 from autotune.host.capabilities import Probe
@@ -51,6 +51,8 @@ class BenchRequest:
     buckets: Buckets | None = None  # `--seq-lens`: a transformers model measured at each length
     tolerance: float | None = None  # None: per precision (convert.TOLERANCE)
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES
+    eval_data: str | None = None  # `--eval-data`: the user's data, as typed (checked by `make_plan`)
+    guard_judges: bool = True  # False under --max-quality-drop: the drop on the user's data judges, the guard records
 
     @classmethod
     def from_flags(cls, model: str, assignments: Iterable[str], batch_size: int,
@@ -97,6 +99,8 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
         measure=request.measure, cache_dir=str(request.cache_dir.resolve()), tolerance=request.tolerance,
         import_path=spec.import_path, example_inputs=spec.example_inputs, task=spec.task,
         calibration_batches=request.calibration_batches,
+        eval_data=evaldata.check(request.eval_data, spec.generates) if request.eval_data else "",
+        guard_judges=request.guard_judges,
     )
     if spec.buckets:
         bench = replace(bench, seq_lens=spec.buckets.lengths, seq_len_weights=spec.buckets.weights)
@@ -199,7 +203,22 @@ def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600)
     spec = resolved(request)
     if spec.needs_probe or request.input_shape is not None:
         _check_runs(request, machine, spec, timeout_s)
+    if request.eval_data:
+        _check_eval_data(request, machine, timeout_s)
     _check_conversion(request, machine, timeout_s)
+
+
+def _check_eval_data(request: BenchRequest, machine: Machine, timeout_s: float) -> None:
+    """The user's data read by the model once, fp32 eager judged on it: data the model cannot take
+    (a text shorter than two windows, labels beyond its classes, no tokenizer) is a bad input."""
+    from autotune.measure import quality
+
+    found = quality.measure(make_plan(replace(request, config=Config()), machine), "search", timeout_s)
+    reason = str(found.get("error", ""))
+    if reason:
+        said = reason[reason.find(evaldata.FLAG):] if evaldata.FLAG in reason else \
+            f"{evaldata.FLAG} could not be judged with model {request.model}: {reason}"
+        raise ModelError(said.splitlines()[0])
 
 
 def _check_runs(request: BenchRequest, machine: Machine, spec: models.ModelSpec, timeout_s: float) -> None:

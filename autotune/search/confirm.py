@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -23,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import ALPHA
-from autotune.measure import sequential
+from autotune.measure import quality, sequential
 from autotune.measure.objectives import Limits, metric_of, min_rounds
 from autotune.measure.replicates import SeriesRunner
 from autotune.measure.runner import Series
@@ -92,7 +93,31 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
                                 clock)
     found = judged(stopped.rounds, stopped.look)
     found.update(stopped_by=stopped.by, wall_s=round(stopped.wall_s, 1), **(ran_on or {}))
+    found.update(recheck_quality(study, found, base, limits, timeout_s))
     return confirmations.record(study, found)
+
+
+def recheck_quality(study: optuna.Study, found: Mapping[str, Any], base: FrozenTrial, limits: Limits,
+                    timeout_s: float) -> dict[str, Any]:
+    """With --eval-data: the recommended trial judged again on the confirmation's own held-out part
+    (never seen by the search). One over --max-quality-drop there is not recommended: the defaults are,
+    and the verdict says why."""
+    number = found.get("recommended_trial")
+    if number is None or number == base.number:
+        return {}
+    trial = study.get_trials(deepcopy=False)[int(number)]
+    plan = records.plan_of(trial)
+    if not plan.bench.eval_data:
+        return {}
+    figures = quality.measure(plan, "confirm", timeout_s)
+    breach = replace(limits, latency_p90_ms=None, tpot_p90_ms=None).breach(
+        {"quality_drop": quality.drop_of(figures)})
+    rechecked = {"quality": {"trial": int(number), **figures, "within_limit": not breach}}
+    if not breach:
+        return rechecked
+    return rechecked | {"recommended_trial": base.number,
+                        "quality_breach": f"trial {number} {breach} on the confirmation's held-out part of "
+                                          f"--eval-data, so the defaults stay recommended"}
 
 
 def extra_references(study: optuna.Study, chosen: Sequence[FrozenTrial]) -> list[FrozenTrial]:

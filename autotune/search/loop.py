@@ -23,7 +23,7 @@ from autotune.host.machine import (
     Machine,
     host_name,
 )
-from autotune.measure import requests
+from autotune.measure import quality, requests
 from autotune.measure.objectives import values_of
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement, PlanRunner, measure_replicates
@@ -48,6 +48,7 @@ class Outcome:
     duplicate_of: int | None = None
     undecided: tuple[int, ...] | None = None  # a stop on a noisy window: the earlier undecided attempts
     retry_of: int | None = None  # the earlier failed trial of this configuration it measured again
+    quality: tuple[str, dict[str, Any]] | None = None  # with --eval-data: (`records.quality_key`, the figures)
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,17 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
                            measurement=measurement, undecided=earlier, retry_of=retry_of)
         return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement, retry_of=retry_of)
     return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement,
-                   retry_of=retry_of)
+                   retry_of=retry_of, quality=_quality(search, plan, config, batch))
+
+
+def _quality(search: Search, plan: LaunchPlan, config: Config, batch: int) -> tuple[str, dict[str, Any]] | None:
+    """With --eval-data, a completed trial's quality on the search's held-out part: measured once per
+    model configuration and batch size (`records.quality_key`), reused by every trial that shares them."""
+    if not plan.bench.eval_data:
+        return None
+    key = records.quality_key(config, batch)
+    known = _patiently(search, lambda: records.known_quality(search.study, key))
+    return key, known if known is not None else quality.measure(plan, "search", search.request.replicates.timeout_s)
 
 
 def _earlier_attempts(search: Search, trial: optuna.Trial, config: Config, batch: int) -> tuple[int, ...]:
@@ -392,6 +403,8 @@ def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome,
             records.record_pruned(trial, outcome.reason)
         if outcome.undecided is not None:
             undecided.record(trial, outcome.reason, outcome.undecided)
+    if outcome.quality is not None:
+        records.record_quality(trial, *outcome.quality)
     if outcome.state == TrialState.COMPLETE:
         records.record_limits(trial, search.request.limits, trial.user_attrs)
         search.study.tell(trial, list(outcome.values), skip_if_finished=True)

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 
 from autotune.child.settings import CACHE_DIR, STUDIES_DIR, MeasureSettings
-from autotune.config import models, recipes, space, space_fit
+from autotune.config import evaldata, models, recipes, space, space_fit
 from autotune.config.knobs import Config
 from autotune.host import capabilities
 from autotune.host.capabilities import Probe
@@ -76,10 +76,12 @@ class SearchRequest:
     confirm_rounds: int = 0  # of the confirmation that follows, for the budget; 0 without one
     confirm_top: int = 0  # candidates that confirmation takes at most
     allow_mixed: bool = False  # `--allow-mixed`: hosts of another class than the study's may join it
+    eval_data: str | None = None  # `--eval-data`: the user's data, each trial's quality judged on it
+    max_quality_drop: float | None = None  # `--max-quality-drop`: accuracy points or percent of perplexity
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.max_latency_ms, self.max_tpot_ms)
+        return Limits(self.max_latency_ms, self.max_tpot_ms, self.max_quality_drop)
 
 
 @dataclass
@@ -152,6 +154,9 @@ def validate(request: SearchRequest, machine: Machine,
     if request.max_tpot_ms is not None and not model.generates:
         raise StudyError("--max-tpot-ms bounds the time per output token of text generation; add --task generate "
                          "(a causal LM), or use --max-latency-ms")
+    evaldata.check_drop(request.max_quality_drop, request.eval_data)
+    if request.eval_data:
+        evaldata.check(request.eval_data, model.generates)
     requests.check_cache_dir(request.cache_dir)
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
@@ -246,7 +251,9 @@ def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
               "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms,
               "max_tpot_ms": request.max_tpot_ms,
               "pins": request.pins.describe() if request.pins.values else ""}
-    return (wanted | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
+    judged = {"eval_data": evaldata.digest(evaldata.check(request.eval_data, model.generates)),
+              "max_quality_drop": request.max_quality_drop} if request.eval_data else {}
+    return (wanted | judged | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
             | ({"task": model.task} if model.task else {})
             | ({"seq_lens": list(model.buckets.lengths), "seq_len_weights": list(model.buckets.weights)}
                if model.buckets else {}))
@@ -287,4 +294,5 @@ def bench_request(request: SearchRequest, config: Config, batch: int | None = No
                                  input_shape=request.input_shape, example_inputs=request.example_inputs,
                                  seq_len=request.seq_len, task=request.task, buckets=request.buckets,
                                  new_tokens=request.new_tokens,
-                                 tolerance=request.tolerance, calibration_batches=request.calibration_batches)
+                                 tolerance=request.tolerance, calibration_batches=request.calibration_batches,
+                                 eval_data=request.eval_data, guard_judges=request.max_quality_drop is None)

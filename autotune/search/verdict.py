@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from optuna.trial import FrozenTrial
 
 from autotune.base.thresholds import ALPHA
-from autotune.measure import sequential, stats
+from autotune.measure import quality, sequential, stats
 from autotune.measure.objectives import NO_LIMITS, Limits, Metric
 from autotune.measure.sequential import Design, Look
 from autotune.search import against_recipe
 from autotune.search.rounds import RoundRun, Rounds, speedups
+from autotune.study import records
 
 
 def decide(base: FrozenTrial, chosen: Sequence[FrozenTrial], measured: Rounds | None, metric: Metric, plan: Design,
@@ -210,7 +212,7 @@ def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float
                            "ci": None, "ci_label": None, "ci_coverage": None, "p_value": None,
                            "p_value_slower": None, "p_value_equivalent": None, "outcome": None,
                            "significant": False}
-    row.update(_disqualified(runs, limits))
+    row.update(_disqualified(runs, limits, trial))
     ratios = speedups(reference, [r.value for r in runs], metric)
     if row["status"] == "ok" and len(ratios) >= 2:
         judged = sequential.judge(ratios, look, plan, min_effect)
@@ -218,11 +220,17 @@ def _row(trial: FrozenTrial, runs: Sequence[RoundRun], reference: Sequence[float
     return row
 
 
-def _disqualified(runs: Sequence[RoundRun], limits: Limits) -> dict[str, str]:
+def _disqualified(runs: Sequence[RoundRun], limits: Limits, trial: FrozenTrial) -> dict[str, str]:
+    """Why a candidate cannot win: a failed run, its rounds over a latency limit, or its quality
+    (measured once per model configuration, not per round) over --max-quality-drop."""
     failed = [r for r in runs if r.value is None]
     if failed:
         return {"status": "failed", "reason": f"failed {len(failed)} of {len(runs)} runs: {failed[0].reason}"}
     figures = {"latency_p90_ms": _median([r.p90_ms for r in runs if r.p90_ms is not None]),
                "tpot_p90_ms": _median([r.tpot_p90_ms for r in runs if r.tpot_p90_ms is not None])}
-    breach = limits.breach(figures)
-    return {"status": "over the latency limit", "reason": breach} if breach else {}
+    breach = replace(limits, quality_drop=None).breach(figures)
+    if breach:
+        return {"status": "over the latency limit", "reason": breach}
+    judged = replace(limits, latency_p90_ms=None, tpot_p90_ms=None).breach(
+        {"quality_drop": quality.drop_of(trial.user_attrs.get(records.QUALITY))})
+    return {"status": "over the quality limit", "reason": f"{judged} (measured on --eval-data)"} if judged else {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import INTERRUPTED_BY, ConfigError
 from autotune.config.knobs import Config, identity_of
+from autotune.measure import quality
 from autotune.measure.objectives import Limits, Metric
 from autotune.measure.plan import LaunchPlan, model_knobs
 from autotune.measure.replicates import Measurement
@@ -411,17 +413,59 @@ def record_limits(trial: optuna.Trial, limits: Limits, summary: Mapping[str, Any
     Duplicates are recorded too: a trial without constraints reads as feasible."""
     over = limits.over(limit_figures(summary))
     for figure, excess in over.items():
-        name = f"{figure.removesuffix('_ms')}_over_limit_ms"
+        name = limits.constraint(figure)
         trial.set_constraint(name, excess)
         trial.set_user_attr(f"constraint_{name}", round(excess, 4))
     if over:
         trial.set_user_attr("feasible", all(excess <= 0 for excess in over.values()))
 
 
+QUALITY, QUALITY_KEY = "quality", "quality_key"  # a trial's quality on the user's data, and what it is of
+
+
+def quality_key(config: Config, batch: int) -> str:
+    """What a quality figure belongs to: the model knobs (what the model computes; threads, allocators
+    and instances change only how fast) and the batch size (int8 calibrates on batches of it)."""
+    return json.dumps({"knobs": asdict(model_knobs(config)), "batch_size": batch}, sort_keys=True)
+
+
+def known_quality(study: optuna.Study, key: str) -> dict[str, Any] | None:
+    """The quality an earlier trial of the study measured for `key` (one without an error)."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        found = t.user_attrs.get(QUALITY)
+        if t.user_attrs.get(QUALITY_KEY) == key and isinstance(found, dict) and "error" not in found:
+            return found
+    return None
+
+
+def record_quality(trial: optuna.Trial, key: str, found: Mapping[str, Any]) -> None:
+    trial.set_user_attr(QUALITY, dict(found))
+    trial.set_user_attr(QUALITY_KEY, key)
+
+
+def quality_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Speed against quality: the completed trials (own measurements) with a quality figure that no
+    other is both faster than (by the study's first objective) and of a smaller drop, fastest first."""
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    judged = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        drop = quality.drop_of(t.user_attrs.get(QUALITY))
+        if drop is not None and t.values and not is_duplicate(t):
+            judged.append((-t.values[0] if maximize else t.values[0], drop, t))
+    judged.sort(key=lambda row: (row[0], row[1]))
+    front, least = [], float("inf")
+    for _, drop, t in judged:
+        if drop < least:
+            front.append(t)
+            least = drop
+    return front
+
+
 def limit_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The figures that limits bound, from a trial's summary or user attributes."""
     return {"latency_p90_ms": summary.get("latency_p90_ms"),
-            "tpot_p90_ms": (summary.get("generation") or {}).get("tpot_p90_ms")}
+            "tpot_p90_ms": (summary.get("generation") or {}).get("tpot_p90_ms"),
+            "quality_drop": quality.drop_of(summary.get("quality"))}
 
 
 def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Mapping[str, float] | None) -> None:

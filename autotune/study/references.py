@@ -56,8 +56,10 @@ def best_peer(study: optuna.Study, speedup: str) -> FrozenTrial | None:
 
 def _best(study: optuna.Study, speedup: str, peer: bool) -> FrozenTrial | None:
     """By the speedup as the study knows it now (`records.speedup`: over a baseline measured again
-    when it was noisy), so that recipes measured before and after the re-measure rank alike."""
+    when it was noisy), so that recipes measured before and after the re-measure rank alike; only one
+    within the study's limits (`feasible`), as no other can be recommended."""
     attrs = study.user_attrs
     ran = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-           if t.user_attrs.get("recipe") and speedup in t.user_attrs and is_peer(t) == peer]
+           if t.user_attrs.get("recipe") and speedup in t.user_attrs and is_peer(t) == peer
+           and t.user_attrs.get("feasible", True)]
     return max(ran, key=lambda t: records.speedup(t, speedup, attrs) or 0.0, default=None)
