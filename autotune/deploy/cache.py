@@ -11,7 +11,6 @@ folder that point at an artifacts folder (AUTOTUNE_ARTIFACTS) keep the artifacts
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
@@ -22,7 +21,14 @@ from typing import Any
 
 from autotune.base.errors import AutotuneError
 from autotune.model import apply, backends, cpu, envfile, references
-from autotune.model.artifacts import ARTIFACT_FORMAT, CALIBRATION_KIND, GRAPH_KIND, installed_torch_version
+from autotune.model.artifacts import (
+    ARTIFACT_FORMAT,
+    CALIBRATION_KIND,
+    GRAPH_KIND,
+    DescriptionError,
+    description,
+    installed_torch_version,
+)
 from autotune.model.convert import saved_knobs
 from autotune.model.envfile import value_text
 from autotune.model.errors import ApplyError
@@ -98,10 +104,12 @@ def _is_description(path: Path) -> bool:
 
 def _artifact(path: Path, here: Here) -> Entry:
     described = Path(f"{path}.json")
-    meta = _read_meta(described)
     kind = _kind(path)
-    if meta is None:
-        return Entry(kind, path, "?", "?", _size(path), _mtime(path), "it has no readable description (.json)")
+    try:
+        meta = description(path)
+    except DescriptionError as exc:  # as if it had none: unusable, and pruned with it
+        return Entry(kind, path, "?", "?", _size(path), _mtime(path),
+                     f"its description {described.name} cannot be used ({exc})")
     return Entry(kind, path, str(meta.get("model", "?")), _config(meta),
                  sum(_size(f) for f in (*_files(path, meta), described)), _mtime(described), unusable(meta, here))
 
@@ -123,12 +131,12 @@ def _kind(path: Path) -> str:
     return KINDS[path.suffix]
 
 
-def _read_meta(path: Path) -> dict[str, Any] | None:
+def _meta(artifact: Path) -> dict[str, Any]:
+    """The artifact's description, or nothing where it has no usable one (`_artifact` says why)."""
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return meta if isinstance(meta, dict) else None
+        return description(artifact)
+    except DescriptionError:
+        return {}
 
 
 def unusable(meta: dict[str, Any], here: Here) -> str:
@@ -201,7 +209,7 @@ def _kept(entry: Entry, exports: Sequence[Export]) -> Entry:
     """An artifact, or the calibration batches an int8 one was made from, that an env file here loads."""
     if not entry.kind.endswith("artifact") and entry.kind != CALIBRATION:
         return entry
-    meta = _read_meta(Path(f"{entry.path}.json")) or {}
+    meta = _meta(entry.path)
     names = tuple(e.name for e in exports if _points_to(e, entry.path, meta))
     return replace(entry, kept_by=names) if names else entry
 
@@ -257,8 +265,7 @@ def remove(entry: Entry) -> str:
         if entry.path.is_dir():
             shutil.rmtree(entry.path) if entry.config != "torch unknown" else _remove_loose(entry.path)
             return ""
-        meta = _read_meta(Path(f"{entry.path}.json")) or {}
-        for path in _files(entry.path, meta):
+        for path in _files(entry.path, _meta(entry.path)):
             path.unlink(missing_ok=True)
         if entry.kind.endswith("artifact"):
             Path(f"{entry.path}.json").unlink(missing_ok=True)

@@ -220,3 +220,42 @@ def test_cli_dry_run_removes_nothing_and_bad_flags_are_one_line(tmp_path: Path) 
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert stale.exists()
     assert "nothing cached here" in cli(tmp_path, "--cache-dir", "elsewhere").stdout
+
+
+@pytest.mark.parametrize(("described", "why"), [
+    ({"knobs": "abc"}, 'knobs: "abc" is not an object'),
+    ({"inputs": 5}, "inputs: 5 is not a list"),
+    ({"isa": 5}, "isa: 5 is not a list"),
+    ({"knobs": {"backend": ["inductor"]}}, "knobs.backend: list is not a string, number, true, false or null"),
+    ({"format": None}, "format: null is not a string"),
+])
+def test_a_description_of_the_wrong_types_is_as_good_as_none(tmp_path: Path, described: dict[str, Any],
+                                                             why: str) -> None:
+    """It was an internal error of `autotune cache` (a str has no .get, an int is not iterable)."""
+    path = artifact(tmp_path / "cache" / "artifacts", "inductor-a.pt2", INDUCTOR)
+    Path(f"{path}.json").write_text(json.dumps(json.loads(Path(f"{path}.json").read_text()) | described))
+    (entry,) = cache.scan(tmp_path / "cache", HERE)
+    assert (entry.kind, entry.model, entry.config) == ("inductor artifact", "?", "?")
+    assert entry.unusable == f"its description {path.name}.json cannot be used ({why})"
+    assert cache.to_prune([entry], None, time.time(), False) == [entry]  # pruned as unusable, never loaded
+    listed = cli(tmp_path, "--cache-dir", "cache", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["entries"][0]["unusable_reason"] == entry.unusable
+
+
+def test_a_description_that_is_a_named_pipe_is_not_read(tmp_path: Path) -> None:
+    """Read, a named pipe with no writer would hang `autotune cache` for good."""
+    folder = tmp_path / "cache" / "artifacts"
+    folder.mkdir(parents=True)
+    (folder / "inductor-a.pt2").write_bytes(b"x" * 1000)
+    os.mkfifo(folder / "inductor-a.pt2.json")
+    listed = subprocess.run([AUTOTUNE, "cache", "--cache-dir", "cache"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert "cannot be used (it is a named pipe (FIFO), not a file)" in " ".join(listed.stdout.split())
+    from autotune.model.artifacts import guard_record, remember_guard
+
+    remember_guard(folder / "inductor-a.pt2", "k", {"min_cosine": 0.99})  # nothing read, nothing written
+    assert guard_record(folder / "inductor-a.pt2", "k") is None
+    assert (folder / "inductor-a.pt2.json").is_fifo()
+
