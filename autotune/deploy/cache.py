@@ -257,10 +257,34 @@ def to_prune(entries: Iterable[Entry], older_than_s: float | None, now: float,
     return [e for e in chosen if include_exported or not e.kept_by]
 
 
+@dataclass(frozen=True)
+class Pruned:
+    """What a prune did: the entries it removed, and those it kept, each with why (`remove`'s reason)."""
+
+    removed: tuple[Entry, ...] = ()
+    kept: tuple[tuple[Entry, str], ...] = ()
+
+
+def prune(chosen: Iterable[Entry]) -> Pruned:
+    """Remove each chosen entry; what was removed and what stayed are told apart, never assumed."""
+    outcomes = [(entry, remove(entry)) for entry in chosen]
+    return Pruned(tuple(e for e, why in outcomes if not why), tuple((e, why) for e, why in outcomes if why))
+
+
+def unremoved(pruned: Pruned) -> str:
+    """What a prune could not remove, in one line with what to do ("" when it removed all it chose)."""
+    if not pruned.kept:
+        return ""
+    (first, why), count = pruned.kept[0], len(pruned.kept) + len(pruned.removed)
+    more = f", and {len(pruned.kept) - 1} more" if len(pruned.kept) > 1 else ""
+    return (f"{len(pruned.kept)} of the {count} entries to prune could not be removed (cannot remove {first.path}: "
+            f"{why}{more}); they are kept: make the cache folder writable for this user, then prune again")
+
+
 def remove(entry: Entry) -> str:
     """Delete one entry: the artifact before its description, so that a stop halfway leaves an
     orphan description that the next prune removes, never an artifact that looks described.
-    Returns "" or why it could not be removed."""
+    Returns "" or why it could not be removed (the system's words: "Permission denied")."""
     try:
         if entry.path.is_dir():
             shutil.rmtree(entry.path) if entry.config != "torch unknown" else _remove_loose(entry.path)
@@ -270,7 +294,7 @@ def remove(entry: Entry) -> str:
         if entry.kind.endswith("artifact"):
             Path(f"{entry.path}.json").unlink(missing_ok=True)
     except OSError as exc:
-        return f"cannot remove {entry.path}: {exc.strerror or exc}"
+        return str(exc.strerror or exc)
     return ""
 
 
