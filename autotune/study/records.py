@@ -28,6 +28,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 CUT_SHORT = "cut_short"  # the user or a killed autotune stopped it: says nothing, always run again
 KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run again once
 ERROR = "error"  # wrong answers, an exception, an exit code: the configuration's own, reused
+CANNOT_RUN = "cannot_run"  # no launch plan here (threads x instances above the cores, a library missing): never run
 UNDECIDED = "undecided"  # stopped early on a noisy window: measured again later (study/undecided.py)
 UNDECIDED_FINAL = "undecided_final"  # a trial's: its configuration's last attempt, undecided for good
 KILLED_RERUNS = 1
@@ -56,11 +57,12 @@ def finished(study: optuna.Study) -> int:
 
 def counts(trial: FrozenTrial) -> bool:
     """A trial may count toward --trials once finished, unless cut short (Ctrl-C, a killed
-    autotune: it runs again), pruned before compiling (`SKIPPED`) or stopped on a noisy window
-    with a retry left (`awaits_retry`): none of them decided anything, so none takes a trial of
-    --trials, as a proposal that repeats a measured configuration never becomes one."""
-    return (trial.state in FINISHED and fail_cause(trial) != CUT_SHORT and not trial.user_attrs.get(SKIPPED)
-            and not awaits_retry(trial))
+    autotune: it runs again), a configuration this machine cannot run (`CANNOT_RUN`: no plan, so
+    nothing ran), pruned before compiling (`SKIPPED`) or stopped on a noisy window with a retry left
+    (`awaits_retry`): none of them decided anything, so none takes a trial of --trials, as a
+    proposal that repeats a measured configuration never becomes one."""
+    return (trial.state in FINISHED and fail_cause(trial) not in (CUT_SHORT, CANNOT_RUN)
+            and not trial.user_attrs.get(SKIPPED) and not awaits_retry(trial))
 
 
 def awaits_retry(trial: FrozenTrial) -> bool:
