@@ -31,18 +31,18 @@ FAKE_CLI = ROOT / "tests" / "support" / "fake_cli.py"
 QUICK_SPACE = ROOT / "search_spaces" / "quick.yaml"
 
 
-def search(behaviour: str, url: str, cwd: Path) -> subprocess.Popen[str]:
+def search(behaviour: str, url: str, cwd: Path, space: Path = QUICK_SPACE) -> subprocess.Popen[str]:
     """`autotune search --trials 3` as a process of its own, with the fake child doing `behaviour`."""
     return subprocess.Popen([sys.executable, str(FAKE_CLI), behaviour, "search", "--model", "resnet18", "--trials",
-                             "3", "--space", str(QUICK_SPACE), "--study", "killed", "--storage", url,
+                             "3", "--space", str(space), "--study", "killed", "--storage", url, "--seed", "1",
                              "--replicates", "1", "--fresh-replicates", "--confirm-top", "0", "--duration", "0.2"],
                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_a_running_trial(db: Path, proc: subprocess.Popen[str], timeout_s: float = 60) -> None:
+def wait_for_a_running_trial(db: Path, proc: subprocess.Popen[str], timeout_s: float = 60, key: str = "config") -> None:
     deadline = time.monotonic() + timeout_s
     query = ("SELECT count(*) FROM trials JOIN trial_user_attributes USING (trial_id) "
-             "WHERE state = 'RUNNING' AND key = 'config'")
+             f"WHERE state = 'RUNNING' AND key = '{key}'")
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         if db.is_file():
@@ -75,6 +75,31 @@ def test_a_search_killed_mid_trial_and_run_again_at_once_runs_every_trial(tmp_pa
     assert records.finished(study) == 3 and records.distinct_configs(study) == 3
     assert [t.user_attrs.get("retry_of") for t in study.trials][:2] == [None, 0]
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+
+
+
+def test_a_search_killed_in_a_recipe_s_trial_runs_that_recipe_again_as_it_was(tmp_path: Path) -> None:
+    """The retry of the killed trial sets the recipe's knobs and samples none besides."""
+    space_file = tmp_path / "compile.yaml"
+    space_file.write_text("knobs:\n  backend: [eager, inductor]\n  memory_format: [contiguous, channels_last]\n"
+                          "  instances: {low: 1, high: max}\n  omp_threads: {low: 1, high: max}\n")
+    db = tmp_path / "killed.db"
+    url = f"sqlite:///{db}"
+    first = search("hang-unless-defaults", url, tmp_path, space_file)
+    wait_for_a_running_trial(db, first, timeout_s=120, key="recipe")
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=30)
+    again = search("ok", url, tmp_path, space_file)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert "Inconsistent parameter values" not in err
+    study = storage.load("killed", url)
+    killed, retry = study.trials[1], study.trials[2]
+    assert records.fail_cause(killed) == records.CUT_SHORT and killed.user_attrs["recipe"] == "compile+channels_last"
+    assert (retry.state, retry.params, retry.user_attrs["recipe"]) == (TrialState.COMPLETE, killed.params,
+                                                                     "compile+channels_last")
+    assert retry.user_attrs["config"] == "backend=inductor memory_format=channels_last"
+    assert records.finished(study) == 3 and not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
 
 
 THREADS_ONLY = Recipe("threads only", Config.from_mapping({"omp_threads": 8}))  # as gpt-fast's: no instances
