@@ -77,6 +77,17 @@ def scalar(value: Any, where: str) -> str | int | float | bool | None:
     return value
 
 
+def choice(*allowed: str) -> Check[str]:
+    """One of `allowed` (a state, a cause)."""
+
+    def check(value: Any, where: str) -> str:
+        if value not in allowed:
+            raise _wrong(where, value, f"one of {', '.join(allowed)}")
+        return str(value)
+
+    return check
+
+
 def anything(value: Any, where: str) -> Any:
     return value
 

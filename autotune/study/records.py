@@ -7,7 +7,6 @@ this module, so an attribute's name and meaning have one owner.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +21,9 @@ from autotune.measure.objectives import Limits, Metric
 from autotune.measure.plan import LaunchPlan, model_knobs
 from autotune.measure.replicates import Measurement
 from autotune.measure.results import STDERR_TAIL_CHARS, RunResult
+from autotune.model import schema
+from autotune.model.files import read_text
+from autotune.study.storage import StudyError
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 # Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
@@ -348,16 +350,41 @@ def _run_cause(failed: RunResult) -> str:
     return KILLED if codes and all(code is not None and code < 0 for code in codes) else ERROR
 
 
+# What `loop._unsaved` keeps beside a study while its database stays locked: read only through `kept`.
+KEPT = schema.record(
+    {"trial": schema.integer, "state": schema.choice("COMPLETE", "PRUNED", "FAIL"),
+     "values": schema.list_of(schema.number), "reason": schema.text},
+    {"summary": schema.record({}, {"latency_p90_ms": schema.optional(schema.number), "generation": schema.optional(
+        schema.record({}, {"tpot_p90_ms": schema.optional(schema.number)}))}),
+     "cause": schema.text, WRONG_ANSWERS: schema.flag})
+
+
+def kept(path: Path) -> dict[str, Any]:
+    """A measurement kept aside (`KEPT`); refused in one line naming the file when it cannot be read
+    or is not one, so that nothing half of it is recorded."""
+    try:
+        data = schema.loads(read_text(path), KEPT)
+    except (OSError, UnicodeDecodeError, schema.SchemaError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not text" if isinstance(exc, UnicodeDecodeError) \
+            else str(exc)
+        raise StudyError(f"the measurement kept in {path} cannot be read ({why}); move it out of that folder to "
+                         f"resume without it") from None
+    return data
+
+
 def restore_kept(study: optuna.Study, path: Path, limits: Limits) -> int | None:
     """A trial's measurement kept aside while the study was locked, recorded now on that trial if
     it is still RUNNING (then the file is removed); its number, or None when there was nothing to do."""
-    data = json.loads(path.read_text())
+    data = kept(path)
     frozen = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                    if t.number == data.get("trial")), None)
     if frozen is None:
         return None
-    trial = optuna.Trial(study, frozen._trial_id)
     state = TrialState[data["state"]]
+    if state == TrialState.COMPLETE and len(data["values"]) != len(study.directions):
+        raise StudyError(f"the measurement kept in {path} holds {len(data['values'])} values for a study of "
+                         f"{len(study.directions)} objectives; move it out of that folder to resume without it")
+    trial = optuna.Trial(study, frozen._trial_id)
     for key, value in data.get("summary", {}).items():
         trial.set_user_attr(key, value)
     trial.set_user_attr("restored_from", str(path))
