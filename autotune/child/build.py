@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import Any
 
 from autotune.model import apply, hf, quantize, references
 from autotune.model.apply import Deployment
+from autotune.model.artifacts import description
 from autotune.model.batches import call, explain, leaves
 from autotune.model.buckets import Buckets
 from autotune.model.errors import LOAD_FAILED, ApplyError
@@ -358,7 +358,7 @@ def _load_timed(args: argparse.Namespace, setup: dict[str, Any]) -> Any:
 
 def artifacts_weights(artifact_file: str) -> str:
     """The weights' fingerprint an artifact was saved for, from its description."""
-    return str(json.loads(Path(f"{artifact_file}.json").read_text())["weights"])
+    return str(description(artifact_file)["weights"])
 
 
 def _timed_first_call(model: Any, example: Any, setup: dict[str, Any]) -> Callable[[Any], Any]:

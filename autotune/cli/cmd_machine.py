@@ -174,14 +174,19 @@ def cache_command(cache_dir: Path, prune: bool, older_than: float | None, includ
     exports, notes = cache.exports_in(Path.cwd())
     entries = cache.scan(cache_dir, cache.Here.now(), exports)
     chosen = cache.to_prune(entries, older_than, time.time(), include_exported) if prune else []
-    failed = []
+    pruned = None
     if chosen and not dry_run:
         with holding("cache --prune", no_wait):  # never delete what a measurement is loading
-            failed = [why for why in map(cache.remove, chosen) if why]
-    for line in notes + failed:
+            pruned = cache.prune(chosen)
+    elif prune and not dry_run:
+        pruned = cache.Pruned()
+    for line in notes:
         note(line)
+    removed = chosen if dry_run else pruned.removed if pruned else ()  # with --dry-run: what would go
+    failed = [f"cannot remove {e.path}: {why}" for e, why in pruned.kept] if pruned else []
     data = {"cache_dir": str(cache_dir), "entries": [e.to_json() for e in entries], "pruned": prune,
-            "dry_run": dry_run, "removed": [str(e.path) for e in chosen], "failed": failed}
-    emit("cache", data, as_json, lambda _: display.cache(entries, chosen, prune and not dry_run, time.time()))
-    if failed:
-        sys.exit(EXIT_FAILED)
+            "dry_run": dry_run, "removed": [str(e.path) for e in removed], "failed": failed,
+            "kept": [{"path": str(e.path), "reason": why} for e, why in pruned.kept] if pruned else []}
+    emit("cache", data, as_json, lambda _: display.cache(entries, chosen, pruned, time.time()))
+    if pruned and pruned.kept:  # the table said which; the exit code and one line say that it failed
+        raise AutotuneError(cache.unremoved(pruned))

@@ -372,22 +372,30 @@ def number(value: float | None, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.3f}{suffix}"
 
 
-def cache(entries: Sequence[Any], chosen: Sequence[Any], removed: bool, now: float) -> None:
-    """The cache entries; with --prune, which ones go (or went)."""
+def cache(entries: Sequence[Any], chosen: Sequence[Any], pruned: Any, now: float) -> None:
+    """The cache entries; with --prune, which ones went and which stayed, and why (`pruned`: what the
+    prune did, None when nothing was removed: a listing, or --dry-run, which says what would go)."""
     if not entries:
         out.print("nothing cached here; searches and `autotune export --artifacts` fill it")
         return
-    going = {e.path for e in chosen}
+    done = {e.path: "would remove" for e in chosen} if pruned is None else \
+        {e.path: "removed" for e in pruned.removed} | {e.path: f"kept: cannot remove ({why})" for e, why in pruned.kept}
     table = new_table("cache", "kind", "model", "configuration", "size", "last used", "usable here", "kept by", "prune")
     for e in entries:
         table.add_row(e.kind, e.model, e.config, _bytes(e.size), _age(now - e.last_used),
                       "yes" if not e.unusable else f"no: {e.unusable}", ", ".join(e.kept_by) or "-",
-                      ("removed" if removed else "would remove") if e.path in going else "")
+                      done.get(e.path, ""))
     out.print(table)
-    total = sum(e.size for e in entries)
-    freed = sum(e.size for e in chosen)
-    verb = "removed" if removed else "would remove" if chosen else ""
-    out.print(f"{len(entries)} entries, {_bytes(total)}" + (f"; {verb} {len(chosen)}, {_bytes(freed)}" if verb else ""))
+    said = [f"{len(entries)} entries, {_bytes(sum(e.size for e in entries))}"]
+    if pruned is not None:
+        said.append(f"removed {len(pruned.removed)}, {_bytes(sum(e.size for e in pruned.removed))}")
+        if pruned.kept:
+            causes = "; ".join(dict.fromkeys(why for _, why in pruned.kept))
+            said.append(f"kept {len(pruned.kept)} that could not be removed ({causes})")
+    elif chosen:
+        said.append(f"would remove {len(chosen)}, {_bytes(sum(e.size for e in chosen))}")
+    out.print("; ".join(said))
+
 
 
 def _bytes(size: int) -> str:

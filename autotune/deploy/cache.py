@@ -11,7 +11,6 @@ folder that point at an artifacts folder (AUTOTUNE_ARTIFACTS) keep the artifacts
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
@@ -22,7 +21,14 @@ from typing import Any
 
 from autotune.base.errors import AutotuneError
 from autotune.model import apply, backends, cpu, envfile, references
-from autotune.model.artifacts import ARTIFACT_FORMAT, CALIBRATION_KIND, GRAPH_KIND, installed_torch_version
+from autotune.model.artifacts import (
+    ARTIFACT_FORMAT,
+    CALIBRATION_KIND,
+    GRAPH_KIND,
+    DescriptionError,
+    description,
+    installed_torch_version,
+)
 from autotune.model.convert import saved_knobs
 from autotune.model.envfile import value_text
 from autotune.model.errors import ApplyError
@@ -98,10 +104,12 @@ def _is_description(path: Path) -> bool:
 
 def _artifact(path: Path, here: Here) -> Entry:
     described = Path(f"{path}.json")
-    meta = _read_meta(described)
     kind = _kind(path)
-    if meta is None:
-        return Entry(kind, path, "?", "?", _size(path), _mtime(path), "it has no readable description (.json)")
+    try:
+        meta = description(path)
+    except DescriptionError as exc:  # as if it had none: unusable, and pruned with it
+        return Entry(kind, path, "?", "?", _size(path), _mtime(path),
+                     f"its description {described.name} cannot be used ({exc})")
     return Entry(kind, path, str(meta.get("model", "?")), _config(meta),
                  sum(_size(f) for f in (*_files(path, meta), described)), _mtime(described), unusable(meta, here))
 
@@ -123,12 +131,12 @@ def _kind(path: Path) -> str:
     return KINDS[path.suffix]
 
 
-def _read_meta(path: Path) -> dict[str, Any] | None:
+def _meta(artifact: Path) -> dict[str, Any]:
+    """The artifact's description, or nothing where it has no usable one (`_artifact` says why)."""
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return meta if isinstance(meta, dict) else None
+        return description(artifact)
+    except DescriptionError:
+        return {}
 
 
 def unusable(meta: dict[str, Any], here: Here) -> str:
@@ -201,7 +209,7 @@ def _kept(entry: Entry, exports: Sequence[Export]) -> Entry:
     """An artifact, or the calibration batches an int8 one was made from, that an env file here loads."""
     if not entry.kind.endswith("artifact") and entry.kind != CALIBRATION:
         return entry
-    meta = _read_meta(Path(f"{entry.path}.json")) or {}
+    meta = _meta(entry.path)
     names = tuple(e.name for e in exports if _points_to(e, entry.path, meta))
     return replace(entry, kept_by=names) if names else entry
 
@@ -249,21 +257,44 @@ def to_prune(entries: Iterable[Entry], older_than_s: float | None, now: float,
     return [e for e in chosen if include_exported or not e.kept_by]
 
 
+@dataclass(frozen=True)
+class Pruned:
+    """What a prune did: the entries it removed, and those it kept, each with why (`remove`'s reason)."""
+
+    removed: tuple[Entry, ...] = ()
+    kept: tuple[tuple[Entry, str], ...] = ()
+
+
+def prune(chosen: Iterable[Entry]) -> Pruned:
+    """Remove each chosen entry; what was removed and what stayed are told apart, never assumed."""
+    outcomes = [(entry, remove(entry)) for entry in chosen]
+    return Pruned(tuple(e for e, why in outcomes if not why), tuple((e, why) for e, why in outcomes if why))
+
+
+def unremoved(pruned: Pruned) -> str:
+    """What a prune could not remove, in one line with what to do ("" when it removed all it chose)."""
+    if not pruned.kept:
+        return ""
+    (first, why), count = pruned.kept[0], len(pruned.kept) + len(pruned.removed)
+    more = f", and {len(pruned.kept) - 1} more" if len(pruned.kept) > 1 else ""
+    return (f"{len(pruned.kept)} of the {count} entries to prune could not be removed (cannot remove {first.path}: "
+            f"{why}{more}); they are kept: make the cache folder writable for this user, then prune again")
+
+
 def remove(entry: Entry) -> str:
     """Delete one entry: the artifact before its description, so that a stop halfway leaves an
     orphan description that the next prune removes, never an artifact that looks described.
-    Returns "" or why it could not be removed."""
+    Returns "" or why it could not be removed (the system's words: "Permission denied")."""
     try:
         if entry.path.is_dir():
             shutil.rmtree(entry.path) if entry.config != "torch unknown" else _remove_loose(entry.path)
             return ""
-        meta = _read_meta(Path(f"{entry.path}.json")) or {}
-        for path in _files(entry.path, meta):
+        for path in _files(entry.path, _meta(entry.path)):
             path.unlink(missing_ok=True)
         if entry.kind.endswith("artifact"):
             Path(f"{entry.path}.json").unlink(missing_ok=True)
     except OSError as exc:
-        return f"cannot remove {entry.path}: {exc.strerror or exc}"
+        return str(exc.strerror or exc)
     return ""
 
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import PROBE_AGREES, PROBE_SLOWER
-from autotune.model import backends, cpu
+from autotune.model import backends, cpu, schema
 from autotune.model.backends import probe as kernel_probe
-from autotune.model.files import unwritable, write_atomically
+from autotune.model.files import NotAFile, read_text, unwritable, write_atomically
 
 # Where probes are kept when not under the cache folder: one folder for every study of a machine
 # (the tests point their autotune processes at one, so that the suite probes once).
@@ -37,6 +37,19 @@ TIMEOUT_S = 300.0  # for the whole probe; a kernel that hangs is recorded as suc
 # What a runtime that reports its precision must say it ran for the precision to count as run.
 RAN_AS = {"bf16": ("bf16", "bfloat16"), "int8": ("u8", "i8")}
 Refused = Mapping[tuple[str, str], str]  # (backend, precision) -> why this CPU's probe refused it
+
+
+# What a kept probe holds (what `run_child` writes, with its key and time): read only through it.
+KERNEL = schema.record(
+    {"runtime": schema.text, "precision": schema.text, "op": schema.text, "runs": schema.flag},
+    {"error": schema.text, "rel_error": schema.optional(schema.real), "exact_error": schema.optional(schema.real),
+     "saturates": schema.optional(schema.flag), "remedy": schema.text, "ran_as": schema.text,
+     "gops": schema.optional(schema.map_of(schema.number, key=schema.numbered))})
+SCHEMA = schema.record(
+    {"kernels": schema.list_of(KERNEL), "threads": schema.list_of(schema.positive)},
+    {"bandwidth": schema.optional(schema.map_of(schema.record({"copy_gbs": schema.number, "triad_gbs": schema.number}),
+                                                key=schema.numbered)),
+     "key": schema.optional(schema.map_of(schema.anything)), "measured_at": schema.text, "probe_s": schema.number})
 
 
 class ProbeError(AutotuneError):
@@ -74,6 +87,7 @@ class KernelResult:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KernelResult:
+        """One kernel of a probe that `SCHEMA` passed."""
         gops = tuple(sorted((int(t), float(g)) for t, g in dict(data.get("gops") or {}).items()))
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "gops"}
         return cls(**fields, gops=gops)
@@ -94,7 +108,9 @@ class Probe:
     path: str = ""
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], path: str = "") -> Probe:
+    def from_json(cls, data: Any, path: str = "") -> Probe:
+        """A probe as JSON values; SchemaError naming what is wrong where it is not one (`SCHEMA`)."""
+        data = SCHEMA(data, "")
         bandwidth = tuple(sorted((int(t), float(b["copy_gbs"]), float(b["triad_gbs"]))
                                  for t, b in dict(data.get("bandwidth") or {}).items()))
         return cls(tuple(KernelResult.from_json(k) for k in data["kernels"]), bandwidth,
@@ -233,24 +249,38 @@ def load(cache_dir: Path, cores: int, rerun: bool = False, say: Callable[[str], 
     and versions; then the probe runs (`runner`: the child, or a fake) and is kept."""
     wanted = key(cores)
     path = probe_path(cache_dir, wanted)
-    kept = None if rerun else _read(path, say)
-    if kept is not None:
+    kept = read(path, say if not rerun else lambda _: None)  # a folder there is refused before probing
+    if kept is not None and not rerun:
         return kept
     check_writable(path.parent)
     say(f"probing what this CPU runs and how fast (once per host and library versions; {path})")
     result = (runner or run_child)(thread_counts(cores), path.parent)
     result |= {"key": wanted, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    write_atomically(path, json.dumps(result, indent=1))
-    return Probe.from_json(result, str(path))
-
-
-def _read(path: Path, say: Callable[[str], None]) -> Probe | None:
     try:
-        return Probe.from_json(json.loads(path.read_text()), str(path))
+        probe = Probe.from_json(result, str(path))
+    except schema.SchemaError as exc:
+        raise ProbeError(f"the kernel probe wrote a result this autotune cannot read ({exc}); run `python -m "
+                         f"autotune.model.backends.probe --out probe.json --threads 1` to see why") from None
+    write_atomically(path, json.dumps(result, indent=1))
+    return probe
+
+
+def read(path: Path, say: Callable[[str], None]) -> Probe | None:
+    """The probe kept at `path`, or None when there is none to use: none kept, or one that cannot
+    be read or is not a probe (`SCHEMA`), said in a note, to be probed again and replaced.
+    Something at `path` that is not a file (a folder, a named pipe) cannot be replaced: refused
+    before anything is probed."""
+    try:
+        return Probe.from_json(schema.loads(read_text(path), schema.anything), str(path))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        say(f"the kept probe {path} cannot be read ({type(exc).__name__}); probing again")
+    except NotAFile as exc:
+        raise ProbeError(f"the kept probe {path} cannot be used: {exc.strerror}; remove it, or point "
+                         f"{PROBE_DIR_ENV} or --cache-dir at another folder") from None
+    except (OSError, UnicodeDecodeError, schema.SchemaError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not text" if isinstance(exc, UnicodeDecodeError) \
+            else str(exc)
+        say(f"the kept probe {path} cannot be used ({why}); probing again")
         return None
 
 

@@ -17,11 +17,36 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.model import schema
 from autotune.model.envfile import ARTIFACTS_VAR
 from autotune.model.errors import ApplyError
-from autotune.model.files import replacing, write_atomically
+from autotune.model.files import read_text, replacing, write_atomically
 
 ARTIFACT_FORMAT = "autotune-artifact-v1"  # bumped when what a saved file holds changes
+# What an artifact's description (`<artifact>.json`, `convert.artifact_meta` and what its backend adds)
+# holds: read only through `description`.
+DESCRIPTION = schema.record({"format": schema.text}, {
+    "knobs": schema.map_of(schema.scalar), "inputs": schema.list_of(schema.text), "torch": schema.text,
+    "isa": schema.list_of(schema.text), "weights": schema.text, "model": schema.text, "threads": schema.positive,
+    "runtime": schema.optional(schema.text), "calibration": schema.text, "int8_remedy": schema.text,
+    "outputs": schema.text, "batches": schema.integer, "guarded": schema.map_of(schema.map_of(schema.anything))})
+
+
+class DescriptionError(ValueError):
+    """An artifact's description that cannot be read, or is not one; the message says why."""
+
+
+def description(artifact: str | os.PathLike[str]) -> dict[str, Any]:
+    """The description kept beside `artifact`, as `DESCRIPTION` says it must be; DescriptionError
+    saying why not (missing, not a file, not text, not JSON, a field of the wrong type)."""
+    try:
+        return schema.loads(read_text(f"{os.fspath(artifact)}.json"), DESCRIPTION)
+    except OSError as exc:
+        raise DescriptionError(exc.strerror or str(exc)) from None
+    except UnicodeDecodeError:
+        raise DescriptionError("not text") from None
+    except schema.SchemaError as exc:
+        raise DescriptionError(str(exc)) from None
 
 
 def fingerprint(model: Any) -> str:
@@ -122,10 +147,10 @@ def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
     found = []
     for described in sorted(folder.glob("*.json")):
         try:
-            other = json.loads(described.read_text())
-        except (OSError, ValueError):
+            other = description(described.with_suffix(""))
+        except DescriptionError:
             continue
-        if not isinstance(other, dict) or any(other.get(key) != meta[key] for key in same):
+        if any(other.get(key) != meta[key] for key in same):
             continue
         differs = [f"{key} {other.get(key)} (here {meta.get(key)})" for key in ("torch", "runtime", "isa", "format")
                    if other.get(key) != meta.get(key)]
@@ -159,17 +184,16 @@ def guard_record(path: Path, key: str) -> dict[str, Any] | None:
     """What the int8 guard measured on this artifact for the inputs `key` names, as an earlier
     process recorded it in the artifact's description (`remember_guard`); None when none did."""
     try:
-        found = json.loads(Path(f"{path}.json").read_text()).get("guarded", {}).get(key)
-    except (OSError, ValueError, AttributeError):
+        found: dict[str, Any] | None = description(path).get("guarded", {}).get(key)
+    except DescriptionError:
         return None
-    return found if isinstance(found, dict) else None
+    return found
 
 
 def remember_guard(path: Path, key: str, record: dict[str, Any]) -> None:
     """Add the guard's figures to the artifact's description, atomically; a description that
     cannot be written costs the next process only the time of guarding again."""
-    described = Path(f"{path}.json")
-    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-        meta = json.loads(described.read_text())
+    with contextlib.suppress(OSError, DescriptionError):
+        meta = description(path)
         meta["guarded"] = {**meta.get("guarded", {}), key: record}
-        write_atomically(described, json.dumps(meta, indent=1))
+        write_atomically(f"{path}.json", json.dumps(meta, indent=1))

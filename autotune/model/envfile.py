@@ -12,7 +12,9 @@ that files sourced one after another never mix.
 
 Format 1 (before format 2; no `AUTOTUNE_FORMAT`) held every model knob's variable and every knob
 again in `AUTOTUNE_KNOBS`: it still loads. A file cut short is refused in one line: format 2 by its
-missing last line, format 1 by its missing last variable.
+missing last line, format 1 by its missing last variable. So is one autotune never wrote: a
+variable set twice (which value runs would depend on who reads it), a name that is no variable's,
+or a value holding a control character (a NUL cannot even reach a process's environment).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+
+from autotune.model.files import read_text
 
 FORMAT = 2
 HEADER = "# autotune configuration"
@@ -141,7 +144,7 @@ def read(path: str | os.PathLike[str]) -> Parsed:
     raises names the file, what was wrong with it and what to do."""
     name = os.fspath(path)
     try:
-        text = Path(path).read_text()
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not text"
         raise EnvFileError(f"cannot read env file {name}: {reason}; give a file made by `autotune export`") from None
@@ -155,11 +158,17 @@ def read(path: str | os.PathLike[str]) -> Parsed:
     return parsed
 
 
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # what a shell takes as a variable's name
+
+
 def parse(text: str) -> Parsed:
-    """The `export` and `unset` lines of an env file (comments and blank lines ignored)."""
+    """The `export` and `unset` lines of an env file (comments and blank lines ignored); a line
+    autotune never writes (a variable set twice, a name no shell takes, a control character in a
+    value) is refused, naming the line."""
     if not text.startswith(HEADER):
         raise EnvFileError("not an autotune env file (it does not start with the autotune header)")
     env: dict[str, str] = {}
+    where: dict[str, int] = {}
     unset: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
@@ -169,13 +178,29 @@ def parse(text: str) -> Parsed:
         except ValueError as exc:
             raise EnvFileError(f"line {number}: {exc}") from None
         if words[0] == "unset":
-            unset += words[1:]
+            unset += [_name(word, number) for word in words[1:]]
         elif words[0] == "export" and len(words) == 2 and "=" in words[1]:
             key, _, value = words[1].partition("=")
-            env[key] = value
+            _check_export(_name(key, number), value, number, where.get(key))
+            env[key], where[key] = value, number
         else:
-            raise EnvFileError(f"line {number}: not an export or unset line: {line[:80]!r}")
+            raise EnvFileError(f"line {number}: not an export or unset line: {comment(line[:80])!r}")
     return Parsed(env, tuple(unset))
+
+
+def _name(word: str, number: int) -> str:
+    if not NAME.match(word):
+        raise EnvFileError(f"line {number}: {comment(word[:40])!r} is not a variable's name")
+    return word
+
+
+def _check_export(name: str, value: str, number: int, before: int | None) -> None:
+    if before is not None:
+        raise EnvFileError(f"line {number}: {name} is set a second time (first on line {before}); a file autotune "
+                           f"writes sets each variable once")
+    if has_control(value):
+        raise EnvFileError(f"line {number}: the value of {name} holds a control character "
+                           f"({comment(next(c for c in value if has_control(c)))}), which no environment carries")
 
 
 def check_format(env: Mapping[str, str]) -> int:

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,35 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
     with replacing(target) as tmp:
         tmp.write_text(text, encoding="utf-8")
         os.chmod(tmp, 0o644)
+
+
+NOT_REGULAR = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFCHR: "a device",
+               stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
+
+
+class NotAFile(OSError):
+    """A path autotune reads that holds something other than a regular file; `kind` says what."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(errno.EINVAL, f"it is {kind}, not a file", path)
+        self.kind = kind
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """The UTF-8 text of the regular file at `path`. Anything else is refused before a byte is
+    read (`NotAFile`): it is opened without blocking and judged by fstat, so a named pipe with no
+    writer or a device can never hang the reader. Raises OSError or UnicodeDecodeError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotAFile(os.fspath(path), NOT_REGULAR.get(stat.S_IFMT(mode), "not a regular file"))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8")
 
 
 def unwritable(folder: Path, make: bool = True) -> str:

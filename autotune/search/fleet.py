@@ -150,6 +150,9 @@ def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     exhausted). `trials`: the study as `current_trials` read it."""
     if not baseline_taken(trials, worker.klass):
         return "baseline"
+    resumed = holders.waiting_retry(trials)
+    if resumed is not None:
+        return worker.proposer.resumed(resumed)
     if any(t.state == TrialState.WAITING for t in trials):
         return "enqueued"
     retry = undecided.due(trials, worker.digest)
@@ -175,6 +178,8 @@ def ask(worker: Worker, proposal: Next) -> optuna.Trial:
         retry = next((t for t in queued if t.user_attrs.get("baseline") and "failed_trial" in t.system_attrs
                       and t.user_attrs.get(CLASS_ATTR, worker.klass) == worker.klass), None)
         return storage.take(study, retry._trial_id if retry else None)
+    if isinstance(proposal, proposals.Proposal) and proposal.waiting is not None:
+        return storage.take(study, proposal.waiting)
     waiting = [t.system_attrs.get("fixed_params") for t in queued]
     if isinstance(proposal, proposals.Proposal) and proposal.params not in waiting:  # a retry after a lock finds it
         study.enqueue_trial(proposal.params)
@@ -185,7 +190,8 @@ def _start_trial(worker: Worker, trial: optuna.Trial, proposal: Next) -> tuple[C
     holders.claim_trial(trial, worker.klass)
     is_baseline = proposal == "baseline"
     if isinstance(proposal, proposals.Proposal):
-        config = worker.space.sample(trial, only=proposal.config if proposal.recipe else None)
+        exact = proposal.recipe or proposal.waiting is not None  # its knobs, not one more sampled
+        config = worker.space.sample(trial, only=proposal.config if exact else None)
         if config != proposal.config:  # the enqueued parameters were not taken: never measure a surprise
             raise AutotuneError(f"trial {trial.number} sampled {config.describe()} instead of the proposed "
                                 f"{proposal.config.describe()}")

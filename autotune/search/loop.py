@@ -303,7 +303,7 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
         plan = requests.make_plan(opening.bench_request(request, config, batch), machine)
     except AutotuneError as exc:
         reason = str(exc)
-        _patiently(search, lambda: records.record_failure(trial, reason, records.ERROR))
+        _patiently(search, lambda: records.record_failure(trial, reason, records.CANNOT_RUN))
         return Outcome(TrialState.FAIL, reason=reason, retry_of=retry_of)
     _patiently(search, lambda: records.record_plan(trial, plan))
     earlier = _patiently(search, lambda: _earlier_attempts(search, trial, config, batch))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from typing import Any
 
@@ -50,7 +50,8 @@ class Proposal:
     params: dict[str, KnobValue] = field(default_factory=dict)
     recipe: str = ""
     origin: str = "sampler"
-    retry_of: int | None = None  # the trial that stopped on a noisy window (study/undecided.py)
+    retry_of: int | None = None  # the trial it measures again: a noisy stop's (study/undecided.py), a killed one's
+    waiting: int | None = None  # the trial id of the retry enqueued for a killed autotune's trial (`resumed`)
 
     @property
     def identity(self) -> Identity:
@@ -109,6 +110,14 @@ class Proposer:
         params = self.space.params(config) | ({BATCH_PARAM: batch} if self.searches_batch else {})
         return Proposal(config, batch, params, recipe=str(trial.user_attrs.get("recipe", "")),
                         origin="retry of a noisy stop", retry_of=trial.number)
+
+    def resumed(self, waiting: FrozenTrial) -> Proposal:
+        """The retry enqueued for a trial a killed autotune left running (study/holders.py): exactly
+        the configuration that trial ran, knob for knob (a recipe stays that recipe and sets nothing
+        more), in that very enqueued trial."""
+        proposal = self.again(waiting)
+        return replace(proposal, origin="retry of a killed autotune's trial",
+                       retry_of=int(waiting.system_attrs["failed_trial"]), waiting=waiting._trial_id)
 
     def _recipe(self, recipe: Recipe) -> Proposal:
         batch = max(self.batch_sizes)  # throughput recipes run at the largest batch asked for

@@ -36,6 +36,14 @@ def claim_trial(trial: optuna.Trial, klass: str) -> None:
     storage.first_beat(trial)
 
 
+def waiting_retry(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """The oldest retry enqueued for a trial whose autotune is gone (`_fail_stale`: by optuna's
+    RetryFailedTrialCallback, which copies the trial's parameters and records `failed_trial`), but a
+    baseline's, which the baseline's claim takes; None when none waits."""
+    return next((t for t in trials if t.state == TrialState.WAITING and "failed_trial" in t.system_attrs
+                 and not t.user_attrs.get("baseline")), None)
+
+
 def abandon_stale_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> list[int]:
     """RUNNING trials (of `trials`, the study as just read) whose autotune is gone become FAIL
     (CUT_SHORT), never left dangling: at once when that autotune ran on this host and provably no

@@ -7,7 +7,6 @@ this module, so an attribute's name and meaning have one owner.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -24,12 +23,16 @@ from autotune.measure.objectives import Limits, Metric
 from autotune.measure.plan import LaunchPlan, model_knobs
 from autotune.measure.replicates import Measurement
 from autotune.measure.results import STDERR_TAIL_CHARS, RunResult
+from autotune.model import schema
+from autotune.model.files import read_text
+from autotune.study.storage import StudyError
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 # Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
 CUT_SHORT = "cut_short"  # the user or a killed autotune stopped it: says nothing, always run again
 KILLED = "killed"  # ended by a signal (a crash, or the kill of a timeout): run again once
 ERROR = "error"  # wrong answers, an exception, an exit code: the configuration's own, reused
+CANNOT_RUN = "cannot_run"  # no launch plan here (threads x instances above the cores, a library missing): never run
 UNDECIDED = "undecided"  # stopped early on a noisy window: measured again later (study/undecided.py)
 UNDECIDED_FINAL = "undecided_final"  # a trial's: its configuration's last attempt, undecided for good
 KILLED_RERUNS = 1
@@ -58,11 +61,12 @@ def finished(study: optuna.Study) -> int:
 
 def counts(trial: FrozenTrial) -> bool:
     """A trial may count toward --trials once finished, unless cut short (Ctrl-C, a killed
-    autotune: it runs again), pruned before compiling (`SKIPPED`) or stopped on a noisy window
-    with a retry left (`awaits_retry`): none of them decided anything, so none takes a trial of
-    --trials, as a proposal that repeats a measured configuration never becomes one."""
-    return (trial.state in FINISHED and fail_cause(trial) != CUT_SHORT and not trial.user_attrs.get(SKIPPED)
-            and not awaits_retry(trial))
+    autotune: it runs again), a configuration this machine cannot run (`CANNOT_RUN`: no plan, so
+    nothing ran), pruned before compiling (`SKIPPED`) or stopped on a noisy window with a retry left
+    (`awaits_retry`): none of them decided anything, so none takes a trial of --trials, as a
+    proposal that repeats a measured configuration never becomes one."""
+    return (trial.state in FINISHED and fail_cause(trial) not in (CUT_SHORT, CANNOT_RUN)
+            and not trial.user_attrs.get(SKIPPED) and not awaits_retry(trial))
 
 
 def awaits_retry(trial: FrozenTrial) -> bool:
@@ -348,16 +352,41 @@ def _run_cause(failed: RunResult) -> str:
     return KILLED if codes and all(code is not None and code < 0 for code in codes) else ERROR
 
 
+# What `loop._unsaved` keeps beside a study while its database stays locked: read only through `kept`.
+KEPT = schema.record(
+    {"trial": schema.integer, "state": schema.choice("COMPLETE", "PRUNED", "FAIL"),
+     "values": schema.list_of(schema.number), "reason": schema.text},
+    {"summary": schema.record({}, {"latency_p90_ms": schema.optional(schema.number), "generation": schema.optional(
+        schema.record({}, {"tpot_p90_ms": schema.optional(schema.number)}))}),
+     "cause": schema.text, WRONG_ANSWERS: schema.flag})
+
+
+def kept(path: Path) -> dict[str, Any]:
+    """A measurement kept aside (`KEPT`); refused in one line naming the file when it cannot be read
+    or is not one, so that nothing half of it is recorded."""
+    try:
+        data = schema.loads(read_text(path), KEPT)
+    except (OSError, UnicodeDecodeError, schema.SchemaError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not text" if isinstance(exc, UnicodeDecodeError) \
+            else str(exc)
+        raise StudyError(f"the measurement kept in {path} cannot be read ({why}); move it out of that folder to "
+                         f"resume without it") from None
+    return data
+
+
 def restore_kept(study: optuna.Study, path: Path, limits: Limits) -> int | None:
     """A trial's measurement kept aside while the study was locked, recorded now on that trial if
     it is still RUNNING (then the file is removed); its number, or None when there was nothing to do."""
-    data = json.loads(path.read_text())
+    data = kept(path)
     frozen = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                    if t.number == data.get("trial")), None)
     if frozen is None:
         return None
-    trial = optuna.Trial(study, frozen._trial_id)
     state = TrialState[data["state"]]
+    if state == TrialState.COMPLETE and len(data["values"]) != len(study.directions):
+        raise StudyError(f"the measurement kept in {path} holds {len(data['values'])} values for a study of "
+                         f"{len(study.directions)} objectives; move it out of that folder to resume without it")
+    trial = optuna.Trial(study, frozen._trial_id)
     for key, value in data.get("summary", {}).items():
         trial.set_user_attr(key, value)
     trial.set_user_attr("restored_from", str(path))

@@ -20,7 +20,7 @@ from autotune.model import apply, references
 from autotune.model.artifacts import ARTIFACT_FORMAT, installed_torch_version
 from autotune.model.convert import saved_knobs
 from autotune.model.knobs import ModelKnobs
-from tests.support.cli import AUTOTUNE
+from tests.support.cli import AUTOTUNE, run_cli
 
 HERE = cache.Here(torch="2.14.1+cu130", isa=("avx2", "avx512f"))
 DAY = 86400.0
@@ -220,3 +220,80 @@ def test_cli_dry_run_removes_nothing_and_bad_flags_are_one_line(tmp_path: Path) 
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert stale.exists()
     assert "nothing cached here" in cli(tmp_path, "--cache-dir", "elsewhere").stdout
+
+
+@pytest.mark.parametrize(("described", "why"), [
+    ({"knobs": "abc"}, 'knobs: "abc" is not an object'),
+    ({"inputs": 5}, "inputs: 5 is not a list"),
+    ({"isa": 5}, "isa: 5 is not a list"),
+    ({"knobs": {"backend": ["inductor"]}}, "knobs.backend: list is not a string, number, true, false or null"),
+    ({"format": None}, "format: null is not a string"),
+])
+def test_a_description_of_the_wrong_types_is_as_good_as_none(tmp_path: Path, described: dict[str, Any],
+                                                             why: str) -> None:
+    """It was an internal error of `autotune cache` (a str has no .get, an int is not iterable)."""
+    path = artifact(tmp_path / "cache" / "artifacts", "inductor-a.pt2", INDUCTOR)
+    Path(f"{path}.json").write_text(json.dumps(json.loads(Path(f"{path}.json").read_text()) | described))
+    (entry,) = cache.scan(tmp_path / "cache", HERE)
+    assert (entry.kind, entry.model, entry.config) == ("inductor artifact", "?", "?")
+    assert entry.unusable == f"its description {path.name}.json cannot be used ({why})"
+    assert cache.to_prune([entry], None, time.time(), False) == [entry]  # pruned as unusable, never loaded
+    listed = cli(tmp_path, "--cache-dir", "cache", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["entries"][0]["unusable_reason"] == entry.unusable
+
+
+def test_a_description_that_is_a_named_pipe_is_not_read(tmp_path: Path) -> None:
+    """Read, a named pipe with no writer would hang `autotune cache` for good."""
+    folder = tmp_path / "cache" / "artifacts"
+    folder.mkdir(parents=True)
+    (folder / "inductor-a.pt2").write_bytes(b"x" * 1000)
+    os.mkfifo(folder / "inductor-a.pt2.json")
+    listed = subprocess.run([AUTOTUNE, "cache", "--cache-dir", "cache"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert "cannot be used (it is a named pipe (FIFO), not a file)" in " ".join(listed.stdout.split())
+    from autotune.model.artifacts import guard_record, remember_guard
+
+    remember_guard(folder / "inductor-a.pt2", "k", {"min_cosine": 0.99})  # nothing read, nothing written
+    assert guard_record(folder / "inductor-a.pt2", "k") is None
+    assert (folder / "inductor-a.pt2.json").is_fifo()
+
+
+def test_a_prune_counts_what_it_removed_and_names_what_it_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A read-only cache once said "removed 4, 1.0 kB" after four "cannot remove" notes."""
+    folder = tmp_path / "cache" / "artifacts"
+    stale = [artifact(folder, f"inductor-{n}.pt2", INDUCTOR, torch="2.13.0") for n in range(4)]
+    stuck = {stale[1].name, stale[3].name}
+    unlink = Path.unlink
+
+    def refusing(path: Path, missing_ok: bool = False) -> None:
+        if path.name in stuck:
+            raise PermissionError(1, "Operation not permitted", str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refusing)
+    monkeypatch.chdir(tmp_path)
+
+    def rel(path: Path) -> str:  # as --cache-dir names it
+        return str(path.relative_to(tmp_path))
+
+    code, out, err = run_cli(capsys, "cache", "--cache-dir", "cache", "--prune")
+    assert code == 2, (out, err)
+    assert err == (f"Error: 2 of the 4 entries to prune could not be removed (cannot remove {rel(stale[1])}: Operation "
+                   f"not permitted, and 1 more); they are kept: make the cache folder writable for this user, then "
+                   f"prune again\n")
+    each = 1000 + len(Path(f"{stale[1]}.json").read_bytes())
+    size = f"{2 * each / 1024:.1f} kB"
+    assert out.splitlines()[-1] == (f"4 entries, {4 * each / 1024:.1f} kB; removed 2, {size}; kept 2 that could not "
+                                    f"be removed (Operation not permitted)")
+    assert [p.exists() for p in stale] == [False, True, False, True]
+    code, out, err = run_cli(capsys, "cache", "--cache-dir", "cache", "--prune", "--json")
+    assert code == 2 and err.count("\n") == 1
+    data = json.loads(out)
+    assert data["removed"] == [] and [k["path"] for k in data["kept"]] == [rel(stale[1]), rel(stale[3])]
+    assert data["kept"][0]["reason"] == "Operation not permitted"
+    monkeypatch.setattr(Path, "unlink", unlink)
+    code, out, err = run_cli(capsys, "cache", "--cache-dir", "cache", "--prune")
+    assert (code, err) == (0, "") and out.splitlines()[-1] == f"2 entries, {size}; removed 2, {size}"

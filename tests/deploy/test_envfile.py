@@ -4,8 +4,11 @@ read, and a file of the previous format, which still loads."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -134,3 +137,44 @@ def test_a_file_edited_after_its_last_line_or_against_its_header_is_refused(here
         envfile.read(path)
     path.write_text(whole)
     assert envfile.read(path).format == 2
+
+
+def _twice(text: str) -> str:
+    return text.replace("export AUTOTUNE_BACKEND='inductor'\n",
+                        "export AUTOTUNE_BACKEND='inductor'\nexport AUTOTUNE_BACKEND='eager'\n")
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    (_twice, r"line (\d+): AUTOTUNE_BACKEND is set a second time \(first on line (\d+)\); a file autotune writes "
+             r"sets each variable once"),
+    (lambda text: text.replace("export AUTOTUNE_MODEL='resnet18'", "export AUTOTUNE_MODEL='res\0net18'"),
+     r"line \d+: the value of AUTOTUNE_MODEL holds a control character \(\\x00\), which no environment carries"),
+    (lambda text: text.replace("export OMP_NUM_THREADS='2'", "export OMP_NUM_THREADS='2\x1b[2J'"),
+     r"line \d+: the value of OMP_NUM_THREADS holds a control character \(\\x1b\), which no environment carries"),
+    (lambda text: text.replace("export OMP_NUM_THREADS=", "export OMP-NUM-THREADS="),
+     r"line \d+: 'OMP-NUM-THREADS' is not a variable's name"),
+])
+def test_a_file_autotune_never_writes_is_refused_in_one_line(here: Machine, tmp_path: Path, edit: Any,
+                                                             why: str) -> None:
+    """A variable set twice ran the last value silently; a NUL in a value was an internal error of Popen."""
+    path = tmp_path / "edited.env"
+    path.write_text(edit(exported(here, "backend=inductor", "omp_threads=2")))
+    with pytest.raises(envfile.EnvFileError, match=rf"^{re.escape(str(path))}: {why}; export it again$") as refused:
+        envfile.read(path)
+    lines = re.findall(r"line (\d+)", str(refused.value))
+    assert all(path.read_text().splitlines()[int(n) - 1].startswith("export ") for n in lines)
+    done = subprocess.run([AUTOTUNE, "run", str(path), "--", "true"], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"Error: {refused.value}\n"
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_an_env_file_that_is_no_file_is_refused_without_reading_it(tmp_path: Path, kind: str) -> None:
+    """A named pipe nobody writes to would block a reader forever."""
+    path = tmp_path / "best.env"
+    path.mkdir() if kind == "folder" else os.mkfifo(path)
+    what = "a folder" if kind == "folder" else "a named pipe (FIFO)"
+    with pytest.raises(envfile.EnvFileError, match=rf"^cannot read env file {re.escape(str(path))}: it is "
+                                                   rf"{re.escape(what)}, not a file; give a file made by "
+                                                   r"`autotune export`$"):
+        envfile.read(path)

@@ -100,7 +100,51 @@ def test_a_damaged_kept_probe_is_measured_again(tmp_path: Path, monkeypatch: pyt
     path = Path(capabilities.load(tmp_path, 2, runner=runs).path)
     path.write_text('{"kernels": [')
     assert capabilities.load(tmp_path, 2, say=said.append, runner=runs).kernels
-    assert runs.count == 2 and said[0] == f"the kept probe {path} cannot be read (JSONDecodeError); probing again"
+    assert runs.count == 2 and said[0] == (f"the kept probe {path} cannot be used (not JSON: Expecting value: line 1 "
+                                           f"column 14 (char 13)); probing again")
+
+
+def _runs_no(kept: dict[str, Any]) -> dict[str, Any]:
+    return kept | {"kernels": [k | {"runs": "no"} for k in kept["kernels"]]}
+
+
+@pytest.mark.real_probe
+@pytest.mark.parametrize(("damage", "why"), [
+    (lambda kept: {"kernels": "abc", "threads": 5}, 'kernels: "abc" is not a list'),
+    (_runs_no, 'kernels[0].runs: "no" is not true or false'),  # a string is not taken for "it runs"
+    (lambda kept: kept | {"threads": [0]}, "threads[0]: 0 is not a whole number above 0"),
+    (lambda kept: kept | {"kernels": [kept["kernels"][0] | {"gops": {"two": 1.0}}]},
+     'kernels[0].gops.two: the key "two" is not a whole number above 0'),
+    (lambda kept: [kept], "the file: list is not an object"),
+])
+def test_a_kept_probe_of_the_wrong_types_is_measured_again_with_a_note(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: Any, why: str) -> None:
+    monkeypatch.delenv(capabilities.PROBE_DIR_ENV, raising=False)
+    runs, said = Runs(), []
+    path = Path(capabilities.load(tmp_path, 2, runner=runs).path)
+    path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    again = capabilities.load(tmp_path, 2, say=said.append, runner=runs)
+    assert runs.count == 2 and again.kernel("torch", "fp32", "conv").runs is True  # type: ignore[union-attr]
+    assert said[0] == f"the kept probe {path} cannot be used ({why}); probing again"
+    assert capabilities.load(tmp_path, 2, runner=runs) == again and runs.count == 2  # the new one is kept
+
+
+@pytest.mark.real_probe
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_kept_probe_that_is_no_file_is_refused_before_anything_is_probed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    monkeypatch.delenv(capabilities.PROBE_DIR_ENV, raising=False)
+    path = capabilities.probe_path(tmp_path, capabilities.key(2))
+    path.parent.mkdir(parents=True)
+    path.mkdir() if kind == "folder" else os.mkfifo(path)  # a named pipe with no writer: never read
+    runs = Runs()
+    what = "a folder" if kind == "folder" else "a named pipe (FIFO)"
+    for rerun in (False, True):
+        with pytest.raises(ProbeError) as refused:
+            capabilities.load(tmp_path, 2, rerun=rerun, runner=runs)
+        assert str(refused.value) == (f"the kept probe {path} cannot be used: it is {what}, not a file; remove it, or "
+                                      f"point AUTOTUNE_PROBE_DIR or --cache-dir at another folder")
+    assert runs.count == 0
 
 
 @pytest.mark.real_probe

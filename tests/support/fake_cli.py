@@ -3,6 +3,9 @@ tests that run `autotune` as a process of its own; everything else (flags, this 
 class, the study, exit codes) is the real thing.
 
     python tests/support/fake_cli.py BEHAVIOUR AUTOTUNE_ARGS...      e.g. ok search --model resnet18 ...
+
+BEHAVIOUR is the fake child's (fake_worker.py), or `hang-unless-defaults`: PyTorch's defaults measure,
+every other configuration hangs.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ def fake_child(behaviour: str) -> Any:
     """`plan.worker_command` starting the fake child (its flags come in pairs, which it ignores)."""
 
     def command(python: str, bench: BenchSpec, config: Config) -> tuple[str, ...]:
-        return (sys.executable, FAKE, behaviour, "--model", bench.model)
+        chosen = behaviour
+        if behaviour == "hang-unless-defaults":  # the baseline measures, the next trial never ends
+            chosen = "hang-early" if config.values else "ok"
+        return (sys.executable, FAKE, chosen, "--model", bench.model)
 
     return command
 

@@ -11,13 +11,12 @@ torch and the runtimes are imported inside functions.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.model.artifacts import save_artifact
+from autotune.model.artifacts import DescriptionError, description, save_artifact
 from autotune.model.backends.base import Backend
 from autotune.model.batches import split
 from autotune.model.errors import ApplyError
@@ -74,8 +73,8 @@ class Converter(Backend):
         from torch.utils import _pytree
 
         try:
-            spec = _pytree.treespec_loads(json.loads(Path(f"{path}.json").read_text())["outputs"])
-        except (OSError, ValueError, KeyError, TypeError):
+            spec = _pytree.treespec_loads(description(path)["outputs"])
+        except (DescriptionError, ValueError, KeyError, TypeError):
             raise ApplyError(f"the description of {path} is missing or damaged; delete {path.name} and run again "
                              f"to convert the model anew") from None
         run = self.runner(path, knobs, torch.get_num_threads())
