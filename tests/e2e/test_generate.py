@@ -64,3 +64,15 @@ def test_search_export_and_serve(tmp_path: Path) -> None:
     assert served.returncode == 0, served.stderr
     lines = [json.loads(line) for line in served.stdout.splitlines() if line.startswith("{")]
     assert lines and all(line["tokens_streamed"] == 4 * 6 and line["tpot_p50_ms"] > 0 for line in lines)
+
+
+def test_a_gguf_file_is_benched_through_its_converted_folder(tmp_path: Path, tiny_gguf: Path) -> None:
+    proc = autotune(tmp_path, "bench", *QUICK, "--json", "--model", str(tiny_gguf), "--task", "generate",
+                    "--prompt-len", "16", "--new-tokens", "6", "--set", "precision=bf16",
+                    "--cache-dir", str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    model = found["plan"]["bench"]["model"]
+    assert model.startswith(f"hf:{tmp_path / 'cache' / 'artifacts' / 'gguf'}") and model.endswith("/tiny-llama.f32")
+    assert found["result"]["generation"]["tpot_p50_ms"] > 0
+    assert found["result"]["instances"][0]["setup"]["mean_cosine"] > 0.99
