@@ -32,7 +32,7 @@ install_python_env() {
   .venv/bin/python -m pip install -q --disable-pip-version-check $TORCH \
     -e ".[test,postgres,openvino,onnxruntime,transformers]" \
     2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import autotune, torch, torchvision, optuna, psycopg, openvino, nncf, onnxruntime, onnx, onnxscript, transformers" \
+  .venv/bin/python -c "import autotune, torch, torchvision, optuna, psycopg, openvino, nncf, onnxruntime, onnx, onnxscript, transformers, gguf, accelerate" \
     || { echo "setup: the Python environment is incomplete; see pip's messages above" >&2; exit 1; }
 }
 

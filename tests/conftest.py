@@ -121,6 +121,17 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random llama as an F32 GGUF file with a byte-level vocabulary (`tests.support.gguf_files`);
+    skipped without the `gguf` package that writes it."""
+    pytest.importorskip("gguf", reason="the gguf package writes the test's GGUF file (pip install gguf)")
+    from tests.support.gguf_files import write_tiny_gguf
+
+    folder = tmp_path_factory.mktemp("gguf")
+    return write_tiny_gguf(folder / "Tiny-Llama.F32.gguf", folder)
+
+
+@pytest.fixture(scope="session")
 def pg_server() -> Iterator[Server]:
     """One PostgreSQL server for the session's @pytest.mark.postgres tests. Missing binaries fail
     these tests (CI installs them), never skip them."""

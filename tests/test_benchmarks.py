@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 
 BENCHMARKS = ROOT / "benchmarks"
 SCRIPTS = sorted(BENCHMARKS.glob("*.py"))
-MOST_SCRIPTS = 12  # the "about a dozen": an investigation leaves with its answer in RESULTS.md
+MOST_SCRIPTS = 13  # the "about a dozen": an investigation leaves with its answer in RESULTS.md
 
 
 def listed() -> set[str]:

@@ -1,6 +1,7 @@
 """Resolving what users type for `--model`: a torchvision classification model (short names
-included), `pkg.module:factory`, a TorchScript file (`.pt`), an exported program (`.pt2`) or a
-Hugging Face transformers model (`hf:TYPE` or `hf:FOLDER`, `autotune.model.hf`)."""
+included), `pkg.module:factory`, a TorchScript file (`.pt`), an exported program (`.pt2`), a
+Hugging Face transformers model (`hf:TYPE` or `hf:FOLDER`, `autotune.model.hf`) or, with `--task
+generate`, a GGUF file (converted once into an `hf:FOLDER` under the cache, `autotune.model.gguf_source`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from autotune.base.errors import ModelError
-from autotune.model import hf, sizes
+from autotune.child.settings import CACHE_DIR
+from autotune.model import gguf_source, hf, sizes
 from autotune.model.buckets import BucketError, Buckets
 from autotune.model.envfile import has_control
 from autotune.model.errors import ApplyError
@@ -122,15 +124,20 @@ def classification_models() -> tuple[str, ...]:
 
 def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: str | None = None,
             example_inputs: str | None = None, seq_len: int | None = None, task: str | None = None,
-            buckets: Buckets | None = None, new_tokens: int | None = None) -> ModelSpec:
+            buckets: Buckets | None = None, new_tokens: int | None = None,
+            cache_dir: Path = Path(CACHE_DIR)) -> ModelSpec:
     """Any model source; torchvision names map `resnext101`, `ResNet-50` ... to a builder name.
     `example_inputs` (a torch.save file) replaces the synthetic inputs and gives the item shape.
-    `seq_len` or `buckets` (sequence lengths) and `task` are for transformers models (`hf:`) alone."""
+    `seq_len` or `buckets` (sequence lengths) and `task` are for transformers models (`hf:`) alone.
+    A GGUF file is converted under `cache_dir`'s artifacts the first time (`gguf_source`)."""
     if new_tokens is not None and task != hf.GENERATE:
         raise ModelError("--new-tokens is how many tokens --task generate generates; add --task generate (with a "
                          "causal LM such as --model hf:qwen2) or drop --new-tokens")
     if task == hf.GENERATE:
-        return _generating(text, input_shape, example_inputs, seq_len, buckets, new_tokens)
+        return _generating(text, input_shape, example_inputs, seq_len, buckets, new_tokens, cache_dir)
+    if gguf_source.is_gguf(text):
+        raise ModelError(f"--model {text} is a GGUF file: a language model, which autotune measures generating "
+                         f"text; add --task generate")
     if input_shape is not None and example_inputs is not None:
         raise ModelError("give --input-shape or --example-inputs, not both (the file's tensors have a shape)")
     if hf.is_source(text) and buckets is not None:
@@ -264,10 +271,11 @@ def _huggingface(text: str, input_shape: str | None, example_inputs: str | None,
 
 
 def _generating(text: str, input_shape: str | None, example_inputs: str | None, prompt_len: int | None,
-                buckets: Buckets | None, new_tokens: int | None) -> ModelSpec:
-    """`--task generate`: a causal LM (`hf:TYPE`, `hf:TYPE@SIZE` or `hf:FOLDER`), fed random prompts of
-    `prompt_len` tokens, generating `new_tokens` per request, all within the model's positions."""
-    if not hf.is_source(text):
+                buckets: Buckets | None, new_tokens: int | None, cache_dir: Path) -> ModelSpec:
+    """`--task generate`: a causal LM (`hf:TYPE`, `hf:TYPE@SIZE`, `hf:FOLDER` or a GGUF file), fed random
+    prompts of `prompt_len` tokens, generating `new_tokens` per request, all within the model's positions."""
+    gguf = gguf_source.is_gguf(text)
+    if not hf.is_source(text) and not gguf:
         raise ModelError(f"--task generate needs a causal language model (--model hf:qwen2, hf:llama, hf:gpt2, or a "
                          f"folder written by save_pretrained); {text} is not a transformers model")
     if input_shape is not None or example_inputs is not None or buckets is not None:
@@ -276,7 +284,7 @@ def _generating(text: str, input_shape: str | None, example_inputs: str | None, 
     tokens = hf.DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
     if tokens < 1:
         raise ModelError(f"--new-tokens {tokens} generates nothing; give 1 token or more")
-    name = _hf_name(text)
+    name = _gguf(text, cache_dir) if gguf else _hf_name(text)
     try:
         config = hf.config_of(name)
         if hf.head_name(config, hf.GENERATE) is None:
@@ -294,6 +302,31 @@ def _generating(text: str, input_shape: str | None, example_inputs: str | None, 
                          f"{text} takes {limit} (max_position_embeddings); give a shorter --prompt-len or fewer "
                          f"--new-tokens")
     return ModelSpec(name, (length, tokens), "huggingface", task=hf.GENERATE)
+
+
+def _gguf(text: str, cache_dir: Path) -> str:
+    """A GGUF file as the `hf:FOLDER` it converts into (once, under the cache's artifacts); a file
+    that is not one, or that transformers cannot load, is one line."""
+    if has_control(text):
+        raise ModelError(f"--model {text!r} holds a control character (a newline, ...); rename the file")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise ModelError(f"--model {text} is a folder, not a GGUF file; give the .gguf file itself (or the folder "
+                         f"as --model hf:FOLDER when save_pretrained wrote it)")
+    if not path.is_file():
+        raise ModelError(f"--model {text}: no such file; give the path of a GGUF file")
+    try:
+        gguf = gguf_source.has_magic(path)
+    except OSError as exc:
+        raise ModelError(f"cannot read --model {text}: {exc.strerror}; give a readable GGUF file") from None
+    if not gguf:
+        raise ModelError(f"--model {text} is not a GGUF file (it does not start with the bytes GGUF); give a model "
+                         f"file llama.cpp reads, or a folder written by save_pretrained as --model hf:FOLDER")
+    try:
+        folder = gguf_source.converted(path, cache_dir / "artifacts")
+    except ApplyError as exc:
+        raise ModelError(f"--model {text}: {exc}") from None
+    return f"{hf.PREFIX}{folder.resolve()}"
 
 
 def _bucketed(text: str, example_inputs: str | None, seq_len: int | None, task: str | None,

@@ -112,7 +112,7 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
 def resolved(request: BenchRequest) -> models.ModelSpec:
     return models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
                           seq_len=request.seq_len, task=request.task, buckets=request.buckets,
-                          new_tokens=request.new_tokens)
+                          new_tokens=request.new_tokens, cache_dir=request.cache_dir)
 
 
 def check_batch_fits(batch_sizes: Iterable[int], item_shape: tuple[int, ...]) -> None:

@@ -150,7 +150,7 @@ def validate(request: SearchRequest, machine: Machine,
                          f"output token")
     model = models.resolve(request.model, input_shape=request.input_shape, example_inputs=request.example_inputs,
                            seq_len=request.seq_len, task=request.task, buckets=request.buckets,
-                           new_tokens=request.new_tokens)
+                           new_tokens=request.new_tokens, cache_dir=request.cache_dir)
     if request.max_tpot_ms is not None and not model.generates:
         raise StudyError("--max-tpot-ms bounds the time per output token of text generation; add --task generate "
                          "(a causal LM), or use --max-latency-ms")

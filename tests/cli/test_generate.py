@@ -5,6 +5,7 @@ the generation knobs and backends alone."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,35 @@ def test_a_size_is_part_of_the_model_and_of_its_study_name() -> None:
     assert spec.name == "hf:qwen2@0.5b" and spec.item_shape == (128, 64)
     request = opening.SearchRequest(model="hf:qwen2@0.5b", trials=2, space=space.find("default"), task="generate")
     assert opening.study_name(request, spec) == "qwen2_0.5b-generate-bs1-latency"
+
+
+@pytest.mark.parametrize("command", [["plan"], ["bench", "--cache-dir", "cache"], ["search", "--trials", "2"]])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p.write_bytes(b"PK\x03\x04 a zip renamed"), " is not a GGUF file (it does not start with the bytes "
+                                                               "GGUF)"),
+        (lambda p: None, ": no such file; give the path of a GGUF file"),
+        (lambda p: p.mkdir(), " is a folder, not a GGUF file; give the .gguf file itself"),
+    ],
+    ids=["not gguf", "missing", "folder"],
+)
+def test_a_gguf_file_that_is_not_one_is_one_line_exit_2_and_nothing_written(
+        capsys: pytest.CaptureFixture[str], empty: Path, command: list[str], make: Callable[[Path], object],
+        message: str) -> None:
+    path = empty.parent / "model.gguf"
+    make(path)
+    assert_one_error_line(capsys, empty, f"Error: --model {path}{message}", *command, "--model", str(path),
+                          *GENERATE)
+
+
+def test_the_plan_of_a_gguf_file_runs_its_converted_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                           tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(capsys, "plan", "--model", str(tiny_gguf), *GENERATE, "--prompt-len", "16",
+                           "--new-tokens", "8", "--json")
+    assert code == 0
+    command = json.loads(out)["instances"][0]["command"]
+    folder = Path(command[command.index("--model") + 1].removeprefix("hf:"))
+    assert folder.name == "tiny-llama.f32" and folder.is_relative_to(tmp_path / "studies" / "cache" / "artifacts")
+    assert command[command.index("--item-shape") + 1] == "16x8"

