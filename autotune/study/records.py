@@ -7,6 +7,7 @@ this module, so an attribute's name and meaning have one owner.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict

@@ -57,9 +57,12 @@ def test_bad_data_is_one_line_exit_2_and_nothing_written(capsys: pytest.CaptureF
         ([*MODEL, "--eval-data", "{book}", "--max-quality-drop", "-1"],
          "Error: --max-quality-drop '-1' is not a drop; give 0 or more, like 1 (accuracy points) or 2% (of "
          "perplexity)"),
-        ([*MODEL, "--eval-data", "{book}", "--max-quality-drop", "two"], "Error: --max-quality-drop 'two' is not a drop"),
-        ([*MODEL, "--eval-data", "{book}", "--max-quality-drop", "nan%"], "Error: --max-quality-drop 'nan%' is not a drop"),
-        ([*MODEL, "--eval-data", "{book}", "--max-quality-drop", "inf"], "Error: --max-quality-drop 'inf' is not a drop"),
+        ([*MODEL, "--eval-data", "{book}", "--max-quality-drop", "two"],
+         "Error: --max-quality-drop 'two' is not a drop"),
+        ([*MODEL, "--eval-data", "{book}", "--max-quality-drop", "nan%"],
+         "Error: --max-quality-drop 'nan%' is not a drop"),
+        ([*MODEL, "--eval-data", "{book}", "--max-quality-drop", "inf"],
+         "Error: --max-quality-drop 'inf' is not a drop"),
     ],
 )
 def test_a_drop_is_a_number_on_the_users_data(capsys: pytest.CaptureFixture[str], empty: Path, args: list[str],
