@@ -162,6 +162,17 @@ def _gray(image: Any, short_side: int, crop: tuple[int, int]) -> Any:
     return three * torch.tensor(0.229) + torch.tensor(0.485)  # undo the red channel's normalisation
 
 
+def check_shape(data: Labelled, item_shape: tuple[int, ...], path: str) -> None:
+    """The data's items are of the shape the model is timed on (what a compiled model takes)."""
+    from autotune.model.batches import leaves
+
+    found = tuple(int(n) for n in leaves(data.inputs)[0].shape[1:])
+    if found != item_shape:
+        shown, timed = "x".join(map(str, found)) or "scalar", "x".join(map(str, item_shape))
+        raise ApplyError(f"{BAD_DATA} {path} holds items of shape {shown}, and the model is timed on items of shape "
+                         f"{timed}; give --input-shape {shown} (or --seq-len), or save the data at {timed}")
+
+
 def check_labels(labels: Any, classes: int, path: str) -> None:
     """Every label is one of the model's `classes` output scores."""
     low, high = int(labels.min()), int(labels.max())

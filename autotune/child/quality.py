@@ -108,7 +108,9 @@ def evaluate(args: Any, built: Any) -> dict[str, Any]:
             TorchGenerator(load_model(args.model, args.import_path, args.task), False, False)
         windows = evaldata.window_part(generation_windows(args, reference.model.config), args.eval_split)
         return language(reference.logits, None if default else built.generator.logits, windows)
-    data = evaldata.load_labelled(args.eval_data, item_shape(args)).part(args.eval_split)
+    data = evaldata.load_labelled(args.eval_data, item_shape(args))
+    evaldata.check_shape(data, item_shape(args), args.eval_data)
+    data = data.part(args.eval_split)
     if default:
         return classifier(built, built, data, args.batch_size, args.eval_data)
     model = load_model(args.model, args.import_path, args.task)

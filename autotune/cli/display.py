@@ -159,12 +159,19 @@ def bench_result(data: Mapping[str, Any]) -> None:
         out.print(generation_text(result["generation"], data.get("bandwidth_gbs")))
     if data.get("quality"):
         out.print(quality.describe(data["quality"]), markup=False)
+    elif result["ok"] and any(GUARD_FIGURES & set(inst.get("setup", {})) for inst in result["instances"]):
+        out.print(RANDOM_GUARD, markup=False, soft_wrap=True)
     if not result["ok"]:
         out.print(f"[red]Failed: {result['reason']}[/red]")
         for inst in result["instances"]:
             if not inst["ok"] and inst.get("stderr_tail"):
                 out.print(f"--- instance {inst['index']} output (tail) ---")
                 out.print(inst["stderr_tail"].rstrip(), markup=False)
+
+
+GUARD_FIGURES = {"max_rel_err", "min_cosine", "mean_cosine"}  # what a guarded configuration's setup records
+RANDOM_GUARD = ("quality: the guard compared the answers with fp32 eager's on random inputs, not on your data; "
+                "--eval-data judges accuracy or perplexity on it (docs/quality.md)")
 
 
 def generation_text(found: Mapping[str, Any], bandwidth_gbs: float | None) -> str:
@@ -226,6 +233,8 @@ def search_summary(body: Mapping[str, Any]) -> None:
     best_table(body["study"], body["objective"], body["best"], body["storage"])
     if body.get("speed_vs_quality"):
         quality_front(body["speed_vs_quality"], body.get("max_quality_drop"))
+    else:
+        out.print(RANDOM_GUARD, soft_wrap=True, highlight=False, markup=False)
     if body["versus_recipes"]:
         out.print(recipe_words(body["versus_recipes"]), soft_wrap=True, highlight=False, markup=False)
     for host, remeasured in (body.get("baseline_remeasured") or {}).items():

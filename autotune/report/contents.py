@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
 from autotune.deploy import export
+from autotune.measure import quality
 from autotune.measure.objectives import Metric, lower_is_better, metric_of
 from autotune.report.importance import (
     IMPORTANCE_EVALUATOR,
@@ -125,6 +126,29 @@ class TradeoffPoint:
 
 
 @dataclass(frozen=True)
+class QualityPoint:
+    """A completed trial's speed (the study's first objective) against its quality drop on the user's data."""
+
+    trial: int
+    speed: float
+    drop: float
+    drop_interval: tuple[float, float]
+    value: float
+    config: str
+    front: bool  # no other trial is both faster and of a smaller drop (`records.quality_front`)
+    within_limit: bool
+
+
+@dataclass(frozen=True)
+class Quality:
+    kind: str  # "accuracy" or "perplexity"
+    unit: str  # of the drop: "points" or "%"
+    metric: Metric  # what `speed` is
+    limit: float | None  # --max-quality-drop
+    points: tuple[QualityPoint, ...]
+
+
+@dataclass(frozen=True)
 class FailureGroup:
     state: str  # "failed" or "pruned"
     cause: str  # records' fail cause (error, killed, cut_short), or "pruned"
@@ -157,6 +181,7 @@ class Report:
     context: Mapping[str, Mapping[str, Any]]
     traces: tuple[Path, ...]
     efficiency: Mapping[str, Any] | None = None  # the recommended (or best) trial against this CPU's peak
+    quality: Quality | None = None  # speed against quality on --eval-data (None: the study judged none)
 
 
 def gather(study: optuna.Study, studies_dir: Path) -> Report:
@@ -176,7 +201,27 @@ def gather(study: optuna.Study, studies_dir: Path) -> Report:
         forest=forest(study.user_attrs.get("confirmation"), confirmations.count(study.user_attrs)),
         tradeoff=tradeoff(study),
         failures=failures(trials), context=context(study.user_attrs), traces=traces(studies_dir, study.study_name),
-        efficiency=efficiency.of_recommended(study))
+        efficiency=efficiency.of_recommended(study), quality=speed_against_quality(study, metrics[0]))
+
+
+def speed_against_quality(study: optuna.Study, metric: Metric) -> Quality | None:
+    """Every completed trial with a quality figure, its speed against its drop, the front marked."""
+    front = {t.number for t in records.quality_front(study)}
+    limit = study.user_attrs.get("max_quality_drop")
+    points, kind = [], None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        found = t.user_attrs.get(records.QUALITY)
+        drop = quality.drop_of(found)
+        if not isinstance(found, dict) or drop is None or metric not in t.user_attrs or records.is_duplicate(t):
+            continue
+        kind = str(found["kind"])
+        low, high = found["drop_interval"]
+        points.append(QualityPoint(t.number, float(t.user_attrs[metric]), drop, (float(low), float(high)),
+                                   float(found["value"]), str(t.user_attrs.get("config", "")), t.number in front,
+                                   limit is None or drop <= float(limit)))
+    if kind is None:
+        return None
+    return Quality(kind, quality.UNITS[kind], metric, None if limit is None else float(limit), tuple(points))
 
 
 def metrics_of(objective: str) -> tuple[Metric, ...]:

@@ -23,11 +23,20 @@ from plotly.subplots import make_subplots
 from autotune.base.errors import AutotuneError
 from autotune.measure.objectives import Metric, lower_is_better
 from autotune.model.files import write_atomically
-from autotune.report.contents import METRIC_LABELS, FailureGroup, Forest, ForestRow, History, Report, TradeoffPoint
+from autotune.report.contents import (
+    METRIC_LABELS,
+    FailureGroup,
+    Forest,
+    ForestRow,
+    History,
+    Quality,
+    Report,
+    TradeoffPoint,
+)
 from autotune.report.importance import IMPORTANCE_EVALUATOR, Importance, Marginal
 from autotune.study import confirmations, efficiency
 
-HISTORY, IMPORTANCE, FOREST, TRADEOFF = "history", "importance", "forest", "tradeoff"
+HISTORY, IMPORTANCE, FOREST, TRADEOFF, QUALITY = "history", "importance", "forest", "tradeoff", "quality"
 MARGINAL_COLUMNS = 3
 TRIAL_TICKS = 20  # at most this many trial numbers on a history's axis, whole numbers only
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -50,7 +59,8 @@ def page(report: Report, folder: Path) -> str:
     """The whole document; `folder` is where it will be written (trace links are relative to it)."""
     sections = [_summary(report), _history(report.histories), _importance(report.importances),
                 *(_marginals(report, m) for m in report.metrics), _forest(report.forest),
-                _tradeoff(report.tradeoff, len(report.metrics) > 1), _failures(report.failures),
+                _tradeoff(report.tradeoff, len(report.metrics) > 1), _quality(report.quality),
+                _failures(report.failures),
                 _traces(report.traces, folder), _context(report.context)]
     title = html.escape(f"autotune report: {report.name}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
@@ -256,6 +266,38 @@ def _tradeoff(points: Sequence[TradeoffPoint], pareto: bool) -> str:
                                  mode="lines", name="Pareto front", line={"dash": "dash", "color": "#d62728"}))
     fig.update_layout(height=520, xaxis_title="p50 latency (ms)", yaxis_title="throughput (items/s)", title=title)
     return _section(title, _figure(fig, TRADEOFF))
+
+
+def _quality(found: Quality | None) -> str:
+    """Speed against quality on the user's data: every judged trial, its drop's interval as error bars,
+    the front (no trial both faster and of a smaller drop) joined, --max-quality-drop as a line."""
+    title = "Speed against quality"
+    if found is None:
+        return _section(title, _note("no trial was judged on your data: search with --eval-data (and "
+                                     "--max-quality-drop) to see what each configuration's speed costs"))
+    fig = go.Figure()
+    for inside, name, colour in ((True, "within the limit", "#1f77b4"), (False, "over the limit", "#7f7f7f")):
+        group = [p for p in found.points if p.within_limit == inside]
+        if not group:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[p.speed for p in group], y=[p.drop for p in group], mode="markers", name=name,
+            marker={"size": 9, "color": colour},
+            error_y={"type": "data", "symmetric": False, "array": [p.drop_interval[1] - p.drop for p in group],
+                     "arrayminus": [p.drop - p.drop_interval[0] for p in group]},
+            text=[_esc(f"trial {p.trial}: {p.config} ({found.kind} {p.value:.4g})") for p in group],
+            hovertemplate="%{x:.4g}, drop %{y:.3g}<br>%{text}<extra></extra>"))
+    front = sorted((p for p in found.points if p.front), key=lambda p: p.speed)
+    fig.add_trace(go.Scatter(x=[p.speed for p in front], y=[p.drop for p in front], mode="lines",
+                             name="Pareto front", line={"dash": "dash", "color": "#d62728"}))
+    if found.limit is not None:
+        fig.add_hline(y=found.limit, line={"dash": "dot", "color": "#2ca02c"},
+                      annotation_text=f"--max-quality-drop {found.limit:g}")
+    fig.update_layout(height=520, xaxis_title=METRIC_LABELS[found.metric],
+                      yaxis_title=f"{found.kind} drop from fp32 eager ({found.unit}; bars: 95% CI)", title=title)
+    return _section(title, _figure(fig, QUALITY), _note(
+        f"Each point is a configuration judged once on the search's held-out part of --eval-data beside fp32 "
+        f"eager on the same items; a drop is positive when the configuration is worse ({found.unit})."))
 
 
 def _failures(groups: Sequence[FailureGroup]) -> str:

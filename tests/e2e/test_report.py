@@ -3,37 +3,19 @@ every plot is drawn once the page's scripts ran, and a screenshot is kept in tes
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.browser import chromium, drawn
 from tests.support.cli import QUICK_SEARCH, autotune
 
 pytestmark = pytest.mark.e2e
 
 ARTIFACTS = ROOT / "test-artifacts"  # git-ignored; CI keeps the folder
 PLOTS = ("history", "importance", "marginals-latency_p50_ms", "forest", "tradeoff")
-BROWSER_TIMEOUT_S = 120
-
-
-def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    browser = shutil.which("chromium")
-    assert browser, "chromium is not installed; `./setup.sh --test` installs it (apt-get install chromium)"
-    return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                           "--virtual-time-budget=15000", *args], capture_output=True, text=True,
-                          timeout=BROWSER_TIMEOUT_S)
-
-
-def drawn(dom: str, div_id: str) -> bool:
-    """Plotly drew into the div: its plot container and main SVG are inside it (absent before scripts run)."""
-    return re.search(rf'<div id="{div_id}"[^>]*>\s*<div class="plot-container plotly"[^>]*>\s*'
-                     rf'<div class="[^"]*svg-container"[^>]*>\s*<svg class="main-svg"', dom) is not None
-
-
 def test_the_report_of_a_real_search_draws_every_plot_in_a_browser(tmp_path: Path) -> None:
     searched = autotune(tmp_path, "search", *QUICK_SEARCH, "--trials", "4", "--confirm-top", "1",
                         "--confirm-rounds", "5")
