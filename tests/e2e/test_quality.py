@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -96,17 +97,17 @@ def test_a_causal_lms_fp32_perplexity_is_transformers_own_loss(here: Path) -> No
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "tinynets:mlp", "--input-shape", "64", "--eval-data", "beyond.pt"],
-     "Error: --eval-data {here}/beyond.pt: label 1"),
+     r"Error: --eval-data {here}/beyond\.pt: label 1\d is outside the model's 10 classes"),
     (["--model", "hf:{here}/lm", "--task", "generate", "--eval-data", "short.txt"],
-     "Error: --eval-data {here}/short.txt is 6 tokens long, shorter than two windows of 256"),
+     r"Error: --eval-data {here}/short\.txt is \d+ tokens long, shorter than two windows of 256 "),
     (["--model", "hf:llama", "--model-size", "tiny", "--task", "generate", "--eval-data", str(LICENCE)],
-     "Error: --eval-data: hf:llama@tiny is built from a configuration and has no tokenizer"),
+     r"Error: --eval-data: hf:llama@tiny is built from a configuration and has no tokenizer"),
 ])
 def test_data_the_model_cannot_take_is_one_line_exit_2(here: Path, args: list[str], message: str) -> None:
     proc = autotune_cli(here, "bench", *QUICK, "--cache-dir", str(here / "bad-cache"),
                         *(a.format(here=here) for a in args))
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    assert proc.stderr.startswith(message.format(here=here)) and len(proc.stderr.strip().splitlines()) == 1, \
+    assert re.match(message.format(here=here), proc.stderr) and len(proc.stderr.strip().splitlines()) == 1, \
         proc.stderr
 
 
