@@ -54,7 +54,7 @@ PRECISIONS = ("fp32", "bf16", "int8_weight_only", "int4_weight_only")  # PyTorch
 OPENVINO_PRECISIONS = ("fp32", "int8_weight_only", "int4_weight_only")
 QUICK_PRECISIONS = ("fp32", "int8_weight_only")
 QUICK_TEXT_CHARS = 12000  # the GPL's first 12000 characters: 5 windows, 3 of them the search's
-FULL = {"epochs": 15, "trials": 12}
+FULL = {"epochs": 15, "trials": 50}
 QUICK = {"epochs": 8, "trials": 3}
 FACTORY = '''"""Written by benchmarks/quality.py: the digits CNN it trained, for `--model digits_model:digits_cnn`."""
 from pathlib import Path
@@ -267,23 +267,31 @@ def bench(out: Path, name: str, *argv: str) -> dict[str, Any]:
 
 
 def text_search(out: Path, text: dict[str, Any], trials: int) -> dict[str, Any]:
-    """`autotune search --max-quality-drop 2%`, and each trial's quality and feasibility as recorded."""
+    """`autotune search --max-quality-drop 2%` and its confirmation, each trial's quality and feasibility
+    as recorded, and the winner's quality re-checked on the confirmation's own windows."""
+    started = time.monotonic()
     code = common.autotune(out, "search", "--model", text["gguf"], *GENERATE, "--eval-data", text["eval_data"],
                            "--max-quality-drop", "2%", "--trials", str(trials), "--seed", "67", "--replicates", "1",
-                           "--confirm-top", "0", *MEASURE, log="search.log")
-    return {"exit": code, "trials": recorded_trials(out) if code == 0 else []}
+                           "--confirm-top", "1", *MEASURE, log="search.log")
+    wall_s = time.monotonic() - started
+    return {"exit": code, "wall_s": wall_s, **(recorded(out) if code == 0 else {"trials": []})}
 
 
-def recorded_trials(out: Path) -> list[dict[str, Any]]:
+def recorded(out: Path) -> dict[str, Any]:
+    """Every trial's knobs, quality, feasibility and decode, and the confirmation's verdict and re-check."""
     from autotune.study import storage
 
     try:
         study = storage.find_study(out / "studies", None, None)
     except storage.StudyError:
-        return []
-    return [{"number": t.number, "state": t.state.name, "knobs": t.params, "quality": t.user_attrs.get("quality"),
-             "feasible": t.user_attrs.get("feasible"),
-             "tpot_ms": (t.user_attrs.get("generation") or {}).get("tpot_p50_ms")} for t in study.get_trials()]
+        return {"trials": []}
+    verdict = study.user_attrs.get("confirmation") or {}
+    return {"trials": [{"number": t.number, "state": t.state.name, "knobs": t.user_attrs.get("config", ""),
+                        "quality": t.user_attrs.get("quality"), "feasible": t.user_attrs.get("feasible"),
+                        "tpot_ms": (t.user_attrs.get("generation") or {}).get("tpot_p50_ms")}
+                       for t in study.get_trials()],
+            "message": verdict.get("message"), "recommended_trial": verdict.get("recommended_trial"),
+            "rechecked": verdict.get("quality"), "quality_breach": verdict.get("quality_breach")}
 
 
 def markdown(found: dict[str, Any]) -> str:
@@ -353,13 +361,25 @@ def search_lines(search: dict[str, Any] | None) -> list[str]:
         return []
     if search["exit"] != 0:
         return [f"The search (`--max-quality-drop 2%`) exited {search['exit']}: see search.log."]
-    lines = [f"The search, `--max-quality-drop 2%`, {len(search['trials'])} trials:", "",
-             "| trial | knobs | decode ms/token | perplexity | drop % | feasible |", "|---|---|---|---|---|---|"]
+    judged = [t for t in search["trials"] if t.get("quality") and "drop" in t["quality"]]
+    lines = [f"The search, `--max-quality-drop 2%`: {len(search['trials'])} trials in {search['wall_s'] / 60:.1f} "
+             f"min with its confirmation, {len(judged)} with a perplexity on the search's windows, "
+             f"{sum(bool(t['feasible']) for t in judged)} within the drop. {search.get('message') or ''}", ""]
+    rechecked = search.get("rechecked")
+    if rechecked and "drop" in rechecked:
+        lines += [f"Its recommended trial {rechecked['trial']} re-checked on the confirmation's own "
+                  f"{rechecked['windows']} windows: perplexity {rechecked['value']:.3f}, a drop of "
+                  f"{rechecked['drop']:+.2f}% {interval(rechecked['drop_interval'])} against fp32's "
+                  f"{rechecked['reference_value']:.3f}: {'within' if rechecked['within_limit'] else 'NOT within'} 2%.",
+                  ""]
+    lines += ["| trial | knobs | decode ms/token | perplexity | drop % | KL mean | same top | feasible |",
+              "|---|---|---|---|---|---|---|---|"]
     for trial in search["trials"]:
         q = trial.get("quality") or {}
-        knobs = " ".join(f"{k}={v}" for k, v in sorted(trial["knobs"].items()))
-        lines.append(f"| {trial['number']} | {knobs or trial['state']} | {number(trial.get('tpot_ms'), '.2f')} "
+        knobs = trial["knobs"] or trial["state"]
+        lines.append(f"| {trial['number']} | {knobs} | {number(trial.get('tpot_ms'), '.2f')} "
                      f"| {number(q.get('value'), '.3f')} | {number(q.get('drop'), '+.2f')} "
+                     f"| {number(q.get('kl_mean'), '.4f')} | {number(q.get('same_top'), '.1%')} "
                      f"| {trial.get('feasible')} |")
     return lines
 
