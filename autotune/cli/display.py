@@ -325,7 +325,10 @@ def _best(best: Mapping[str, Any] | None) -> str:
     if best is None:
         return "-"
     speedup = f" ({best['speedup']:.2f}x)" if best["speedup"] is not None else ""
-    return f"trial {best['trial']}: {best['value']:.2f} {best['unit']}{speedup}"
+    drop = best.get("quality_drop")
+    judged = "" if drop is None else \
+        f", quality drop {drop:+.2f} {best['quality_unit']} ({best['quality_front']} on the speed-quality front)"
+    return f"trial {best['trial']}: {best['value']:.2f} {best['unit']}{speedup}{judged}"
 
 
 def _verdict(verdict: Mapping[str, Any] | None) -> str:

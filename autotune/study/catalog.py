@@ -8,6 +8,7 @@ from typing import Any
 
 import optuna
 
+from autotune.measure import quality
 from autotune.measure.objectives import metric_of, speedup_attr, unit_of
 from autotune.study import confirmations, records, storage
 from autotune.study.storage import SQLITE, StudyError
@@ -58,8 +59,11 @@ def _best(study: optuna.Study) -> dict[str, Any] | None:
     if not best:
         return None
     objective = str(study.user_attrs.get("objective", "latency"))
+    judged = best[0].user_attrs.get(records.QUALITY)
     return {"trial": best[0].number, "value": best[0].values[0], "unit": unit_of(metric_of(objective)),
-            "speedup": records.speedup(best[0], speedup_attr(objective), study.user_attrs)}
+            "speedup": records.speedup(best[0], speedup_attr(objective), study.user_attrs),
+            "quality_drop": quality.drop_of(judged), "quality_unit": (judged or {}).get("unit"),
+            "quality_front": len(records.quality_front(study))}
 
 
 def verdict(confirmation: dict[str, Any] | None, count: int = 1) -> dict[str, Any] | None:
