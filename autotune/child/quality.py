@@ -101,6 +101,8 @@ def evaluate(args: Any, built: Any) -> dict[str, Any]:
     from autotune.model.batches import call
 
     default = knobs_of(args).is_default
+    if args.eval_metric:
+        return custom(args, built, default)
     if args.task == hf.GENERATE:
         from autotune.model.generate.pytorch import TorchGenerator
 
@@ -124,3 +126,76 @@ def generation_windows(args: Any, config: Any) -> list[Any]:
 
 def item_shape(args: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in args.item_shape.split("x"))
+
+
+def custom(args: Any, built: Any, default: bool) -> dict[str, Any]:
+    """`--eval MODULE:FUNCTION`: the user's function called with the configuration (as `autotune.apply`
+    returns it: a forward, or for --task generate a generator) and the evaluation batches, then with
+    fp32 eager and the same batches; each call must return a finite float."""
+    from autotune.child.build import knobs_of, load_model
+    from autotune.model import hf
+    from autotune.model.batches import call
+
+    function = metric_function(args.eval_metric, args.eval_import_path)
+    batches = evaluation_batches(args)
+    start = time.perf_counter()
+    if args.task == hf.GENERATE:
+        from autotune.model.generate.pytorch import TorchGenerator
+
+        candidate = built.generator
+        reference = candidate if default else \
+            TorchGenerator(load_model(args.model, args.import_path, args.task), False, False)
+    else:
+        candidate = built
+        model = None if knobs_of(args).is_default else load_model(args.model, args.import_path, args.task)
+        reference = candidate if model is None else (lambda batch: call(model, batch))
+    value = metric_value(function, candidate, batches, args.eval_metric)
+    fp32 = value if reference is candidate else metric_value(function, reference, batches, args.eval_metric)
+    return {"kind": "custom", "metric": args.eval_metric, "direction": args.eval_direction, "value": value,
+            "reference_value": fp32, "batches": len(batches), "eval_s": round(time.perf_counter() - start, 3)}
+
+
+def metric_function(spec: str, import_path: str) -> Callable[..., Any]:
+    import importlib
+    import sys
+
+    module_name, _, name = spec.partition(":")
+    if import_path and import_path not in sys.path:
+        sys.path.insert(0, import_path)
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except Exception as exc:
+        raise ApplyError(f"--eval {spec} cannot be imported ({type(exc).__name__}: {exc}); run autotune from the "
+                         f"folder that holds {module_name}") from None
+    if not callable(function):
+        raise ApplyError(f"--eval {spec} is not a function; give MODULE:FUNCTION")
+    return function  # type: ignore[no-any-return]
+
+
+def metric_value(function: Callable[..., Any], model: Any, batches: list[Any], spec: str) -> float:
+    import math
+
+    import torch
+
+    try:
+        with torch.no_grad():
+            found = function(model, batches)
+    except Exception as exc:
+        raise ApplyError(f"--eval {spec} raised {type(exc).__name__}: {exc}; fix the metric function") from None
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(float(found)):
+        raise ApplyError(f"--eval {spec} returned {found!r}, not a finite number; return the metric as a float")
+    return float(found)
+
+
+def evaluation_batches(args: Any) -> list[Any]:
+    """What the user's metric is called with: the split's (inputs, labels) batches of labelled data,
+    its token windows [1, window] of a text, or nothing without --eval-data."""
+    from autotune.model import hf
+
+    if not args.eval_data:
+        return []
+    if args.task == hf.GENERATE:
+        windows = generation_windows(args, hf.config_of(args.model))
+        return [w[None] for w in evaldata.window_part(windows, args.eval_split)]
+    data = evaldata.load_labelled(args.eval_data, item_shape(args)).part(args.eval_split)
+    return [(inputs, labels) for inputs, labels, _ in data.batches(args.batch_size)]  # the last one filled up

@@ -77,6 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--eval-data", default="", help="the user's data: calibration, and with --eval-split, quality")
     p.add_argument("--eval-split", default="", choices=("", *SPLITS),
                    help="with --probe: judge the configuration on this part of --eval-data beside fp32 eager")
+    p.add_argument("--eval-metric", default="", help="MODULE:FUNCTION: the user's quality metric (with --eval-split)")
+    p.add_argument("--eval-direction", default="higher", choices=("higher", "lower"), help="which way it is better")
+    p.add_argument("--eval-import-path", default="", help="the folder MODULE is imported from")
     p.add_argument("--guard-records-only", action="store_true",
                    help="the guard records its figures and fails nothing (a quality limit on --eval-data judges)")
     p.add_argument("--dataloader-workers", type=int, default=0)

@@ -79,7 +79,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
                   example_inputs: str | None, seq_len: int | None, task: str | None, new_tokens: int | None,
          seq_lens: str | None, seq_len_weights: str | None, cache_dir: Path,
                   as_json: bool, timeout: float, tolerance: float | None, calibration_batches: int | None,
-                  no_wait: bool, eval_data: str | None, **measure: Any) -> None:
+                  no_wait: bool, eval_data: str | None, eval_metric: str | None, eval_direction: str | None,
+                  **measure: Any) -> None:
     """Run one configuration once and print latency, throughput and memory (and with --eval-data,
     its quality on your held-out data beside fp32 eager's).
 
@@ -98,7 +99,8 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
                                                new_tokens=new_tokens,
                                                buckets=models.parse_buckets(seq_lens, seq_len_weights),
                                                tolerance=tolerance, calibration_batches=calibration_batches,
-                                               eval_data=eval_data)
+                                               eval_data=eval_data, eval_metric=eval_metric,
+                                               eval_direction=eval_direction)
     here = machine.this_machine()
     launch = requests.make_plan(request, here)
     requests.check_cache_dir(cache_dir)
@@ -112,7 +114,7 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
                             f"{len(launch.instances)} instance(s)", quiet=as_json) as on_phase:
             result = run_plan(launch, timeout, on_phase=on_phase)
         judged = {}
-        if launch.bench.eval_data and result.ok:
+        if launch.bench.judged and result.ok:
             with display.status("judging its quality on the held-out data", quiet=as_json):
                 judged = {"quality": quality.measure(launch, "search", timeout)}
     emit("bench", {"plan": launch.to_json(), "result": result.summary(), "bandwidth_gbs": probe.bandwidth_gbs(),

@@ -76,7 +76,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
            trials: int, pins: tuple[str, ...],
            time_budget: float | None, space_spec: str | None,
            study_name: str | None, storage: str | None, objective: str, batch_size: str, max_latency_ms: float | None,
-           max_tpot_ms: float | None, eval_data: str | None, max_quality_drop: str | None,
+           max_tpot_ms: float | None, eval_data: str | None, eval_metric: str | None, eval_direction: str | None,
+           max_quality_drop: str | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
            min_effect: float, timeout: float, tolerance: float | None, calibration_batches: int | None,
            cache_dir: Path, no_wait: bool, as_json: bool, allow_mixed: bool, **measure: Any) -> None:
@@ -111,7 +112,8 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
         calibration_batches=calibration_batches, command_line=" ".join(["autotune", *sys.argv[1:]]),
         pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,
         confirm_rounds=confirm_rounds if confirm_top else 0, confirm_top=confirm_top,
-        eval_data=eval_data, max_quality_drop=evaldata.parse_drop(max_quality_drop))
+        eval_data=eval_data, max_quality_drop=evaldata.parse_drop(max_quality_drop), eval_metric=eval_metric,
+        eval_direction=eval_direction)
     here = machine.this_machine()
     opening.validate(request, here)  # a bad input is said at once, not after waiting for the machine
     with holding("search", no_wait):

@@ -277,16 +277,17 @@ def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], s
 def quality_front(trials: Iterable[Mapping[str, Any]], limit: float | None) -> None:
     """Speed against quality on the user's data: the trials no other beats on both (`records.quality_front`)."""
     rows = list(trials)
-    kind = rows[0]["quality"]["kind"]
-    unit = "points" if kind == "accuracy" else "%"
+    first = rows[0]["quality"]
+    kind, unit = first.get("metric", first["kind"]), first["unit"]
     table = new_table("Speed against quality (the trials no other is both faster and better than)", "trial", "knobs",
-                      "p50 ms", "items/s", kind, "95% CI", f"drop ({unit})", "drop 95% CI", "within limit")
+                      "p50 ms", "items/s", kind, "95% CI", f"drop{f' ({unit})' if unit else ''}", "drop 95% CI",
+                      "within limit")
     for t in rows:
         found = t["quality"]
+        shown = f"{found['value']:.2f}%" if found["kind"] == "accuracy" else f"{found['value']:.4g}"
         table.add_row(str(t["number"]), t["config"], f"{t['latency_p50_ms']:.2f}", f"{t['throughput_ips']:.2f}",
-                      f"{found['value']:.3f}" if kind == "perplexity" else f"{found['value']:.2f}%",
-                      "-".join(f"{x:.3g}" for x in found["interval"]), f"{found['drop']:+.2f}",
-                      " to ".join(f"{x:+.2f}" for x in found["drop_interval"]),
+                      shown, "-".join(f"{x:.3g}" for x in found["interval"] or ()) or "-", f"{found['drop']:+.4g}",
+                      " to ".join(f"{x:+.2f}" for x in found["drop_interval"] or ()) or "-",
                       "-" if limit is None else ("yes" if found["drop"] <= limit else "no"))
     out.print(table)
 

@@ -40,6 +40,12 @@ EVAL_DATA_HELP = ("Your data to judge quality on, beside the speed: labelled inp
 
 
 def eval_data_option(func: Any) -> Any:
+    func = click.option("--eval-direction", type=click.Choice(["higher", "lower"]),
+                        help="With --eval: whether a higher or a lower value of the metric is better.")(func)
+    func = click.option("--eval", "eval_metric", metavar="MODULE:FUNCTION",
+                        help="Your own quality metric: FUNCTION(model, batches) returns a float, called with each "
+                             "configuration (as autotune.apply returns it) and with fp32 eager, on --eval-data's "
+                             "held-out batches (or none).")(func)
     return click.option("--eval-data", type=click.Path(), help=EVAL_DATA_HELP)(func)
 
 

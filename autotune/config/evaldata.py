@@ -14,6 +14,7 @@ from autotune.base.errors import ConfigError, ModelError
 from autotune.model.envfile import has_control
 
 FLAG = "--eval-data"
+METRIC_FLAG = "--eval "  # every message about the user's metric starts so
 
 
 def check(text: str, generates: bool) -> str:
@@ -65,11 +66,11 @@ def parse_drop(text: str | None) -> float | None:
     return value
 
 
-def check_drop(drop: float | None, eval_data: str | None) -> None:
-    """A quality drop is measured on the user's data only."""
-    if drop is not None and not eval_data:
-        raise ConfigError("--max-quality-drop needs --eval-data: quality is judged on your data (labelled inputs, "
-                          "or a text for --task generate)")
+def check_drop(drop: float | None, eval_data: str | None, metric: str | None = None) -> None:
+    """A quality drop is measured on the user's data, or by the user's metric, only."""
+    if drop is not None and not eval_data and not metric:
+        raise ConfigError("--max-quality-drop needs --eval-data or --eval: quality is judged on your data "
+                          "(labelled inputs, or a text for --task generate) or by your metric")
 
 
 def digest(path: str) -> str:
@@ -89,3 +90,24 @@ def digest(path: str) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 hashed.update(block)
     return f"{root.name}:{hashed.hexdigest()[:16]}"
+
+
+DIRECTIONS = ("higher", "lower")  # --eval-direction: which way the metric is better
+
+
+def check_metric(text: str | None, direction: str | None) -> tuple[str, str, str]:
+    """`--eval MODULE:FUNCTION` and its `--eval-direction`: the spec, the folder it is imported from
+    (where autotune runs, as a model factory is) and the direction; ("", "", "") without one. Whether
+    it imports and what it returns, the probe child says."""
+    if text is None:
+        if direction is not None:
+            raise ConfigError("--eval-direction says which way --eval's metric is better; add --eval MODULE:FUNCTION")
+        return "", "", ""
+    module, _, function = text.partition(":")
+    if not module or not function.isidentifier() or has_control(text) or not all(
+            part.isidentifier() for part in module.split(".")):
+        raise ConfigError(f"--eval {text!r} is not MODULE:FUNCTION (a function called with the model and the "
+                          f"evaluation batches, returning a float)")
+    if direction not in DIRECTIONS:
+        raise ConfigError(f"--eval {text} needs --eval-direction higher or lower: which way its metric is better")
+    return text, os.getcwd(), direction

@@ -71,6 +71,14 @@ class BenchSpec:
     calibration_batches: int | None = None  # precision=int8: batches observed; None: quantize.CALIBRATION_BATCHES
     eval_data: str = ""  # the user's data (`--eval-data`): int8 calibrates on it; quality is judged on it
     guard_judges: bool = True  # False: the guard records its figures and fails nothing (a quality limit judges)
+    eval_metric: str = ""  # `--eval MODULE:FUNCTION`: the user's own quality metric, instead of the built-in one
+    eval_direction: str = ""  # `--eval-direction`: higher or lower is better
+    eval_import_path: str = ""  # where MODULE is imported from
+
+    @property
+    def judged(self) -> bool:
+        """Whether a configuration's quality is judged (on the user's data or by the user's metric)."""
+        return bool(self.eval_data or self.eval_metric)
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,8 @@ def worker_command(python: str, bench: BenchSpec, config: Config) -> tuple[str, 
         *(("--example-inputs", bench.example_inputs) if bench.example_inputs else ()),
         *(("--eval-data", bench.eval_data) if bench.eval_data else ()),
         *(() if bench.guard_judges else ("--guard-records-only",)),
+        *(("--eval-metric", bench.eval_metric, "--eval-direction", bench.eval_direction, "--eval-import-path",
+           bench.eval_import_path) if bench.eval_metric else ()),
         *(("--task", bench.task) if bench.task else ()),
         *(("--seq-lens", bench.buckets.text(), "--seq-len-weights", bench.buckets.weights_text())
           if bench.buckets else ()),

@@ -30,7 +30,7 @@ from autotune.base.thresholds import CONFIDENCE
 from autotune.measure.plan import LaunchPlan, worker_command
 from autotune.measure.runner import run_plan
 
-UNITS = {"accuracy": "points", "perplexity": "%"}  # what a drop is counted in, by kind
+UNITS = {"accuracy": "points", "perplexity": "%", "custom": ""}  # what a drop is counted in, by kind ("": the metric's)
 
 
 def measure(plan: LaunchPlan, split: str, timeout_s: float) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def measure(plan: LaunchPlan, split: str, timeout_s: float) -> dict[str, Any]:
 def figures(counts: Mapping[str, Any], split: str) -> dict[str, Any]:
     """The child's counts as the figures a trial records."""
     kind = str(counts["kind"])
-    found = accuracy(counts) if kind == "accuracy" else perplexity(counts)
+    found = {"accuracy": accuracy, "perplexity": perplexity, "custom": custom}[kind](counts)
     return {"kind": kind, "split": split, "unit": UNITS[kind], "confidence": CONFIDENCE, **found,
             "eval_s": counts.get("eval_s")}
 
@@ -85,6 +85,18 @@ def perplexity(counts: Mapping[str, Any]) -> dict[str, Any]:
             "kl_p99": float(quantiles.get("0.99", math.nan)), "kl_quantiles": quantiles,
             "kl_max": float(counts["kl_max"]), "same_top": int(counts["same_top"]) / positions,
             "positions": positions}
+
+
+def custom(counts: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's metric (`--eval`): one number for the configuration and one for fp32 eager on the
+    same batches; the drop in the metric's own units, fp32's minus the configuration's where higher is
+    better, and its relative share. One number has no spread: no interval."""
+    value, reference = float(counts["value"]), float(counts["reference_value"])
+    higher = counts["direction"] == "higher"
+    drop = reference - value if higher else value - reference
+    return {"items": int(counts["batches"]), "metric": str(counts["metric"]), "direction": counts["direction"],
+            "value": value, "interval": None, "reference_value": reference, "drop": drop, "drop_interval": None,
+            "relative_drop": 100 * drop / abs(reference) if reference else None}
 
 
 def _exp_mean(values: Sequence[float]) -> tuple[float, list[float]]:
@@ -136,6 +148,10 @@ def describe(found: Mapping[str, Any]) -> str:
     if "error" in found:
         return f"quality not measured: {found['error']}"
     label = int(100 * float(found.get("confidence", CONFIDENCE)))
+    if found["kind"] == "custom":
+        relative = "" if found.get("relative_drop") is None else f" ({found['relative_drop']:+.2f}%)"
+        return (f"{found['metric']} {found['value']:.6g} ({found['direction']} is better) on {found['items']} "
+                f"batch(es), fp32 {found['reference_value']:.6g}: a drop of {found['drop']:+.6g}{relative}")
     low, high = found["interval"]
     drop_low, drop_high = found["drop_interval"]
     if found["kind"] == "accuracy":

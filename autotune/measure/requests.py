@@ -53,6 +53,8 @@ class BenchRequest:
     calibration_batches: int | None = None  # precision=int8; None: quantize.CALIBRATION_BATCHES
     eval_data: str | None = None  # `--eval-data`: the user's data, as typed (checked by `make_plan`)
     guard_judges: bool = True  # False under --max-quality-drop: the drop on the user's data judges, the guard records
+    eval_metric: str | None = None  # `--eval MODULE:FUNCTION`
+    eval_direction: str | None = None  # `--eval-direction`: higher or lower
 
     @classmethod
     def from_flags(cls, model: str, assignments: Iterable[str], batch_size: int,
@@ -102,6 +104,9 @@ def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
         eval_data=evaldata.check(request.eval_data, spec.generates) if request.eval_data else "",
         guard_judges=request.guard_judges,
     )
+    metric, where, direction = evaldata.check_metric(request.eval_metric, request.eval_direction)
+    if metric:
+        bench = replace(bench, eval_metric=metric, eval_direction=direction, eval_import_path=where)
     if spec.buckets:
         bench = replace(bench, seq_lens=spec.buckets.lengths, seq_len_weights=spec.buckets.weights)
     binder: Binding | None = "numactl" if machine.described else None
@@ -203,7 +208,7 @@ def check_model(request: BenchRequest, machine: Machine, timeout_s: float = 600)
     spec = resolved(request)
     if spec.needs_probe or request.input_shape is not None:
         _check_runs(request, machine, spec, timeout_s)
-    if request.eval_data:
+    if request.eval_data or request.eval_metric:
         _check_eval_data(request, machine, timeout_s)
     _check_conversion(request, machine, timeout_s)
 
@@ -216,7 +221,8 @@ def _check_eval_data(request: BenchRequest, machine: Machine, timeout_s: float) 
     found = quality.measure(make_plan(replace(request, config=Config()), machine), "search", timeout_s)
     reason = str(found.get("error", ""))
     if reason:
-        said = reason[reason.find(evaldata.FLAG):] if evaldata.FLAG in reason else \
+        flag = evaldata.FLAG if evaldata.FLAG in reason else evaldata.METRIC_FLAG
+        said = reason[reason.find(flag):] if flag in reason else \
             f"{evaldata.FLAG} could not be judged with model {request.model}: {reason}"
         raise ModelError(said.splitlines()[0])
 

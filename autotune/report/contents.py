@@ -215,7 +215,7 @@ def speed_against_quality(study: optuna.Study, metric: Metric) -> Quality | None
         if not isinstance(found, dict) or drop is None or metric not in t.user_attrs or records.is_duplicate(t):
             continue
         kind = str(found["kind"])
-        low, high = found["drop_interval"]
+        low, high = found["drop_interval"] or (drop, drop)  # the user's metric is one number: no interval
         points.append(QualityPoint(t.number, float(t.user_attrs[metric]), drop, (float(low), float(high)),
                                    float(found["value"]), str(t.user_attrs.get("config", "")), t.number in front,
                                    limit is None or drop <= float(limit)))

@@ -107,7 +107,7 @@ def recheck_quality(study: optuna.Study, found: Mapping[str, Any], base: FrozenT
         return {}
     trial = study.get_trials(deepcopy=False)[int(number)]
     plan = records.plan_of(trial)
-    if not plan.bench.eval_data:
+    if not plan.bench.judged:
         return {}
     figures = quality.measure(plan, "confirm", timeout_s)
     breach = replace(limits, latency_p90_ms=None, tpot_p90_ms=None).breach(

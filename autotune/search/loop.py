@@ -327,7 +327,7 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
 def _quality(search: Search, plan: LaunchPlan, config: Config, batch: int) -> tuple[str, dict[str, Any]] | None:
     """With --eval-data, a completed trial's quality on the search's held-out part: measured once per
     model configuration and batch size (`records.quality_key`), reused by every trial that shares them."""
-    if not plan.bench.eval_data:
+    if not plan.bench.judged:
         return None
     key = records.quality_key(config, batch)
     known = _patiently(search, lambda: records.known_quality(search.study, key))

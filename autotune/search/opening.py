@@ -78,6 +78,8 @@ class SearchRequest:
     allow_mixed: bool = False  # `--allow-mixed`: hosts of another class than the study's may join it
     eval_data: str | None = None  # `--eval-data`: the user's data, each trial's quality judged on it
     max_quality_drop: float | None = None  # `--max-quality-drop`: accuracy points or percent of perplexity
+    eval_metric: str | None = None  # `--eval MODULE:FUNCTION`: the user's own quality metric
+    eval_direction: str | None = None  # `--eval-direction`: higher or lower is better
 
     @property
     def limits(self) -> Limits:
@@ -154,7 +156,8 @@ def validate(request: SearchRequest, machine: Machine,
     if request.max_tpot_ms is not None and not model.generates:
         raise StudyError("--max-tpot-ms bounds the time per output token of text generation; add --task generate "
                          "(a causal LM), or use --max-latency-ms")
-    evaldata.check_drop(request.max_quality_drop, request.eval_data)
+    evaldata.check_drop(request.max_quality_drop, request.eval_data, request.eval_metric)
+    evaldata.check_metric(request.eval_metric, request.eval_direction)
     if request.eval_data:
         evaldata.check(request.eval_data, model.generates)
     requests.check_cache_dir(request.cache_dir)
@@ -251,8 +254,11 @@ def _wanted(request: SearchRequest, model: models.ModelSpec) -> dict[str, Any]:
               "batch_sizes": list(request.batch_sizes), "max_latency_ms": request.max_latency_ms,
               "max_tpot_ms": request.max_tpot_ms,
               "pins": request.pins.describe() if request.pins.values else ""}
-    judged = {"eval_data": evaldata.digest(evaldata.check(request.eval_data, model.generates)),
-              "max_quality_drop": request.max_quality_drop} if request.eval_data else {}
+    judged: dict[str, Any] = {"eval_data": evaldata.digest(evaldata.check(request.eval_data, model.generates))} \
+        if request.eval_data else {}
+    if request.eval_data or request.eval_metric:
+        judged |= {"max_quality_drop": request.max_quality_drop, "eval_metric": request.eval_metric,
+                   "eval_direction": request.eval_direction}
     return (wanted | judged | ({"example_inputs": model.example_inputs} if model.example_inputs else {})
             | ({"task": model.task} if model.task else {})
             | ({"seq_lens": list(model.buckets.lengths), "seq_len_weights": list(model.buckets.weights)}
@@ -295,4 +301,5 @@ def bench_request(request: SearchRequest, config: Config, batch: int | None = No
                                  seq_len=request.seq_len, task=request.task, buckets=request.buckets,
                                  new_tokens=request.new_tokens,
                                  tolerance=request.tolerance, calibration_batches=request.calibration_batches,
-                                 eval_data=request.eval_data, guard_judges=request.max_quality_drop is None)
+                                 eval_data=request.eval_data, guard_judges=request.max_quality_drop is None,
+                                 eval_metric=request.eval_metric, eval_direction=request.eval_direction)

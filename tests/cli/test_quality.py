@@ -53,7 +53,7 @@ def test_bad_data_is_one_line_exit_2_and_nothing_written(capsys: pytest.CaptureF
     ("args", "message"),
     [
         ([*MODEL, "--max-quality-drop", "1"],
-         "Error: --max-quality-drop needs --eval-data: quality is judged on your data"),
+         "Error: --max-quality-drop needs --eval-data or --eval: quality is judged on your data"),
         ([*MODEL, "--eval-data", "{book}", "--max-quality-drop", "-1"],
          "Error: --max-quality-drop '-1' is not a drop; give 0 or more, like 1 (accuracy points) or 2% (of "
          "perplexity)"),
@@ -76,3 +76,20 @@ def test_export_picks_by_drop_only_with_quality_figures(capsys: pytest.CaptureFi
                           "export", "best.env", "--trial", "1", "--max-quality-drop", "1")
     assert_one_error_line(capsys, empty, "Error: --max-quality-drop 'x' is not a drop",
                           "export", "best.env", "--max-quality-drop", "x")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--eval", "metrics"], "Error: --eval 'metrics' is not MODULE:FUNCTION (a function called with the model"),
+        (["--eval", "my-metrics:f", "--eval-direction", "higher"],
+         "Error: --eval 'my-metrics:f' is not MODULE:FUNCTION"),
+        (["--eval", "metrics:f"], "Error: --eval metrics:f needs --eval-direction higher or lower"),
+        (["--eval-direction", "lower"], "Error: --eval-direction says which way --eval's metric is better; add --eval"),
+        (["--eval", "metrics:f", "--eval-direction", "up"], "Error: Invalid value for '--eval-direction'"),
+    ],
+)
+def test_a_metric_is_module_function_with_a_direction(capsys: pytest.CaptureFixture[str], empty: Path,
+                                                      args: list[str], message: str) -> None:
+    for command in (["bench", "--cache-dir", "cache"], ["search", "--trials", "2"]):
+        assert_one_error_line(capsys, empty, message, *command, *MODEL, *args)

@@ -41,8 +41,27 @@ def here(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.save({"inputs": inputs, "labels": labels}, folder / "labelled.pt")
     torch.save({"inputs": inputs, "labels": labels + 10}, folder / "beyond.pt")
     save_tiny_llama_with_tokenizer(folder / "lm", LICENCE.read_text())
+    (folder / "metrics.py").write_text(METRICS)
     (folder / "short.txt").write_text("Too short for a window.")
     return folder
+
+
+METRICS = """
+def agreement_with_label(model, batches):
+    right = total = 0
+    for inputs, labels in batches:
+        right += int((model(inputs).argmax(-1) == labels).sum())
+        total += len(labels)
+    return right / total
+
+
+def raises(model, batches):
+    raise RuntimeError("no metric today")
+
+
+def not_a_number(model, batches):
+    return float("nan")
+"""
 
 
 def autotune_cli(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -73,6 +92,15 @@ def test_int8_calibrates_on_the_data_and_its_drop_is_measured(here: Path) -> Non
     assert low <= found["drop"] <= high and abs(found["drop"]) < 5
 
 
+def test_a_metric_of_the_users_own_judges_beside_fp32(here: Path) -> None:
+    data = bench(here, "--model", "tinynets:mlp", "--input-shape", "64", "--eval-data", "labelled.pt",
+                 "--eval", "metrics:agreement_with_label", "--eval-direction", "higher", "--batch-size", "8")
+    found = data["quality"]
+    assert found["kind"] == "custom" and found["metric"] == "metrics:agreement_with_label"
+    assert found["items"] == 15 and found["value"] == found["reference_value"] and found["drop"] == 0  # 120 items
+    assert 0.8 < found["value"] < 0.97 and found["interval"] is None
+
+
 def test_a_causal_lms_fp32_perplexity_is_transformers_own_loss(here: Path) -> None:
     import transformers
 
@@ -100,6 +128,12 @@ def test_a_causal_lms_fp32_perplexity_is_transformers_own_loss(here: Path) -> No
      r"Error: --eval-data {here}/beyond\.pt: label 1\d is outside the model's 10 classes"),
     (["--model", "hf:{here}/lm", "--task", "generate", "--eval-data", "short.txt"],
      r"Error: --eval-data {here}/short\.txt is \d+ tokens long, shorter than two windows of 256 "),
+    (["--model", "tinynets:mlp", "--input-shape", "64", "--eval", "metrics:raises", "--eval-direction", "higher"],
+     r"Error: --eval metrics:raises raised RuntimeError: no metric today; fix the metric function"),
+    (["--model", "tinynets:mlp", "--input-shape", "64", "--eval", "metrics:not_a_number", "--eval-direction", "lower"],
+     r"Error: --eval metrics:not_a_number returned nan, not a finite number"),
+    (["--model", "tinynets:mlp", "--input-shape", "64", "--eval", "metrics:absent", "--eval-direction", "lower"],
+     r"Error: --eval metrics:absent cannot be imported \(AttributeError"),
     (["--model", "hf:llama", "--model-size", "tiny", "--task", "generate", "--eval-data", str(LICENCE)],
      r"Error: --eval-data: hf:llama@tiny is built from a configuration and has no tokenizer"),
 ])
