@@ -50,8 +50,11 @@ def figures(counts: Mapping[str, Any], split: str) -> dict[str, Any]:
     """The child's counts as the figures a trial records."""
     kind = str(counts["kind"])
     found = {"accuracy": accuracy, "perplexity": perplexity, "custom": custom}[kind](counts)
+    change = found["value"] - found["reference_value"]
+    worse = change if kind == "perplexity" or counts.get("direction") == "lower" else -change
     return {"kind": kind, "split": split, "unit": UNITS[kind], "confidence": CONFIDENCE, **found,
-            "eval_s": counts.get("eval_s")}
+            "drop_absolute": worse, "drop_relative": 100 * worse / abs(found["reference_value"])
+            if found["reference_value"] else None, "eval_s": counts.get("eval_s")}
 
 
 def accuracy(counts: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,13 +93,12 @@ def perplexity(counts: Mapping[str, Any]) -> dict[str, Any]:
 def custom(counts: Mapping[str, Any]) -> dict[str, Any]:
     """The user's metric (`--eval`): one number for the configuration and one for fp32 eager on the
     same batches; the drop in the metric's own units, fp32's minus the configuration's where higher is
-    better, and its relative share. One number has no spread: no interval."""
+    better (its share of fp32's is `drop_relative`, as for every kind). One number has no spread: no interval."""
     value, reference = float(counts["value"]), float(counts["reference_value"])
     higher = counts["direction"] == "higher"
     drop = reference - value if higher else value - reference
     return {"items": int(counts["batches"]), "metric": str(counts["metric"]), "direction": counts["direction"],
-            "value": value, "interval": None, "reference_value": reference, "drop": drop, "drop_interval": None,
-            "relative_drop": 100 * drop / abs(reference) if reference else None}
+            "value": value, "interval": None, "reference_value": reference, "drop": drop, "drop_interval": None}
 
 
 def _exp_mean(values: Sequence[float]) -> tuple[float, list[float]]:
@@ -149,7 +151,7 @@ def describe(found: Mapping[str, Any]) -> str:
         return f"quality not measured: {found['error']}"
     label = int(100 * float(found.get("confidence", CONFIDENCE)))
     if found["kind"] == "custom":
-        relative = "" if found.get("relative_drop") is None else f" ({found['relative_drop']:+.2f}%)"
+        relative = "" if found.get("drop_relative") is None else f" ({found['drop_relative']:+.2f}%)"
         return (f"{found['metric']} {found['value']:.6g} ({found['direction']} is better) on {found['items']} "
                 f"batch(es), fp32 {found['reference_value']:.6g}: a drop of {found['drop']:+.6g}{relative}")
     low, high = found["interval"]

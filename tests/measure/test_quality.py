@@ -59,6 +59,8 @@ def test_perplexity_is_exp_of_the_mean_nll_and_its_drop_is_paired() -> None:
     low, high = found["drop_interval"]
     assert low < found["drop"] < high and low > 0  # every window worse: the paired interval excludes 0
     assert found["same_top"] == pytest.approx(700 / 765) and found["kl_p99"] == 0.2
+    assert found["drop_relative"] == pytest.approx(found["drop"])  # perplexity's drop is relative already
+    assert found["drop_absolute"] == pytest.approx(found["value"] - found["reference_value"])
     assert found["unit"] == "%" and found["split"] == "search"
 
 
@@ -68,6 +70,7 @@ def test_accuracy_counts_become_points() -> None:
     found = quality.figures(counts, "confirm")
     assert found["value"] == pytest.approx(88.5) and found["reference_value"] == pytest.approx(90.5)
     assert found["drop"] == pytest.approx(2.0) and found["unit"] == "points"
+    assert found["drop_absolute"] == pytest.approx(2.0) and found["drop_relative"] == pytest.approx(200 / 90.5)
     assert found["drop_interval"][0] < 2.0 < found["drop_interval"][1]
     assert quality.describe(found).startswith("accuracy 88.50% (95% CI ")
     assert "fp32 90.50%: a drop of +2.00 points" in quality.describe(found)
@@ -79,3 +82,14 @@ def test_a_drop_that_is_not_a_number_is_no_drop() -> None:
     assert quality.drop_of(None) is None
     assert quality.drop_of({"drop": 1.5}) == 1.5
     assert quality.describe({"error": "it crashed"}) == "quality not measured: it crashed"
+
+
+def test_a_metric_of_the_users_drops_its_own_way() -> None:
+    higher = quality.figures({"kind": "custom", "metric": "m:f", "direction": "higher", "value": 0.8,
+                              "reference_value": 0.9, "batches": 4}, "search")
+    lower = quality.figures({"kind": "custom", "metric": "m:f", "direction": "lower", "value": 0.8,
+                             "reference_value": 0.9, "batches": 4}, "search")
+    assert higher["drop"] == pytest.approx(0.1) and lower["drop"] == pytest.approx(-0.1)
+    assert higher["drop_relative"] == pytest.approx(100 / 9) and higher["interval"] is None
+    assert quality.describe(higher) == ("m:f 0.8 (higher is better) on 4 batch(es), fp32 0.9: a drop of +0.1 "
+                                        "(+11.11%)")
