@@ -205,8 +205,8 @@ def keep_ranking(path: Path, ranking: Ranking, meta: dict[str, Any]) -> None:
     """Atomically; a folder it cannot write costs the next process only the time of ranking again."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, json.dumps(key_meta(meta) | {"model": meta.get("model", "")} | ranking.to_json(),
-                                          indent=1))
+        kept = key_meta(meta) | {"format": ARTIFACT_FORMAT, "model": meta.get("model", "")} | ranking.to_json()
+        write_atomically(path, json.dumps(kept, indent=1))
 
 
 def ranked(path: Path | None, meta: dict[str, Any], make: Callable[[], Ranking],
