@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -194,11 +195,17 @@ def key_meta(meta: dict[str, Any]) -> dict[str, Any]:
 
 def read_ranking(path: Path) -> Ranking | None:
     """The ranking kept at `path`; None when none is, or it cannot be used (damaged, another format)."""
+    data = ranking_file(path)
+    return Ranking.from_json(data) if data and data["format"] == ARTIFACT_FORMAT else None
+
+
+def ranking_file(path: Path) -> dict[str, Any] | None:
+    """What a ranking file holds (its key's model, knobs, inputs, torch and CPU too: `autotune cache`
+    lists it by them), as `RANKING` says; None when it cannot be read so."""
     try:
-        data = schema.loads(read_text(path), RANKING)
+        return schema.loads(read_text(path), RANKING)
     except (OSError, UnicodeDecodeError, schema.SchemaError):
         return None
-    return Ranking.from_json(data) if data["format"] == ARTIFACT_FORMAT else None
 
 
 def keep_ranking(path: Path, ranking: Ranking, meta: dict[str, Any]) -> None:
@@ -214,6 +221,9 @@ def ranked(path: Path | None, meta: dict[str, Any], make: Callable[[], Ranking],
     """The ranking kept at `path`, else made now (`make`) and kept there; the setup says which, and
     how long ranking took (`int8_ranking_s` only in the process that ranked)."""
     found = read_ranking(path) if path is not None else None
+    if found is not None and path is not None:
+        with contextlib.suppress(OSError):  # its time of use, for `autotune cache --older-than`
+            os.utime(path)
     if found is None:
         found = make()
         setup["int8_ranking_s"] = round(found.ranking_s, 3)
