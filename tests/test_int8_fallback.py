@@ -167,3 +167,29 @@ def test_bench_keeps_the_planted_layer_and_the_accuracy_drop_shrinks(tmp_path: P
     assert setups[0]["artifact_file"] != setups[1]["artifact_file"]
     assert drops[0] > 20 and drops[1] < drops[0] / 4, drops
     assert len(list((tmp_path / "cache" / "artifacts").glob("int8ranking-*.json"))) == 1
+
+
+@pytest.mark.e2e
+@NEEDS_INT8
+def test_a_process_that_loads_the_artifact_says_what_it_keeps(tmp_path: Path) -> None:
+    """The layers kept are in the artifact's description: a later process that loads it (a hit, or
+    another thread count compiled from the saved graph) records them and the ranking as read."""
+    import torch
+
+    model, batches = _outlier_and_batches()
+    chosen = apply.Deployment(ModelKnobs(**INT8, int8_fallback=1), 2.0, tmp_path)  # type: ignore[arg-type]
+    setups: list[dict[str, Any]] = [{}, {}, {}]
+    threads = torch.get_num_threads()
+    try:
+        for setup, count in zip(setups, (1, 1, 2), strict=True):
+            torch.set_num_threads(count)
+            apply.apply_deployment(model, batches[0], chosen, check=True, setup=setup, calibration=batches)
+    finally:
+        torch.set_num_threads(threads)
+    first, hit, other = setups
+    assert not first["artifact_hit"] and hit["artifact_hit"] and "quantized_graph_load_s" in other
+    for setup in setups:
+        assert setup["int8_kept_fp32"] == ["head"] and setup["top1_agreement"] == 1.0
+        assert setup["int8_divergence"] == first["int8_divergence"]
+    assert not first["int8_ranking"]["reused"] and hit["int8_ranking"]["reused"] and other["int8_ranking"]["reused"]
+    assert "int8_ranking_s" not in hit and "int8_ranking_s" not in other
