@@ -41,7 +41,10 @@ LAYER_OPS = ("aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"
 RANKING = schema.record({"format": schema.text, "order": schema.list_of(schema.text),
                          "divergence_full": schema.real, "reverted": schema.map_of(schema.real),
                          "ranking_s": schema.real},
-                        {"proxy": schema.map_of(schema.real), "layers": schema.integer})
+                        {"proxy": schema.map_of(schema.real), "layers": schema.integer, "model": schema.text,
+                         "knobs": schema.map_of(schema.scalar), "inputs": schema.list_of(schema.text),
+                         "torch": schema.text, "isa": schema.list_of(schema.text),
+                         "runtime": schema.optional(schema.text)})
 # What a quantized graph and its artifacts record of their fallback, in their description and the setup.
 KEPT = "int8_kept_fp32"
 RECORDED = schema.record({KEPT: schema.list_of(schema.text)},
