@@ -193,3 +193,31 @@ def test_a_process_that_loads_the_artifact_says_what_it_keeps(tmp_path: Path) ->
         assert setup["int8_divergence"] == first["int8_divergence"]
     assert not first["int8_ranking"]["reused"] and hit["int8_ranking"]["reused"] and other["int8_ranking"]["reused"]
     assert "int8_ranking_s" not in hit and "int8_ranking_s" not in other
+
+
+class _Told:
+    """A trial answering the knobs in `told` as told, the rest as FakeTrial does (recording what it was asked)."""
+
+    def __init__(self, told: dict[str, str]) -> None:
+        from tests.support.spaces import FakeTrial
+
+        self.inner, self.told = FakeTrial(), told
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        self.inner.asked[name] = list(choices)
+        return self.told.get(name, choices[-1])
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        return self.inner.suggest_int(name, low, high, step=step, log=log)
+
+
+def test_the_default_space_samples_it_with_inductor_int8_only() -> None:
+    from autotune.config import space, space_fit
+
+    adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={})
+    int8 = _Told({"backend": "inductor", "mkldnn": "off", "precision": "int8"})
+    assert adapted.sample(int8).get("int8_fallback") == 8
+    assert int8.inner.asked["int8_fallback"] == ["0", "1", "2", "4", "8"]  # as Optuna keeps choices
+    for told in ({"backend": "inductor", "precision": "bf16"}, {"backend": "openvino", "precision": "int8"}):
+        other = _Told({"mkldnn": "off", **told})
+        assert not adapted.sample(other).is_set("int8_fallback") and "int8_fallback" not in other.inner.asked
