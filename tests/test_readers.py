@@ -100,6 +100,40 @@ def test_an_artifact_description_is_read_or_taken_for_none(described: Any) -> No
         artifacts.guard_record(artifact, "k")
 
 
+RANKING = {"format": ARTIFACT_FORMAT, "knobs": {"backend": "inductor", "precision": "int8"},
+           "inputs": ["1x64:float32:contiguous"], "torch": HERE.torch, "isa": list(HERE.isa), "weights": "w",
+           "calibration": "c", "model": "m", "order": ["head", "stem"], "divergence_full": 0.5,
+           "reverted": {"head": 0.0, "stem": 0.4}, "ranking_s": 0.2, "proxy": {}, "layers": 2}
+FALLBACK = {"int8_kept_fp32": ["head"], "int8_divergence": 0.001, "int8_divergence_full": 0.5,
+            "int8_ranking": {"layers": 2, "reverted": 2, "took_s": 0.2, "reused": False}}
+
+
+@EXAMPLES
+@given(st.one_of(JSON, mutated(RANKING)), st.one_of(JSON, mutated(FALLBACK)))
+def test_an_int8_layer_ranking_and_the_layers_an_artifact_keeps_are_read_or_taken_for_none(kept: Any,
+                                                                                           record: Any) -> None:
+    from autotune.cli import display
+    from autotune.model import fallback
+
+    with folder() as tmp:
+        path = tmp / "artifacts" / "int8ranking-a.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(kept))
+        (entry,) = cache.scan(tmp, HERE)
+        json.dumps(entry.to_json())
+        ranking = fallback.read_ranking(path)
+        if ranking is not None:
+            assert ranking.order == tuple(kept["order"]) and json.dumps(ranking.summary(True))
+        artifact = tmp / "artifacts" / "inductor-a.pt2"
+        artifact.write_bytes(b"x")
+        Path(f"{artifact}.json").write_text(json.dumps(DESCRIPTION | {"int8_fallback": record}))
+        setup: dict[str, Any] = {}
+        if fallback.recall(artifact, setup):
+            display.fallback_text(setup)
+        else:
+            assert setup == {}
+
+
 KEPT = {"trial": 0, "state": "COMPLETE", "values": [10.0], "reason": "", "cause": "",
         "summary": {"latency_p50_ms": 10.0, "latency_p90_ms": 11.0}, records.WRONG_ANSWERS: False}
 

@@ -155,6 +155,9 @@ def bench_result(data: Mapping[str, Any]) -> None:
                              for length, b in inst["buckets"].items())
             out.print(f"instance {inst['index']}, per bucket (p50 ms, share of requests): {each}; "
                       f"its p50 is of the rounds' weighted means")
+    kept = next((i["setup"] for i in result["instances"] if "int8_kept_fp32" in i.get("setup", {})), None)
+    if kept is not None:
+        out.print(fallback_text(kept), markup=False)
     if result.get("generation"):
         out.print(generation_text(result["generation"], data.get("bandwidth_gbs")))
     if data.get("quality"):
@@ -172,6 +175,21 @@ def bench_result(data: Mapping[str, Any]) -> None:
 GUARD_FIGURES = {"max_rel_err", "min_cosine", "mean_cosine"}  # what a guarded configuration's setup records
 RANDOM_GUARD = ("quality: the guard compared the answers with fp32 eager's on random inputs, not on your data; "
                 "--eval-data judges accuracy or perplexity on it (docs/quality.md)")
+
+
+def fallback_text(setup: Mapping[str, Any]) -> str:
+    """int8_fallback: the layers kept in fp32, the divergence from fp32 without and with them, the ranking's cost."""
+    kept = setup["int8_kept_fp32"]
+    said = f"int8_fallback: kept in fp32 {', '.join(kept) if kept else 'no layer (none to keep)'}"
+    if "int8_divergence" in setup and "int8_divergence_full" in setup:
+        said += (f"; KL divergence from fp32 on the calibration batches {setup['int8_divergence_full']:.3g} with "
+                 f"every layer int8, {setup['int8_divergence']:.3g} with these kept")
+    ranking = setup.get("int8_ranking") or {}
+    if ranking:
+        how = "read from the cache" if ranking.get("reused") else "ranked here"
+        said += (f"; {ranking.get('layers')} layers, {ranking.get('reverted')} reverted one by one, "
+                 f"{how} (ranking took {ranking.get('took_s')} s)")
+    return said
 
 
 def generation_text(found: Mapping[str, Any], bandwidth_gbs: float | None) -> str:

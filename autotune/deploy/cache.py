@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.base.errors import AutotuneError
-from autotune.model import apply, backends, cpu, envfile, references
+from autotune.model import apply, backends, cpu, envfile, fallback, references
 from autotune.model.artifacts import (
     ARTIFACT_FORMAT,
     CALIBRATION_KIND,
     GRAPH_KIND,
+    RANKING_KIND,
     DescriptionError,
     description,
     installed_torch_version,
@@ -38,6 +39,7 @@ from autotune.model.knobs import ModelKnobs
 KINDS = {b.suffix: f"{b.artifact_kind()} artifact" for b in backends.REGISTRY if b.suffix}
 ARTIFACT_SUFFIXES = tuple(KINDS)
 CALIBRATION = "int8 calibration batches"  # what `apply` without batches of its own calibrates on (convert.calibrated)
+RANKING = "int8 layer ranking"  # model.fallback: which layers int8_fallback keeps in fp32, ranked once
 REFERENCES = "eager outputs"  # model.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
 
@@ -95,7 +97,18 @@ def artifacts(folder: Path, here: Here) -> list[Entry]:
     entries = [_artifact(p, here) for p in files if p.suffix in ARTIFACT_SUFFIXES and not p.name.startswith(".")]
     orphans = [_orphan(p) for p in files if _is_description(p) and not Path(str(p)[:-5]).exists()]
     unfinished = [_unfinished(p) for p in files if p.name.startswith(".") and ".tmp" in p.name]
-    return entries + orphans + [u for u in unfinished if u is not None]
+    rankings = [_ranking(p, here) for p in files if p.name.startswith(f"{RANKING_KIND}-") and p.suffix == ".json"]
+    return entries + rankings + orphans + [u for u in unfinished if u is not None]
+
+
+def _ranking(path: Path, here: Here) -> Entry:
+    """int8_fallback's ranking of a model's layers, which every count of layers kept reads; one that
+    cannot be read is ranked again (so unusable, and pruned)."""
+    meta = fallback.ranking_file(path)
+    if meta is None:
+        return Entry(RANKING, path, "?", "?", _size(path), _mtime(path), "it cannot be read; it is ranked again")
+    return Entry(RANKING, path, str(meta.get("model") or "?"), _config(meta), _size(path), _mtime(path),
+                 unusable(meta, here))
 
 
 def _is_description(path: Path) -> bool:

@@ -365,8 +365,9 @@ def _quantized(example: Any, knobs: ModelKnobs, calibration: Sequence[Any], setu
 
     def on(batches: Sequence[Any], given: bool) -> Quantized:
         calibrated = [inputs(batch, knobs) for batch in batches]
-        return Quantized(lambda model, ex: quantize.quantized_export(model, ex, calibrated, setup,
-                                                                     dynamic=knobs.shapes == "dynamic"),
+        return Quantized(lambda model, ex, folder, described: quantize.quantized_export(
+                             model, ex, calibrated, setup, dynamic=knobs.shapes == "dynamic",
+                             keep_fp32=knobs.int8_fallback, folder=folder, described=described),
                          quantize.digest(calibrated), quantize.load_graph, calibrated, given,
                          lambda saved: on(saved, given=False))
 

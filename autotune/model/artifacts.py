@@ -29,7 +29,8 @@ DESCRIPTION = schema.record({"format": schema.text}, {
     "knobs": schema.map_of(schema.scalar), "inputs": schema.list_of(schema.text), "torch": schema.text,
     "isa": schema.list_of(schema.text), "weights": schema.text, "model": schema.text, "threads": schema.positive,
     "runtime": schema.optional(schema.text), "calibration": schema.text, "int8_remedy": schema.text,
-    "outputs": schema.text, "batches": schema.integer, "guarded": schema.map_of(schema.map_of(schema.anything))})
+    "outputs": schema.text, "batches": schema.integer, "guarded": schema.map_of(schema.map_of(schema.anything)),
+    "int8_fallback": schema.map_of(schema.anything)})
 
 
 class DescriptionError(ValueError):
@@ -131,6 +132,7 @@ def installed_torch_version() -> str:
 
 GRAPH_KIND = "int8graph"  # the file name's prefix of int8's quantized graph (`backends.inductor.graph_path`)
 CALIBRATION_KIND = "int8calibration"  # the prefix of the batches int8 was calibrated on (`convert.calibration_path`)
+RANKING_KIND = "int8ranking"  # the prefix of int8_fallback's ranking of the layers (`fallback.ranking_path`)
 
 
 def artifact_path(folder: Path, meta: dict[str, Any], suffix: str, kind: str) -> Path:

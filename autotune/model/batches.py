@@ -5,7 +5,7 @@ say, the output's tensors, its layout, and one exception said in a line. torch i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.model.errors import ApplyError
@@ -69,6 +69,13 @@ def leaves(output: Any) -> list[Any]:
     if not found:
         raise ApplyError(f"the model returned {type(output).__name__} with no tensor in it")
     return found
+
+
+def rows(batch: Sequence[Any]) -> Any:
+    """One row per input item of a batch: its output tensors (`leaves`) flattened after dim 0, side by side."""
+    import torch
+
+    return torch.cat([t.float().reshape(t.shape[0], -1) for t in batch], dim=1)
 
 
 def batch_size(batch: Any) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.model import buckets, cpu, linear_int8
+from autotune.model import buckets, cpu, fallback, linear_int8
 from autotune.model.artifacts import (
     ARTIFACT_FORMAT,
     CALIBRATION_KIND,
@@ -55,7 +55,7 @@ class Quantized:
     model, knobs and inputs (`rebind` binds the same quantizer to them), so that it loads the artifact
     they made: the one the study measured."""
 
-    export: Callable[[Any, Any], Any]  # (model, example) -> ExportedProgram
+    export: Callable[[Any, Any, Path, dict[str, Any]], Any]  # (model, example, folder, description) -> ExportedProgram
     calibration: str
     load: Callable[[Path], Any]  # a quantized graph `torch.export.save`d -> ExportedProgram
     batches: Sequence[Any] = ()  # the calibration batches, which OpenVINO's and ONNX Runtime's quantizers observe
@@ -238,6 +238,7 @@ def _hit(path: Path, meta: dict[str, Any], quantized: Quantized | None, setup: d
     mark_used(path)
     if quantized is not None:
         _keep_calibration(path.parent, meta, quantized)
+        fallback.recall(path, setup)
 
 
 def calibrated(folder: Path, meta: dict[str, Any], quantized: Quantized | None,
@@ -263,7 +264,8 @@ def calibrated(folder: Path, meta: dict[str, Any], quantized: Quantized | None,
 def calibration_path(folder: Path, meta: dict[str, Any]) -> Path:
     """Where the batches that calibrated int8 for this model, knobs and inputs are kept: the
     artifact's key without the thread count and the calibration itself."""
-    return artifact_path(folder, {k: v for k, v in meta.items() if k not in ("threads", "model", "calibration")}, ".pt",
+    return artifact_path(folder, {k: v for k, v in meta.items() if k not in ("threads", "model", "calibration",
+                                                                             "int8_fallback")}, ".pt",
                          kind=CALIBRATION_KIND)
 
 
@@ -272,7 +274,8 @@ def _keep_calibration(folder: Path, described: dict[str, Any], quantized: Quanti
     already (the first, the study's, stay: what `calibrated` gives a caller without any)."""
     path = calibration_path(folder, described)
     if quantized.given and not path.exists():
-        meta = {k: v for k, v in described.items() if k != "threads"} | {"batches": len(quantized.batches)}
+        meta = {k: v for k, v in described.items() if k not in ("threads", "int8_fallback")} | \
+            {"batches": len(quantized.batches)}
         with contextlib.suppress(ApplyError):  # a folder it cannot write (deployed read-only) loads as before
             save_batches(path, quantized.batches, meta)
 

@@ -194,6 +194,7 @@ class ModelKnobs:
     mkldnn: bool = field(default=_default("mkldnn"))
     weight_cache: bool = field(default=_default("weight_cache"))
     shapes: Shapes = field(default=_default("shapes"))
+    int8_fallback: int = field(default=_default("int8_fallback"))
     ov_hint: OvHint = field(default=_default("ov_hint"))
     ov_streams: int = field(default=_default("ov_streams"))
     ov_pinning: bool = field(default=_default("ov_pinning"))

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.model import buckets
+from autotune.model import buckets, fallback
 from autotune.model.artifacts import hash_tensor
 from autotune.model.backends import probe
-from autotune.model.batches import call, explain, split
+from autotune.model.batches import call, explain, rows, split
 from autotune.model.convert import allowed_error
 from autotune.model.errors import ApplyError, WrongAnswers
 from autotune.model.linear_int8 import TORCHAO_INSTALL
@@ -37,10 +37,14 @@ GUARD_ITEMS = 32  # inputs (rounded up to whole batches) the int8 guard compares
 
 
 def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup: dict[str, Any],
-                     dynamic: bool = False) -> Any:
+                     dynamic: bool = False, keep_fp32: int = 0, folder: Path | None = None,
+                     described: dict[str, Any] | None = None) -> Any:
     """The model captured, observed on the calibration batches, quantized, and exported again for
     AOTInductor; `dynamic` (shapes=dynamic): with a dynamic sequence length up to the example's
-    (`buckets.dynamic_shapes`). Any failure is an ApplyError naming the operator where it could be told."""
+    (`buckets.dynamic_shapes`); `keep_fp32` (int8_fallback): the most sensitive layers left in fp32,
+    ranked once and kept in `folder` beside the artifact `described` (`fallback`). Any failure is an
+    ApplyError naming the operator where it could be told."""
+    import copy
     import time
 
     import torch
@@ -55,13 +59,36 @@ def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup
         except Exception as exc:
             raise ApplyError(f"precision=int8: torch.export could not capture the model at {failed_op(exc)} "
                              f"({explain(exc)}); use precision=fp32 or bf16 for it") from exc
+    reduce_range = bool(probe.remedy("inductor"))
+    config = default_config(reduce_range=reduce_range)
+
+    def without(kept: tuple[str, ...], graph: Any = None) -> Any:
+        """The captured graph (a copy of it, unless `graph`) quantized with the `kept` layers in fp32."""
         quantizer = quantizer_cls()
-        quantizer.set_global(default_config(reduce_range=bool(probe.remedy("inductor"))))
-        prepared = _step("annotate", lambda: prepare_pt2e(captured, quantizer))
+        quantizer.set_global(config)
+        for name in kept:
+            quantizer.set_module_name_qconfig(name, None)
+        with torch.enable_grad():
+            prepared = _step("annotate", lambda: prepare_pt2e(copy.deepcopy(captured) if graph is None else graph,
+                                                              quantizer))
+        with torch.no_grad():
+            _step("calibrate", lambda: [call(prepared, batch) for batch in calibration])
+            return _step("convert", lambda: convert_pt2e(prepared))
+
+    reference = fallback.outputs(model, calibration) if keep_fp32 else []
+    kept: tuple[str, ...] = ()
+    if keep_fp32:
+        ranking = fallback.ranked(None if folder is None else fallback.ranking_path(folder, described or {}),
+                                  described or {},
+                                  lambda: fallback.rank(model, captured, calibration, reference, without, reduce_range),
+                                  setup)
+        kept = ranking.order[:keep_fp32]
+        setup.update(int8_kept_fp32=list(kept), int8_divergence_full=ranking.divergence_full)
+    converted = without(kept, captured)
+    if keep_fp32:
+        setup["int8_divergence"] = fallback.divergence(reference, fallback.outputs(converted, calibration))
+    setup["quantize_s"] = time.perf_counter() - start
     with torch.no_grad():
-        _step("calibrate", lambda: [call(prepared, batch) for batch in calibration])
-        converted = _step("convert", lambda: convert_pt2e(prepared))
-        setup["quantize_s"] = time.perf_counter() - start
         return _step("export", lambda: torch.export.export(converted, args, kwargs, strict=True,
                                                            dynamic_shapes=shapes))
 
@@ -140,13 +167,6 @@ def digest(batches: Sequence[Any]) -> str:
         for tensor in (t for t in _pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)):
             hash_tensor(hashed, "input", tensor)
     return hashed.hexdigest()[:20]
-
-
-def rows(batch: Sequence[Any]) -> Any:
-    """One row per input item of a batch: its output tensors flattened after dim 0, side by side."""
-    import torch
-
-    return torch.cat([t.float().reshape(t.shape[0], -1) for t in batch], dim=1)
 
 
 def agreement_guard(reference: Sequence[Any], output: Sequence[Any], precision: Precision, tolerance: float | None,

@@ -78,6 +78,7 @@ from autotune.measure import stats
 from autotune.measure.objectives import Metric, Objective, lower_is_better, metric_of, metric_value
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import RunResult
+from autotune.model.knobs import KNOBS, conditions, shown
 from autotune.study import records
 
 # What an inductor artifact is compiled for: precision, memory format, threads, and shapes (one model per
@@ -354,8 +355,8 @@ def uncovered(space: SearchSpace, trials: Sequence[FrozenTrial],
     """(configuration, batch size) of each precision x layout (x shapes, with sequence-length buckets)
     the space offers that no trial of host class `klass` ran at the thread count of this class's best
     trial: the best's configuration with backend=inductor and that precision and layout, in the space's
-    order, as knob values (they may still set a knob inductor makes inapplicable: the proposer samples
-    the nearest valid one)."""
+    order, as knob values (without the best's knobs that no longer apply: eager's mkldnn, int8's
+    int8_fallback with another precision; the proposer samples the nearest valid configuration)."""
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     best = evidence(space, finished, klass).best
     precisions, layouts = space.get("precision"), space.get("memory_format")
@@ -372,11 +373,20 @@ def uncovered(space: SearchSpace, trials: Sequence[FrozenTrial],
     for precision in precisions.choices:
         for layout in layouts.choices:
             for shapes in offered.choices if offered is not None else (str(base.get("shapes")),):
-                wanted = base.as_dict() | {"backend": "inductor", "precision": precision, "memory_format": layout,
-                                           "omp_threads": best.threads} | ({"shapes": shapes} if offered else {})
+                wanted = _applying(base.as_dict() | {"backend": "inductor", "precision": precision,
+                                                     "memory_format": layout, "omp_threads": best.threads}
+                                   | ({"shapes": shapes} if offered else {}))
                 if (str(precision), str(layout), best.threads, str(shapes)) not in tried:
                     found.append((wanted, int(trial.user_attrs.get("batch_size", 1))))
     return found
+
+
+def _applying(values: dict[str, KnobValue]) -> dict[str, KnobValue]:
+    """`values` without the knobs the others' new values make inapplicable (the best's int8_fallback
+    where the precision is no longer int8)."""
+    return {name: value for name, value in values.items()
+            if all(shown(values.get(other, KNOBS[other].default)) in allowed
+                   for other, allowed in conditions(name, value))}
 
 
 def _offers_inductor(space: SearchSpace) -> bool:

@@ -129,6 +129,28 @@ def test_an_int8_graph_is_listed_as_such_and_no_env_file_keeps_it(tmp_path: Path
     assert [e.path.name for e in cache.to_prune(entries.values(), 30 * DAY, time.time(), False)] == [graph.name]
 
 
+def test_an_int8_layer_ranking_is_listed_pruned_with_its_torch_and_a_damaged_one_is_unusable(tmp_path: Path) -> None:
+    """int8_fallback's ranking (model.fallback), kept beside the artifacts: an entry of its own kind,
+    unusable for another torch, and one that cannot be read is ranked again."""
+    from autotune.model import fallback
+
+    folder = tmp_path / "artifacts"
+    meta = {"format": ARTIFACT_FORMAT, "knobs": saved_knobs(ModelKnobs(backend="inductor", precision="int8")),
+            "inputs": ["1x64:float32:contiguous"], "torch": "2.13.0", "isa": list(HERE.isa), "weights": "w",
+            "calibration": "c", "model": "tinynets:outlier"}
+    path = fallback.ranking_path(folder, meta)
+    fallback.keep_ranking(path, fallback.Ranking(("head", "stem"), 0.5, {"head": 0.0, "stem": 0.4}, 0.2), meta)
+    damaged = folder / "int8ranking-0.json"
+    damaged.write_text("{")
+    entries = {e.path.name: e for e in cache.scan(tmp_path, HERE)}
+    assert entries[path.name].kind == "int8 layer ranking" and entries[path.name].model == "tinynets:outlier"
+    assert entries[path.name].config == "backend=inductor precision=int8 inputs 1x64:float32:contiguous"
+    assert entries[path.name].unusable == f"built for torch 2.13.0, this is {HERE.torch}"
+    assert entries[damaged.name].unusable == "it cannot be read; it is ranked again"
+    assert not cache.prune(cache.to_prune(entries.values(), None, time.time(), False)).kept
+    assert list(folder.iterdir()) == []
+
+
 def test_int8_calibration_batches_are_listed_and_kept_by_the_env_file_that_loads_them(tmp_path: Path) -> None:
     """`apply` without batches of its own calibrates on the ones an int8 artifact was made from: an
     env file of the folder keeps them as it keeps the artifact (any thread count's)."""

@@ -317,8 +317,8 @@ def test_a_recipe_as_run_sets_every_knob_of_the_space_at_what_runs() -> None:
         "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")
     compiled = adapted.as_run(Config.from_mapping(COMPILE_INT8))
     assert compiled is not None and compiled.describe() == (
-        "backend=inductor memory_format=channels_last precision=int8 omp_threads=2 omp_runtime=gnu "
-        "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")
+        "backend=inductor memory_format=channels_last precision=int8 int8_fallback=0 omp_threads=2 omp_runtime=gnu "
+        "omp_proc_bind=false allocator=default instances=1 dataloader_workers=0")  # every layer int8, as it ran
     with_buckets = bucketed.as_run(Config.from_mapping(COMPILE_INT8))  # --seq-lens: one model per length
     assert with_buckets is not None and with_buckets.get("shapes") == "buckets"
     two = adapted.as_run(Config.from_mapping({"instances": 2}))

@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.model import buckets
+from autotune.model import buckets, fallback
 from autotune.model.artifacts import GRAPH_KIND, artifact_path, mark_used, save_artifact
 from autotune.model.backends.pytorch import TorchBackend
 from autotune.model.batches import autocast, explain, split
@@ -47,7 +47,13 @@ class Inductor(TorchBackend):
             "shapes", "choice", "with sequence-length buckets (--seq-lens): buckets = one AOTInductor model per "
             "length, each request padded to the smallest bucket that holds it; dynamic = one AOTInductor model "
             "exported with a dynamic sequence dimension (torch.export), each request run at its own length up to "
-            "the largest bucket", choices=SHAPES, default="buckets")),)
+            "the largest bucket", choices=SHAPES, default="buckets")),
+            self.own(Knob(
+                "int8_fallback", "int", "precision=int8: the N quantized layers (Conv/Linear modules) whose int8 "
+                "moves the output furthest from eager fp32's kept in fp32, NNCF's accuracy control and Intel Neural "
+                "Compressor's fallback for PT2E; ranked once per model and calibration by quantizing without each, on "
+                "the calibration batches (docs/int8.md); 0 = every layer int8", low=0, high=4096, default=0,
+                only_when=(("precision", ("int8",)),))))
 
     def artifact_kind(self) -> str:
         return self.name
@@ -110,13 +116,22 @@ def _int8_graph(model: Any, example: Any, quantized: Quantized, folder: Path, de
         graph = quantized.load(saved)
         setup["quantized_graph_load_s"] = time.perf_counter() - start
         mark_used(saved)
+        _with_fallback(described, fallback.recall(saved, setup))
         return graph
     if model is None:
         raise ApplyError(f"the quantized graph {saved.name} went away while compiling; run again to quantize")
-    graph = quantized.export(model, example)
+    graph = quantized.export(model, example, folder, described)
+    _with_fallback(described, fallback.recorded(setup))
     meta = {k: v for k, v in described.items() if k != "threads"}
     save_artifact(saved, lambda tmp: torch.export.save(graph, str(tmp)), meta)
     return graph
+
+
+def _with_fallback(described: dict[str, Any], kept: dict[str, Any]) -> None:
+    """int8_fallback: the layers the graph kept in fp32 (and the divergences) go into its artifact's
+    description, so that a process loading the artifact says what it runs (`fallback.recall`)."""
+    if kept:
+        described["int8_fallback"] = kept
 
 
 def graph_path(folder: Path, meta: dict[str, Any]) -> Path:

@@ -36,12 +36,15 @@ class TorchBackend(Backend):
         return "torchscript"
 
     def saved_knobs(self, knobs: ModelKnobs) -> dict[str, Any]:
-        """Every knob but the peers' own (`shapes` only where it is dynamic): a PyTorch artifact bakes them in."""
+        """Every knob but the peers' own (`shapes` only where it is dynamic, `int8_fallback` where it
+        keeps a layer): a PyTorch artifact bakes them in."""
         from autotune.model.knobs import PEER_KNOBS
 
         saved = {name: value for name, value in asdict(knobs).items() if name not in PEER_KNOBS}
         if knobs.shapes != "dynamic":  # what every artifact was before `shapes` existed: their keys stay
             saved.pop("shapes")
+        if not knobs.int8_fallback:  # likewise before `int8_fallback`; each other count is its own artifact
+            saved.pop("int8_fallback")
         return saved
 
     def build(self, model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
