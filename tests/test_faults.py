@@ -7,6 +7,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -339,8 +340,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, fake_libs_module: Librarie
                            ("injected", "AUTOTUNE_BINDING='none'", "AUTOTUNE_BINDING=$(touch PWNED)")]:
         assert old in good, old
         (root / f"{name}.env").write_text(good.replace(old, new))
+    # the file sets AUTOTUNE_INSTANCE_CPUS already: its value damaged (a second line is refused as a duplicate)
+    (root / "cpus.env").write_text(re.sub(r"AUTOTUNE_INSTANCE_CPUS='[^']*'", "AUTOTUNE_INSTANCE_CPUS='0,x'", good))
     for name, line in [("knob", "export AUTOTUNE_ALLOCATOR='mimalloc'"), ("instances", "export AUTOTUNE_INSTANCES='x'"),
-                       ("cpus", "export AUTOTUNE_INSTANCE_CPUS='0,x'"),
                        ("tolerance", "export AUTOTUNE_TOLERANCE='nan'"),
                        ("calibration", "export AUTOTUNE_CALIBRATION_BATCHES='0'")]:
         (root / f"{name}.env").write_text(envs.with_line(good, line))

@@ -42,7 +42,8 @@ def test_each_study_is_a_row_with_its_best_and_host(tmp_path: Path, here: Machin
     assert row["trials"] == {"complete": len(complete), "total": len(study.trials)}  # a crash's rerun too
     assert records.finished(study) == 4
     assert row["best"] == {"trial": best.number, "value": best.values[0], "unit": "ms",
-                           "speedup": best.user_attrs["speedup_latency"]}
+                           "speedup": best.user_attrs["speedup_latency"], "quality_drop": None, "quality_unit": None,
+                           "quality_front": 0}  # searched without --eval-data
     assert row["confirmation"] is None
     assert row["host"] == study.user_attrs["host"] and row["host"]["usable_physical_cores"] == 8
     assert rows[throughput]["best"]["unit"] == "items/s"
