@@ -70,7 +70,10 @@ def export_command(path: Path, study_name: str | None, storage: str | None,
     display.err.print(f"wrote {path}: study {found.study_name}, trial {trial.number} "
                       f"({trial.user_attrs.get('config')})", markup=False, soft_wrap=True)
     verdict = found.user_attrs.get("confirmation")
-    if verdict and trial_number is None and drop is None and not verdict["significant"]:
+    if verdict and trial_number is None and drop is None and verdict.get("quality_breach"):
+        display.err.print(f"note: the baseline was exported: {verdict['quality_breach']}", markup=False,
+                          soft_wrap=True)
+    elif verdict and trial_number is None and drop is None and not verdict["significant"]:
         display.err.print(f"note: the baseline was exported: {verdict['message']}", markup=False, soft_wrap=True)
     if as_json:
         emit("export", summaries.exported(path, found, trial, text, artifacts), True, None)

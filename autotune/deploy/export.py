@@ -191,8 +191,6 @@ def _quality_lines(trial: FrozenTrial, confirmation: dict[str, Any] | None) -> l
     rechecked = verdict.get("quality")
     if isinstance(rechecked, dict) and rechecked.get("trial") == trial.number:
         said.append(f"# quality re-checked on the confirmation's held-out part: {quality.describe(rechecked)}")
-    if verdict.get("quality_breach"):
-        said.append(f"# not recommended: {verdict['quality_breach']}")
     return said
 
 
@@ -204,6 +202,8 @@ def _confirmation_lines(confirmation: dict[str, Any] | None, number: int) -> lis
     if confirmations.recommended(confirmation) != number:
         return [f"# note: confirmation chose trial {confirmations.recommended(confirmation)}; this file is "
                 f"trial {number}"]
+    if confirmation.get("quality_breach"):  # the winner's speed was confirmed, its quality was not
+        return [f"# baseline exported: {confirmation['quality_breach']}"]
     said = [f"# confirmed: {confirmation['message']}" if confirmation["significant"]
             else f"# baseline exported: {confirmation['message']}"]
     if words := confirmations.outcomes(confirmation):
