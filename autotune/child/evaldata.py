@@ -20,6 +20,7 @@ precisions are weight-only). torch is imported inside functions.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +85,11 @@ class Labelled:
         return found
 
 
+@functools.lru_cache(maxsize=1)
 def load_labelled(path: str, item_shape: tuple[int, ...]) -> Labelled:
-    """A folder of class folders or a `torch.save` file of labelled inputs (the module's doc)."""
+    """A folder of class folders or a `torch.save` file of labelled inputs (the module's doc); read
+    once per process (int8's calibration and the judging both take their parts from it; parts are
+    copies, so nobody changes what is kept)."""
     source = Path(path)
     found = _image_folder(source, item_shape) if source.is_dir() else _saved(source)
     if found.count < 3:
