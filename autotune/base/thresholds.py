@@ -21,10 +21,11 @@ MIN_REPLICATES = 2  # one disturbed process alone never prunes
 GIVE_UP = (2.0, 1.5)  # after its k-th window, a warmed trial this many times worse than the best stops (GiveUp)
 SKIP_COMPILE = GIVE_UP[-1]  # a new compile predicted this many times worse than the best is not run
 
-# Flags on a measurement (measure/replicates.py).
-NOISY = 0.10  # IQR/median above this is flagged
-# Other processes' share of the CPUs above this in any replicate is flagged. A lone resnet18 bench
-# on a quiet 2-CPU machine showed 0.01-0.02 (the rest of the system, autotune's own parent 0.002);
+# Flags on a measurement (measure/replicates.py). A window's spread is judged against this host's own
+# floor (host/floor.py), measured; the limits below are on evidence that something else took CPU.
+# Other processes' share of the CPUs, or the hypervisor's steal, above this in any replicate is
+# flagged. A lone resnet18 bench on a quiet 2-CPU machine showed 0.01-0.02 (the rest of the system,
+# autotune's own parent 0.002);
 # two benches sharing the CPUs each see about 0.5 of them taken by the other, more on a busy host.
 BUSY_MACHINE = 0.25
 # The child's own CPU time over (window x its threads) below this in a replicate is flagged: it
@@ -34,9 +35,13 @@ STARVED = 0.5
 # A trial stopped early on a noisy window is measured again at most this many times (study/undecided.py),
 # once a later trial found the machine quiet, or at the latest after this many trials (the k-th
 # retry after 2^(k-1) times as many), so that a machine noisy all along still ends the search.
-NOISY_RETRIES = 2
+# Not at all when each of the last QUIET_HISTORY measured trials was disturbed: no quiet is in sight.
+NOISY_RETRIES = 1
 NOISY_RETRY_WAIT = 5
-REMEASURE = 0.25  # IQR/median above this takes more replicates, at most `max_extra` of them
+QUIET_HISTORY = 10
+# Before this host's floor is known, pooled IQR/median above this takes more replicates (at most
+# `max_extra`); once it is known, a window wider than the floor does.
+REMEASURE = 0.25
 
 # A trial's autotune judged dead (base/processes.py): the process now holding its pid started more
 # than this apart from the recorded start (psutil gives it to 1/100 s; boot time is read whole).

@@ -16,7 +16,7 @@ from autotune.base.errors import AutotuneError
 from autotune.cli import display, options
 from autotune.cli.common import EXIT_FAILED, emit, holding, note
 from autotune.config import knobs, models
-from autotune.host import capabilities, machine
+from autotune.host import capabilities, floor, machine
 from autotune.measure import requests
 
 
@@ -31,7 +31,8 @@ def doctor(cache_dir: Path, rerun: bool, no_wait: bool, as_json: bool) -> None:
 
     The precisions and peaks come from the kernel probe: a convolution and a matmul in every
     precision and runtime, and the memory bandwidth, measured once per host and library versions
-    (about 15 s) and kept in the cache folder.
+    (about 15 s) and kept in the cache folder. The timing floor is the spread this host's windows
+    showed with nothing else running, gathered by searches: a wider window is flagged noisy.
 
     \b
     Example:
@@ -41,7 +42,10 @@ def doctor(cache_dir: Path, rerun: bool, no_wait: bool, as_json: bool) -> None:
     here = machine.this_machine()
     with holding("doctor", no_wait):
         probe = capabilities.load(cache_dir, len(here.topology.usable_cores), rerun=rerun, say=note)
-    emit("doctor", machine.report(here) | {"probe": probe.to_json()}, as_json, display.doctor)
+    spread = floor.here(cache_dir, len(here.topology.usable_cores))
+    emit("doctor", machine.report(here) | {"probe": probe.to_json(), "timing_floor": {
+        "threshold": spread.threshold, "windows": len(spread.spreads), "described": spread.describe()}},
+        as_json, display.doctor)
 
 
 @click.command()

@@ -14,6 +14,7 @@ import click
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import CONFIRM_SHARE
+from autotune.child.settings import CACHE_DIR
 from autotune.cli import display, live, options, verdicts
 from autotune.cli.common import EXIT_FAILED, STUDIES, emit, holding, note
 from autotune.config import evaldata, knobs, models
@@ -153,7 +154,7 @@ def _confirm_after(opened: Any, top: int, rounds: int, min_effect: float, timeou
                           "last to stop runs the confirmation (`autotune confirm` runs it now)", markup=False)
         return False, None
     limit_s = CONFIRM_SHARE * time_budget if time_budget is not None else None
-    verdict = _confirm(opened.study, top, rounds, min_effect, timeout, seed, as_json, limit_s)
+    verdict = _confirm(opened.study, top, rounds, min_effect, timeout, seed, as_json, limit_s, opened.request.cache_dir)
     cost = summaries.confirmation_cost(verdict, time.monotonic() - started)
     if not as_json:
         verdicts.cost(cost)
@@ -190,11 +191,14 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: float, seed: int | None,
-             as_json: bool, time_limit_s: float | None = None) -> dict[str, Any]:
+             as_json: bool, time_limit_s: float | None = None, cache_dir: Path = Path(CACHE_DIR)) -> dict[str, Any]:
+    from autotune.host import floor
     from autotune.search import confirm
 
+    here = machine.this_machine()
     verdict = confirm.confirm(found, top, rounds, min_effect, timeout, verdicts.confirm_progress, seed=seed,
-                              ran_on=machine.host_identity(machine.this_machine()), time_limit_s=time_limit_s)
+                              ran_on=machine.host_identity(here), time_limit_s=time_limit_s,
+                              floor=floor.here(cache_dir, len(here.topology.usable_cores)).threshold)
     if not as_json:
         verdicts.confirmation(verdict)
     return verdict

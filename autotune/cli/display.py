@@ -78,6 +78,7 @@ def doctor(report: Mapping[str, Any]) -> None:
         table.add_row("isa_limits", " ".join(f"{k}={v}" for k, v in report["isa_limits"].items()))
     out.print(table)
     probe(report["probe"])
+    out.print(f"timing floor: {report['timing_floor']['described']}", markup=False, soft_wrap=True)
     libs = new_table("Libraries", "library", "path", "install if missing")
     for name, info in report["libraries"].items():
         libs.add_row(name, info["path"] or "[red]missing[/red]", info["install"] or "")

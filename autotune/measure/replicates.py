@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from autotune.base.thresholds import BUSY_MACHINE, NOISY, REMEASURE, STARVED
+from autotune.base.thresholds import BUSY_MACHINE, REMEASURE, STARVED
 from autotune.measure import stats
 from autotune.measure.plan import LaunchPlan, stretched
 from autotune.measure.results import RunResult, generation_figures
@@ -52,6 +52,7 @@ class Measurement:
 
     runs: tuple[RunResult, ...]
     stopped_early: bool = False
+    floor: float | None = None  # this host's spread floor (host/floor.py) when the windows were judged
 
     @property
     def ok(self) -> bool:
@@ -88,28 +89,58 @@ class Measurement:
         return max((float(r.noise.get("other_cpu_share", 0.0)) for r in self.runs), default=0.0)
 
     @property
+    def steal_share(self) -> float:
+        """The largest share of the CPUs the hypervisor gave to other VMs while a replicate measured."""
+        return max((float(r.noise.get("steal_share", 0.0)) for r in self.runs), default=0.0)
+
+    @property
     def own_cpu_share(self) -> float | None:
         """The smallest share of its threads' CPU time a replicate's child got (None: not measured)."""
         shares = [_utilization((run,)) for run in self.runs]
         return min((s for s in shares if s), default=None)
 
     @property
-    def noisy_reason(self) -> str:
-        """Why the measurement is not to be trusted as it is, or "": the spread, other processes'
-        CPU use, a child starved of CPU time, or several."""
+    def window_spread(self) -> float:
+        """The spread of this measurement's windows as this host's floor reads it: each instance's own
+        relative IQR (two one-thread instances are two distributions, not one wide one), the median
+        over a window's instances, the largest over its windows."""
+        return max((run_spread(r) for r in self.runs if r.ok), default=0.0)
+
+    @property
+    def disturbed_reason(self) -> str:
+        """Evidence that something outside the measurement took CPU while it measured, or "": other
+        processes' CPU use, hypervisor steal, a child starved of CPU time. Such a window never decides."""
         reasons = []
-        if self.spread > NOISY:
-            reasons.append(f"IQR/median {self.spread:.0%} > {NOISY:.0%}")
         if self.other_cpu_share > BUSY_MACHINE:
             reasons.append(f"other processes used {self.other_cpu_share:.0%} of the CPUs > {BUSY_MACHINE:.0%}")
+        if self.steal_share > BUSY_MACHINE:
+            reasons.append(f"the hypervisor took {self.steal_share:.0%} of the CPUs (steal) > {BUSY_MACHINE:.0%}")
         own = self.own_cpu_share
         if own is not None and own < STARVED:
             reasons.append(f"the child got {own:.0%} of its threads' CPU time < {STARVED:.0%}")
         return "; ".join(reasons)
 
     @property
+    def wide_reason(self) -> str:
+        """Why the windows are wider than this host's own undisturbed windows (`floor`), or "" (also
+        where no floor is known yet)."""
+        if self.floor is None or self.window_spread <= self.floor:
+            return ""
+        return f"IQR/median {self.window_spread:.0%} > this host's floor {self.floor:.0%}"
+
+    @property
+    def noisy_reason(self) -> str:
+        """Why the measurement is not to be trusted as it is, or "": a disturbance
+        (`disturbed_reason`), or windows wider than this host's floor (`wide_reason`), or both."""
+        return "; ".join(r for r in (self.wide_reason, self.disturbed_reason) if r)
+
+    @property
     def noisy(self) -> bool:
         return bool(self.noisy_reason)
+
+    @property
+    def disturbed(self) -> bool:
+        return bool(self.disturbed_reason)
 
     def summary(self) -> dict[str, Any]:
         """Everything a trial records about its measurement."""
@@ -135,12 +166,26 @@ class Measurement:
             "latency_percentiles_ms": [round(stats.percentile(samples, q), 4) for q in PERCENTILES],
             "noisy": self.noisy,
             "noisy_reason": self.noisy_reason,
+            "disturbed": self.disturbed,
+            "window_spread": round(self.window_spread, 4),
+            "spread_floor": self.floor,
+            **self.setup_seconds(),
             "child_cpu_utilization": round(_utilization(self.runs), 3),
             "other_cpu_share_max": self.other_cpu_share,
-            "steal_share_max": max((n.get("steal_share", 0.0) for n in noise), default=0.0),
+            "steal_share_max": self.steal_share,
             "load_before": noise[0].get("load_before") if noise else None,
             "load_after": noise[-1].get("load_after") if noise else None,
         } | ({"generation": self.generation} if self.generation else {})
+
+    def setup_seconds(self) -> dict[str, float]:
+        """Seconds the measuring processes spent before their windows: building (loading, converting,
+        compiling) and warming up, the slowest instance of each process. A warm replicate is a part of
+        one process and carries that process's setup: counted once (the parts hold the same figures)."""
+        per_run = [max(((float(i.metrics.get("setup", {}).get("build_s", 0.0)),
+                         float(i.metrics.get("setup", {}).get("warmup_s", 0.0))) for i in r.instances),
+                       default=(0.0, 0.0)) for r in self.runs if r.ok]
+        distinct = list(dict.fromkeys(per_run))
+        return {"build_s": round(sum(b for b, _ in distinct), 3), "warmup_s": round(sum(w for _, w in distinct), 3)}
 
     @cached_property
     def generation(self) -> dict[str, float]:
@@ -152,9 +197,22 @@ class Measurement:
         return figures | ({"weight_bytes": weights} if figures and weights else {})
 
 
-def noisy_reason(run: RunResult) -> str:
+def noisy_reason(run: RunResult, floor: float | None = None) -> str:
     """Why one run is not to be trusted as it is, or "": `Measurement.noisy_reason` of it alone."""
-    return Measurement((run,)).noisy_reason
+    return Measurement((run,), floor=floor).noisy_reason
+
+
+def run_spread(run: RunResult) -> float:
+    """One window's spread: the median of its instances' own relative IQRs."""
+    return median([stats.relative_iqr(sorted(i.metrics["latencies_ms"])) for i in run.instances
+                   if i.metrics.get("latencies_ms")] or [0.0])
+
+
+def undisturbed_spreads(measurement: Measurement) -> list[float]:
+    """The spreads of the windows no disturbance touched, for this host's floor (`host/floor.py`)."""
+    return [run_spread(run) for run in measurement.runs
+            if run.ok and not Measurement((run,)).disturbed
+            and any(i.metrics.get("latencies_ms") for i in run.instances)]
 
 
 def _window_s(run: RunResult) -> float:
@@ -176,9 +234,10 @@ def _utilization(runs: Sequence[RunResult]) -> float:
 
 def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRunner,
             after_each: Callable[[int, RunResult, bool], bool] = lambda i, r, more: False,
-            give_up_above_ms: Sequence[float] = ()) -> Measurement:
-    """Run `plan` `policy.replicates` times, plus up to `max_extra` while the spread stays above
-    REMEASURE. `after_each(index, run, more_planned)` may stop early (pruning) by returning True;
+            give_up_above_ms: Sequence[float] = (), floor: float | None = None) -> Measurement:
+    """Run `plan` `policy.replicates` times, plus up to `max_extra` while the windows are wide
+    (`wider`: beyond this host's `floor`, or REMEASURE where no floor is known yet).
+    `after_each(index, run, more_planned)` may stop early (pruning) by returning True;
     it is told whether more replicates are planned, since stopping after the last saves nothing.
     Replicates in one process stop after the k-th window when its median latency is above the k-th
     of `give_up_above_ms` (`pruning.GiveUp`): one run, whatever it measured."""
@@ -188,21 +247,32 @@ def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRu
         run = runner(stretched(plan, limit, give_up_above_ms), policy.timeout_s)
         runs.extend(run.parts(limit))
         if not run.ok:
-            return Measurement(tuple(runs))
+            return Measurement(tuple(runs), floor=floor)
         if run.gave_up:
             after_each(0, run, False)  # its value, reported
-            return Measurement((run,), stopped_early=True)
+            return Measurement((run,), stopped_early=True, floor=floor)
         for index, part in enumerate(runs):
             after_each(index, part, False)  # reported; stopping now would save nothing
     while True:
         room = limit < policy.replicates + policy.max_extra
-        if len(runs) == limit and room and Measurement(tuple(runs)).spread > REMEASURE:
+        if len(runs) == limit and room and wider(Measurement(tuple(runs), floor=floor)):
             limit += 1
         if len(runs) >= limit:
-            return Measurement(tuple(runs))
+            return Measurement(tuple(runs), floor=floor)
         run = runner(plan, policy.timeout_s)
         runs.append(run)
         if not run.ok:
-            return Measurement(tuple(runs))
+            return Measurement(tuple(runs), floor=floor)
         if after_each(len(runs) - 1, run, len(runs) < limit):
-            return Measurement(tuple(runs), stopped_early=True)
+            return Measurement(tuple(runs), stopped_early=True, floor=floor)
+
+
+def wider(measurement: Measurement) -> bool:
+    """Whether a measurement's windows are wide enough to take another replicate: undisturbed and
+    beyond this host's floor, or, before a floor is known, pooled spread above REMEASURE. A disturbed
+    window takes none: more windows beside the same neighbour tell nothing more."""
+    if measurement.disturbed:
+        return False
+    if measurement.floor is None:
+        return measurement.spread > REMEASURE
+    return bool(measurement.wide_reason)

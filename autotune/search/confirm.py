@@ -67,11 +67,12 @@ def candidates(study: optuna.Study, top: int) -> tuple[FrozenTrial, list[FrozenT
 def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeout_s: float,
             on_run: Callable[[RunEvent], None], runner: SeriesRunner | None = None, seed: int | None = None,
             ran_on: Mapping[str, str] | None = None, time_limit_s: float | None = None,
-            clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+            clock: Callable[[], float] = time.monotonic, floor: float | None = None) -> dict[str, Any]:
     """Re-measure, decide, and store the verdict on the study (user attribute `confirmation`):
     rounds up to `rounds` (the cap), stopping at the first look that decides (past the first look, none
     starts that would end after `time_limit_s`); `ran_on` is the host that measured it
-    (`machine.host_identity`), recorded in the verdict."""
+    (`machine.host_identity`), recorded in the verdict; `floor`: this host's spread floor
+    (host/floor.py), against which a run is flagged noisy and run again."""
     check_rounds(rounds, top)
     base, chosen = candidates(study, top)
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))
@@ -90,7 +91,7 @@ def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeo
         return confirmations.record(study, {**judged(None, plan.looks[-1]), **(ran_on or {})})
     stopped = until_decided([reference, *contenders], plan, metric, timeout_s, runner or Series(), on_run,
                                 lambda measured, look: bool(judged(measured, look)["decided"]), seed, time_limit_s,
-                                clock)
+                                clock, floor)
     found = judged(stopped.rounds, stopped.look)
     found.update(stopped_by=stopped.by, wall_s=round(stopped.wall_s, 1), **(ran_on or {}))
     found.update(recheck_quality(study, found, base, limits, timeout_s))

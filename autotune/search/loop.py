@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError, RunFailed
 from autotune.config.knobs import Config
+from autotune.host import floor as host_floor
 from autotune.host.machine import (
     Machine,
     host_name,
@@ -26,7 +27,7 @@ from autotune.host.machine import (
 from autotune.measure import quality, requests
 from autotune.measure.objectives import values_of
 from autotune.measure.plan import LaunchPlan
-from autotune.measure.replicates import Measurement, PlanRunner, measure_replicates
+from autotune.measure.replicates import Measurement, PlanRunner, measure_replicates, undisturbed_spreads
 from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
 from autotune.search import budget, confirm, fleet, opening, proposals, pruning
@@ -47,6 +48,7 @@ class Outcome:
     measurement: Measurement | None = None
     duplicate_of: int | None = None
     undecided: tuple[int, ...] | None = None  # a stop on a noisy window: the earlier undecided attempts
+    hopeless: bool = False  # an undecided stop with no retry: this host's recent windows were all disturbed
     retry_of: int | None = None  # the earlier failed trial of this configuration it measured again
     quality: tuple[str, dict[str, Any]] | None = None  # with --eval-data: (`records.quality_key`, the figures)
 
@@ -218,7 +220,7 @@ def _quiet_baseline(search: Search, machine: Machine, runner: PlanRunner, on_eve
     if not _patiently(search, lambda: undecided.baseline_due(study.get_trials(deepcopy=False), reference)):
         return
     plan = requests.make_plan(opening.bench_request(search.request, Config()), machine)
-    measured = measure_replicates(plan, search.request.replicates, runner)
+    measured = _measured(search, machine, plan, runner)
     if not measured.ok:
         return  # the baseline that measured stays; a failure now is no evidence against it
     updated = _patiently(search, lambda: fleet.record_remeasure(study, host, measured))
@@ -268,7 +270,7 @@ def _host_baseline(search: Search, machine: Machine, runner: PlanRunner) -> dict
     if known is not None:
         return known
     plan = requests.make_plan(opening.bench_request(search.request, Config()), machine)
-    measured = measure_replicates(plan, search.request.replicates, runner)
+    measured = _measured(search, machine, plan, runner)
     if not measured.ok:
         raise RunFailed(f"this host's baseline (PyTorch defaults) failed: {measured.reason}; autotune needs it to "
                         f"tune; try `autotune bench --model {search.request.model}` to see why")
@@ -309,19 +311,47 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
     earlier = _patiently(search, lambda: _earlier_attempts(search, trial, config, batch))
     pruner = pruning.PruneCheck(search.study, trial, request.objective)
     limit = _give_up(search, plan)
-    measurement = measure_replicates(plan, request.replicates, runner, after_each=_pruning(search, pruner),
-                                     give_up_above_ms=limit.above_ms if limit else ())
+    measurement = _measured(search, machine, plan, runner, after_each=_pruning(search, pruner),
+                            give_up_above_ms=limit.above_ms if limit else ())
     if not measurement.ok:
         return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement, retry_of=retry_of)
     if measurement.stopped_early:
         last = measurement.runs[-1]
         reason = limit.reason(last) if limit is not None and last.gave_up else pruner.reason
-        if measurement.noisy:  # a noisy window decides nothing (study/undecided.py)
-            return Outcome(TrialState.FAIL, reason=undecided.explain(reason, measurement.noisy_reason, earlier),
-                           measurement=measurement, undecided=earlier, retry_of=retry_of)
+        if measurement.noisy:
+            return _noisy_stop(search, reason, measurement, earlier, limit, pruner, retry_of)
         return Outcome(TrialState.PRUNED, reason=reason, measurement=measurement, retry_of=retry_of)
     return Outcome(TrialState.COMPLETE, values_of(request.objective, measurement), measurement=measurement,
                    retry_of=retry_of, quality=_quality(search, plan, config, batch))
+
+
+def _noisy_stop(search: Search, reason: str, measurement: Measurement, earlier: tuple[int, ...],
+                limit: pruning.GiveUp | None, pruner: pruning.PruneCheck, retry_of: int | None) -> Outcome:
+    """A stop on a window flagged noisy. Windows only wider than this host's floor are read as the
+    distribution they are: the stop stands when its median's interval clears the line it crossed
+    (`pruning.clear_under_spread`). A disturbed window (or a wide one whose interval reaches back)
+    decides nothing (study/undecided.py): measured again at most once, and not at all where this
+    host's recent windows were all disturbed."""
+    if not measurement.disturbed:
+        clear = pruning.clear_under_spread(measurement, limit, pruner)
+        if clear:
+            return Outcome(TrialState.PRUNED, reason=f"{reason}; its windows are wider than this host's floor "
+                                                     f"({measurement.wide_reason}), and {clear}",
+                           measurement=measurement, retry_of=retry_of)
+    hopeless = _patiently(search, lambda: undecided.quiet_unlikely(search.study.get_trials(deepcopy=False)))
+    return Outcome(TrialState.FAIL, reason=undecided.explain(reason, measurement.noisy_reason, earlier, hopeless),
+                   measurement=measurement, undecided=earlier, hopeless=hopeless, retry_of=retry_of)
+
+
+def _measured(search: Search, machine: Machine, plan: LaunchPlan, runner: PlanRunner, **how: Any) -> Measurement:
+    """`measure_replicates` judged against this host's spread floor as it stands before the
+    measurement; its undisturbed windows then join the floor."""
+    cores = len(machine.topology.usable_cores)
+    measurement = measure_replicates(plan, search.request.replicates, runner,
+                                     floor=host_floor.here(search.request.cache_dir, cores).threshold, **how)
+    if measurement.ok:  # read again: another search on this host may have added to it meanwhile
+        host_floor.save(host_floor.here(search.request.cache_dir, cores).adding(undisturbed_spreads(measurement)))
+    return measurement
 
 
 def _quality(search: Search, plan: LaunchPlan, config: Config, batch: int) -> tuple[str, dict[str, Any]] | None:
@@ -402,7 +432,7 @@ def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome,
         if outcome.state == TrialState.PRUNED:
             records.record_pruned(trial, outcome.reason)
         if outcome.undecided is not None:
-            undecided.record(trial, outcome.reason, outcome.undecided)
+            undecided.record(trial, outcome.reason, outcome.undecided, outcome.hopeless)
     if outcome.quality is not None:
         records.record_quality(trial, *outcome.quality)
     if outcome.state == TrialState.COMPLETE:

@@ -77,6 +77,7 @@ from autotune.config.space import SearchSpace, config_of_params
 from autotune.measure import stats
 from autotune.measure.objectives import Metric, Objective, lower_is_better, metric_of, metric_value
 from autotune.measure.plan import LaunchPlan
+from autotune.measure.replicates import Measurement
 from autotune.measure.results import RunResult
 from autotune.model.knobs import KNOBS, conditions, shown
 from autotune.study import records
@@ -101,6 +102,7 @@ class PruneCheck:
         self.study, self.trial, self.metric = study, trial, metric_of(objective)
         self.single = len(study.directions) == 1  # Optuna prunes single-objective studies only
         self.values: list[float] = []
+        self.best_values: list[float] = []  # the best trial's replicate values, when a stop read them
         self.reason = ""
 
     def __call__(self, index: int, run: RunResult, more_planned: bool) -> bool:
@@ -113,7 +115,7 @@ class PruneCheck:
         best = self._best()
         if best is None or not separated(self.values, best[1], self.metric):
             return False
-        self.reason = self._why(best[0], best[1])
+        self.reason, self.best_values = self._why(best[0], best[1]), list(best[1])
         return True
 
     def _best(self) -> tuple[int, list[float]] | None:
@@ -128,6 +130,30 @@ class PruneCheck:
         unit = "ms" if lower_is_better(self.metric) else "items/s"
         return (f"all {len(self.values)} replicates more than {MARGIN:.0%} worse than every replicate of trial "
                 f"{best} ({_span(self.values)} vs {_span(theirs)} {unit})")
+
+
+def clear_under_spread(measurement: Measurement, give_up: GiveUp | None, pruner: PruneCheck) -> str:
+    """Whether a stop on windows wider than this host's floor (and nothing else) still stands once
+    their spread is read: the distribution-free 95% interval of the median (`stats.median_ci`) of the
+    samples the stop read lies wholly beyond the line it crossed. Returns why it stands, or "" when
+    the interval reaches back over the line (then the stop decides nothing: measured again once).
+    A give-up reads its stopped instance's samples against that window's limit (a batch's latency,
+    for either objective); a pruning, every sample against the best trial's slowest replicate plus
+    MARGIN (latency only: a throughput is one figure per window, not a distribution of samples)."""
+    last = measurement.runs[-1]
+    if give_up is not None and last.gave_up:
+        stopped = next(i for i in last.instances if "gave_up_above_ms" in i.metrics)
+        line = give_up.above_ms[int(stopped.metrics.get("gave_up_windows", 1)) - 1]
+        samples = list(stopped.metrics["latencies_ms"])
+    elif pruner.best_values and lower_is_better(pruner.metric):
+        line, samples = max(pruner.best_values) * (1 + MARGIN), measurement.samples()
+    else:
+        return ""
+    interval = stats.median_ci(samples)
+    if interval.low <= line:
+        return ""
+    return (f"its median's {interval.label} over {len(samples)} samples, "
+            f"{interval.low:.2f}-{interval.high:.2f} ms, lies above {line:.2f} ms")
 
 
 def _span(values: Sequence[float]) -> str:

@@ -145,7 +145,7 @@ def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, tim
 def until_decided(contenders: Sequence[Contender], design: Design, metric: Metric, timeout_s: float,
                   runner: SeriesRunner, on_run: Callable[[RunEvent], None], decided: Callable[[Rounds, Look], bool],
                   seed: int | None = None, time_limit_s: float | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> Stopped:
+                  clock: Callable[[], float] = time.monotonic, floor: float | None = None) -> Stopped:
     """Rounds up to each look of `design` in turn, until `decided(rounds, look)` says every
     decision is made, or the last look. With `time_limit_s`, no look after the first starts when
     its rounds, at the pace of those so far, would end past the limit: the rounds stop at the look
@@ -159,7 +159,7 @@ def until_decided(contenders: Sequence[Contender], design: Design, metric: Metri
         if measured is not None and _past_limit(clock() - start, measured.count, look.rounds, time_limit_s):
             return Stopped(measured, judged, "time", clock() - start)
         for number in range(measured.count if measured else 0, look.rounds):
-            kept = _round(contenders, number, orders[number], metric, timeout_s, runner, on_run, design.cap)
+            kept = _round(contenders, number, orders[number], metric, timeout_s, runner, on_run, design.cap, floor)
             for position, run in kept.items():
                 runs[position].append(run)
         measured = Rounds(tuple(contenders), tuple(tuple(r) for r in runs), tuple(orders[:look.rounds]), seed)
@@ -176,40 +176,42 @@ def _past_limit(elapsed_s: float, done: int, planned: int, limit_s: float | None
 
 
 def _round(contenders: Sequence[Contender], number: int, order: Sequence[int], metric: Metric, timeout_s: float,
-           runner: SeriesRunner, on_run: Callable[[RunEvent], None], rounds: int) -> dict[int, RoundRun]:
-    """One round in `order`; then each contender whose run ran and was flagged noisy runs again,
-    at most `CONFIRM_RERUNS` times, in the same order."""
+           runner: SeriesRunner, on_run: Callable[[RunEvent], None], rounds: int,
+           floor: float | None = None) -> dict[int, RoundRun]:
+    """One round in `order`; then each contender whose run ran and was flagged noisy (against this
+    host's spread `floor`) runs again, at most `CONFIRM_RERUNS` times, in the same order."""
     attempts: dict[int, list[RunResult]] = {position: [] for position in order}
     waiting = list(order)
     for attempt in range(CONFIRM_RERUNS + 1):
         turns = [(number, position) for position in waiting]
         for (_, position), result in zip(turns, _series(contenders, turns, timeout_s, runner, on_run, rounds,
-                                                        attempt), strict=True):
+                                                        attempt, floor), strict=True):
             attempts[position].append(result)
-        waiting = [p for p in waiting if attempts[p][-1].ok and noisy_reason(attempts[p][-1])]
+        waiting = [p for p in waiting if attempts[p][-1].ok and noisy_reason(attempts[p][-1], floor)]
         if not waiting:
             break
-    return {position: round_run(tuple(attempts[position]), metric, checked=True) for position in order}
+    return {position: round_run(tuple(attempts[position]), metric, checked=True, floor=floor) for position in order}
 
 
 def _series(contenders: Sequence[Contender], turns: Sequence[tuple[int, int]], timeout_s: float,
             runner: SeriesRunner, on_run: Callable[[RunEvent], None], rounds: int,
-            attempt: int = 0) -> list[RunResult]:
+            attempt: int = 0, floor: float | None = None) -> list[RunResult]:
     """The runs of `turns` (round, contender position) as one series, each told to `on_run`."""
     results = []
     with contextlib.closing(runner([contenders[p].plan for _, p in turns], timeout_s)) as series:
         for (number, position), result in zip(turns, series, strict=True):
             results.append(result)
             on_run(RunEvent(number, rounds, contenders[position], result,
-                            noisy_reason(result) if result.ok else "", attempt))
+                            noisy_reason(result, floor) if result.ok else "", attempt))
     return results
 
 
-def round_run(attempts: Sequence[RunResult], metric: Metric, checked: bool = False) -> RoundRun:
+def round_run(attempts: Sequence[RunResult], metric: Metric, checked: bool = False,
+              floor: float | None = None) -> RoundRun:
     """What a round keeps of a contender's attempts: a failure when one failed, else the first quiet
     one, else (every one noisy) the one with the median value; `checked`: the runs' noisy flags
     were read (a series run without reruns, `interleave`, keeps no flags)."""
-    flags = tuple(noisy_reason(a) if a.ok else "" for a in attempts) if checked else ()
+    flags = tuple(noisy_reason(a, floor) if a.ok else "" for a in attempts) if checked else ()
     wall_s = sum(a.wall_s for a in attempts)
     failed = next((a for a in attempts if not a.ok), None)
     if failed is not None:

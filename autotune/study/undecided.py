@@ -33,7 +33,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.base.thresholds import NOISY_RETRIES, NOISY_RETRY_WAIT
+from autotune.base.thresholds import NOISY_RETRIES, NOISY_RETRY_WAIT, QUIET_HISTORY
 from autotune.config.knobs import identity_of
 from autotune.study import records
 
@@ -46,23 +46,37 @@ def earlier_attempts(trials: Sequence[FrozenTrial], config: str, batch: int, dig
     return sorted(t.number for t in _undecided(trials, digest) if records.identity(t) == wanted)
 
 
-def is_last_attempt(earlier: Sequence[int]) -> bool:
-    """Whether a trial after `earlier` undecided attempts has no retry left."""
-    return len(earlier) >= NOISY_RETRIES
+def is_last_attempt(earlier: Sequence[int], hopeless: bool = False) -> bool:
+    """Whether a trial after `earlier` undecided attempts has no retry left (none at all where
+    `hopeless`: this host's recent windows say no quiet one will come, `quiet_unlikely`)."""
+    return hopeless or len(earlier) >= NOISY_RETRIES
 
 
-def explain(reason: str, noisy_reason: str, earlier: Sequence[int]) -> str:
+def quiet_unlikely(trials: Sequence[FrozenTrial]) -> bool:
+    """Whether this host's history says a quiet window will not come: each of the last
+    `QUIET_HISTORY` trials that measured was disturbed (other processes, steal, a starved child).
+    Then a retry would wait for nothing and measure beside the same neighbour."""
+    measured = sorted((t for t in trials if t.state in records.FINISHED and "latency_p50_ms" in t.user_attrs
+                       and not records.is_duplicate(t)), key=lambda t: t.number)[-QUIET_HISTORY:]
+    return len(measured) >= QUIET_HISTORY and all(_disturbed(t) for t in measured)
+
+
+def explain(reason: str, noisy_reason: str, earlier: Sequence[int], hopeless: bool = False) -> str:
     """Why a stop on a noisy window decided nothing, and what happens to it."""
-    then = (f"kept undecided: all {len(earlier) + 1} attempts were noisy" if is_last_attempt(earlier)
-            else "measured again once the machine is quiet")
+    if hopeless:
+        then = f"kept undecided: each of this host's last {QUIET_HISTORY} measured trials was disturbed"
+    elif is_last_attempt(earlier):
+        then = f"kept undecided: all {len(earlier) + 1} attempts were noisy"
+    else:
+        then = "measured again once the machine is quiet"
     return f"{reason}; the window was noisy ({noisy_reason}): {then}"
 
 
-def record(trial: optuna.Trial, shown: str, earlier: Sequence[int]) -> None:
+def record(trial: optuna.Trial, shown: str, earlier: Sequence[int], hopeless: bool = False) -> None:
     """A stop on a noisy window, recorded as undecided (`shown`: `explain`'s text)."""
     records.record_failure(trial, shown, records.UNDECIDED)
     trial.set_user_attr("status", "undecided")
-    trial.set_user_attr(records.UNDECIDED_FINAL, is_last_attempt(earlier))
+    trial.set_user_attr(records.UNDECIDED_FINAL, is_last_attempt(earlier, hopeless))
 
 
 def pending(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:
@@ -97,18 +111,24 @@ def ready(finished: Sequence[FrozenTrial], after: int, attempts: int) -> bool:
 
 def baseline_due(trials: Sequence[FrozenTrial], reference: Mapping[str, Any] | None) -> bool:
     """Whether a host's baseline (`fleet.host_reference`), measured on a noisy window, is due to be
-    measured again by the same rule as an undecided trial (`ready`), at most `NOISY_RETRIES` times:
-    the speedups shown during the search are then over a quiet baseline."""
+    measured again by the same rule as an undecided trial (`ready`), at most `NOISY_RETRIES` times
+    and not while no quiet window is in sight (`quiet_unlikely`): the speedups shown during the search
+    are then over a quiet baseline."""
     if not reference or not reference.get("noisy"):
         return False
     attempts = len((reference.get("remeasured") or {}).get("attempts", []))
     finished = [t for t in trials if t.state in records.FINISHED]
-    return attempts < NOISY_RETRIES and ready(finished, int(reference.get("after_trial", -1)), attempts)
+    return attempts < NOISY_RETRIES and ready(finished, int(reference.get("after_trial", -1)), attempts) \
+        and not quiet_unlikely(trials)
 
 
 def _measured_quiet(trial: FrozenTrial) -> bool:
-    return "latency_p50_ms" in trial.user_attrs and trial.user_attrs.get("noisy") is False \
-        and not records.is_duplicate(trial)
+    return "latency_p50_ms" in trial.user_attrs and not _disturbed(trial) and not records.is_duplicate(trial)
+
+
+def _disturbed(trial: FrozenTrial) -> bool:
+    """Whether a trial's windows were disturbed (a record from before the host's floor: flagged noisy)."""
+    return bool(trial.user_attrs.get("disturbed", trial.user_attrs.get("noisy", True)))
 
 
 def _undecided(trials: Sequence[FrozenTrial], digest: str) -> list[FrozenTrial]:

@@ -111,6 +111,20 @@ def test_doctor_json_lists_libraries_with_install_hints(capsys: pytest.CaptureFi
         assert (info["path"] is None) != (info["install"] is None)
     assert set(data["isa"]) >= {"avx512f", "avx512_bf16", "amx_tile"}
     assert data["torch"].startswith("2.")
+    assert set(data["timing_floor"]) == {"threshold", "windows", "described"}
+
+
+def test_doctor_shows_this_hosts_timing_floor_once_searches_gathered_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from autotune.host import floor, machine
+
+    code, out, _ = run_cli(capsys, "doctor", "--cache-dir", str(tmp_path))
+    assert code == 0 and "timing floor: not known yet (0 of the 8 undisturbed windows it needs" in out
+    floor.save(floor.here(tmp_path, len(machine.this_machine().topology.usable_cores)).adding([0.04] * 19 + [0.3]))
+    code, out, _ = run_cli(capsys, "doctor", "--cache-dir", str(tmp_path), "--json")
+    assert json.loads(out)["timing_floor"] == {
+        "threshold": 0.04, "windows": 20,
+        "described": "4.0% IQR/median (95% of 20 undisturbed windows spread less; their median 4.0%)"}
 
 
 def test_doctor_lists_the_runtimes_found_with_their_versions_and_how_to_install_a_missing_one(

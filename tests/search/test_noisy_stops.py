@@ -78,9 +78,9 @@ def test_a_configuration_noisy_in_every_attempt_stays_undecided_and_counts_once(
     finals = [t for t in trials if t.user_attrs.get(records.UNDECIDED_FINAL)]
     assert finals, "some configuration stopped on a noisy window every time"
     for t in finals:
-        attempts = t.user_attrs[undecided.ATTEMPTS]
-        assert len(attempts) == NOISY_RETRIES and "kept undecided: all 3 attempts were noisy" in t.user_attrs[
-            "fail_reason"]
+        attempts, reason = t.user_attrs.get(undecided.ATTEMPTS, []), t.user_attrs["fail_reason"]
+        assert (len(attempts) == NOISY_RETRIES and f"kept undecided: all {NOISY_RETRIES + 1} attempts were noisy"
+                in reason) or "measured trials was disturbed" in reason
         assert not any(records.counts(trials[n]) for n in attempts) and records.counts(t)
     assert not any(t.state == TrialState.PRUNED for t in trials)
     counted = [t for t in trials if records.counts(t)]
@@ -148,7 +148,9 @@ def test_a_baseline_noisy_every_time_is_measured_again_at_most_noisy_retries_tim
     assert len(attempts) == NOISY_RETRIES and not reference["remeasured"]["quiet"]
     assert reference["noisy"] and reference["latency_p50_ms"] == pytest.approx(400.0)  # the first stays
     waited = [a["after_trial"] for a in attempts]
-    assert waited[0] >= NOISY_RETRY_WAIT and waited[1] - waited[0] >= 2 * NOISY_RETRY_WAIT - 1  # by undecided's rule
+    assert waited[0] >= NOISY_RETRY_WAIT  # by undecided's rule: the k-th retry after 2^k times as many
+    assert all(after - before >= 2 ** (k + 1) * NOISY_RETRY_WAIT - 1
+               for k, (before, after) in enumerate(itertools.pairwise(waited)))
     first = opened.study.get_trials()[1]
     assert records.speedup(first, "speedup_latency", opened.study.user_attrs) == first.user_attrs["speedup_latency"]
 
@@ -159,3 +161,23 @@ def test_a_baseline_measured_quietly_is_never_measured_again(tmp_path: Path, her
     loop.run_search(opened, here, lambda event: None, runner=neighbour)
     assert [config for config, _ in neighbour.ran].count("defaults") == 1
     assert records.remeasured_baselines(opened.study.user_attrs) == {}
+
+
+def test_no_retry_waits_for_a_quiet_window_this_hosts_history_says_will_not_come() -> None:
+    """Each of the last QUIET_HISTORY measured trials disturbed: a stop now stays undecided at once;
+    one undisturbed trial among them, and the retry is kept."""
+    from optuna.trial import create_trial
+
+    from autotune.base.thresholds import QUIET_HISTORY
+
+    def measured(disturbed: bool) -> FrozenTrial:
+        return create_trial(state=TrialState.COMPLETE, values=[1.0],
+                            user_attrs={"latency_p50_ms": 1.0, "disturbed": disturbed})
+
+    busy = [measured(True) for _ in range(QUIET_HISTORY)]
+    assert undecided.quiet_unlikely(busy)
+    assert not undecided.quiet_unlikely(busy[1:])  # too little history to say
+    assert not undecided.quiet_unlikely([*busy[:-1], measured(False)])
+    assert undecided.is_last_attempt([], hopeless=True)
+    said = undecided.explain("gave up", "other processes used 60% of the CPUs > 25%", [], hopeless=True)
+    assert said.endswith(f"kept undecided: each of this host's last {QUIET_HISTORY} measured trials was disturbed")
