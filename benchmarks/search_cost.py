@@ -15,6 +15,14 @@ to take minutes.
     .venv/bin/python benchmarks/search_cost.py --objective throughput --batch-size 8
     .venv/bin/python benchmarks/search_cost.py --seed 1 --out /tmp/cost -- --time-budget 15m
     .venv/bin/python benchmarks/search_cost.py --quick
+    .venv/bin/python benchmarks/search_cost.py --model resnet50 --after /tmp/cost     # a second study, warm
+    .venv/bin/python benchmarks/search_cost.py --model resnet50 --after /tmp/cost -- --no-warm-start
+
+With --after OUT the search runs in an earlier run's OUT/search folder, beside its study (and its
+compiled artifacts), as a user's second study on the same host does: it starts warm from what won
+there unless told --no-warm-start. The table gives where the wall time went (the study's own
+breakdown), the confirmation's share, and the trial at which the recommended configuration was
+first measured: warm against cold, that is what a warm start saves.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import optuna
 
@@ -34,15 +43,17 @@ QUICK_TRIALS = 6
 
 def main() -> int:
     args = parse()
-    folder = args.out / "search"
+    folder = (args.after or args.out) / "search"
     folder.mkdir(exist_ok=True)
+    before = set((folder / "studies").glob("*.db"))
     argv = ["search", "--model", args.model, "--trials", str(args.trials), "--objective", args.objective,
             "--batch-size", args.batch_size, "--confirm-rounds", str(args.confirm_rounds), "--seed", str(args.seed),
             *args.extra]
     start = time.monotonic()
     code = common.autotune(folder, *argv, log="search.log")
     wall = time.monotonic() - start
-    [db] = (folder / "studies").glob("*.db")
+    [db] = sorted(set((folder / "studies").glob("*.db")) - before) or [max(
+        (folder / "studies").glob("*.db"), key=lambda p: p.stat().st_mtime)]
     with storage.quiet_optuna():
         study = optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}")
     common.write_table(args.out, "search_cost", report(args, common.provenance(folder), study, wall, code))
@@ -58,6 +69,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch-size", default="1")
     p.add_argument("--confirm-rounds", type=int, help=f"default 10 ({common.QUICK_CONFIRM_ROUNDS} with --quick)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--after", type=Path, help="run in an earlier run's OUT/search folder, beside its study")
     p.add_argument("extra", nargs="*", help="more `autotune search` flags, after --")
     args = p.parse_args()
     common.fill(args, {"model": common.MODEL, "trials": 50, "confirm_rounds": 10},
@@ -83,12 +95,35 @@ def report(args: argparse.Namespace, found: dict[str, str], study: optuna.Study,
              f"| wall, trials (study accounting) | {a.get('wall_s', 0) / 60:.1f} min |",
              f"| timed samples / trial wall | {a.get('efficiency', 0):.0%} ({a.get('timed_s', 0):.0f} s) |",
              f"| trials, distinct configurations | {a.get('trials')}, {a.get('distinct_configurations')} |",
-             f"| trials per hour | {a.get('trials_per_hour', 0):.0f} |"]
+             f"| trials per hour | {a.get('trials_per_hour', 0):.0f} |",
+             f"| undecided attempts (noisy windows) | {a.get('undecided', 0)} |"]
+    parts = a.get("breakdown") or {}
+    if parts:
+        lines.append("| trial wall: build and compile, warm-up, timed, undecided, the rest | "
+                     + ", ".join(f"{parts.get(k, 0):.0f} s" for k in ("build_s", "warmup_s", "timed_s", "undecided_s",
+                                                                       "other_s")) + " |")
+    if verdict:
+        lines.append(f"| confirmation | {verdict.get('wall_s', 0) / 60:.1f} min, stopped by "
+                     f"{verdict.get('stopped_by')}, {verdict.get('noisy_reruns', 0)} noisy runs run again |")
+    first = first_measured(study, verdict.get("recommended_trial"))
+    warm = [t.number for t in trials if t.user_attrs.get("warm_start")]
+    lines.append(f"| recommended configuration first measured at trial | {first} |")
+    lines.append(f"| warm start | {'trials ' + ', '.join(map(str, warm)) if warm else 'cold'} |")
     if best_recipe is not None:
         lines.append(f"| best recipe in the search | {best_recipe.user_attrs['recipe']}: "
                      f"{best_recipe.user_attrs[key]:.2f}x (trial {best_recipe.number}, search measurement) |")
     lines.append(f"| confirmed winner | {verdict.get('message', 'no confirmation recorded')} |")
     return "\n".join(lines) + "\n"
+
+
+def first_measured(study: optuna.Study, recommended: int | None) -> int | None:
+    """The trial at which the recommended configuration was first measured (a duplicate's first)."""
+    trials = study.get_trials(deepcopy=False)
+    chosen = next((t for t in trials if t.number == recommended), None)
+    if chosen is None:
+        return None
+    wanted = records.identity(chosen)
+    return min(t.number for t in trials if "config" in t.user_attrs and records.identity(t) == wanted)
 
 
 if __name__ == "__main__":

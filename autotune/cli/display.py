@@ -322,6 +322,14 @@ def accounting(numbers: Mapping[str, Any]) -> None:
               f"{clock(numbers['wall_s'])} wall, {numbers['timed_s']:.0f} s of timed samples "
               f"({numbers['efficiency']:.0%} of the wall time), {numbers['trials_per_hour']:.0f} trials/hour",
               soft_wrap=True, highlight=False)
+    parts = numbers.get("breakdown")
+    if parts:
+        out.print("where the wall time went: " + ", ".join(
+            f"{name} {parts[key]:.0f} s" for key, name in (("build_s", "build and compile"), ("warmup_s", "warm-up"),
+                                                           ("timed_s", "timed samples"),
+                                                           ("undecided_s", "undecided attempts"),
+                                                           ("other_s", "the rest"))),
+                  soft_wrap=True, highlight=False)
 
 
 def studies(data: Mapping[str, Any]) -> None:

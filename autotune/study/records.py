@@ -138,7 +138,7 @@ def distinct_configs(study: optuna.Study) -> int:
                 for t in counted(study.get_trials(deepcopy=False)) if "config" in t.user_attrs})
 
 
-def account(study: optuna.Study, session_s: float) -> dict[str, float]:
+def account(study: optuna.Study, session_s: float) -> dict[str, Any]:
     """What the study's searches cost and measured, over all their sessions: wall time, timed
     seconds (the windows samples were taken in; a duplicate's reused ones once), their ratio,
     distinct configurations, the trials that count toward --trials, those pruned before
@@ -151,6 +151,7 @@ def account(study: optuna.Study, session_s: float) -> dict[str, float]:
     number = len(counted(trials))
     accounting = {"wall_s": round(wall, 2), "timed_s": round(timed, 2),
                   "efficiency": round(timed / wall, 3) if wall else 0.0,
+                  "breakdown": breakdown(trials, wall),
                   "distinct_configurations": distinct_configs(study), "trials": number,
                   "not_compiled": not_compiled(trials),
                   "undecided": sum(fail_cause(t) == UNDECIDED for t in trials),
@@ -158,6 +159,24 @@ def account(study: optuna.Study, session_s: float) -> dict[str, float]:
                   "sessions": int(before.get("sessions", 0)) + 1}
     study.set_user_attr("accounting", accounting)
     return accounting
+
+
+def breakdown(trials: Sequence[FrozenTrial], wall_s: float) -> dict[str, float]:
+    """Where a study's search wall time went, in seconds: building (loading, converting, compiling)
+    and warming up the measuring processes, their timed windows, the attempts that decided nothing
+    (undecided: their whole measuring wall, measured again later), and the rest (process starts,
+    quality judging, the sampler, the database). A duplicate reuses another trial's and counts nothing."""
+    measured = [t for t in trials if not is_duplicate(t) and "measure_wall_s" in t.user_attrs]
+    wasted = [t for t in measured if fail_cause(t) == UNDECIDED]
+    decided = [t for t in measured if fail_cause(t) != UNDECIDED]
+
+    def total(key: str, among: Sequence[FrozenTrial]) -> float:
+        return sum(float(t.user_attrs.get(key) or 0.0) for t in among)
+
+    parts = {"build_s": total("build_s", decided), "warmup_s": total("warmup_s", decided),
+             "timed_s": total("timed_s", decided), "undecided_s": total("measure_wall_s", wasted)}
+    parts["other_s"] = max(wall_s - sum(parts.values()), 0.0)
+    return {key: round(value, 1) for key, value in parts.items()}
 
 
 def wall_per_trial(study: optuna.Study) -> float | None:

@@ -7,6 +7,7 @@ import json
 import time
 
 import optuna
+from optuna.trial import TrialState
 
 from autotune.measure import replicates
 from autotune.measure.objectives import Limits
@@ -152,3 +153,19 @@ def test_a_trial_that_measured_no_time_per_token_breaks_a_token_limit_and_none_s
     assert forward["feasible"] is False and forward["constraint_tpot_p90_over_limit_ms"] == float("inf")
     free = recorded(generating([18.0]), Limits())
     assert "feasible" not in free and free["constraints"] == {}
+
+
+def test_a_searchs_wall_time_is_broken_down_where_it_went() -> None:
+    """Build, warm-up and timed windows of the trials that decided; an undecided attempt's whole
+    measuring wall (it is measured again); a duplicate's nothing; the rest of the wall time: the rest."""
+    def trial(state: TrialState, **attrs: object) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(state=state, values=[1.0] if state == TrialState.COMPLETE else None,
+                                         user_attrs={"measure_wall_s": 20.0, **attrs})
+
+    trials = [trial(TrialState.COMPLETE, build_s=8.0, warmup_s=1.0, timed_s=6.0),
+              trial(TrialState.PRUNED, build_s=30.0, warmup_s=1.0, timed_s=2.0),
+              trial(TrialState.FAIL, build_s=8.0, warmup_s=1.0, timed_s=6.0, fail_cause=records.UNDECIDED),
+              trial(TrialState.COMPLETE, build_s=8.0, warmup_s=1.0, timed_s=6.0, duplicate_of=0)]
+    assert records.breakdown(trials, 100.0) == {"build_s": 38.0, "warmup_s": 2.0, "timed_s": 8.0,
+                                                "undecided_s": 20.0, "other_s": 32.0}
+    assert records.breakdown(trials, 10.0)["other_s"] == 0.0  # never below nothing
