@@ -69,6 +69,9 @@ from autotune.search import opening
 @click.option("--allow-mixed", is_flag=True,
               help="Let this host join a shared study made on another host class (raw values ranked together, "
                    "each trial's speedup over its own host's baseline recorded); without it such a host is refused.")
+@click.option("--no-warm-start", "cold", is_flag=True,
+              help="Start a new study cold: without it, its first trials after the baseline measure what won in "
+                   "other studies on this host class (other models, batch sizes).")
 @options.measure_options
 @options.no_wait_option
 @options.json_option
@@ -81,7 +84,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
            max_quality_drop: str | None,
            seed: int | None, replicates: int, warm_replicates: bool, confirm_top: int, confirm_rounds: int,
            min_effect: float, timeout: float, tolerance: float | None, calibration_batches: int | None,
-           cache_dir: Path, no_wait: bool, as_json: bool, allow_mixed: bool, **measure: Any) -> None:
+           cache_dir: Path, no_wait: bool, as_json: bool, allow_mixed: bool, cold: bool, **measure: Any) -> None:
     """Search the knobs with Optuna; the first trial is PyTorch's defaults, the baseline.
 
     \b
@@ -114,7 +117,7 @@ def search(model: str, input_shape: str | None, example_inputs: str | None, seq_
         pins=knobs.Config.from_assignments(pins), time_budget_s=time_budget, allow_mixed=allow_mixed,
         confirm_rounds=confirm_rounds if confirm_top else 0, confirm_top=confirm_top,
         eval_data=eval_data, max_quality_drop=evaldata.parse_drop(max_quality_drop), eval_metric=eval_metric,
-        eval_direction=eval_direction)
+        eval_direction=eval_direction, warm_start=not cold)
     here = machine.this_machine()
     opening.validate(request, here)  # a bad input is said at once, not after waiting for the machine
     with holding("search", no_wait):

@@ -260,6 +260,8 @@ def search_summary(body: Mapping[str, Any]) -> None:
         out.print(_remeasured(host, remeasured), soft_wrap=True, highlight=False, markup=False)
     if body["accounting"]:
         accounting(body["accounting"])
+    if body.get("warm_start"):
+        warm_start(body["warm_start"])
     if body["efficiency"]:
         from autotune.study.efficiency import words
 
@@ -309,6 +311,15 @@ def quality_front(trials: Iterable[Mapping[str, Any]], limit: float | None) -> N
                       " to ".join(f"{x:+.2f}" for x in found["drop_interval"] or ()) or "-",
                       "-" if limit is None else ("yes" if found["drop"] <= limit else "no"))
     out.print(table)
+
+
+def warm_start(found: Mapping[str, Any]) -> None:
+    """What the warm start enqueued and whether the best configuration came from it, in one line."""
+    came = [f"trial {e['trial']} ({e['config']}, from study {e['study']})" for e in found["enqueued"]]
+    best = ("the best trial measures one of them" if found["best_from_warm_start"]
+            else "the best configuration came from the search itself")
+    out.print(f"warm start: {'; '.join(came)}; {best} (first measured at trial {found['best_first_measured_at']})",
+              soft_wrap=True, highlight=False, markup=False)
 
 
 def accounting(numbers: Mapping[str, Any]) -> None:

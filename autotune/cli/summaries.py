@@ -15,6 +15,7 @@ from autotune.deploy import export
 from autotune.measure.objectives import Metric, unit_of
 from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, median
 from autotune.model import envfile
+from autotune.search import warm
 from autotune.search.rounds import Rounds
 from autotune.study import confirmations, efficiency, records
 from autotune.study.storage import shown
@@ -53,7 +54,8 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
             "baseline_remeasured": records.remeasured_baselines(attrs),
             "efficiency": efficiency.of_recommended(study),
             "speed_vs_quality": [trial(t, attrs) for t in records.quality_front(study)],
-            "max_quality_drop": attrs.get("max_quality_drop")}
+            "max_quality_drop": attrs.get("max_quality_drop"),
+            "warm_start": warm.summary(study.get_trials(deepcopy=False), best[0] if best else None)}
 
 
 def confirmation_cost(verdict: dict[str, Any], command_s: float) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from autotune.config.knobs import Config, identity_of
 from autotune.config.space import BATCH_PARAM, SearchSpace
 from autotune.host.machine import class_id, host_name
 from autotune.measure.replicates import Measurement
-from autotune.search import proposals, pruning
+from autotune.search import proposals, pruning, warm
 from autotune.study import holders, records, storage, undecided
 from autotune.study.storage import StudyError, StudyLocked
 
@@ -196,6 +196,8 @@ def _start_trial(worker: Worker, trial: optuna.Trial, proposal: Next) -> tuple[C
             raise AutotuneError(f"trial {trial.number} sampled {config.describe()} instead of the proposed "
                                 f"{proposal.config.describe()}")
         trial.set_user_attr("proposed_by", proposal.origin)
+        if proposal.warm is not None:
+            trial.set_user_attr(warm.ATTR, proposal.warm)
         if proposal.recipe:
             trial.set_user_attr("recipe", proposal.recipe)
     elif proposal == "enqueued":

@@ -24,7 +24,7 @@ from autotune.measure.objectives import OBJECTIVES, Limits, Objective, parse_obj
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.model import hf
 from autotune.model.buckets import Buckets
-from autotune.search import fleet, proposals
+from autotune.search import fleet, proposals, warm
 from autotune.study import claims, holders, records, storage
 from autotune.study.storage import StudyError
 
@@ -80,6 +80,7 @@ class SearchRequest:
     max_quality_drop: float | None = None  # `--max-quality-drop`: accuracy points or percent of perplexity
     eval_metric: str | None = None  # `--eval MODULE:FUNCTION`: the user's own quality metric
     eval_direction: str | None = None  # `--eval-direction`: higher or lower is better
+    warm_start: bool = True  # a new study starts with what won in other studies of this host class (warm.py)
 
     @property
     def limits(self) -> Limits:
@@ -206,7 +207,8 @@ def open_search(request: SearchRequest, machine: Machine,
         claims.claim(study, _wanted(request, model), adapted.to_json(), _description(request, machine, settings),
                       other_class=bool(mixed))
         study.set_user_attr("probe", probe.summary(cores) | {"op": model.probe_op})  # study/efficiency.py
-        notes = [*mixed, *adapted.notes, *([left_out] if left_out else []),
+        started = warm.winners(study, url, request.studies_dir, cls, adapted) if request.warm_start else []
+        notes = [*mixed, *adapted.notes, *warm.note(started), *([left_out] if left_out else []),
                  *claims.claim_settings(study, settings, _setting_flags(model),
                                         cls.keys() if request.allow_mixed else ()),
                  *_restore_kept(study, url, request),
@@ -216,7 +218,8 @@ def open_search(request: SearchRequest, machine: Machine,
     if done >= request.trials:
         notes.append(f"study {name} already holds {done} finished trials; raise --trials to search further")
     proposer = proposals.Proposer(adapted, request.batch_sizes or (request.batch_size,),
-                                  functools.partial(sampler, constant_liar=liar), known, request.seed)
+                                  functools.partial(sampler, constant_liar=liar), known, request.seed,
+                                  tuple(started))
     return Search(request, study, adapted, model, name, url, tuple(notes), done, claims.settings_digest(settings),
                   proposer, class_id(cls))
 

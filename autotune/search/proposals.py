@@ -52,6 +52,7 @@ class Proposal:
     origin: str = "sampler"
     retry_of: int | None = None  # the trial it measures again: a noisy stop's (study/undecided.py), a killed one's
     waiting: int | None = None  # the trial id of the retry enqueued for a killed autotune's trial (`resumed`)
+    warm: dict[str, Any] | None = None  # a warm start's: where the configuration won (`warm.Winner.to_json`)
 
     @property
     def identity(self) -> Identity:
@@ -67,6 +68,7 @@ class Proposer:
     sampler: Callable[[int | None], optuna.samplers.BaseSampler]  # a new one per proposal, from a seed
     recipes: tuple[Recipe, ...] = ()
     seed: int | None = None
+    warm: tuple[Any, ...] = ()  # warm.Winner: what won in other studies of this host class, proposed first
 
     @property
     def searches_batch(self) -> bool:
@@ -75,11 +77,15 @@ class Proposer:
     def next(self, study: optuna.Study, trials: Sequence[FrozenTrial], measured: set[Identity],
              cover: Sequence[tuple[Mapping[str, KnobValue], int]] = (),
              wrong: Collection[Model] = ()) -> Proposal | None:
-        """The next configuration to measure, or None when every one of the space has run: the
-        recipes, then `cover` (configurations the search compiles before the sampler's next,
-        `pruning.uncovered`), then the sampler's. `trials`: the study's, as the caller read them
+        """The next configuration to measure, or None when every one of the space has run: what
+        won in other studies of this host class (`warm`), the recipes, then `cover` (configurations
+        the search compiles before the sampler's next, `pruning.uncovered`), then the sampler's. `trials`: the study's, as the caller read them
         (the sampler sees them, nothing reads again). Beyond the recipes, nothing of a model in
         `wrong` (`records.wrong_models`: it gave wrong answers) is proposed."""
+        for winner in self.warm:
+            proposal = replace(self._fixed(winner.config, self.batch_sizes[0], "warm start"), warm=winner.to_json())
+            if proposal.identity not in measured:
+                return proposal
         for recipe in self.recipes:
             proposal = self._recipe(recipe)
             if proposal.identity not in measured:

@@ -1,0 +1,70 @@
+"""Warm start (search/warm.py): a new study on a host class where other studies ran starts with
+what won there, as Optuna-enqueued trials recorded as such, right after the baseline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.host.machine import Machine
+from autotune.search import loop, opening, warm
+from tests.conftest import lscpu
+from tests.support.studies import fake_runner, request
+
+
+def run(tmp_path: Path, here: Machine, trials: int, **kw: object) -> opening.Search:
+    opened = opening.open_search(request(tmp_path, trials, **kw), here)
+    loop.run_search(opened, here, lambda event: None, runner=fake_runner)
+    return opened
+
+
+def test_a_second_study_on_this_host_class_starts_with_what_won_in_the_first(tmp_path: Path, here: Machine) -> None:
+    first = run(tmp_path, here, 6, study="first")
+    won = first.study.best_trial.user_attrs["config"]
+    assert "jemalloc" in won and "intel" in won  # the landscape's best: 70 ms
+    second = run(tmp_path, here, 3, study="second", batch_size=2)
+    assert any(note.startswith("warm start: the first 1 trials after the baseline measure what won") and
+               f"{won} from study first's trial {first.study.best_trial.number} (best, unconfirmed, 1.43x"
+               in note for note in second.notes)
+    trials = second.study.get_trials()
+    assert trials[0].user_attrs["baseline"]
+    assert trials[1].user_attrs["proposed_by"] == "warm start" and trials[1].user_attrs["config"] == won
+    assert trials[1].user_attrs[warm.ATTR] == {"study": "first", "trial": first.study.best_trial.number,
+                                               "config": won, "speedup": pytest.approx(1.4286, abs=1e-3),
+                                               "confirmed": False}
+    found = warm.summary(trials, second.study.best_trial)
+    assert found is not None and found["best_from_warm_start"] and found["best_first_measured_at"] == 1
+
+
+def test_no_warm_start_starts_cold_and_a_resumed_study_is_not_enqueued_again(tmp_path: Path, here: Machine) -> None:
+    run(tmp_path, here, 6, study="first")
+    cold = run(tmp_path, here, 3, study="cold", warm_start=False)
+    assert not any("warm start" in note for note in cold.notes)
+    assert warm.summary(cold.study.get_trials(), cold.study.best_trial) is None
+    again = run(tmp_path, here, 4, study="cold")  # resumed: it holds trials, so nothing is enqueued now
+    assert not any("warm start" in note for note in again.notes)
+
+
+def test_studies_of_another_host_class_or_objective_and_files_that_are_no_study_give_nothing(
+        tmp_path: Path, here: Machine) -> None:
+    other = Machine(lscpu("xeon_2s_ht"), here.libs)
+    run(tmp_path, other, 6, study="elsewhere")
+    run(tmp_path, here, 4, study="throughput", objective="throughput")
+    (tmp_path / "studies" / "notes.db").write_text("not a database")
+    (tmp_path / "studies" / "empty.db").write_bytes(b"")
+    fresh = run(tmp_path, here, 2, study="fresh")
+    assert not any("warm start" in note for note in fresh.notes)
+    assert (tmp_path / "studies" / "notes.db").read_text() == "not a database"  # read, never written
+    assert (tmp_path / "studies" / "empty.db").read_bytes() == b""
+
+
+def test_search_json_says_what_the_warm_start_gave(tmp_path: Path, here: Machine) -> None:
+    from autotune.cli import summaries
+
+    run(tmp_path, here, 6, study="first")
+    second = run(tmp_path, here, 3, study="second", batch_size=2)
+    body = summaries.search(second.study, second.storage, [second.study.best_trial], "", False)
+    found = json.loads(json.dumps(body))["warm_start"]
+    assert [e["study"] for e in found["enqueued"]] == ["first"] and found["best_from_warm_start"] is True
