@@ -295,6 +295,14 @@ def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], s
         out.print(f"review:          optuna-dashboard {shown}", soft_wrap=True)
 
 
+def _within(found: Mapping[str, Any], limit: float | None) -> str:
+    """The table's word for `quality.against_limit`: yes (the whole interval), on its estimate, or no."""
+    if limit is None:
+        return "-"
+    said = quality.against_limit(found, limit)
+    return "no" if said.startswith("over") else "on its estimate" if "not shown" in said else "yes"
+
+
 def quality_front(trials: Iterable[Mapping[str, Any]], limit: float | None) -> None:
     """Speed against quality on the user's data: the trials no other beats on both (`records.quality_front`)."""
     rows = list(trials)
@@ -307,9 +315,9 @@ def quality_front(trials: Iterable[Mapping[str, Any]], limit: float | None) -> N
         found = t["quality"]
         shown = f"{found['value']:.2f}%" if found["kind"] == "accuracy" else f"{found['value']:.4g}"
         table.add_row(str(t["number"]), t["config"], f"{t['latency_p50_ms']:.2f}", f"{t['throughput_ips']:.2f}",
-                      shown, "-".join(f"{x:.3g}" for x in found["interval"] or ()) or "-", f"{found['drop']:+.4g}",
-                      " to ".join(f"{x:+.2f}" for x in found["drop_interval"] or ()) or "-",
-                      "-" if limit is None else ("yes" if found["drop"] <= limit else "no"))
+                      shown, "-".join(f"{x:.3g}" for x in found["interval"] or ()) or "-",
+                      f"{found['drop']:+.4g}" if found["kind"] == "custom" else f"{found['drop']:+.2f}",
+                      " to ".join(f"{x:+.2f}" for x in found["drop_interval"] or ()) or "-", _within(found, limit))
     out.print(table)
 
 

@@ -42,8 +42,9 @@ def confirmation(verdict: Mapping[str, Any]) -> None:
         out.print(per_bucket, markup=False, soft_wrap=True)
     if verdict.get("quality"):
         rechecked = verdict["quality"]
+        against = f": {rechecked['against_limit']}" if rechecked.get("against_limit") else ""
         out.print(f"quality of trial {rechecked['trial']} re-checked on the confirmation's own held-out part of "
-                  f"--eval-data: {quality.describe(rechecked)}", markup=False, soft_wrap=True)
+                  f"--eval-data: {quality.describe(rechecked)}{against}", markup=False, soft_wrap=True)
     if verdict.get("quality_breach"):
         out.print(f"Not recommended: {verdict['quality_breach']}", markup=False, soft_wrap=True)
     if "host" in verdict:

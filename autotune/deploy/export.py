@@ -190,7 +190,8 @@ def _quality_lines(trial: FrozenTrial, confirmation: dict[str, Any] | None) -> l
         said.append(f"# quality on --eval-data (the search's held-out part): {quality.describe(found)}")
     rechecked = verdict.get("quality")
     if isinstance(rechecked, dict) and rechecked.get("trial") == trial.number:
-        said.append(f"# quality re-checked on the confirmation's held-out part: {quality.describe(rechecked)}")
+        against = f": {rechecked['against_limit']}" if rechecked.get("against_limit") else ""
+        said.append(f"# quality re-checked on the confirmation's held-out part: {quality.describe(rechecked)}{against}")
     return said
 
 

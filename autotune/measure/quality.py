@@ -145,6 +145,27 @@ def drop_of(found: Mapping[str, Any] | None) -> float | None:
     return drop if math.isfinite(drop) else None
 
 
+def against_limit(found: Mapping[str, Any], limit: float) -> str:
+    """How a drop stands against --max-quality-drop `limit`, read with its interval: within it with
+    the whole interval, within it on the estimate only (not shown within: the interval reaches past
+    it), or over it. A custom metric has no interval: its estimate alone."""
+    drop = drop_of(found)
+    if drop is None:
+        return "not measured"
+    unit = "%" if found.get("unit") == "%" else f" {found.get('unit')}".rstrip()
+    shown = f"{limit:g}{unit}"
+    high = (found.get("drop_interval") or [None, None])[1]
+    label = int(100 * float(found.get("confidence", CONFIDENCE)))
+    if drop > limit:
+        return f"over the {shown} limit"
+    if high is None:
+        return f"within the {shown} limit"
+    if high <= limit:
+        return f"within the {shown} limit, its whole {label}% interval too"
+    return (f"within the {shown} limit on its estimate, not shown within it: its {label}% interval reaches "
+            f"{high:+.2f}{unit} (more held-out data would narrow it)")
+
+
 def describe(found: Mapping[str, Any]) -> str:
     """One line: the figure with its interval, fp32's, the drop; for perplexity the KL and same-top share."""
     if "error" in found:

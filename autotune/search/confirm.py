@@ -113,7 +113,9 @@ def recheck_quality(study: optuna.Study, found: Mapping[str, Any], base: FrozenT
     figures = quality.measure(plan, "confirm", timeout_s)
     breach = replace(limits, latency_p90_ms=None, tpot_p90_ms=None).breach(
         {"quality_drop": quality.drop_of(figures)})
-    rechecked = {"quality": {"trial": int(number), **figures, "within_limit": not breach}}
+    drop_limit = limits.quality_drop
+    said = {} if drop_limit is None else {"against_limit": quality.against_limit(figures, drop_limit)}
+    rechecked = {"quality": {"trial": int(number), **figures, "within_limit": not breach, **said}}
     if not breach:
         return rechecked
     return rechecked | {"recommended_trial": base.number,

@@ -79,9 +79,10 @@ class Proposer:
              wrong: Collection[Model] = ()) -> Proposal | None:
         """The next configuration to measure, or None when every one of the space has run: what
         won in other studies of this host class (`warm`), the recipes, then `cover` (configurations
-        the search compiles before the sampler's next, `pruning.uncovered`), then the sampler's. `trials`: the study's, as the caller read them
-        (the sampler sees them, nothing reads again). Beyond the recipes, nothing of a model in
-        `wrong` (`records.wrong_models`: it gave wrong answers) is proposed."""
+        the search compiles before the sampler's next, `pruning.uncovered`), then the sampler's.
+        `trials`: the study's, as the caller read them (the sampler sees them, nothing reads again).
+        Beyond the recipes, nothing of a model in `wrong` (`records.wrong_models`: it gave wrong
+        answers) is proposed."""
         for winner in self.warm:
             proposal = replace(self._fixed(winner.config, self.batch_sizes[0], "warm start"), warm=winner.to_json())
             if proposal.identity not in measured:

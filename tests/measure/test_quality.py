@@ -93,3 +93,17 @@ def test_a_metric_of_the_users_drops_its_own_way() -> None:
     assert higher["drop_relative"] == pytest.approx(100 / 9) and higher["interval"] is None
     assert quality.describe(higher) == ("m:f 0.8 (higher is better) on 4 batch(es), fp32 0.9: a drop of +0.1 "
                                         "(+11.11%)")
+
+
+def test_a_drop_is_read_against_the_limit_with_its_interval() -> None:
+    """The SmolLM2 search's winner on the confirmation's windows: +1.34% (95% CI +0.62 to +2.06)
+    against 2%: within on its estimate, not shown within."""
+    found = {"unit": "%", "confidence": 0.95, "drop": 1.34, "drop_interval": [0.62, 2.06]}
+    assert quality.against_limit(found, 2.0) == ("within the 2% limit on its estimate, not shown within it: its 95% "
+                                                 "interval reaches +2.06% (more held-out data would narrow it)")
+    assert quality.against_limit(found, 2.5) == "within the 2.5% limit, its whole 95% interval too"
+    assert quality.against_limit(found, 1.0) == "over the 1% limit"
+    points = {"unit": "points", "confidence": 0.95, "drop": 0.5, "drop_interval": [-0.2, 0.9]}
+    assert quality.against_limit(points, 1.0) == "within the 1 points limit, its whole 95% interval too"
+    assert quality.against_limit({"drop": float("nan")}, 1.0) == "not measured"
+    assert quality.against_limit({"unit": "", "drop": 0.1}, 0.5) == "within the 0.5 limit"
