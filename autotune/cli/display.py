@@ -18,7 +18,7 @@ from autotune.config.knobs import Knob
 from autotune.host.topology import format_cpus
 from autotune.measure import quality
 from autotune.measure.objectives import Metric, unit_of
-from autotune.model.envfile import value_text
+from autotune.model.knobdefs import value_text
 from autotune.study import confirmations
 
 # Every `--json` payload carries what it is and the version of its layout; a field removed or

@@ -33,7 +33,7 @@ import yaml
 
 from autotune.base.errors import AutotuneError
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, knob, parse
-from autotune.model.envfile import value_text
+from autotune.model.knobdefs import value_text
 from autotune.model.knobs import SHRINKS_WITH
 
 USER_SPACES = Path("search_spaces")  # in the current folder: the user's own spaces, found before the shipped ones

@@ -16,7 +16,7 @@ from autotune.host.capabilities import Refused
 from autotune.host.libs import LIBRARIES
 from autotune.model import backends
 from autotune.model.backends import RUNTIME_OF
-from autotune.model.envfile import value_text
+from autotune.model.knobdefs import value_text
 from autotune.model.knobs import CORE_BOUND, LINEAR_INT8, PRECISIONS
 
 # Which library (the knob's `needs`) or runtime (the backend's packages) each choice needs, so a

@@ -7,14 +7,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from autotune.model.envfile import SWITCH, value_text
-
 KnobValue = bool | int | str
 KnobKind = Literal["bool", "int", "choice"]
 Condition = tuple[tuple[str, tuple[str, ...]], ...]  # (knob, the values it must have), all must hold
 
 _TRUE = {"on", "true", "yes", "1"}
 _FALSE = {"off", "false", "no", "0"}
+
+SWITCH = {"on": True, "off": False}  # how a switch is spelled everywhere: CLI, YAML, env files
+
+
+def value_text(value: object) -> str:
+    """A knob value as users type it: switches are on/off, everything else as it prints."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 class KnobValueError(ValueError):

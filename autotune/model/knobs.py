@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 from autotune.model import backends
 from autotune.model.backends import PEER_BACKENDS, TORCH_BACKENDS
-from autotune.model.envfile import value_text
 from autotune.model.errors import ApplyError
 from autotune.model.knobdefs import (
     LINEAR_INT8,
@@ -26,6 +25,7 @@ from autotune.model.knobdefs import (
     KnobValue,
     KnobValueError,
     Precision,
+    value_text,
 )
 
 __all__ = ["KNOBS", "LINEAR_INT8", "MODEL_KNOBS", "PEER_BACKENDS", "PEER_KNOBS", "PRECISIONS", "QUANTIZED",
@@ -245,6 +245,10 @@ class ModelKnobs:
         instances) are not model knobs: between thread counts only the order of a reduction's
         additions differs, far below what the guard tolerates."""
         return replace(self, **{name: getattr(ModelKnobs(), name) for name in PLACEMENT_KNOBS}).describe()
+
+    def without_peers(self) -> dict[str, Any]:
+        """Every knob's value but the peer runtimes' own settings (`PEER_KNOBS`)."""
+        return {name: value for name, value in asdict(self).items() if name not in PEER_KNOBS}
 
     def describe(self) -> str:
         changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}

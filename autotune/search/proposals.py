@@ -30,7 +30,7 @@ from autotune.base.errors import ConfigError
 from autotune.config.knobs import KNOBS, Config, KnobValue
 from autotune.config.recipes import Recipe
 from autotune.config.space import BATCH_PARAM, SearchSpace, config_of_params, knob_of_param
-from autotune.model.envfile import value_text
+from autotune.model.knobdefs import value_text
 from autotune.study import records, storage
 
 RETRIES = 8  # proposals asked of the sampler before taking the nearest configuration that has not run
