@@ -222,7 +222,7 @@ def knob_rows(all_knobs: Iterable[Knob]) -> list[tuple[str, ...]]:
     """Each knob as `autotune knobs` and docs/knobs.md show it: one row of the knob table."""
     return [(k.name, k.allowed(), "-" if k.default is None else value_text(k.default),
              " ".join(f"{name}={'/'.join(v)}" for name, v in k.only_when) or "always",
-             " ".join(k.sets) or ("(the model: `autotune.apply`)" if k.model else "-"), k.help) for k in all_knobs]
+             " ".join(k.variables) or ("(the model: `autotune.apply`)" if k.model else "-"), k.help) for k in all_knobs]
 
 
 def knobs(all_knobs: Iterable[Knob]) -> None:
