@@ -14,11 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune.cli.streams import is_terminal
-from autotune.config.knobs import Knob
 from autotune.host.topology import format_cpus
 from autotune.measure import quality
 from autotune.measure.objectives import Metric, unit_of
-from autotune.model.knobdefs import value_text
 from autotune.study import confirmations
 
 # Every `--json` payload carries what it is and the version of its layout; a field removed or
@@ -213,30 +211,6 @@ def spread_text(bucket: str, recorded: Mapping[str, Any]) -> str:
     which: their mean is the bucket's figure."""
     lengths = recorded.get("lengths") or [int(bucket)]
     return "" if lengths == [int(bucket)] else f"; mean of {'/'.join(map(str, lengths))} tokens"
-
-
-KNOB_COLUMNS = ("knob", "values", "default", "applies when", "sets", "what it does")
-
-
-def knob_rows(all_knobs: Iterable[Knob]) -> list[tuple[str, ...]]:
-    """Each knob as `autotune knobs` and docs/knobs.md show it: one row of the knob table."""
-    return [(k.name, k.allowed(), "-" if k.default is None else value_text(k.default),
-             " ".join(f"{name}={'/'.join(v)}" for name, v in k.only_when) or "always",
-             " ".join(k.variables) or ("(the model: `autotune.apply`)" if k.model else "-"), k.help) for k in all_knobs]
-
-
-def knobs(all_knobs: Iterable[Knob]) -> None:
-    table = new_table("Knobs (--set KNOB=VALUE)", *KNOB_COLUMNS)
-    for row in knob_rows(all_knobs):
-        table.add_row(*row)
-    out.print(table)
-
-
-def knobs_markdown(all_knobs: Iterable[Knob]) -> str:
-    """The knob table as docs/knobs.md holds it (a test keeps the two the same)."""
-    lines = ["| " + " | ".join(KNOB_COLUMNS) + " |", "|" + "---|" * len(KNOB_COLUMNS)]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in knob_rows(all_knobs)]
-    return "\n".join(lines) + "\n"
 
 
 def models(names: Iterable[str], aliases: Mapping[str, str]) -> None:
