@@ -265,7 +265,7 @@ def best_table(name: str, objective: str, trials: Iterable[Mapping[str, Any]], s
 
 
 def quality_front(trials: Iterable[Mapping[str, Any]], limit: float | None) -> None:
-    """Speed against quality on the user's data: the trials no other beats on both (`records.quality_front`)."""
+    """Speed against quality on the user's data: the trials no other beats on both (`quality_records.quality_front`)."""
     rows = list(trials)
     first = rows[0]["quality"]
     kind, unit = first.get("metric", first["kind"]), first["unit"]

@@ -16,7 +16,7 @@ from autotune.measure.objectives import Metric, unit_of
 from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, median
 from autotune.model import envfile
 from autotune.search.rounds import Rounds
-from autotune.study import confirmations, efficiency, records
+from autotune.study import confirmations, efficiency, quality_records, records
 from autotune.study.storage import shown
 
 # What each best trial reports besides its number, configuration and values.
@@ -52,7 +52,7 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
             "confirmed_now": confirmed_now, "confirmation_cost": cost,
             "baseline_remeasured": records.remeasured_baselines(attrs),
             "efficiency": efficiency.of_recommended(study),
-            "speed_vs_quality": [trial(t, attrs) for t in records.quality_front(study)],
+            "speed_vs_quality": [trial(t, attrs) for t in quality_records.quality_front(study)],
             "max_quality_drop": attrs.get("max_quality_drop")}
 
 

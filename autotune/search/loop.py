@@ -31,7 +31,7 @@ from autotune.measure.results import RunResult
 from autotune.measure.runner import run_plan
 from autotune.search import budget, confirm, fleet, opening, proposals, pruning
 from autotune.search.opening import Search, SearchRequest
-from autotune.study import records, storage, undecided
+from autotune.study import quality_records, records, storage, undecided
 from autotune.study.storage import StudyLocked
 
 T = TypeVar("T")
@@ -48,7 +48,7 @@ class Outcome:
     duplicate_of: int | None = None
     undecided: tuple[int, ...] | None = None  # a stop on a noisy window: the earlier undecided attempts
     retry_of: int | None = None  # the earlier failed trial of this configuration it measured again
-    quality: tuple[str, dict[str, Any]] | None = None  # with --eval-data: (`records.quality_key`, the figures)
+    quality: tuple[str, dict[str, Any]] | None = None  # with --eval-data: (`quality_records.quality_key`, the figures)
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def _exhausted(search: Search) -> str:
     trials = _patiently(search, lambda: search.study.get_trials(deepcopy=False))
     skipped = records.not_compiled_configs(trials, search.settings_digest)
     more = f", and {skipped} more were not compiled, predicted to lose" if skipped else ""
-    wrong = sorted(records.wrong_models(trials, search.settings_digest, search.klass).values())
+    wrong = sorted(quality_records.wrong_models(trials, search.settings_digest, search.klass).values())
     if wrong:
         more += (f", and no other configuration of the model{'s' if len(wrong) > 1 else ''} that gave wrong answers "
                  f"in trial{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}")
@@ -326,11 +326,11 @@ def _measure(search: Search, machine: Machine, trial: optuna.Trial, config: Conf
 
 def _quality(search: Search, plan: LaunchPlan, config: Config, batch: int) -> tuple[str, dict[str, Any]] | None:
     """With --eval-data, a completed trial's quality on the search's held-out part: measured once per
-    model configuration and batch size (`records.quality_key`), reused by every trial that shares them."""
+    model configuration and batch size (`quality_records.quality_key`), reused by every trial that shares them."""
     if not plan.bench.judged:
         return None
-    key = records.quality_key(config, batch)
-    known = _patiently(search, lambda: records.known_quality(search.study, key))
+    key = quality_records.quality_key(config, batch)
+    known = _patiently(search, lambda: quality_records.known_quality(search.study, key))
     return key, known if known is not None else quality.measure(plan, "search", search.request.replicates.timeout_s)
 
 
@@ -404,9 +404,9 @@ def _record_and_tell(search: Search, trial: optuna.Trial, outcome: Outcome,
         if outcome.undecided is not None:
             undecided.record(trial, outcome.reason, outcome.undecided)
     if outcome.quality is not None:
-        records.record_quality(trial, *outcome.quality)
+        quality_records.record_quality(trial, *outcome.quality)
     if outcome.state == TrialState.COMPLETE:
-        records.record_limits(trial, search.request.limits, trial.user_attrs)
+        quality_records.record_limits(trial, search.request.limits, trial.user_attrs)
         search.study.tell(trial, list(outcome.values), skip_if_finished=True)
     else:
         search.study.tell(trial, state=outcome.state, skip_if_finished=True)
