@@ -1,4 +1,4 @@
-"""A trial's measurement kept beside a study while its database stayed locked (`loop._unsaved`
+"""A trial's measurement kept beside a study while its database stayed locked (`trial_outcome._unsaved`
 writes it), read back whole or refused, and recorded on its trial when the study opens again."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from autotune.study.quality_records import record_limits
 from autotune.study.records import ERROR, WRONG_ANSWERS, record_failure, record_pruned
 from autotune.study.storage import StudyError
 
-# What `loop._unsaved` keeps beside a study while its database stays locked: read only through `kept`.
+# What `trial_outcome._unsaved` keeps beside a study while its database stays locked: read only through `kept`.
 KEPT = schema.record(
     {"trial": schema.integer, "state": schema.choice("COMPLETE", "PRUNED", "FAIL"),
      "values": schema.list_of(schema.number), "reason": schema.text},
