@@ -307,7 +307,7 @@ def train_mode_pt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_torchscript_file_saved_in_train_mode_runs_in_eval_mode(train_mode_pt: Path) -> None:
-    from autotune.child.build import load_model
+    from autotune.child.sources import load_model
 
     model = load_model(str(train_mode_pt), "")
     assert not model.training

@@ -18,7 +18,7 @@ from autotune.host import machine
 from autotune.host.capabilities import Probe
 from autotune.measure import requests
 from autotune.model import cpu
-from autotune.model.errors import ApplyError
+from autotune.model.errors import ApplyError, failed_op
 from autotune.model.knobs import ModelKnobs
 from autotune.search import opening
 from tests.conftest import FIXTURES, NEEDS_INT8
@@ -145,16 +145,14 @@ def test_a_bad_calibration_flag_is_one_line(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_a_quantizer_failure_names_the_operator() -> None:
-    from autotune.model import quantize
-
     def _annotate_conv2d_binary_unary() -> None:
         raise ValueError("Input partition has more than one output node")
 
     try:
         _annotate_conv2d_binary_unary()
     except ValueError as exc:
-        assert quantize.failed_op(exc) == "aten.conv2d (the quantizer's _annotate_conv2d_binary_unary)"
-    assert quantize.failed_op(RuntimeError("no kernel for aten::max_pool3d")) == "aten.max_pool3d"
+        assert failed_op(exc) == "aten.conv2d (the quantizer's _annotate_conv2d_binary_unary)"
+    assert failed_op(RuntimeError("no kernel for aten::max_pool3d")) == "aten.max_pool3d"
 
 
 @pytest.mark.e2e

@@ -147,7 +147,7 @@ def test_a_measurement_kept_beside_a_study_is_recorded_or_refused(kept: Any) -> 
         path = tmp / "s.trial-0.unsaved.json"
         path.write_text(json.dumps(kept))
         try:
-            number = records.restore_kept(study, path, Limits(latency_p90_ms=20.0))
+            number = kept.restore_kept(study, path, Limits(latency_p90_ms=20.0))
         except AutotuneError as exc:
             assert str(exc).startswith(f"the measurement kept in {path} ") and "\n" not in str(exc)
             assert study.trials[0].state == optuna.trial.TrialState.RUNNING and path.exists()  # nothing half-done

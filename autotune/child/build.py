@@ -1,206 +1,23 @@
-"""Inside the benchmark child: the model from its source, the synthetic inputs that feed it, and
-the knobs applied through `autotune.apply` (torch is imported inside functions)."""
+"""Inside the benchmark child: the model built as the knobs say, through `autotune.apply`, from its
+source (`sources`) and guarded on the inputs that feed it (`inputs`); int8's calibration, --task
+generate's model (torch is imported inside functions)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autotune.child.inputs import SavedInputs, batches, dataset_for, dataset_of
+from autotune.child.sources import knobs_of, load_model
 from autotune.model import apply, hf, quantize, references
 from autotune.model.apply import Deployment
 from autotune.model.artifacts import description
-from autotune.model.batches import call, explain, leaves
+from autotune.model.batches import call, leaves
 from autotune.model.buckets import Buckets
-from autotune.model.errors import LOAD_FAILED, ApplyError
-from autotune.model.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
-
-
-class SyntheticImages:
-    """Fixed-size uint8 images through the usual preprocessing: resize, center crop, normalize."""
-
-    def __init__(self, item_shape: tuple[int, ...], pool: int = 8, seed: int = 0) -> None:
-        import torch
-
-        channels, height, width = item_shape
-        generator = torch.Generator().manual_seed(seed)
-        raw_h, raw_w = height * 375 // 224, width * 500 // 224
-        self.images = [torch.randint(0, 256, (channels, raw_h, raw_w), dtype=torch.uint8,
-                                     generator=generator) for _ in range(pool)]
-        self.resize = height * 256 // 224
-        self.crop = (height, width)
-
-    def __len__(self) -> int:
-        return 1 << 30
-
-    def __getitem__(self, index: int) -> Any:
-        return preprocess(self.images[index % len(self.images)], self.resize, self.crop)
-
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's, as torchvision's models expect
-
-
-def preprocess(image: Any, short_side: int, crop: tuple[int, int]) -> Any:
-    """torchvision's `Resize(short_side, antialias=True)`, `CenterCrop`, `ToDtype(float32, scale=True)`
-    and `Normalize` on a uint8 CHW image, the same torch calls in the same order (a test holds them
-    equal), without importing torchvision: a process that loads a compiled model needs nothing else
-    from it, and importing it costs ~2 s (it imports torch._dynamo)."""
-    import torch
-
-    height, width = image.shape[-2:]
-    size = [short_side, int(short_side * width / height)] if height <= width else \
-        [int(short_side * height / width), short_side]
-    native = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")  # torchvision resizes uint8 natively then
-    resized = image[None] if native else image[None].float()
-    resized = torch.nn.functional.interpolate(resized, size=size, mode="bilinear", align_corners=False,
-                                              antialias=True)
-    resized = resized[0] if native else resized[0].round_().to(torch.uint8)
-    top, left = round((size[0] - crop[0]) / 2.0), round((size[1] - crop[1]) / 2.0)
-    cropped = resized[..., top:top + crop[0], left:left + crop[1]]
-    scaled = cropped.to(torch.float32).mul_(1.0 / 255)
-    mean, std = torch.as_tensor(MEAN).view(-1, 1, 1), torch.as_tensor(STD).view(-1, 1, 1)
-    return scaled.sub(mean).div_(std)
-
-
-class SyntheticTensors:
-    """Non-image inputs: a pool of standard-normal float tensors of the item shape."""
-
-    def __init__(self, item_shape: tuple[int, ...], pool: int = 8, seed: int = 0) -> None:
-        import torch
-
-        generator = torch.Generator().manual_seed(seed)
-        self.items = [torch.randn(item_shape, generator=generator) for _ in range(pool)]
-
-    def __len__(self) -> int:
-        return 1 << 30
-
-    def __getitem__(self, index: int) -> Any:
-        return self.items[index % len(self.items)]
-
-
-class SyntheticTokens:
-    """Text inputs: a pool of token id sequences drawn uniformly from the model's vocabulary, with a
-    full attention mask and token type ids (zeros) where the model takes them; each item a dict of
-    1-D int64 tensors, which DataLoader's collate stacks into [batch, length]."""
-
-    def __init__(self, length: int, tokens: hf.Tokens, pool: int = 8, seed: int = 0) -> None:
-        import torch
-
-        generator = torch.Generator().manual_seed(seed)
-        made = {"attention_mask": torch.ones, "token_type_ids": torch.zeros}
-        self.items = [{name: ids if name == "input_ids" else made[name](length, dtype=torch.int64)
-                       for name in tokens.names}
-                      for ids in (torch.randint(0, tokens.vocab_size, (length,), generator=generator)
-                                  for _ in range(pool))]
-
-    def __len__(self) -> int:
-        return 1 << 30
-
-    def __getitem__(self, index: int) -> Any:
-        return self.items[index % len(self.items)]
-
-
-class SpreadTokens:
-    """Text inputs for a model that takes any length, standing for a bucket's requests: the first
-    batch `longest` tokens long (the example a dynamic model is exported and guarded at), then batches
-    cycling through `lengths` (`buckets.spread`), so that a round's sweep holds one of each."""
-
-    def __init__(self, longest: int, lengths: tuple[int, ...], tokens: hf.Tokens, batch_size: int, pool: int = 8,
-                 seed: int = 0) -> None:
-        self.batch_size, self.lengths = batch_size, lengths
-        self.first = SyntheticTokens(longest, tokens, pool, seed)
-        self.pools = {length: SyntheticTokens(length, tokens, pool, seed) for length in lengths}
-
-    def __len__(self) -> int:
-        return 1 << 30
-
-    def __getitem__(self, index: int) -> Any:
-        if index < self.batch_size:
-            return self.first[index]
-        return self.pools[self.lengths[(index // self.batch_size - 1) % len(self.lengths)]][index]
-
-
-class SavedInputs:
-    """A user's own inputs (`--example-inputs FILE`): items are slices along dim 0 of a saved
-    tensor, tuple/list of tensors, or dict of tensors, cycled; integer token ids stay integers."""
-
-    def __init__(self, path: str) -> None:
-        self.items = load_examples(path)
-        self.count = example_count(self.items)
-
-    @classmethod
-    def of(cls, items: Any) -> SavedInputs:
-        """Inputs already in memory (a tensor, tuple or dict of tensors, items along dim 0)."""
-        made = cls.__new__(cls)
-        made.items, made.count = items, example_count(items)
-        return made
-
-    def __len__(self) -> int:
-        return 1 << 30
-
-    def __getitem__(self, index: int) -> Any:
-        from torch.utils import _pytree
-
-        return _pytree.tree_map(lambda t: t[index % self.count], self.items)
-
-
-def load_examples(path: str) -> Any:
-    """What `torch.save` put in the file, tensors only (no code is unpickled), or why not."""
-    import torch
-
-    try:
-        loaded = torch.load(path, weights_only=True)
-    except Exception as exc:  # any file that is not a torch.save of tensors; nothing else is unpickled
-        raise ApplyError(f"cannot load example inputs {path}: {explain(exc)}; save a tensor, a tuple of "
-                         f"tensors or a dict of tensors with torch.save") from None
-    example_count(loaded, path)
-    return tuple(loaded) if isinstance(loaded, list) else loaded
-
-
-def example_count(loaded: Any, path: str = "the example inputs") -> int:
-    """How many items the saved inputs hold along dim 0 (the same for every tensor)."""
-    import torch
-
-    tensors = (list(loaded.values()) if isinstance(loaded, dict) else
-               list(loaded) if isinstance(loaded, (list, tuple)) else [loaded])
-    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in tensors):
-        raise ApplyError(f"{path} must hold a tensor, a tuple of tensors or a dict of tensors, each with the "
-                         f"items along dim 0")
-    counts = {int(t.shape[0]) for t in tensors}
-    if len(counts) != 1 or 0 in counts:
-        raise ApplyError(f"{path}: every tensor needs the same number of items (dim 0), at least 1; found "
-                         f"{sorted(counts)}")
-    return counts.pop()
-
-
-def dataset_of(args: argparse.Namespace, pool: int = 8, seed: int = 0) -> Any:
-    """The inputs that feed the child's model (`dataset_for`): token ids for an `hf:` model, after the
-    first batch cycling over the lengths spread across its bucket where `rounds.per_length` says so
-    (`lengths`)."""
-    shape = tuple(int(n) for n in args.item_shape.split("x"))
-    text = hf.is_source(args.model) and not args.example_inputs
-    tokens = hf.token_inputs(args.model, args.task) if text else None
-    lengths = tuple(getattr(args, "lengths", shape[:1]))
-    if tokens is not None and lengths != shape[:1]:
-        return SpreadTokens(shape[0], lengths, tokens, args.batch_size, pool, seed)
-    return dataset_for(shape, args.example_inputs, pool, seed, tokens)
-
-
-def dataset_for(item_shape: tuple[int, ...], example_inputs: str = "", pool: int = 8, seed: int = 0,
-                tokens: hf.Tokens | None = None) -> Any:
-    """The inputs that feed the model; `pool` distinct random items from `seed` (a user's own
-    inputs are what they are); with `tokens`, token ids of the length `item_shape` says."""
-    if example_inputs:
-        return SavedInputs(example_inputs)
-    if tokens is not None:
-        return SyntheticTokens(item_shape[0], tokens, pool, seed)
-    image = len(item_shape) == 3 and item_shape[0] == 3 and item_shape[1] >= 32
-    return SyntheticImages(item_shape, pool, seed) if image else SyntheticTensors(item_shape, pool, seed)
-
+from autotune.model.knobs import ModelKnobs
 
 CALIBRATION_SEED, GUARD_SEED = 1, 2  # random inputs that the timed ones (seed 0) and each other never repeat
 
@@ -231,61 +48,6 @@ def eval_batches(args: argparse.Namespace, count: int, guard_count: int) -> tupl
     size = args.batch_size
     calibration, search = SavedInputs.of(data.part("calibration").inputs), SavedInputs.of(data.part("search").inputs)
     return batches(calibration, count, size, 0), batches(search, guard_count, size, 0)
-
-
-def batches(dataset: Any, count: int, size: int, start: int) -> list[Any]:
-    from torch.utils.data import default_collate
-
-    return [default_collate([dataset[start + b * size + i] for i in range(size)]) for b in range(count)]
-
-
-def load_model(spec: str, import_path: str, task: str = "") -> Any:
-    """A torchvision name, `pkg.module:factory`, a TorchScript `.pt`, an exported `.pt2`, or a
-    transformers model (`hf:`) with the head of `task`, its output the head's tensor (`hf.wrap`).
-
-    Random initialisation is seeded: every process builds the same weights, so a weight cache
-    written by one process matches the reference another computes (the guard would catch it).
-    """
-    import torch
-
-    torch.manual_seed(0)
-    if hf.is_source(spec):
-        return hf.load(spec, task)
-    if spec.endswith((".pt", ".pt2")):
-        return _load_file(spec)
-    if ":" in spec:
-        module_name, _, factory = spec.partition(":")
-        if import_path and import_path not in sys.path:
-            sys.path.insert(0, import_path)
-        try:
-            made = getattr(importlib.import_module(module_name), factory)()
-        except Exception as exc:
-            raise ApplyError(f"model factory {spec} failed: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(made, torch.nn.Module):
-            raise ApplyError(f"model factory {spec} returned {type(made).__name__}, not a torch.nn.Module")
-        return made.eval()
-    import torchvision
-
-    return torchvision.models.get_model(spec, weights=None).eval()
-
-
-def _load_file(spec: str) -> Any:
-    """A TorchScript `.pt` or an exported `.pt2`; one that torch cannot load is the user's file to
-    fix, said as such (not as a model that fails on its inputs)."""
-    import torch
-
-    exported = spec.endswith(".pt2")
-    try:
-        # A TorchScript module saved in train mode could not be frozen (weight_cache, torchscript).
-        return torch.export.load(spec).module() if exported else torch.jit.load(spec).eval()
-    except Exception as exc:
-        saver = "torch.export.save" if exported else "torch.jit.save"
-        raise ApplyError(f"{LOAD_FAILED} {spec} ({explain(exc)}); save the model with {saver}") from exc
-
-
-def knobs_of(args: argparse.Namespace) -> ModelKnobs:
-    """The model knobs the plan gave this child, as `autotune.apply` takes them."""
-    return ModelKnobs.from_values({name: KNOBS[name].parse(getattr(args, name)) for name in MODEL_KNOBS})
 
 
 def build(args: argparse.Namespace, example: Any, setup: dict[str, Any],

@@ -101,7 +101,7 @@ def load_labelled(path: str, item_shape: tuple[int, ...]) -> Labelled:
 def _saved(path: Path) -> Labelled:
     import torch
 
-    from autotune.child.build import example_count
+    from autotune.child.inputs import example_count
 
     try:
         loaded = torch.load(path, weights_only=True)
@@ -129,7 +129,7 @@ def _saved(path: Path) -> Labelled:
 def _image_folder(folder: Path, item_shape: tuple[int, ...]) -> Labelled:
     import torch
 
-    from autotune.child.build import preprocess
+    from autotune.child.inputs import preprocess
 
     classes = sorted(entry for entry in folder.iterdir() if entry.is_dir())
     images = [(image, label) for label, entry in enumerate(classes)
@@ -160,7 +160,7 @@ def _gray(image: Any, short_side: int, crop: tuple[int, int]) -> Any:
     """A one-channel image resized and cropped as `preprocess` does, scaled to [0, 1] (no ImageNet means)."""
     import torch
 
-    from autotune.child.build import preprocess
+    from autotune.child.inputs import preprocess
 
     three = preprocess(image.expand(3, -1, -1), short_side, crop)[:1]
     return three * torch.tensor(0.229) + torch.tensor(0.485)  # undo the red channel's normalisation

@@ -96,7 +96,7 @@ def evaluate(args: Any, built: Any) -> dict[str, Any]:
     """The configuration the child built (`built`: its forward, or for --task generate its
     `Generation`) judged on `args.eval_split` of `args.eval_data` beside fp32 eager, which is built
     again here from the same (seeded) source."""
-    from autotune.child.build import knobs_of, load_model
+    from autotune.child.sources import knobs_of, load_model
     from autotune.model import hf
     from autotune.model.batches import call
 
@@ -132,7 +132,7 @@ def custom(args: Any, built: Any, default: bool) -> dict[str, Any]:
     """`--eval MODULE:FUNCTION`: the user's function called with the configuration (as `autotune.apply`
     returns it: a forward, or for --task generate a generator) and the evaluation batches, then with
     fp32 eager and the same batches; each call must return a finite float."""
-    from autotune.child.build import knobs_of, load_model
+    from autotune.child.sources import knobs_of, load_model
     from autotune.model import hf
     from autotune.model.batches import call
 

@@ -49,8 +49,8 @@ from autotune.child.evaldata import SPLITS
 from autotune.child.settings import CACHE_DIR, MeasureSettings
 from autotune.child.timing import Window, limits, timed_loop, warm_up
 from autotune.model.artifacts import installed_torch_version
-from autotune.model.envfile import value_text
 from autotune.model.files import write_atomically
+from autotune.model.knobdefs import value_text
 from autotune.model.knobs import KNOBS, MODEL_KNOBS
 from autotune.model.quantize import CALIBRATION_BATCHES
 
@@ -142,7 +142,7 @@ def runtime_report(args: argparse.Namespace) -> dict[str, Any]:
     """What really ran: libraries, threads, affinity; tests check these against the plan."""
     import torch
 
-    from autotune.child.build import knobs_of  # loaded by now: the model was built through it
+    from autotune.child.sources import knobs_of  # loaded by now: the model was built through it
 
     return {
         "openmp_library": symbol_owner("omp_get_max_threads"),
@@ -260,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from autotune.child import rounds
-    from autotune.child.build import build, dataset_of, knobs_of
+    from autotune.child.build import build
+    from autotune.child.inputs import dataset_of
+    from autotune.child.sources import knobs_of
     from autotune.model import kernels
     from autotune.model.batches import explain
     from autotune.model.errors import ApplyError, WrongAnswers

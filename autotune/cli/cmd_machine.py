@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from autotune.base.errors import AutotuneError
-from autotune.cli import display, options
+from autotune.cli import display, knob_display, options
 from autotune.cli.common import EXIT_FAILED, emit, holding, note
 from autotune.config import knobs, models
 from autotune.host import capabilities, floor, machine
@@ -128,19 +128,24 @@ def bench_command(model: str, assignments: tuple[str, ...], batch_size: int, inp
 
 
 @click.command(name="knobs")
-@click.option("--markdown", is_flag=True, help="Print the table as Markdown (what docs/knobs.md holds).")
-def knobs_command(markdown: bool) -> None:
-    """List every knob with its allowed values, default, condition, what it sets and what it changes.
+@click.argument("name", required=False, metavar="[KNOB]")
+@click.option("--markdown", is_flag=True, help="Print the whole table as Markdown (what docs/knobs.md holds).")
+def knobs_command(name: str | None, markdown: bool) -> None:
+    """List the knobs (values, default, what each sets), or one KNOB in full: what it does, when it
+    applies, what each value sets.
 
     \b
     Example:
       autotune knobs
+      autotune knobs kmp_affinity
       autotune knobs --markdown > docs/knobs.md
     """
-    if markdown:
-        click.echo(display.knobs_markdown(knobs.KNOBS.values()), nl=False)
+    if name:
+        click.echo(knob_display.knob_detail(knobs.knob(name)), nl=False)
+    elif markdown:
+        click.echo(knob_display.knobs_markdown(knobs.KNOBS.values()), nl=False)
     else:
-        display.knobs(knobs.KNOBS.values())
+        knob_display.knobs(tuple(knobs.KNOBS.values()))
 
 
 @click.command(name="models")

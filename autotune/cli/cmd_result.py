@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from autotune.base.errors import AutotuneError
-from autotune.cli import display, options
+from autotune.cli import display, options, result_display
 from autotune.cli.common import STUDIES, emit, holding
 from autotune.config import evaldata
 from autotune.host import machine
@@ -92,7 +92,8 @@ def studies_command(storage: str | None, as_json: bool) -> None:
     """
     from autotune.study import catalog
 
-    emit("studies", {"folder": str(STUDIES), "studies": catalog.studies(STUDIES, storage)}, as_json, display.studies)
+    found = {"folder": str(STUDIES), "studies": catalog.studies(STUDIES, storage)}
+    emit("studies", found, as_json, result_display.studies)
 
 
 @click.command(name="report")
@@ -114,7 +115,7 @@ def report_command(study_name: str | None, storage: str | None, output: Path, as
     html_page.check_output(output)
     gathered = contents.gather(find_study(STUDIES, study_name, storage), STUDIES)
     html_page.write(output, html_page.page(gathered, output.parent))
-    emit("report", contents.summary(gathered, output), as_json, display.report_summary)
+    emit("report", contents.summary(gathered, output), as_json, result_display.report_summary)
 
 
 @click.command(name="profile")
@@ -153,7 +154,8 @@ def profile_command(env_file: Path | None, study_name: str | None, storage: str 
             profiled = [_profile_one(target, iterations, staged, timeout, as_json) for target in targets]
         body = profiling.summary(profiled, out or folder)
         profiling.save(profiled, out or folder, display.json_document("profile", body))
-    emit("profile", body, as_json, partial(display.profile, top=profiling.TOP_OPS, open_with=profiling.OPEN_WITH))
+    shown = partial(result_display.profile, top=profiling.TOP_OPS, open_with=profiling.OPEN_WITH)
+    emit("profile", body, as_json, shown)
 
 
 def _profile_targets(env_file: Path | None, study_name: str | None, storage: str | None, trial_number: int | None,

@@ -17,7 +17,7 @@ from autotune.measure.stats import Interval, PairedComparison, RegressionCheck, 
 from autotune.model import envfile
 from autotune.search import warm
 from autotune.search.rounds import Rounds
-from autotune.study import confirmations, efficiency, records
+from autotune.study import confirmations, efficiency, quality_records, records
 from autotune.study.storage import shown
 
 # What each best trial reports besides its number, configuration and values.
@@ -53,7 +53,7 @@ def search(study: optuna.Study, storage: str, best: list[FrozenTrial], stopped: 
             "confirmed_now": confirmed_now, "confirmation_cost": cost,
             "baseline_remeasured": records.remeasured_baselines(attrs),
             "efficiency": efficiency.of_recommended(study),
-            "speed_vs_quality": [trial(t, attrs) for t in records.quality_front(study)],
+            "speed_vs_quality": [trial(t, attrs) for t in quality_records.quality_front(study)],
             "max_quality_drop": attrs.get("max_quality_drop"),
             "warm_start": warm.summary(study.get_trials(deepcopy=False), best[0] if best else None)}
 

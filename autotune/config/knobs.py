@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autotune.base.errors import ConfigError
-from autotune.model.envfile import value_text
+from autotune.model.knobdefs import value_text
 from autotune.model.knobs import (
     KNOBS,
     VALUE_CONDITIONS,

@@ -166,7 +166,7 @@ def resolve(text: str, available: tuple[str, ...] | None = None, input_shape: st
 
 def _example_inputs(text: str) -> tuple[tuple[int, ...], str]:
     """One item's shape (of the first tensor) and the absolute path of a checked inputs file."""
-    from autotune.child.build import load_examples
+    from autotune.child.inputs import load_examples
     from autotune.model.batches import leaves
     from autotune.model.errors import ApplyError
 

@@ -33,8 +33,8 @@ import yaml
 
 from autotune.base.errors import AutotuneError
 from autotune.config.knobs import KNOBS, VALUE_CONDITIONS, Config, Knob, KnobValue, knob, parse
-from autotune.model.envfile import value_text
-from autotune.model.knobs import SHRINKS_WITH
+from autotune.model.knobdefs import value_text
+from autotune.model.knobs import SHRINKS_WITH, SPLITS_CORES
 
 USER_SPACES = Path("search_spaces")  # in the current folder: the user's own spaces, found before the shipped ones
 BATCH_PARAM = "batch_size"  # the Optuna parameter of a search over several batch sizes
@@ -226,7 +226,8 @@ class SearchSpace:
     def _dynamic_high(self, rng: KnobRange, sampled: Mapping[str, KnobValue]) -> int:
         high, other = int(rng.high), SHRINKS_WITH.get(rng.name, "")
         if other in sampled:
-            most = self.cores // int(sampled[other]) if rng.name == "omp_threads" else int(sampled[other])
+            splits = {rng.name, other} <= set(SPLITS_CORES)  # threads x instances fit the cores
+            most = self.cores // int(sampled[other]) if splits else int(sampled[other])
             high = min(high, max(rng.low, most))
         return high
 

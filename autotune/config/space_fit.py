@@ -6,6 +6,7 @@ space differs from this host's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -16,8 +17,8 @@ from autotune.host.capabilities import Refused
 from autotune.host.libs import LIBRARIES
 from autotune.model import backends
 from autotune.model.backends import RUNTIME_OF
-from autotune.model.envfile import value_text
-from autotune.model.knobs import CORE_BOUND, LINEAR_INT8, PRECISIONS
+from autotune.model.knobdefs import value_text
+from autotune.model.knobs import CORE_BOUND, LINEAR_INT8, PRECISIONS, SPLITS_CORES
 
 # Which library (the knob's `needs`) or runtime (the backend's packages) each choice needs, so a
 # machine without it never samples it.
@@ -231,7 +232,7 @@ def _check_pin_fits_machine(name: str, value: KnobValue, cores: int, available: 
     need = NEEDS.get((name, value_text(value)))
     if need and not available.get(need, True):
         raise SpaceError(f"--set {name}={value_text(value)} cannot run here: {MISSING[need]}; drop that --set")
-    if name in ("omp_threads", "instances") and int(value) > cores:
+    if name in CORE_BOUND and int(value) > cores:
         raise SpaceError(f"--set {name}={value} is above the {cores} usable physical cores of this machine; "
                          f"use at most {cores}")
 
@@ -244,7 +245,7 @@ def _pinned_range(space: SearchSpace, name: str, value: KnobValue) -> KnobRange:
         raise SpaceError(f"--set {name}={value_text(value)} is outside the search space {space.source}, which "
                          f"offers {name} {offered}; pin one of those, or widen the space (--space)")
     when = rng.when if rng is not None else definition.only_when
-    if definition.kind == "int" and name in ("omp_threads", "instances"):
+    if definition.kind == "int" and name in SPLITS_CORES:
         return KnobRange(name, low=int(value), high=int(value), when=when)
     return KnobRange(name, choices=(value,), when=when, value_when=rng.value_when if rng is not None else ())
 
@@ -266,15 +267,16 @@ def _narrowed(source: str, rng: KnobRange, allowed: tuple[str, ...], because: st
 
 
 def _check_pinned_cores(pins: Config, ranges: Mapping[str, KnobRange], cores: int) -> None:
-    """Pinned threads x instances (a pinned one with the other's smallest value) must fit the cores."""
+    """Pinned threads x instances (`SPLITS_CORES`; a pinned one with the others' smallest values) must
+    fit the cores."""
     pinned = pins.as_dict()
-    if "omp_threads" not in pinned and "instances" not in pinned:
+    if not set(SPLITS_CORES) & pinned.keys():
         return
-    threads, instances = (int(pinned[n]) if n in pinned else (ranges[n].low if n in ranges else 1)
-                          for n in ("omp_threads", "instances"))
-    if threads * instances > cores:
-        raise SpaceError(f"--set {pins.describe()}: {instances} instance(s) x {threads} thread(s) need more than "
-                         f"the {cores} usable physical cores of this machine; pin fewer")
+    each = {n: int(pinned[n]) if n in pinned else (ranges[n].low if n in ranges else 1) for n in SPLITS_CORES}
+    if math.prod(each.values()) > cores:
+        split = " x ".join(f"{n}={v}" for n, v in each.items())
+        raise SpaceError(f"--set {pins.describe()}: {split} need more than the {cores} usable physical cores of "
+                         f"this machine; pin fewer")
 
 
 def _cap(source: str, rng: KnobRange, cores: int) -> KnobRange:
@@ -288,12 +290,11 @@ def _cap(source: str, rng: KnobRange, cores: int) -> KnobRange:
 
 
 def _fit_instances(ranges: tuple[KnobRange, ...], cores: int) -> tuple[KnobRange, ...]:
-    """Instances never so many that the smallest thread count no longer fits."""
-    threads = next((r for r in ranges if r.name == "omp_threads"), None)
-    if threads is None:
-        return ranges
-    return tuple(replace(r, high=max(r.low, min(int(r.high), cores // threads.low)))
-                 if r.name == "instances" else r for r in ranges)
+    """Of the knobs that split the cores (`SPLITS_CORES`: threads x instances), none so high that
+    the others' smallest values no longer fit (instances never so many that one thread each does not)."""
+    lows = {r.name: r.low for r in ranges if r.name in SPLITS_CORES and r.is_range}
+    room = {name: cores // math.prod(low for other, low in lows.items() if other != name) for name in lows}
+    return tuple(replace(r, high=max(r.low, min(int(r.high), room[r.name]))) if r.name in lows else r for r in ranges)
 
 
 def recorded_differs(recorded: Mapping[str, Any], mine: Mapping[str, Any], cores_may_differ: bool = False) -> str:

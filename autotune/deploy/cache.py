@@ -31,8 +31,8 @@ from autotune.model.artifacts import (
     installed_torch_version,
 )
 from autotune.model.convert import saved_knobs
-from autotune.model.envfile import value_text
 from autotune.model.errors import ApplyError
+from autotune.model.knobdefs import value_text
 from autotune.model.knobs import ModelKnobs
 
 # Each backend's artifact by its file suffix (eager's weight cache is a TorchScript file too).

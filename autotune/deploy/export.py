@@ -19,8 +19,8 @@ from autotune.measure.objectives import LIMITED, Limits, speedup_attr
 from autotune.measure.plan import PRIMITIVE_CACHE_VAR, BenchSpec, Binding, LaunchPlan, serving_env
 from autotune.model import envfile, hf
 from autotune.model.cpu import ISA_LIMITS
-from autotune.model.envfile import value_text
 from autotune.model.files import write_atomically
+from autotune.model.knobdefs import value_text
 from autotune.model.knobs import KNOB_VARIABLES, KNOBS
 from autotune.study import confirmations, records, references
 

@@ -183,6 +183,17 @@ class Probe:
                               for t, c, tr in self.bandwidth}}
 
 
+def precision_peak(peaks: Mapping[str, Mapping[str, Any]], precision: str,
+                   op: str) -> tuple[str, Mapping[str, Any]] | None:
+    """This machine's one peak for `precision` (from `Probe.summary`'s peaks): the most any runtime's
+    kernel measured, on `op` where one ran it, else on the precision's other operation (int8_dynamic
+    has a matmul alone); as (runtime:precision:op, the peak), None where no runtime ran it. One
+    figure per precision, whichever runtime a trial ran: a share of it says how much is left."""
+    ran = [(key, peak) for key, peak in peaks.items() if key.split(":")[1:2] == [precision]]
+    on_op = [(key, peak) for key, peak in ran if key.split(":")[2:] == [op]] or ran
+    return max(on_op, key=lambda found: float(found[1]["gops"]), default=None)
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 

@@ -20,21 +20,10 @@ from autotune.host.topology import PhysicalCore, Topology, format_cpus
 from autotune.model import apply
 from autotune.model.buckets import Buckets
 from autotune.model.cpu import ISA_LIMITS
-from autotune.model.knobs import ModelKnobs
+from autotune.model.knobdefs import PRELOAD
+from autotune.model.knobs import KNOBS, ModelKnobs
 
-KMP_AFFINITY = {
-    "compact": "granularity=fine,compact,1,0",
-    "scatter": "granularity=fine,scatter",
-    "disabled": "disabled",
-}
-# jemalloc's own defaults return memory eagerly; PyTorch's launchers set this and without it
-# jemalloc measured about 2x slower than glibc here at batch size 1.
-JEMALLOC_CONF = (
-    "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
-    "dirty_decay_ms:-1,muzzy_decay_ms:-1"
-)
-# tcmalloc prints a report for every allocation above 1 GiB by default; large batches make many.
-TCMALLOC_REPORT_THRESHOLD = str(64 << 30)
+THREADS = KNOBS["omp_threads"]  # what an instance's threads set, one per core of its own when not set
 
 Binding = Literal["none", "numactl", "taskset", "sched_setaffinity"]
 
@@ -212,8 +201,8 @@ def plan_launch(
         cpus = tuple(c.cpus[0] for c in cores) if cores else tuple(sorted(topology.allowed))
         nodes = sorted({c.node for c in cores}) if cores else []
         env = dict(shared_env)
-        if cores and "OMP_NUM_THREADS" not in env:
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(cores))
+        if cores and not set(THREADS.variables) & env.keys():  # one thread per core of its own
+            env |= THREADS.environment(len(cores))
         prefix = bind_prefix(binding, libs, cpus, nodes)
         instances.append(InstancePlan(index, cpus, nodes[0] if len(nodes) == 1 else None,
                                       env, prefix + argv))
@@ -229,31 +218,18 @@ def isa_limits(parent_env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _runtime_env(config: Config, libs: Libraries) -> dict[str, str]:
+    """What the process knobs set, as their rows say (`Knob.sets`, `Knob.needs`): the variables of
+    each knob with a value, then LD_PRELOAD with every library they preload, in the table's order."""
     env: dict[str, str] = {}
     preload: list[Path] = []
-    threads = config.get("omp_threads")
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    runtime = config.get("omp_runtime")
-    if config.is_set("omp_runtime") and runtime != "gnu":
-        preload.append(libs.require("libiomp5" if runtime == "intel" else "libomp"))
-    if config.is_set("kmp_affinity"):
-        env["KMP_AFFINITY"] = KMP_AFFINITY[str(config.get("kmp_affinity"))]
-    if config.is_set("kmp_blocktime"):
-        env["KMP_BLOCKTIME"] = str(config.get("kmp_blocktime"))
-    if config.is_set("omp_proc_bind"):
-        env["OMP_PROC_BIND"] = str(config.get("omp_proc_bind"))
-        if config.get("omp_proc_bind") != "false":
-            env["OMP_PLACES"] = "cores"
-    allocator = config.get("allocator")
-    if allocator == "jemalloc":
-        preload.append(libs.require("jemalloc"))
-        env["MALLOC_CONF"] = JEMALLOC_CONF
-    elif allocator == "tcmalloc":
-        preload.append(libs.require("tcmalloc"))
-        env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"] = TCMALLOC_REPORT_THRESHOLD
+    for name, knob in KNOBS.items():
+        value = config.get(name)
+        if value is None or knob.model:
+            continue
+        env |= knob.environment(value)
+        preload += [libs.require(library) for library in knob.preloads(value)]
     if preload:
-        env["LD_PRELOAD"] = ":".join(str(p) for p in preload)
+        env[PRELOAD] = ":".join(str(p) for p in preload)
     return env
 
 

@@ -26,8 +26,8 @@ from typing import Any
 from autotune.model import artifacts, buckets, envfile, hf, quantize
 from autotune.model.batches import call, inputs, leaves
 from autotune.model.convert import Quantized, guard, load_saved, prepare
-from autotune.model.envfile import value_text
 from autotune.model.errors import ApplyError
+from autotune.model.knobdefs import value_text
 from autotune.model.knobs import KNOBS, MODEL_KNOBS, KnobValue, KnobValueError, ModelKnobs
 
 # The variables of the knobs that change the model itself (`envfile.knob_var`).

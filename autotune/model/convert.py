@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.model import buckets, cpu, fallback, linear_int8
+from autotune.model import buckets, cpu, fallback, linear_int8, saturation
 from autotune.model.artifacts import (
     ARTIFACT_FORMAT,
     CALIBRATION_KIND,
@@ -30,7 +30,6 @@ from autotune.model.artifacts import (
     save_batches,
     stale_artifacts,
 )
-from autotune.model.backends import probe
 from autotune.model.batches import autocast, call, dense, inputs, layout
 from autotune.model.errors import ApplyError, WrongAnswers
 from autotune.model.knobs import LINEAR_INT8, QUANTIZED, ModelKnobs, Precision
@@ -328,7 +327,7 @@ def artifact_meta(knobs: ModelKnobs, example: Any, weights: str, calibration: st
             **knobs.runs_in.described(knobs)}  # a runtime's version, a thread count baked in
     if calibration:
         meta["calibration"] = calibration  # int8: what the quantizer observed
-    remedy = probe.remedy(knobs.backend) if knobs.precision == "int8" else ""
+    remedy = saturation.remedy(knobs.runs_in) if knobs.precision == "int8" else ""
     if remedy:
         meta["int8_remedy"] = remedy  # quantized otherwise: another artifact
     return meta

@@ -90,16 +90,6 @@ def version(env: Mapping[str, str]) -> int:
     return int(text) if text.isdigit() else 0
 
 
-SWITCH = {"on": True, "off": False}  # how a switch is spelled everywhere: CLI, YAML, env files
-
-
-def value_text(value: object) -> str:
-    """A knob value as users type it: switches are on/off, everything else as it prints."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
 def quote(value: str) -> str:
     """Always single-quoted, so no value is ever expanded or split by the shell; a control
     character (a newline would end the line this format reads) cannot be carried at all."""

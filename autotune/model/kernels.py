@@ -135,7 +135,7 @@ def seconds_per_call(call: Callable[[], Any]) -> float:
 @contextlib.contextmanager
 def threads_kept() -> Iterator[None]:
     """torch's thread count as it was, after kernels that set their own: a measuring process checks
-    int8 saturation (`probe.saturates`) on one thread, then must run the model at the count it was
+    int8 saturation (`saturation.saturates`) on one thread, then must run the model at the count it was
     launched with (left at one, resnext101 int8 at 2 threads took 85 ms instead of 45)."""
     import torch
 

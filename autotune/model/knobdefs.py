@@ -7,14 +7,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from autotune.model.envfile import SWITCH, value_text
-
 KnobValue = bool | int | str
 KnobKind = Literal["bool", "int", "choice"]
 Condition = tuple[tuple[str, tuple[str, ...]], ...]  # (knob, the values it must have), all must hold
 
 _TRUE = {"on", "true", "yes", "1"}
 _FALSE = {"off", "false", "no", "0"}
+PRELOAD = "LD_PRELOAD"  # where a knob's `needs` go: the libraries a process loads first
+
+SWITCH = {"on": True, "off": False}  # how a switch is spelled everywhere: CLI, YAML, env files
+
+
+def value_text(value: object) -> str:
+    """A knob value as users type it: switches are on/off, everything else as it prints."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Sets:
+    """An environment variable a process knob sets: its name and its text per value (`texts`:
+    (value, text) pairs, the values it is set for), or the value as typed where `texts` is empty."""
+
+    variable: str
+    texts: tuple[tuple[str, str], ...] = ()
+
+    def text(self, value: KnobValue) -> str | None:
+        """What the variable holds at `value` (None: the value leaves it unset)."""
+        typed = value_text(value)
+        return dict(self.texts).get(typed) if self.texts else typed
 
 
 class KnobValueError(ValueError):
@@ -39,9 +61,23 @@ class Knob:
     model: bool = False  # changes the module itself (apply's business); the others are the process's
     places: bool = False  # a runtime's setting that places its work on the cores, not what it computes
     core_bound: bool = False  # an integer no larger than the usable physical cores (its `max`)
+    splits_cores: bool = False  # the knobs so marked multiply into the cores one process uses (threads x instances)
     shrinks_with: str = ""  # the knob whose sampled value caps this one (threads x instances fit the cores)
     needs: tuple[tuple[str, str], ...] = ()  # (value, the library it preloads): a machine without it lacks it
-    sets: tuple[str, ...] = ()  # the environment variables it sets (an export unsets them when it does not)
+    sets: tuple[Sets, ...] = ()  # the environment variables it sets (an export unsets them when it does not)
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """Every environment variable the knob may set: LD_PRELOAD for what it `needs`, and its own."""
+        return tuple(dict.fromkeys([PRELOAD] * bool(self.needs) + [s.variable for s in self.sets]))
+
+    def environment(self, value: KnobValue) -> dict[str, str]:
+        """The variables `value` sets (LD_PRELOAD aside: its libraries are `preloads`)."""
+        return {s.variable: text for s in self.sets if (text := s.text(value)) is not None}
+
+    def preloads(self, value: KnobValue) -> tuple[str, ...]:
+        """The libraries `value` preloads (names of `autotune.host.libs`)."""
+        return tuple(library for wanted, library in self.needs if wanted == value_text(value))
 
     def allowed(self) -> str:
         if self.kind == "bool":

@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 from autotune.model import backends
 from autotune.model.backends import PEER_BACKENDS, TORCH_BACKENDS
-from autotune.model.envfile import value_text
 from autotune.model.errors import ApplyError
 from autotune.model.knobdefs import (
     LINEAR_INT8,
@@ -26,11 +25,24 @@ from autotune.model.knobdefs import (
     KnobValue,
     KnobValueError,
     Precision,
+    Sets,
+    value_text,
 )
 
 __all__ = ["KNOBS", "LINEAR_INT8", "MODEL_KNOBS", "PEER_BACKENDS", "PEER_KNOBS", "PRECISIONS", "QUANTIZED",
            "TORCH_BACKENDS", "Condition", "Knob", "KnobKind", "KnobValue", "KnobValueError", "ModelKnobs",
            "Precision"]
+
+
+# What each process knob's values set, where the variable does not take the value as typed.
+KMP_AFFINITY = (("compact", "granularity=fine,compact,1,0"), ("scatter", "granularity=fine,scatter"),
+                ("disabled", "disabled"))
+PLACES = tuple((bind, "cores") for bind in ("true", "close", "spread"))  # OMP_PLACES unless OMP_PROC_BIND=false
+# jemalloc's own defaults return memory eagerly; PyTorch's launchers set this and without it
+# jemalloc measured about 2x slower than glibc here at batch size 1.
+JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:-1,muzzy_decay_ms:-1"
+# tcmalloc prints a report for every allocation above 1 GiB by default; large batches make many.
+TCMALLOC_REPORT_THRESHOLD = str(64 << 30)
 
 
 def _knob_table(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> dict[str, Knob]:
@@ -69,26 +81,27 @@ def _knob_table(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> d
              only_when=(("backend", ("eager", "inductor")),), model=True),
         Knob("omp_threads", "int", "OMP_NUM_THREADS and MKL_NUM_THREADS per instance; OpenVINO's inference threads, "
              "ONNX Runtime's intra-op threads and llama.cpp's threads", low=1, high=4096, unset_as="max",
-             core_bound=True,
-             shrinks_with="instances", sets=("OMP_NUM_THREADS", "MKL_NUM_THREADS")),
+             core_bound=True, splits_cores=True,
+             shrinks_with="instances", sets=(Sets("OMP_NUM_THREADS"), Sets("MKL_NUM_THREADS"))),
         Knob("omp_runtime", "choice", "OpenMP runtime: gnu (libgomp, PyTorch's own), intel "
              "(libiomp5 preloaded), llvm (libomp preloaded); PyTorch backends only", choices=("gnu", "intel", "llvm"),
-             default="gnu", only_when=torch_run, needs=(("intel", "libiomp5"), ("llvm", "libomp")),
-             sets=("LD_PRELOAD",)),
+             default="gnu", only_when=torch_run, needs=(("intel", "libiomp5"), ("llvm", "libomp"))),
         Knob("kmp_affinity", "choice", "KMP_AFFINITY of Intel OpenMP: compact = "
              "granularity=fine,compact,1,0; scatter = granularity=fine,scatter",
-             choices=("compact", "scatter", "disabled"), only_when=intel, unset_as="disabled", sets=("KMP_AFFINITY",)),
+             choices=("compact", "scatter", "disabled"), only_when=intel, unset_as="disabled",
+             sets=(Sets("KMP_AFFINITY", KMP_AFFINITY),)),
         Knob("kmp_blocktime", "int", "KMP_BLOCKTIME of Intel OpenMP, in ms", low=0, high=1000,
-             only_when=intel, unset_as=200, sets=("KMP_BLOCKTIME",)),
+             only_when=intel, unset_as=200, sets=(Sets("KMP_BLOCKTIME"),)),
         Knob("omp_proc_bind", "choice", "OMP_PROC_BIND of GNU/LLVM OpenMP (OMP_PLACES=cores "
              "unless false)", choices=("false", "true", "close", "spread"), only_when=not_intel,
-             unset_as="false", sets=("OMP_PROC_BIND", "OMP_PLACES")),
+             unset_as="false", sets=(Sets("OMP_PROC_BIND"), Sets("OMP_PLACES", PLACES))),
         Knob("allocator", "choice", "malloc by LD_PRELOAD, with the tuning env its users set",
              choices=("default", "jemalloc", "tcmalloc"), default="default",
              needs=(("jemalloc", "jemalloc"), ("tcmalloc", "tcmalloc")),
-             sets=("LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD")),
+             sets=(Sets("MALLOC_CONF", (("jemalloc", JEMALLOC_CONF),)),
+                   Sets("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", (("tcmalloc", TCMALLOC_REPORT_THRESHOLD),)))),
         Knob("instances", "int", "concurrent benchmark processes, each bound to its own "
-             "physical cores", low=1, high=4096, unset_as=1, core_bound=True),
+             "physical cores", low=1, high=4096, unset_as=1, core_bound=True, splits_cores=True),
         Knob("dataloader_workers", "int", "DataLoader num_workers feeding the benchmark",
              low=0, high=64, default=0),
     ]
@@ -126,7 +139,9 @@ CORE_BOUND = tuple(name for name, k in KNOBS.items() if k.core_bound)
 # OpenVINO stream runs one thread at least.
 SHRINKS_WITH = {name: k.shrinks_with for name, k in KNOBS.items() if k.shrinks_with}
 # The environment variables the process knobs set, every one of them.
-KNOB_VARIABLES = tuple(dict.fromkeys(var for k in KNOBS.values() for var in k.sets))
+KNOB_VARIABLES = tuple(dict.fromkeys(var for k in KNOBS.values() for var in k.variables))
+# The knobs whose values multiply into the cores the processes use: their product fits the cores.
+SPLITS_CORES = tuple(name for name, k in KNOBS.items() if k.splits_cores)
 VALUE_CONDITIONS: Mapping[tuple[str, str], Condition] = _value_conditions()
 
 
@@ -245,6 +260,10 @@ class ModelKnobs:
         instances) are not model knobs: between thread counts only the order of a reduction's
         additions differs, far below what the guard tolerates."""
         return replace(self, **{name: getattr(ModelKnobs(), name) for name in PLACEMENT_KNOBS}).describe()
+
+    def without_peers(self) -> dict[str, Any]:
+        """Every knob's value but the peer runtimes' own settings (`PEER_KNOBS`)."""
+        return {name: value for name, value in asdict(self).items() if name not in PEER_KNOBS}
 
     def describe(self) -> str:
         changed = {k: v for k, v in asdict(self).items() if v != getattr(ModelKnobs(), k)}

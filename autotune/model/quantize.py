@@ -1,6 +1,6 @@
 """precision=int8: post-training static quantization through PT2E with torchao's x86 inductor
 quantizer (uint8 activations calibrated per tensor, int8 weights per channel; activations on 7 bits,
-`reduce_range`, where this CPU's int8 kernels saturate 16-bit sums: `probe.saturates`, measured),
+`reduce_range`, where this CPU's int8 kernels saturate 16-bit sums: `saturation.saturates`, measured),
 and the guard that fits it: top-1 agreement and cosine similarity with eager fp32, over several batches.
 
 Why not the maximum relative error: int8 moves every output a little (about 2% of the largest
@@ -14,19 +14,16 @@ int8 fusion passes with inductor (for the whole process).
 from __future__ import annotations
 
 import hashlib
-import re
-import traceback
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.model import buckets, fallback
+from autotune.model import backends, buckets, fallback, saturation
 from autotune.model.artifacts import hash_tensor
-from autotune.model.backends import probe
 from autotune.model.batches import call, explain, rows, split
 from autotune.model.convert import allowed_error
-from autotune.model.errors import ApplyError, WrongAnswers
+from autotune.model.errors import ApplyError, WrongAnswers, failed_op
 from autotune.model.linear_int8 import TORCHAO_INSTALL
 
 if TYPE_CHECKING:
@@ -59,7 +56,7 @@ def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup
         except Exception as exc:
             raise ApplyError(f"precision=int8: torch.export could not capture the model at {failed_op(exc)} "
                              f"({explain(exc)}); use precision=fp32 or bf16 for it") from exc
-    reduce_range = bool(probe.remedy("inductor"))
+    reduce_range = bool(saturation.remedy(backends.get("inductor")))
     config = default_config(reduce_range=reduce_range)
 
     def without(kept: tuple[str, ...], graph: Any = None) -> Any:
@@ -128,33 +125,6 @@ def _step(name: str, action: Any) -> Any:
     except Exception as exc:
         raise ApplyError(f"precision=int8: the x86 quantizer cannot handle this model: {name} failed at "
                          f"{failed_op(exc)} ({explain(exc)}); use precision=fp32 or bf16 for it") from exc
-
-
-def failed_op(exc: BaseException) -> str:
-    """The operator a quantization failure is about: named in the message (aten.conv2d,
-    aten::conv2d, quantized ops), the model's line torch.export stopped at, else the quantizer's
-    pattern that raised (`_annotate_conv2d_...`)."""
-    for text in (str(exc), *(str(c) for c in _causes(exc))):
-        found = re.search(r"\b((?:aten|quantized_decomposed|onednn|torchao)(?:\.|::)\w+)", text)
-        if found:
-            return found.group(1).replace("::", ".")
-        line = re.search(r'# File "([^"]+)", line (\d+), in (\w+), code: (.+)', text)
-        if line:
-            return f"`{line.group(4).strip()}` ({line.group(1).rsplit('/', 1)[-1]}:{line.group(2)}, in {line.group(3)})"
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        pattern = re.match(r"_annotate_(\w+?)(?:_fusion_pattern|_binary_unary|_unary|_binary)?$", frame.name)
-        if pattern:
-            return f"aten.{pattern.group(1)} (the quantizer's {frame.name})"
-    return "an operator it does not name"
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    found: list[BaseException] = []
-    seen = exc.__cause__ or exc.__context__
-    while seen is not None and len(found) < 5:
-        found.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    return found
 
 
 def digest(batches: Sequence[Any]) -> str:

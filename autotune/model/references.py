@@ -41,7 +41,7 @@ class Known:
 
 
 def applies(spec: str) -> bool:
-    """A torchvision model name, as `build.load_model` takes it (not `pkg:factory`, not a file)."""
+    """A torchvision model name, as `sources.load_model` takes it (not `pkg:factory`, not a file)."""
     return ":" not in spec and not spec.endswith((".pt", ".pt2"))
 
 

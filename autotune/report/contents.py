@@ -34,7 +34,7 @@ from autotune.report.importance import (
     importance,
     marginals,
 )
-from autotune.study import confirmations, efficiency, records, references
+from autotune.study import confirmations, efficiency, quality_records, records, references
 
 PROFILES = "profiles"  # studies/profiles/<study name>/*.trace.json, written by `autotune profile`
 TRACE_GLOB = "*.trace.json"
@@ -135,7 +135,7 @@ class QualityPoint:
     drop_interval: tuple[float, float]
     value: float
     config: str
-    front: bool  # no other trial is both faster and of a smaller drop (`records.quality_front`)
+    front: bool  # no other trial is both faster and of a smaller drop (`quality_records.quality_front`)
     within_limit: bool
 
 
@@ -206,7 +206,7 @@ def gather(study: optuna.Study, studies_dir: Path) -> Report:
 
 def speed_against_quality(study: optuna.Study, metric: Metric) -> Quality | None:
     """Every completed trial with a quality figure, its speed against its drop, the front marked."""
-    front = {t.number for t in records.quality_front(study)}
+    front = {t.number for t in quality_records.quality_front(study)}
     limit = study.user_attrs.get("max_quality_drop")
     points, kind = [], None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

@@ -32,7 +32,7 @@ from autotune.config.space import BATCH_PARAM, SearchSpace
 from autotune.host.machine import class_id, host_name
 from autotune.measure.replicates import Measurement
 from autotune.search import proposals, pruning, warm
-from autotune.study import holders, records, storage, undecided
+from autotune.study import holders, quality_records, records, storage, undecided
 from autotune.study.storage import StudyError, StudyLocked
 
 CLASS_ATTR = records.HOST_CLASS  # on the study: the class it is for; on a trial: its host's class id
@@ -160,7 +160,7 @@ def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
         return worker.proposer.again(retry)
     held = pruning.held(worker.space, trials, worker.klass, worker.digest)
     cover = pruning.uncovered(worker.space, trials, worker.klass)
-    wrong = records.wrong_models(trials, worker.digest, worker.klass)
+    wrong = quality_records.wrong_models(trials, worker.digest, worker.klass)
     proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held, cover, wrong)
     waiting = undecided.pending(trials, worker.digest)
     if proposal is None and waiting:  # nothing else left: the noisy stops are measured again now

@@ -25,7 +25,7 @@ from autotune.measure.replicates import ReplicatePolicy
 from autotune.model import hf
 from autotune.model.buckets import Buckets
 from autotune.search import fleet, proposals, warm
-from autotune.study import claims, holders, records, storage
+from autotune.study import claims, holders, kept, records, storage
 from autotune.study.storage import StudyError
 
 MIN, MAX = optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE
@@ -246,7 +246,7 @@ def _restore_kept(study: optuna.Study, url: str, request: SearchRequest) -> list
     """Measurements a locked database kept out of the study last time are recorded now."""
     notes = []
     for path in storage.kept_aside(url, request.studies_dir, study.study_name):
-        number = records.restore_kept(study, path, request.limits)
+        number = kept.restore_kept(study, path, request.limits)
         if number is not None:
             notes.append(f"trial {number}'s measurement, kept in {path} while the study was locked, is recorded now")
     return notes

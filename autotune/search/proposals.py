@@ -30,13 +30,13 @@ from autotune.base.errors import ConfigError
 from autotune.config.knobs import KNOBS, Config, KnobValue
 from autotune.config.recipes import Recipe
 from autotune.config.space import BATCH_PARAM, SearchSpace, config_of_params, knob_of_param
-from autotune.model.envfile import value_text
-from autotune.study import records, storage
+from autotune.model.knobdefs import value_text
+from autotune.study import quality_records, storage
 
 RETRIES = 8  # proposals asked of the sampler before taking the nearest configuration that has not run
 RANDOM_TRIES = 10_000  # a space too large to list: random draws looking for one that has not run
 Identity = tuple[str, int]  # (configuration as a user types it, batch size)
-Model = tuple[str, int]  # (what decides its answers, batch size): `records.model_of`
+Model = tuple[str, int]  # (what decides its answers, batch size): `quality_records.model_of`
 COVERED = ("backend", "precision", "memory_format", "omp_threads")  # what a coverage proposal must keep
 
 
@@ -81,7 +81,7 @@ class Proposer:
         won in other studies of this host class (`warm`), the recipes, then `cover` (configurations
         the search compiles before the sampler's next, `pruning.uncovered`), then the sampler's.
         `trials`: the study's, as the caller read them (the sampler sees them, nothing reads again).
-        Beyond the recipes, nothing of a model in `wrong` (`records.wrong_models`: it gave wrong
+        Beyond the recipes, nothing of a model in `wrong` (`quality_records.wrong_models`: it gave wrong
         answers) is proposed."""
         for winner in self.warm:
             proposal = replace(self._fixed(winner.config, self.batch_sizes[0], "warm start"), warm=winner.to_json())
@@ -168,7 +168,9 @@ class Proposer:
 
 def _open(config: Config, batch: int, measured: set[Identity], wrong: Collection[Model]) -> bool:
     """Whether a configuration may be proposed: it has not run, and its model gave no wrong answers."""
-    return (config.identity(), batch) not in measured and (not wrong or records.model_of(config, batch) not in wrong)
+    if (config.identity(), batch) in measured:
+        return False
+    return not wrong or quality_records.model_of(config, batch) not in wrong
 
 
 @lru_cache(maxsize=4)

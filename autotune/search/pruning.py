@@ -79,13 +79,13 @@ from autotune.measure.objectives import Metric, Objective, lower_is_better, metr
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement
 from autotune.measure.results import RunResult
+from autotune.model import backends
 from autotune.model.knobs import KNOBS, conditions, shown
 from autotune.study import records
 
-# What an inductor artifact is compiled for: precision, memory format, threads, and shapes (one model per
-# sequence-length bucket, or one dynamic model: different kernels, so a step between them is measured, not assumed).
+# What an inductor artifact is compiled for, as its backend says: precision, memory format, threads, shapes.
 CompileKey = tuple[str, str, int, str]
-KEY_NAMES = ("precision", "memory_format", "omp_threads", "shapes")
+KEY_NAMES = backends.get("inductor").compiled_for
 
 
 def separated(mine: Sequence[float], best: Sequence[float], metric: Metric, margin: float = MARGIN) -> bool:

@@ -10,7 +10,7 @@ import optuna
 
 from autotune.measure import quality
 from autotune.measure.objectives import metric_of, speedup_attr, unit_of
-from autotune.study import confirmations, records, storage
+from autotune.study import confirmations, quality_records, records, storage
 from autotune.study.storage import SQLITE, StudyError
 
 
@@ -63,7 +63,7 @@ def _best(study: optuna.Study) -> dict[str, Any] | None:
     return {"trial": best[0].number, "value": best[0].values[0], "unit": unit_of(metric_of(objective)),
             "speedup": records.speedup(best[0], speedup_attr(objective), study.user_attrs),
             "quality_drop": quality.drop_of(judged), "quality_unit": (judged or {}).get("unit"),
-            "quality_front": len(records.quality_front(study))}
+            "quality_front": len(quality_records.quality_front(study))}
 
 
 def verdict(confirmation: dict[str, Any] | None, count: int = 1) -> dict[str, Any] | None:

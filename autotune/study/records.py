@@ -7,26 +7,19 @@ this module, so an attribute's name and meaning have one owner.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.base.errors import INTERRUPTED_BY, ConfigError
-from autotune.config.knobs import Config, identity_of
-from autotune.measure import quality
-from autotune.measure.objectives import Limits, Metric
-from autotune.measure.plan import LaunchPlan, model_knobs
+from autotune.base.errors import INTERRUPTED_BY
+from autotune.config.knobs import identity_of
+from autotune.measure.objectives import Metric
+from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement
 from autotune.measure.results import STDERR_TAIL_CHARS, RunResult
-from autotune.model import schema
-from autotune.model.files import read_text
-from autotune.study.storage import StudyError
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 # Why a trial failed (`fail_cause`), which decides whether its configuration is worth running again:
@@ -42,6 +35,7 @@ SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predict
 SKIPPED_ON = "not_compiled_on"  # a skipped trial's: what its prediction read (pruning.Evidence.mark)
 HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
 WRONG_ANSWERS = "wrong_answers"  # a failed trial's: its converted model failed the guard (`wrong_models`)
+QUALITY, QUALITY_KEY = "quality", "quality_key"  # a trial's quality on the user's data, and what it is of
 # On the study, + a host's name: the reference that host's speedups are over (fleet.py writes it),
 # whether it was measured on a noisy window, and, once it was measured again (search/loop.py, by
 # study/undecided.py's rule), `remeasured`: what it was, every attempt, and whether one was quiet
@@ -341,87 +335,11 @@ def answered_wrong(measurement: Measurement) -> bool:
     return any(i.wrong_answers for i in next(r for r in measurement.runs if not r.ok).instances)
 
 
-def model_of(config: Config, batch: int) -> tuple[str, int]:
-    """(what decides its answers, batch size): configurations alike in both answer alike
-    (`ModelKnobs.answers`)."""
-    return model_knobs(config).answers, batch
-
-
-def wrong_models(trials: Sequence[FrozenTrial], digest: str, klass: str) -> dict[tuple[str, int], int]:
-    """`model_of` each model that gave wrong answers on this host class under these settings (the
-    tolerance, the calibration), and the first trial that showed it: a search proposes no other
-    configuration of it, as every process running it gets the same verdict."""
-    found: dict[tuple[str, int], int] = {}
-    for trial in sorted(trials, key=lambda t: t.number):
-        attrs = trial.user_attrs
-        if (trial.state != TrialState.FAIL or not attrs.get(WRONG_ANSWERS) or attrs.get("settings_digest") != digest
-                or attrs.get(HOST_CLASS, klass) != klass):
-            continue
-        try:
-            config = Config.from_description(str(attrs.get("config")))
-        except ConfigError:  # a knob this autotune no longer knows
-            continue
-        found.setdefault(model_of(config, int(attrs.get("batch_size", 0))), trial.number)
-    return found
-
-
 def _run_cause(failed: RunResult) -> str:
     """KILLED when every failed instance died of a signal (the orchestrator kills a timed-out or
     stopped instance with SIGKILL); an exit code, an error result or a failed start is ERROR."""
     codes = [i.returncode for i in failed.instances if not i.ok]
     return KILLED if codes and all(code is not None and code < 0 for code in codes) else ERROR
-
-
-# What `loop._unsaved` keeps beside a study while its database stays locked: read only through `kept`.
-KEPT = schema.record(
-    {"trial": schema.integer, "state": schema.choice("COMPLETE", "PRUNED", "FAIL"),
-     "values": schema.list_of(schema.number), "reason": schema.text},
-    {"summary": schema.record({}, {"latency_p90_ms": schema.optional(schema.number), "generation": schema.optional(
-        schema.record({}, {"tpot_p90_ms": schema.optional(schema.number)}))}),
-     "cause": schema.text, WRONG_ANSWERS: schema.flag})
-
-
-def kept(path: Path) -> dict[str, Any]:
-    """A measurement kept aside (`KEPT`); refused in one line naming the file when it cannot be read
-    or is not one, so that nothing half of it is recorded."""
-    try:
-        data = schema.loads(read_text(path), KEPT)
-    except (OSError, UnicodeDecodeError, schema.SchemaError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not text" if isinstance(exc, UnicodeDecodeError) \
-            else str(exc)
-        raise StudyError(f"the measurement kept in {path} cannot be read ({why}); move it out of that folder to "
-                         f"resume without it") from None
-    return data
-
-
-def restore_kept(study: optuna.Study, path: Path, limits: Limits) -> int | None:
-    """A trial's measurement kept aside while the study was locked, recorded now on that trial if
-    it is still RUNNING (then the file is removed); its number, or None when there was nothing to do."""
-    data = kept(path)
-    frozen = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if t.number == data.get("trial")), None)
-    if frozen is None:
-        return None
-    state = TrialState[data["state"]]
-    if state == TrialState.COMPLETE and len(data["values"]) != len(study.directions):
-        raise StudyError(f"the measurement kept in {path} holds {len(data['values'])} values for a study of "
-                         f"{len(study.directions)} objectives; move it out of that folder to resume without it")
-    trial = optuna.Trial(study, frozen._trial_id)
-    for key, value in data.get("summary", {}).items():
-        trial.set_user_attr(key, value)
-    trial.set_user_attr("restored_from", str(path))
-    if state == TrialState.FAIL:
-        record_failure(trial, data["reason"], data.get("cause", ERROR))
-        if data.get(WRONG_ANSWERS) is True:
-            trial.set_user_attr(WRONG_ANSWERS, True)
-    elif state == TrialState.PRUNED:
-        record_pruned(trial, data["reason"])
-    else:
-        trial.set_user_attr("status", "ok")
-        record_limits(trial, limits, data.get("summary", {}))
-    study.tell(trial, data["values"] if state == TrialState.COMPLETE else None, state=state)
-    path.unlink()
-    return frozen.number
 
 
 def failure_cause(measurement: Measurement) -> str:
@@ -454,67 +372,6 @@ def record_skipped(trial: optuna.Trial, reason: str, evidence: str) -> None:
     trial.set_user_attr(SKIPPED, True)
     trial.set_user_attr(SKIPPED_ON, evidence)
 
-
-def record_limits(trial: optuna.Trial, limits: Limits, summary: Mapping[str, Any]) -> None:
-    """How far a completed trial's figures (its summary) are over the study's limits, each as an
-    Optuna constraint (`latency_p90_over_limit_ms`, `tpot_p90_over_limit_ms`) mirrored in user
-    attributes (optuna-dashboard 0.21 does not show Optuna 5 constraints), and `feasible`.
-    Duplicates are recorded too: a trial without constraints reads as feasible."""
-    over = limits.over(limit_figures(summary))
-    for figure, excess in over.items():
-        name = limits.constraint(figure)
-        trial.set_constraint(name, excess)
-        trial.set_user_attr(f"constraint_{name}", round(excess, 4))
-    if over:
-        trial.set_user_attr("feasible", all(excess <= 0 for excess in over.values()))
-
-
-QUALITY, QUALITY_KEY = "quality", "quality_key"  # a trial's quality on the user's data, and what it is of
-
-
-def quality_key(config: Config, batch: int) -> str:
-    """What a quality figure belongs to: the model knobs (what the model computes; threads, allocators
-    and instances change only how fast) and the batch size (int8 calibrates on batches of it)."""
-    return json.dumps({"knobs": asdict(model_knobs(config)), "batch_size": batch}, sort_keys=True)
-
-
-def known_quality(study: optuna.Study, key: str) -> dict[str, Any] | None:
-    """The quality an earlier trial of the study measured for `key` (one without an error)."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        found = t.user_attrs.get(QUALITY)
-        if t.user_attrs.get(QUALITY_KEY) == key and isinstance(found, dict) and "error" not in found:
-            return found
-    return None
-
-
-def record_quality(trial: optuna.Trial, key: str, found: Mapping[str, Any]) -> None:
-    trial.set_user_attr(QUALITY, dict(found))
-    trial.set_user_attr(QUALITY_KEY, key)
-
-
-def quality_front(study: optuna.Study) -> list[FrozenTrial]:
-    """Speed against quality: the completed trials (own measurements) with a quality figure that no
-    other is both faster than (by the study's first objective) and of a smaller drop, fastest first."""
-    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-    judged = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        drop = quality.drop_of(t.user_attrs.get(QUALITY))
-        if drop is not None and t.values and not is_duplicate(t):
-            judged.append((-t.values[0] if maximize else t.values[0], drop, t))
-    judged.sort(key=lambda row: (row[0], row[1]))
-    front, least = [], float("inf")
-    for _, drop, t in judged:
-        if drop < least:
-            front.append(t)
-            least = drop
-    return front
-
-
-def limit_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The figures that limits bound, from a trial's summary or user attributes."""
-    return {"latency_p90_ms": summary.get("latency_p90_ms"),
-            "tpot_p90_ms": (summary.get("generation") or {}).get("tpot_p90_ms"),
-            "quality_drop": quality.drop_of(summary.get("quality"))}
 
 
 def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Mapping[str, float] | None) -> None:

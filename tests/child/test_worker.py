@@ -53,7 +53,7 @@ def test_a_failed_child_removes_only_the_empty_folders_it_created(tmp_path: Path
 
 def test_the_flags_the_parent_plans_are_the_ones_the_child_takes() -> None:
     """Every model knob reaches the child as a flag, integer knobs too (they have no choices)."""
-    from autotune.child.build import knobs_of
+    from autotune.child.sources import knobs_of
     from autotune.config.knobs import Config
     from autotune.measure.plan import BenchSpec, worker_command
 

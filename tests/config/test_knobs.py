@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from autotune.base.errors import ConfigError
@@ -122,3 +124,44 @@ def test_the_docs_knob_table_is_the_knob_table(capsys: pytest.CaptureFixture[str
     from autotune.model.knobs import KNOBS
 
     assert out.count("\n") == len(KNOBS) + 2
+
+
+def test_the_knob_list_fits_a_100_column_terminal(capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`autotune knobs`: names, values, defaults and the variables each sets, a few lines a knob at
+    most (what a knob does is behind `autotune knobs KNOB`), nothing cut at the edge."""
+    from rich.console import Console
+
+    from autotune.cli import knob_display
+    from autotune.model.knobs import KNOBS
+    from tests.support.cli import run_cli
+
+    monkeypatch.setattr(knob_display, "out", Console(width=100, highlight=False))
+    code, out, _ = run_cli(capsys, "knobs")
+    lines = out.splitlines()
+    assert code == 0 and max(len(line.rstrip()) for line in lines) <= 100
+    assert lines[2].rstrip().endswith("┃") and lines[-3].rstrip().endswith("┘")  # the table's right edge shows
+    assert all(f"│ {name} " in out for name in KNOBS) and "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD" in out
+    assert len(lines) <= 2 * len(KNOBS) and "autotune knobs KNOB" in out
+
+
+def test_one_knob_in_full(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.cli import run_cli
+
+    code, out, _ = run_cli(capsys, "knobs", "kmp_affinity")
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 100
+    assert out.startswith("kmp_affinity (a process knob)\n  values:       compact, scatter, disabled\n"
+                          "  default:      - (unset runs as kmp_affinity=disabled)\n"
+                          "  applies when: backend=eager/torchscript/inductor omp_runtime=intel\n"
+                          "  sets:         KMP_AFFINITY (compact: granularity=fine,compact,1,0; scatter:\n")
+    code, out, _ = run_cli(capsys, "knobs", "allocator")
+    assert "LD_PRELOAD (jemalloc: jemalloc; tcmalloc: tcmalloc), MALLOC_CONF (jemalloc:" in out
+
+
+def test_an_unknown_knob_is_one_error_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.cli import assert_one_error_line
+
+    monkeypatch.chdir(tmp_path)
+    assert_one_error_line(capsys, tmp_path, "Error: unknown knob 'omp_thread'; did you mean omp_threads?",
+                          "knobs", "omp_thread")

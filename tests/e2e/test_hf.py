@@ -12,7 +12,7 @@ import torch
 from optuna.trial import TrialState
 from torch.utils.data import default_collate
 
-from autotune.child import build, worker
+from autotune.child import inputs, sources, worker
 from tests.support.cli import autotune
 
 pytestmark = pytest.mark.e2e
@@ -44,11 +44,11 @@ def test_search_a_saved_folder(tmp_path: Path, tiny_bert: Path) -> None:
 
 def test_a_model_type_is_built_with_its_default_configuration() -> None:
     args = worker.parse_args(["--model", "hf:bert", "--item-shape", "8", "--result", "unused"])
-    model = build.load_model(args.model, "", args.task)
+    model = sources.load_model(args.model, "", args.task)
     assert sum(p.numel() for p in model.parameters()) > 100_000_000  # BERT-base
-    batch = default_collate([build.dataset_of(args)[0]])
+    batch = default_collate([inputs.dataset_of(args)[0]])
     with torch.no_grad():
         output = model(**batch)
     assert output.shape == (1, 2) and int(batch["input_ids"].max()) < 30522
-    again = build.load_model(args.model, "", args.task)  # seeded: every process builds the same weights
+    again = sources.load_model(args.model, "", args.task)  # seeded: every process builds the same weights
     assert torch.equal(next(iter(again.state_dict().values())), next(iter(model.state_dict().values())))

@@ -76,7 +76,7 @@ def test_the_guard_fails_a_configuration_with_wrong_answers(here: Path) -> None:
     reason = data["result"]["reason"]
     assert reason.startswith("instance 0: wrong answers: output differs from eager fp32 by max relative error")
     assert reason.endswith("> tolerance 0; raise --tolerance to accept it")
-    assert data["result"]["instances"][0]["wrong_answers"] is True  # what a search reads (records.wrong_models)
+    assert data["result"]["instances"][0]["wrong_answers"] is True  # what a search reads (quality_records.wrong_models)
 
 
 @pytest.mark.parametrize("model", ["tinynets:mlp", "mlp.pt", "mlp.pt2"])

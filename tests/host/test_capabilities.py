@@ -220,18 +220,18 @@ def test_doctor_shows_the_probe(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_probing_in_a_measuring_process_keeps_its_thread_count() -> None:
     """int8's conversion asks, in the process that then runs the model, whether this CPU's kernels
-    saturate (`probe.remedy`), measured on one thread: the model must still run at the count the
+    saturate (`saturation.remedy`), measured on one thread: the model must still run at the count the
     process was launched with (left at one, resnext101 int8 at 2 threads took 85 ms instead of 45)."""
     import torch
 
+    from autotune.model import backends, saturation
     from autotune.model.kernels import Kernel, bandwidth
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        kernel_probe.exact_error.cache_clear()
-        kernel_probe.saturates.cache_clear()
-        kernel_probe.remedy("inductor")
+        saturation.forget()
+        saturation.remedy(backends.get("inductor"))
         assert torch.get_num_threads() == 2
         kernel_probe.measure(Kernel("torch", "int8", "matmul"), [1])
         bandwidth([1])
@@ -245,8 +245,10 @@ def test_int8_sums_saturate_where_onednn_is_limited_to_avx2() -> None:
     """With oneDNN limited to AVX2 (no VNNI), u8 x s8 pairs go through 16-bit sums: measured to saturate
     at the full uint8 range, so PyTorch's int8 quantizes activations to 7 bits, which agree."""
     program = ("from autotune.model.backends import probe as p; from autotune.model.kernels import Kernel; "
+               "from autotune.model import backends, saturation as s; "
                "import json; m = p.measure(Kernel('torch', 'int8', 'conv'), [1]); "
-               "print(json.dumps([p.saturates('torch'), p.remedy('inductor'), m.rel_error]))")
+               "print(json.dumps([s.saturates(backends.of_runtime('torch')), s.remedy(backends.get('inductor')), "
+               "m.rel_error]))")
     env = os.environ | {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
     saturates, remedy, rel_error = json.loads(done.stdout.strip().splitlines()[-1])

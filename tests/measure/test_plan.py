@@ -11,13 +11,13 @@ from autotune.config.knobs import Config
 from autotune.host.libs import Libraries
 from autotune.host.topology import Topology
 from autotune.measure.plan import (
-    JEMALLOC_CONF,
     PRIMITIVE_CACHE_VAR,
     BenchSpec,
     LaunchPlan,
     child_environment,
     plan_launch,
 )
+from autotune.model.knobs import JEMALLOC_CONF
 from tests.conftest import lscpu
 
 BENCH = BenchSpec(model="resnet18", item_shape=(3, 224, 224))

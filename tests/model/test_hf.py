@@ -14,7 +14,7 @@ import transformers
 from torch.utils.data import default_collate
 
 import autotune
-from autotune.child import build, worker
+from autotune.child import build, inputs, sources, worker
 from autotune.model import apply, envfile, hf, references
 from autotune.model.artifacts import fingerprint
 from autotune.model.knobs import ModelKnobs
@@ -40,7 +40,7 @@ def run(model: Any, batch: dict[str, Any]) -> Any:
                                              ("feature-extraction", (2, 16, 64))])
 def test_the_child_loads_each_head_with_the_heads_tensor_as_output(tiny_bert: Path, task: str,
                                                                    shape: tuple[int, ...]) -> None:
-    model = build.load_model(f"hf:{tiny_bert}", "", task)
+    model = sources.load_model(f"hf:{tiny_bert}", "", task)
     output = run(model, token_batch())
     assert isinstance(output, torch.Tensor) and tuple(output.shape) == shape
     assert not model.training
@@ -49,11 +49,11 @@ def test_the_child_loads_each_head_with_the_heads_tensor_as_output(tiny_bert: Pa
 def test_a_folder_loads_its_own_weights(tiny_bert: Path) -> None:
     saved = transformers.BertForSequenceClassification.from_pretrained(tiny_bert).eval()
     expected = run(saved, token_batch()).logits
-    assert torch.equal(run(build.load_model(f"hf:{tiny_bert}", "", ""), token_batch()), expected)
+    assert torch.equal(run(sources.load_model(f"hf:{tiny_bert}", "", ""), token_batch()), expected)
 
 
 def test_random_token_inputs_stay_within_the_vocabulary_with_the_models_names(tiny_bert: Path) -> None:
-    dataset = build.dataset_of(child_args(f"hf:{tiny_bert}", 16, "--task", "feature-extraction"))
+    dataset = inputs.dataset_of(child_args(f"hf:{tiny_bert}", 16, "--task", "feature-extraction"))
     batch = default_collate([dataset[i] for i in range(4)])
     assert sorted(batch) == ["attention_mask", "input_ids", "token_type_ids"]
     assert all(t.shape == (4, 16) and t.dtype == torch.int64 for t in batch.values())
@@ -69,7 +69,7 @@ def test_a_model_without_token_types_gets_none() -> None:
 def test_int8_calibration_and_guard_batches_are_their_own_random_tokens(tiny_bert: Path) -> None:
     args = child_args(f"hf:{tiny_bert}", 8, "--batch-size", "2", "--calibration-batches", "2")
     calibration, guard = build.int8_batches(args, ModelKnobs(backend="inductor", precision="int8"))
-    timed = build.dataset_of(args)[0]["input_ids"]
+    timed = inputs.dataset_of(args)[0]["input_ids"]
     seen = [b["input_ids"][i] for b in calibration + guard for i in range(2)]
     assert len(calibration) == 2 and len(guard) >= 1
     assert all(not torch.equal(timed, ids) for ids in seen)
@@ -82,7 +82,7 @@ def test_apply_wraps_the_users_transformers_model_as_the_child_built_it(tiny_ber
         monkeypatch.delenv(var, raising=False)
     users = transformers.AutoModelForSequenceClassification.from_pretrained(tiny_bert)
     applied = autotune.apply(users, token_batch())
-    measured = build.load_model(f"hf:{tiny_bert}", "", "")
+    measured = sources.load_model(f"hf:{tiny_bert}", "", "")
     assert isinstance(run(applied, token_batch()), torch.Tensor)
     assert torch.equal(run(applied, token_batch()), run(measured, token_batch()))
     assert fingerprint(applied) == fingerprint(measured)  # the same compiled artifact
@@ -92,7 +92,7 @@ def test_apply_wraps_the_users_transformers_model_as_the_child_built_it(tiny_ber
 def test_apply_runs_the_users_model_through_the_measured_artifact(tiny_bert: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     chosen = apply.Deployment(ModelKnobs(backend="torchscript"), artifacts=tmp_path)
-    measured = apply.apply_deployment(build.load_model(f"hf:{tiny_bert}", "", ""), token_batch(), chosen,
+    measured = apply.apply_deployment(sources.load_model(f"hf:{tiny_bert}", "", ""), token_batch(), chosen,
                                        check=True)
     for var, value in {**apply.to_env(chosen.knobs), envfile.ARTIFACTS_VAR: str(tmp_path)}.items():
         monkeypatch.setenv(var, value)
@@ -110,7 +110,7 @@ def test_a_folder_never_loads_the_artifact_of_other_weights(tmp_path: Path) -> N
     first, second = save_tiny_bert(tmp_path / "a", seed=0), save_tiny_bert(tmp_path / "b", seed=1)
 
     def applied(folder: Path) -> dict[str, Any]:
-        return apply.apply_deployment(build.load_model(f"hf:{folder}", "", ""), token_batch(), chosen,
+        return apply.apply_deployment(sources.load_model(f"hf:{folder}", "", ""), token_batch(), chosen,
                                        check=True).setup
 
     made = applied(first)
@@ -126,10 +126,10 @@ def test_the_seed_recipe_caches_a_transformers_model_converted_to_mkldnn(tiny_be
     """mkldnn with weight_cache: TorchScript cannot script a transformers model, so it is traced; the
     saved file loads in the next process's place and answers as eager does."""
     chosen = apply.Deployment(ModelKnobs(mkldnn=True, weight_cache=True), artifacts=tmp_path)
-    eager = run(build.load_model(f"hf:{tiny_bert}", "", ""), token_batch())
+    eager = run(sources.load_model(f"hf:{tiny_bert}", "", ""), token_batch())
 
     def applied() -> apply.Applied:
-        return apply.apply_deployment(build.load_model(f"hf:{tiny_bert}", "", ""), token_batch(), chosen,
+        return apply.apply_deployment(sources.load_model(f"hf:{tiny_bert}", "", ""), token_batch(), chosen,
                                        check=True)
 
     made, loaded = applied(), applied()
@@ -187,12 +187,12 @@ def test_a_model_that_takes_any_length_is_timed_at_lengths_spread_over_each_buck
     assert [(p.item_shape, p.lengths) for p in padded] == [("8", (8,)), ("32", (32,))]
     spread = rounds.per_length(args, found, any_length=True)
     assert [(p.item_shape, p.lengths) for p in spread] == [("8", (2, 4, 6, 8)), ("32", (12, 18, 24, 30))]
-    stream = iter(DataLoader(build.dataset_of(spread[1]), batch_size=2))
+    stream = iter(DataLoader(inputs.dataset_of(spread[1]), batch_size=2))
     assert [tuple(next(stream)["input_ids"].shape) for _ in range(6)] == \
         [(2, 32), (2, 12), (2, 18), (2, 24), (2, 30), (2, 12)]
-    fixed = iter(DataLoader(build.dataset_of(padded[1]), batch_size=2))
+    fixed = iter(DataLoader(inputs.dataset_of(padded[1]), batch_size=2))
     assert {tuple(next(fixed)["input_ids"].shape) for _ in range(4)} == {(2, 32)}
-    streams = [iter(DataLoader(build.dataset_of(part), batch_size=2)) for part in spread]
+    streams = [iter(DataLoader(inputs.dataset_of(part), batch_size=2)) for part in spread]
     for stream in streams:
         next(stream)  # the examples
     first = next(rounds.rounds(streams, [len(part.lengths) for part in spread]))
@@ -208,6 +208,6 @@ def test_one_bucket_is_timed_in_rounds_too(tiny_bert: Path) -> None:
 
     args = child_args(f"hf:{tiny_bert}", 16, "--seq-lens", "16")
     parts = rounds.per_length(args, rounds.buckets_of(args))
-    stream = iter(DataLoader(build.dataset_of(parts[0]), batch_size=1))
+    stream = iter(DataLoader(inputs.dataset_of(parts[0]), batch_size=1))
     assert isinstance(next(rounds.rounds([stream], [1])), buckets.Round)
     assert not isinstance(next(rounds.rounds([stream])), buckets.Round)

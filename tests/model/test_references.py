@@ -14,7 +14,7 @@ import torch
 from torchvision.transforms.v2 import functional as F
 
 import autotune
-from autotune.child import build, worker
+from autotune.child import build, inputs, worker
 from autotune.model import references
 from tests.conftest import ROOT
 from tests.fixtures.models import tinynets
@@ -132,7 +132,7 @@ def test_the_preprocessing_is_torchvisions_bit_for_bit() -> None:
             expected = F.resize(image, [short_side], antialias=True)
             expected = F.to_dtype(F.center_crop(expected, list(crop)), torch.float32, scale=True)
             expected = F.normalize(expected, mean=list(build.MEAN), std=list(build.STD))
-            assert torch.equal(build.preprocess(image, short_side, crop), expected), (height, width, short_side)
+            assert torch.equal(inputs.preprocess(image, short_side, crop), expected), (height, width, short_side)
 
 
 @pytest.mark.e2e

@@ -14,7 +14,7 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.cli import display, summaries, verdicts
+from autotune.cli import result_display, summaries, verdicts
 from autotune.deploy import export
 from autotune.report import contents
 from autotune.search import budget, loop
@@ -184,7 +184,7 @@ def test_every_display_carries_the_peer(capsys: pytest.CaptureFixture[str], tmp_
     row = catalog.row(made, "sqlite:///x.db")
     assert row["confirmation"]["against_peer"] == {"trial": 4, "recipe": INT8_NAME, "status": "slower",
                                                    "speedup": verdict["against_peer"]["speedup"]}
-    assert display._verdict(row["confirmation"]) == (
+    assert result_display._verdict(row["confirmation"]) == (
         f"yes: trial 1, {verdict['speedup']:.2f}x, peer trial 4 recommended; vs peer trial 4: "
         f"{verdict['against_peer']['speedup']:.2f}x, slower")
     forest = contents.forest(made.user_attrs["confirmation"])

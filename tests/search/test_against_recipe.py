@@ -11,7 +11,7 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial
 
-from autotune.cli import display
+from autotune.cli import result_display
 from autotune.deploy import export
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import one_by_one
@@ -88,7 +88,7 @@ def test_a_recipe_undecided_at_the_cap_is_recommended_only_for_the_better_estima
     assert verdict["message"].endswith(words)
     assert catalog.verdict(verdict)["outcome"] == "beats"
     assert "is undecided against the expert recipe (trial 2) after 12 rounds" in confirmations.outcomes(verdict)
-    assert display._verdict(catalog.verdict(verdict)) == f"yes: trial 1, {verdict['speedup']:.2f}x{studies}"
+    assert result_display._verdict(catalog.verdict(verdict)) == f"yes: trial 1, {verdict['speedup']:.2f}x{studies}"
     why = "confirmed" if recommended == 1 else "recommended: the best expert recipe, the better estimate (undecided " \
                                                "after 12 rounds)"
     assert export.confirmation_status(verdict, recommended) == why

@@ -61,7 +61,7 @@ def test_a_study_searched_without_pins_refuses_them(tmp_path: Path, here: Machin
 
 @pytest.mark.parametrize(("assignments", "message"), [
     (("omp_threads=9",), "--set omp_threads=9 is above the 8 usable physical cores of this machine; use at most 8"),
-    (("instances=4", "omp_threads=4"), "--set omp_threads=4 instances=4: 4 instance(s) x 4 thread(s) need more "
+    (("instances=4", "omp_threads=4"), "--set omp_threads=4 instances=4: omp_threads=4 x instances=4 need more "
                                        "than the 8 usable physical cores of this machine; pin fewer"),
     (("precision=bf16",), "--set precision=bf16 cannot run well here with backend=eager: it measured 32.3x slower "
                           "than fp32 in its probe (conv); drop that --set (or `autotune doctor --probe` to measure "

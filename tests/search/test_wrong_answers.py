@@ -17,7 +17,7 @@ from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement, ReplicatePolicy
 from autotune.measure.results import InstanceResult, RunResult
 from autotune.search import loop, opening
-from autotune.study import records
+from autotune.study import quality_records, records
 from tests.support.studies import SPACE, fake_result, request
 
 WRONG = InstanceResult(0, False, "wrong answers: max relative error 0.2 > tolerance 0.001", 3, "", wrong_answers=True)
@@ -69,7 +69,7 @@ def failed(number: int, config: str, *, digest: str = "d", klass: str = "k", bat
 
 def test_a_models_answers_ignore_process_knobs_and_a_peers_placement_but_not_its_arithmetic() -> None:
     def model(described: str, batch: int = 1) -> tuple[str, int]:
-        return records.model_of(Config.from_description(described), batch)
+        return quality_records.model_of(Config.from_description(described), batch)
 
     int8 = "backend=inductor memory_format=channels_last precision=int8"
     assert model(f"{int8} omp_threads=1 allocator=tcmalloc instances=2") == model(f"{int8} omp_threads=2")
@@ -89,8 +89,8 @@ def test_only_this_host_classs_wrong_answers_under_these_settings_count() -> Non
               failed(7, "backend=inductor precision=bf16", klass="other"),
               failed(8, "backend=torchscript", wrong=False),
               failed(9, "nosuchknob=1")]  # recorded by another autotune: left out, not an error
-    found = records.wrong_models(trials, "d", "k")
-    assert found == {records.model_of(Config.from_description(int8), 1): 3}
+    found = quality_records.wrong_models(trials, "d", "k")
+    assert found == {quality_records.model_of(Config.from_description(int8), 1): 3}
 
 
 def test_a_failed_run_gave_wrong_answers_when_an_instance_did_whatever_stopped_the_others() -> None:

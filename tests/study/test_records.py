@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from autotune.measure import replicates
 from autotune.measure.objectives import Limits
-from autotune.study import records
+from autotune.study import quality_records, records
 from tests.support.studies import run_with
 
 
@@ -127,7 +127,7 @@ def recorded(measurement: replicates.Measurement, limits: Limits) -> dict[str, o
     study = optuna.create_study()
     trial = study.ask()
     records.record_metrics(trial, measurement, None)
-    records.record_limits(trial, limits, trial.user_attrs)
+    quality_records.record_limits(trial, limits, trial.user_attrs)
     study.tell(trial, 1.0)
     return {**study.get_trials()[0].user_attrs, "constraints": study.get_trials()[0].system_attrs}
 

@@ -43,6 +43,7 @@ from autotune.search import (  # noqa: E402
     loop,
     opening,
     proposals,
+    trial_outcome,
 )
 from autotune.study import (  # noqa: E402
     claims,
@@ -88,7 +89,7 @@ def timed(path: Path) -> None:
     """Seconds spent in claiming (waiting for the study's lock, holding it: in all, on this
     thread's CPU, and the sampler within; and the trial reads from the server meanwhile) and in
     recording, per trial: one line appended to `path` when the trial is recorded."""
-    claim, store, propose, exclusive = fleet.claim, loop._store, proposals.Proposer.next, storage.exclusive
+    claim, store, propose, exclusive = fleet.claim, trial_outcome.store, proposals.Proposer.next, storage.exclusive
     get_trials = optuna.storages.RDBStorage._get_trials
     path.write_text("")
 
@@ -139,7 +140,7 @@ def timed(path: Path) -> None:
     fleet.claim = timed_claim  # type: ignore[assignment]
     storage.exclusive = timed_exclusive  # type: ignore[assignment]
     optuna.storages.RDBStorage._get_trials = counted_get_trials  # type: ignore[method-assign]
-    loop._store = timed_store  # type: ignore[assignment]
+    trial_outcome.store = timed_store  # type: ignore[assignment]
     proposals.Proposer.next = timed_propose  # type: ignore[method-assign]
 
 

@@ -72,6 +72,7 @@ class Backend:
     suffix: str = ""  # its artifact's file suffix ("" where it saves none)
     preloaded_malloc: bool = True  # may run under a malloc preloaded with LD_PRELOAD
     int8_remedy: str = ""  # how its int8 conversion avoids saturated 16-bit sums, where the probe finds them
+    compiled_for: tuple[str, ...] = ()  # the knobs each of whose values is a compile of its own (a search predicts one)
 
     @property
     def peer(self) -> bool:

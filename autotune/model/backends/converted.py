@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.model.artifacts import DescriptionError, description, save_artifact
 from autotune.model.backends.base import Backend
 from autotune.model.batches import split
-from autotune.model.errors import ApplyError
+from autotune.model.errors import ApplyError, failed_op
 
 if TYPE_CHECKING:
     from autotune.model.convert import Quantized
@@ -107,8 +107,6 @@ def quiet_stdout() -> Iterator[None]:
 
 def failed_at(exc: BaseException) -> str:
     """The operator a converter stopped at, as the quantizer's failures are told."""
-    from autotune.model.quantize import failed_op  # quantize imports convert, which imports the backends
-
     return failed_op(exc)
 
 

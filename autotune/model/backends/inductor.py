@@ -41,6 +41,9 @@ class Inductor(TorchBackend):
     precisions: tuple[Precision, ...] = tuple(p for p in PRECISIONS if p != "int4_weight_only")
     generates = GENERATION_PRECISIONS
     suffix = ".pt2"
+    # Each its own compile: different kernels (one model per sequence-length bucket, or one dynamic
+    # model), so a step between two values is measured, not assumed (`search.pruning`).
+    compiled_for = ("precision", "memory_format", "omp_threads", "shapes")
 
     def __init__(self) -> None:
         self.knobs = (self.own(Knob(

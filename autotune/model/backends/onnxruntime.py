@@ -2,7 +2,7 @@
 with the knobs' graph optimization level, execution mode and inter-op threads; the intra-op threads
 are the process's thread count. precision=int8: ONNX Runtime's static quantization (QDQ, uint8
 activations, int8 weights per channel) on the calibration batches, with reduce_range (7-bit weights)
-where this CPU's int8 sums saturate (measured: `probe.remedy`).
+where this CPU's int8 sums saturate (measured: `saturation.remedy`).
 
 The probe runs its operations as ONNX graphs (int8 in the QDQ form the static quantization writes).
 """
@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.model import saturation
 from autotune.model.backends.base import Packages, Ready
 from autotune.model.backends.converted import CONVERT_FAILED, Converter, Run, failed_at, flat_numpy
 from autotune.model.batches import explain, split
@@ -107,10 +108,8 @@ def _quantized(exported: Path, tmp: Path, calibration: Sequence[Any], folder: Pa
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    from autotune.model.backends import probe  # the probe reads the registry, which holds this module
-    from autotune.model.knobs import ModelKnobs
 
-    names = [i.name for i in _session(exported, ModelKnobs(backend="onnxruntime"), 1).get_inputs()]
+    names = [i.name for i in _session(exported, None, 1).get_inputs()]
     feeds = iter([dict(zip(names, flat_numpy(batch), strict=False)) for batch in calibration])
 
     class Batches(CalibrationDataReader):  # type: ignore[misc]
@@ -122,26 +121,34 @@ def _quantized(exported: Path, tmp: Path, calibration: Sequence[Any], folder: Pa
         quant_pre_process(str(exported), str(prepared))
         quantize_static(str(prepared), str(tmp), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        reduce_range=bool(probe.remedy("onnxruntime")))
+                        reduce_range=bool(saturation.remedy(ONNXRUNTIME)))
     except Exception as exc:
         raise ApplyError(f"precision=int8: ONNX Runtime's static quantization failed ({explain(exc)}); use "
                          f"precision=fp32 with backend=onnxruntime") from exc
 
 
-def _session(path: Path, knobs: ModelKnobs, threads: int) -> Any:
+def _session(path: Path, knobs: ModelKnobs | None, threads: int) -> Any:
+    """A session of the model at `path` as `knobs` say (None: ONNX Runtime's own settings)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    options.inter_op_num_threads = knobs.ort_inter_threads
-    options.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if knobs.ort_execution == "parallel"
-                              else ort.ExecutionMode.ORT_SEQUENTIAL)
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_OPTIMIZATION[knobs.ort_optimization])
+    if knobs is not None:
+        _configured(options, knobs)
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise ApplyError(f"ONNX Runtime could not load {path.name} ({explain(exc)}); delete it to convert the "
                          f"model anew") from exc
+
+
+def _configured(options: Any, knobs: ModelKnobs) -> None:
+    import onnxruntime as ort
+
+    options.inter_op_num_threads = knobs.ort_inter_threads
+    options.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if knobs.ort_execution == "parallel"
+                              else ort.ExecutionMode.ORT_SEQUENTIAL)
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_OPTIMIZATION[knobs.ort_optimization])
 
 
 def _probe_model(kernel: Kernel, remedy: bool) -> Any:

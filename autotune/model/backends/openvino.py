@@ -2,7 +2,7 @@
 fixed, saved as IR (an .xml beside its .bin, weights kept in fp32), compiled for the CPU plugin with
 the knobs' hint, streams, pinning, the process's thread count and the inference precision (bf16
 where precision=bf16). precision=int8: NNCF post-training quantization on the calibration batches,
-with its overflow fix (7-bit weights) where this CPU's int8 sums saturate (measured: `probe.remedy`).
+with its overflow fix (7-bit weights) where this CPU's int8 sums saturate (measured: `saturation.remedy`).
 
 The probe runs its operations as OpenVINO models (int8 with FakeQuantize, the form NNCF writes) and
 reads back which precision the CPU plugin really ran them in.
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.model import saturation
 from autotune.model.backends.base import Packages, Ready
 from autotune.model.backends.converted import CONVERT_FAILED, Converter, Run, failed_at, flat, flat_numpy
 from autotune.model.batches import explain, split
@@ -180,9 +181,7 @@ def _overflow_fix() -> Any:
     """NNCF's 7-bit weights on every layer where this CPU's int8 sums saturate (measured), else NNCF's own choice."""
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
-    from autotune.model.backends import probe  # the probe reads the registry, which holds this module
-
-    return AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE) if probe.remedy("openvino") else None
+    return AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE) if saturation.remedy(OPENVINO) else None
 
 
 def _numpy_inputs(batch: Any) -> Any:

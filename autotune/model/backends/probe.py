@@ -5,7 +5,7 @@ For every runtime of the registry (its first backend runs the operations: `Backe
 and every precision its backends take, on the operations of `autotune.model.kernels`: whether it
 runs (else the failure, in one line), its relative error against fp32 on the same inputs, what the
 runtime says it ran in, and GOP/s at each thread count asked for. int8 is also checked against
-exact integer arithmetic (`saturates`), and where sums saturate the conversion's remedy is what is
+exact integer arithmetic (`autotune.model.saturation`), and where sums saturate the conversion's remedy is what is
 measured (`Backend.int8_remedy`). Then the memory bandwidth.
 
 Protocol: `python -m autotune.model.backends.probe --out FILE --threads 1,2`; the result file is
@@ -16,7 +16,6 @@ kernel and a rerun with `--skip` goes on past it. The runtimes are imported only
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.metadata
 import json
 import re
@@ -26,14 +25,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autotune.model import backends
+from autotune.model import backends, saturation
 from autotune.model.batches import explain
 from autotune.model.cpu import isa_limits
 from autotune.model.files import write_atomically
-from autotune.model.kernels import Kernel, bandwidth, fp32, quantized, rel_error, seconds_per_call, threads_kept, work
+from autotune.model.kernels import Kernel, bandwidth, fp32, rel_error, seconds_per_call, threads_kept, work
 
 FORMAT = 1  # of the probe's result; bumped when what it measures changes, so kept probes are measured again
-EXACT = 1e-4  # relative error against exact integer arithmetic above which a u8 x s8 kernel saturates
 
 
 @dataclass
@@ -70,33 +68,6 @@ def all_kernels(runtimes: Sequence[str] | None = None) -> list[Kernel]:
             for op in backends.of_runtime(runtime).probe_ops(precision)]  # type: ignore[arg-type]
 
 
-@functools.cache
-def exact_error(runtime: str, op: str) -> float:
-    """How far `runtime`'s int8 `op` at the full uint8 range lands from exact integer arithmetic
-    on the same integers (0 up to float rounding, unless 16-bit sums saturate)."""
-    import torch
-
-    at, _ = backends.of_runtime(runtime).probe_kernel(Kernel(runtime, "int8", op), False)
-    with torch.no_grad(), threads_kept():
-        return rel_error(at(1)(), quantized(op).exact(op))
-
-
-@functools.cache
-def saturates(runtime: str) -> bool:
-    """Whether `runtime`'s int8 kernels lose sums on this CPU when the integers fill their ranges
-    (a CPU without VNNI multiplies u8 x s8 pairs into 16-bit sums): then its int8 conversion
-    applies its remedy. Measured on the probe's conv and matmul, in well under a second."""
-    ops = backends.of_runtime(runtime).probe_ops("int8")
-    return any(exact_error(runtime, op) > EXACT for op in ops)
-
-
-def remedy(backend: str) -> str:
-    """How `backend`'s int8 conversion must quantize on this CPU (its `int8_remedy`), "" where
-    nothing saturates."""
-    found = backends.get(backend)
-    return found.int8_remedy if found.int8_remedy and saturates(found.runtime) else ""
-
-
 def measure(kernel: Kernel, threads: Sequence[int]) -> Measured:
     """One kernel: ready it, check its output, time it at each thread count; a failure is its result."""
     import torch
@@ -105,7 +76,7 @@ def measure(kernel: Kernel, threads: Sequence[int]) -> Measured:
     owner = backends.of_runtime(kernel.runtime)
     try:
         if kernel.precision == "int8":
-            found.exact_error, found.saturates = exact_error(kernel.runtime, kernel.op), saturates(kernel.runtime)
+            found.exact_error, found.saturates = saturation.exact_error(owner, kernel.op), saturation.saturates(owner)
             found.remedy = owner.int8_remedy if found.saturates else ""
         at, found.ran_as = owner.probe_kernel(kernel, bool(found.remedy))
         with torch.no_grad(), threads_kept():

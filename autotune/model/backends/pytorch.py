@@ -10,7 +10,6 @@ torch is imported inside functions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +37,7 @@ class TorchBackend(Backend):
     def saved_knobs(self, knobs: ModelKnobs) -> dict[str, Any]:
         """Every knob but the peers' own (`shapes` only where it is dynamic, `int8_fallback` where it
         keeps a layer): a PyTorch artifact bakes them in."""
-        from autotune.model.knobs import PEER_KNOBS
-
-        saved = {name: value for name, value in asdict(knobs).items() if name not in PEER_KNOBS}
+        saved = knobs.without_peers()
         if knobs.shapes != "dynamic":  # what every artifact was before `shapes` existed: their keys stay
             saved.pop("shapes")
         if not knobs.int8_fallback:  # likewise before `int8_fallback`; each other count is its own artifact
