@@ -177,7 +177,7 @@ def _kind(path: Path) -> str:
     if meta.get("task") == GENERATED:
         backend = (meta.get("knobs") or {}).get("backend")
         return f"{backend} generation artifact" if backend else SAVED_MODEL
-    return KINDS[path.suffix]
+    return KINDS.get(path.suffix, "artifact")
 
 
 def _meta(artifact: Path) -> dict[str, Any]:
@@ -224,7 +224,7 @@ def _config(meta: dict[str, Any]) -> str:
     default = asdict(ModelKnobs())
     parts = [f"{k}={value_text(v)}" for k, v in (knobs or {}).items() if default.get(k) != v]
     parts += [f"threads={meta['threads']}"] if "threads" in meta else []
-    parts += [f"inputs {' '.join(map(str, meta['inputs']))}"] if meta.get("inputs") or "task" not in meta else []
+    parts += [f"inputs {' '.join(map(str, meta.get('inputs') or []))}"] if "task" not in meta else []
     return " ".join(parts)
 
 

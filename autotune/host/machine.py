@@ -131,7 +131,7 @@ def runtimes_report() -> dict[str, dict[str, Any]]:
     """Each backend that needs packages beyond torch, to run a model (its name) or to generate text
     (its name with ` generate`): their versions (None: missing) and, where one is missing, the
     command that installs them."""
-    found = {}
+    found: dict[str, dict[str, Any]] = {}
     for b in backends.REGISTRY:
         for generates, name in ((False, b.name), (True, f"{b.name} generate")):
             packages = backends.needs(b.name, generates)

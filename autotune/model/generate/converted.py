@@ -44,7 +44,7 @@ def import_runtime(module: str, runtime: str, install: str) -> Any:
 
 def versions(distributions: Iterable[str]) -> dict[str, str]:
     """Each distribution's installed version, "absent" where it is not installed."""
-    found = {}
+    found: dict[str, str] = {}
     for name in distributions:
         try:
             found[name] = importlib.metadata.version(name)

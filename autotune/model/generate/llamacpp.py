@@ -60,15 +60,16 @@ def gguf_file(spec: Build, config: dict[str, Any], kind: str, setup: dict[str, A
     """The GGUF of `kind` for the model in `spec.folder`, from the cache or converted into it (a
     quantized one from the F32 one, itself cached), and whether it was reused. Records the times in
     `setup`."""
-    assert spec.folder is not None
+    folder = spec.folder
+    assert folder is not None
     versions = converted.versions(DISTRIBUTIONS)
     key = {"knobs": {"backend": NAME, "precision": PRECISION_OF[kind]}, "gguf_type": kind,
-           "model": config["model_type"], "weights": converted.source_key(spec.folder),
+           "model": config["model_type"], "weights": converted.source_key(folder),
            "converter": CONVERTER_VERSION, "runtime": versions[DISTRIBUTIONS[0]], "versions": versions}
 
     def write_f32(path: Path, described: dict[str, Any]) -> None:
         start = time.perf_counter()
-        write_f32_gguf(spec.folder, config, path)  # type: ignore[arg-type]
+        write_f32_gguf(folder, config, path)
         setup["convert_s"] = described["convert_s"] = round(time.perf_counter() - start, 3)
 
     def quantize(path: Path, described: dict[str, Any]) -> None:
