@@ -87,7 +87,7 @@ def peer_runtimes(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
     """Which peer runtimes (OpenVINO, ONNX Runtime) a search in this process sees installed: none,
     whatever this environment holds, until a test sets an entry True (`peer_runtimes["openvino"] = True`)."""
     installed = {backend: False for backend in PEER_BACKENDS}
-    monkeypatch.setattr(space_fit, "runtimes_installed", lambda: dict(installed))
+    monkeypatch.setattr(space_fit, "runtimes_installed", lambda generates=False: dict(installed))
     return installed
 
 

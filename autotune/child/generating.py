@@ -28,8 +28,8 @@ def build_generation(args: argparse.Namespace, model: Any, knobs: Any, guard_pro
         reference = TorchGenerator(model, False, False).logits(guard_prompts)
         if on_phase and knobs.backend != "eager":
             on_phase("compiling" if knobs.backend == "inductor" else "converting")
-        work = Path(args.artifacts) if args.artifacts else Path(args.cache_dir, "artifacts")
-        generator = generate.generator(model, knobs, setup, spec=args.model, work=work / "generate")
+        cache = Path(args.artifacts) if args.artifacts else Path(args.cache_dir, "artifacts")
+        generator = generate.generator(model, knobs, setup, spec=args.model, cache=cache)
         del model
         figures = measure.logits_agreement(reference, measure.logits_of(generator, guard_prompts))
         measure.judge(figures, knobs.describe(), knobs.precision, args.tolerance, setup)

@@ -87,7 +87,7 @@ def doctor(report: Mapping[str, Any]) -> None:
     out.print(libs)
     found = [f"{name} {version}" for info in report["runtimes"].values() for name, version in info["versions"].items()
              if version]
-    out.print(f"runtimes: {', '.join(found) or 'none'}")
+    out.print(f"runtimes: {', '.join(dict.fromkeys(found)) or 'none'}")
     for backend, info in report["runtimes"].items():
         if info["install"]:
             out.print(f"[yellow]backend={backend} needs {info['name']}: {escape(info['install'])}[/yellow]")

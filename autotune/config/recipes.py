@@ -44,7 +44,7 @@ def recipes(topology: Topology, objective: str, refused: Refused | None = None,
     backend and precision this CPU's probe refused (`refused`) is not among them."""
     cores, refused = len(topology.usable_cores), refused or {}
     offered = [Recipe(name, Config.from_mapping(values)) for backend in backends.REGISTRY
-               if not backend.packages or (installed or {}).get(backend.name, False)
+               if not backends.needs(backend.name, generates) or (installed or {}).get(backend.name, False)
                for name, values in (backend.generation_recipes(cores) if generates else backend.recipes(cores))
                if not _refused(values, refused)]
     found = []

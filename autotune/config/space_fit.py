@@ -24,18 +24,26 @@ from autotune.model.knobs import CORE_BOUND, LINEAR_INT8, PRECISIONS, SPLITS_COR
 # machine without it never samples it.
 NEEDS: dict[tuple[str, str], str] = {
     **{(name, value): library for name, k in KNOBS.items() for value, library in k.needs},
-    **{("backend", b.name): b.name for b in backends.REGISTRY if b.packages}}
+    **{("backend", b.name): b.name for b in backends.REGISTRY if b.packages or backends.needs(b.name, True)}}
+
+
+def _missing_runtime(backend: backends.Backend) -> str:
+    """What is missing when a backend's runtime is, for running a model and for generating text."""
+    forward, generation = backend.packages, backends.needs(backend.name, generates=True)
+    said = [f"{p.name} is not installed; install it with {p.install}" for p in (forward, generation) if p]
+    return f"{said[0]} (to generate text: {generation.install})" if forward and generation else said[0]
 
 
 # What is missing when a need is not met, and what to do about it.
 MISSING = {**{name: f"{name} is not installed ({spec.install})" for name, spec in LIBRARIES.items()},
-           **{b.name: f"{b.packages.name} is not installed; install it with {b.packages.install}"
-              for b in backends.REGISTRY if b.packages}}
+           **{need: _missing_runtime(backends.get(need)) for (knob, _), need in NEEDS.items() if knob == "backend"}}
 
 
-def runtimes_installed() -> dict[str, bool]:
-    """Whether each backend's runtime (OpenVINO, ONNX Runtime) is installed: `available`'s entries for them."""
-    return {b.name: backends.installed(b.name) for b in backends.REGISTRY if b.packages}
+def runtimes_installed(generates: bool = False) -> dict[str, bool]:
+    """Whether each backend's runtime (OpenVINO, ONNX Runtime, llama.cpp) is installed, for running a
+    model or for generating text (`generates`): `available`'s entries for them."""
+    return {b.name: backends.installed(b.name, generates) for b in backends.REGISTRY
+            if b.packages or backends.needs(b.name, True)}
 
 
 def adapt(space: SearchSpace, cores: int, available: Mapping[str, bool]) -> SearchSpace:

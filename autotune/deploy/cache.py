@@ -2,7 +2,9 @@
 
 A cache folder (`--cache-dir`, default studies/cache) holds compiled artifacts in `artifacts/`
 (an AOTInductor package or a TorchScript file, each with a `.json` description, see
-`model.convert`), inductor's kernel cache in `inductor/<torch version>/`, and the eager outputs
+`model.convert`; for text generation, the model's saved folder and what each peer converted from
+it, a GGUF file or an OpenVINO IR folder, described alike, see `model.generate.converted`),
+inductor's kernel cache in `inductor/<torch version>/`, and the eager outputs
 that let a process load an artifact without building the model in `references/<torch version>/`. An export folder
 (`autotune export --artifacts DIR`) holds artifacts directly. Exported env files in the current
 folder that point at an artifacts folder (AUTOTUNE_ARTIFACTS) keep the artifacts they would load.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -24,6 +27,7 @@ from autotune.model import apply, backends, cpu, envfile, fallback, references
 from autotune.model.artifacts import (
     ARTIFACT_FORMAT,
     CALIBRATION_KIND,
+    GENERATED,
     GRAPH_KIND,
     RANKING_KIND,
     DescriptionError,
@@ -42,6 +46,7 @@ CALIBRATION = "int8 calibration batches"  # what `apply` without batches of its 
 RANKING = "int8 layer ranking"  # model.fallback: which layers int8_fallback keeps in fp32, ranked once
 REFERENCES = "eager outputs"  # model.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
+SAVED_MODEL = "saved model artifact"  # a causal LM's save_pretrained folder, which the peers convert
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,14 @@ class Entry:
     unusable: str  # "" when this torch and CPU can use it, else why not
     kept_by: tuple[str, ...] = ()  # env files in the current folder that point to it
 
+    @property
+    def key(self) -> str:
+        """The hash an artifact is named by (`artifacts.artifact_path`), "" for other entries."""
+        found = re.match(r"^[\w.]+?-([0-9a-f]{16})(\.|$)", self.path.name)
+        return found.group(1) if found and self.kind.endswith("artifact") else ""
+
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.path), "model": self.model, "config": self.config,
+        return {"kind": self.kind, "path": str(self.path), "key": self.key, "model": self.model, "config": self.config,
                 "size_bytes": self.size, "last_used": self.last_used, "usable": not self.unusable,
                 "unusable_reason": self.unusable, "kept_by": list(self.kept_by)}
 
@@ -96,9 +107,25 @@ def artifacts(folder: Path, here: Here) -> list[Entry]:
     files = sorted(p for p in folder.iterdir() if p.is_file())
     entries = [_artifact(p, here) for p in files if p.suffix in ARTIFACT_SUFFIXES and not p.name.startswith(".")]
     orphans = [_orphan(p) for p in files if _is_description(p) and not Path(str(p)[:-5]).exists()]
-    unfinished = [_unfinished(p) for p in files if p.name.startswith(".") and ".tmp" in p.name]
+    left = sorted(p for p in folder.iterdir() if p.name.startswith(".") and ".tmp" in p.name)
+    unfinished = [_unfinished(p) for p in left]
     rankings = [_ranking(p, here) for p in files if p.name.startswith(f"{RANKING_KIND}-") and p.suffix == ".json"]
-    return entries + rankings + orphans + [u for u in unfinished if u is not None]
+    return entries + _generated(files, here) + rankings + orphans + [u for u in unfinished if u is not None]
+
+
+def _generated(files: Sequence[Path], here: Here) -> list[Entry]:
+    """What text generation keeps (`model.generate.converted.cached`): a file or a folder, found by
+    its description (whose task is generation), or that description alone where it is gone."""
+    found = []
+    for described in files:
+        if described.suffix != ".json" or described.name.startswith(".") or _is_description(described):
+            continue
+        meta = _meta(described.with_suffix(""))
+        if meta.get("task") != GENERATED:
+            continue
+        path = described.with_suffix("")
+        found.append(_artifact(path, here) if path.exists() else _orphan(described))
+    return found
 
 
 def _ranking(path: Path, here: Here) -> Entry:
@@ -128,8 +155,13 @@ def _artifact(path: Path, here: Here) -> Entry:
 
 
 def _files(path: Path, meta: dict[str, Any]) -> tuple[Path, ...]:
-    """The artifact's files but its description, as its backend saves them (OpenVINO's .bin too)."""
+    """The artifact's files but its description, as its backend saves them (OpenVINO's .bin too; every
+    file of a folder that text generation keeps)."""
+    if path.is_dir():
+        return tuple(_tree_files(path))
     backend = str((meta.get("knobs") or {}).get("backend", ""))
+    if meta.get("task") == GENERATED:
+        return (path,)
     return backends.get(backend).files(path) if backend in backends.NAMES else (path,)
 
 
@@ -141,7 +173,11 @@ def _kind(path: Path) -> str:
         return "int8 quantized graph"
     if path.name.startswith(f"{CALIBRATION_KIND}-"):
         return CALIBRATION
-    return KINDS[path.suffix]
+    meta = _meta(path) if path.suffix not in KINDS else {}
+    if meta.get("task") == GENERATED:
+        backend = (meta.get("knobs") or {}).get("backend")
+        return f"{backend} generation artifact" if backend else SAVED_MODEL
+    return KINDS.get(path.suffix, "artifact")
 
 
 def _meta(artifact: Path) -> dict[str, Any]:
@@ -157,6 +193,8 @@ def unusable(meta: dict[str, Any], here: Here) -> str:
     `model.convert.artifact_meta` keys artifacts by."""
     if meta.get("format") != ARTIFACT_FORMAT:
         return f"made in format {meta.get('format')}, this autotune reads {ARTIFACT_FORMAT}"
+    if meta.get("task") == GENERATED:
+        return _generation_unusable(meta, here)
     if meta.get("torch") != here.torch:
         return f"built for torch {meta.get('torch')}, this is {here.torch}"
     if tuple(meta.get("isa") or ()) != here.isa:
@@ -168,13 +206,25 @@ def unusable(meta: dict[str, Any], here: Here) -> str:
     return ""
 
 
+def _generation_unusable(meta: dict[str, Any], here: Here) -> str:
+    """The same rule for what text generation keeps, which records only what it depends on: the torch
+    that converted it where that matters (an OpenVINO IR), and its runtime's version."""
+    if "torch" in meta and meta["torch"] != here.torch:
+        return f"built for torch {meta['torch']}, this is {here.torch}"
+    backend = str((meta.get("knobs") or {}).get("backend", ""))
+    runtime = backends.get(backend).generation if backend in backends.NAMES else None
+    if "runtime" in meta and runtime is not None and runtime.version() != meta["runtime"]:
+        return f"converted for {backend} {meta['runtime']}, this is {runtime.version() or 'not installed'}"
+    return ""
+
+
 def _config(meta: dict[str, Any]) -> str:
     """The knobs that differ from PyTorch's defaults, the thread count and the input layout."""
     knobs = meta.get("knobs") if isinstance(meta.get("knobs"), dict) else {}
     default = asdict(ModelKnobs())
     parts = [f"{k}={value_text(v)}" for k, v in (knobs or {}).items() if default.get(k) != v]
     parts += [f"threads={meta['threads']}"] if "threads" in meta else []
-    parts += [f"inputs {' '.join(map(str, meta.get('inputs') or []))}"]
+    parts += [f"inputs {' '.join(map(str, meta.get('inputs') or []))}"] if "task" not in meta else []
     return " ".join(parts)
 
 
@@ -230,7 +280,11 @@ def _kept(entry: Entry, exports: Sequence[Export]) -> Entry:
 def _points_to(export: Export, path: Path, meta: dict[str, Any]) -> bool:
     """The env file would load this artifact: same folder and model knobs (and thread count for
     inductor); inputs and weights are not in an env file, so every such artifact is kept."""
-    if _resolved(export.folder) != _resolved(path.parent) or meta.get("knobs") != saved_knobs(export.knobs):
+    if _resolved(export.folder) != _resolved(path.parent):
+        return False
+    if meta.get("task") == GENERATED:  # kept for the backend that generates with it (a saved model for any)
+        return (meta.get("knobs") or {}).get("backend") in (None, export.knobs.backend)
+    if meta.get("knobs") != saved_knobs(export.knobs):
         return False
     return "threads" not in meta or export.threads is None or meta["threads"] == export.threads
 
@@ -301,8 +355,9 @@ def remove(entry: Entry) -> str:
     try:
         if entry.path.is_dir():
             shutil.rmtree(entry.path) if entry.config != "torch unknown" else _remove_loose(entry.path)
-            return ""
-        for path in _files(entry.path, _meta(entry.path)):
+            if not entry.kind.endswith("artifact"):
+                return ""
+        for path in () if entry.path.is_dir() else _files(entry.path, _meta(entry.path)):
             path.unlink(missing_ok=True)
         if entry.kind.endswith("artifact"):
             Path(f"{entry.path}.json").unlink(missing_ok=True)

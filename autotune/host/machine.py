@@ -128,8 +128,14 @@ def report(machine: Machine) -> dict[str, Any]:
 
 
 def runtimes_report() -> dict[str, dict[str, Any]]:
-    """Each backend that needs packages beyond torch: their versions (None: missing) and, where one
-    is missing, the command that installs them."""
-    return {b.name: {"name": b.packages.name, "versions": b.packages.versions(),
-                     "install": None if backends.installed(b.name) else b.packages.install}
-            for b in backends.REGISTRY if b.packages}
+    """Each backend that needs packages beyond torch, to run a model (its name) or to generate text
+    (its name with ` generate`): their versions (None: missing) and, where one is missing, the
+    command that installs them."""
+    found: dict[str, dict[str, Any]] = {}
+    for b in backends.REGISTRY:
+        for generates, name in ((False, b.name), (True, f"{b.name} generate")):
+            packages = backends.needs(b.name, generates)
+            if packages:
+                found[name] = {"name": packages.name, "versions": packages.versions(),
+                               "install": None if backends.installed(b.name, generates) else packages.install}
+    return found

@@ -90,9 +90,9 @@ def check_cache_dir(folder: Path) -> None:
 
 def make_plan(request: BenchRequest, machine: Machine) -> LaunchPlan:
     backend = str(request.config.get("backend"))
-    if not machine.described and not backends.installed(backend):
-        raise ConfigError(backends.not_installed(backend))
     spec = resolved(request)
+    if not machine.described and not backends.installed(backend, spec.generates):
+        raise ConfigError(backends.not_installed(backend, spec.generates))
     spec.check_shapes(request.config.get("shapes"))
     space_fit.check_task_knobs(request.config, spec.generates)
     check_batch_fits((request.batch_size,), spec.item_shape)

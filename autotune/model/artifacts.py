@@ -130,6 +130,7 @@ def installed_torch_version() -> str:
         return "unknown"
 
 
+GENERATED = "generate"  # an artifact's "task" where text generation made it (`autotune.model.generate.converted`)
 GRAPH_KIND = "int8graph"  # the file name's prefix of int8's quantized graph (`backends.inductor.graph_path`)
 CALIBRATION_KIND = "int8calibration"  # the prefix of the batches int8 was calibrated on (`convert.calibration_path`)
 RANKING_KIND = "int8ranking"  # the prefix of int8_fallback's ranking of the layers (`fallback.ranking_path`)
@@ -162,8 +163,9 @@ def stale_artifacts(folder: Path, meta: dict[str, Any]) -> list[str]:
 
 
 def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, Any]) -> None:
-    """Atomically: the file and its description appear complete or not at all, whatever fails; the
-    folders made for it go again when it fails."""
+    """Atomically: the file (or folder: a converted model) and its description appear complete or not
+    at all, whatever fails; the folders made for it go again when it fails. A folder another process
+    saved first is kept, and this one dropped."""
     made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +174,8 @@ def save_artifact(path: Path, save: Callable[[Path], object], meta: dict[str, An
             save(tmp)
             write_atomically(f"{path}.json", json.dumps(meta, indent=1))
     except BaseException as exc:
+        if isinstance(exc, OSError) and path.is_dir() and Path(f"{path}.json").is_file():
+            return  # a folder is not renamed over another: the other process's copy stays
         for folder in made:  # deepest first; one another process filled meanwhile stays
             with contextlib.suppress(OSError):
                 folder.rmdir()

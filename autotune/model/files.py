@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -15,13 +16,16 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
-    """A fresh temporary path beside `path` to write into: renamed over `path` when the block ends,
-    removed when it raises. `suffix` ends the temporary name (a writer that wants `.pt2`, say)."""
+    """A fresh temporary path beside `path` to write into (a file, or a folder): renamed over `path`
+    when the block ends, removed when it raises. `suffix` ends the temporary name (a writer that
+    wants `.pt2`, say). A folder is renamed only where `path` is not one already (OSError)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{suffix}")
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
 

@@ -164,7 +164,7 @@ def validate(request: SearchRequest, machine: Machine,
     requests.check_cache_dir(request.cache_dir)
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
-    available |= space_fit.runtimes_installed()
+    available |= space_fit.runtimes_installed(model.generates)
     adapted = space_fit.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
     task = space_fit.task_refusals(model.generates)
     probed = capabilities.refusals(probe, model.probe_op) if probe is not None else {}
@@ -195,7 +195,7 @@ def open_search(request: SearchRequest, machine: Machine,
                            optuna.pruners.NopPruner())  # pruning.PruneCheck decides, replicate by replicate
     settings, cls = _settings(request, model, machine), host_class(machine)
     refused = {**space_fit.task_refusals(model.generates), **capabilities.refusals(probe, model.probe_op)}
-    found = recipes.recipes(machine.topology, request.objective, refused, space_fit.runtimes_installed(),
+    found = recipes.recipes(machine.topology, request.objective, refused, space_fit.runtimes_installed(model.generates),
                             generates=model.generates)
     known, left_out = recipes.fitting(found, adapted, request.pins)
     # In one worker at a time, as claiming a trial (fleet.claim): two hosts of different classes

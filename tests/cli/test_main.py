@@ -136,17 +136,19 @@ def test_doctor_lists_the_runtimes_found_with_their_versions_and_how_to_install_
              "onnx": "1.23.2", "onnxscript": None,
              "llama-cpp-python": "0.3.36", "gguf": "0.19.0"}
     monkeypatch.setattr(Packages, "versions", lambda self: {name: found[name] for name in self.distributions})
-    monkeypatch.setattr(backends, "missing", lambda backend: ("onnxruntime", "onnxscript") if backend == "onnxruntime"
-                        else ())
+    monkeypatch.setattr(backends, "missing", lambda backend, generates=False: ("onnxruntime", "onnxscript")
+                        if backend == "onnxruntime" else ())
     code, out, _ = run_cli(capsys, "doctor", "--json")
     assert code == 0
     assert json.loads(out)["runtimes"] == {
-        "openvino": {"name": "OpenVINO", "versions": {"openvino": "2026.4.1", "nncf": "3.4.0",
-                                                      "openvino-genai": "2026.4.1.0"}, "install": None},
+        "openvino": {"name": "OpenVINO", "versions": {"openvino": "2026.4.1", "nncf": "3.4.0"}, "install": None},
+        "openvino generate": {"name": "OpenVINO GenAI", "versions": {"openvino-genai": "2026.4.1.0",
+                                                                     "openvino": "2026.4.1", "nncf": "3.4.0"},
+                              "install": None},
         "onnxruntime": {"name": "ONNX Runtime", "versions": {"onnxruntime": None, "onnx": "1.23.2", "onnxscript": None},
                         "install": "pip install 'autotune[onnxruntime]' (or: pip install onnxruntime onnx onnxscript)"},
-        "llamacpp": {"name": "llama.cpp", "versions": {"llama-cpp-python": "0.3.36", "gguf": "0.19.0"},
-                     "install": None}}
+        "llamacpp generate": {"name": "llama.cpp", "versions": {"llama-cpp-python": "0.3.36", "gguf": "0.19.0"},
+                              "install": None}}
     code, out, _ = run_cli(capsys, "doctor")
     assert ("runtimes: openvino 2026.4.1, nncf 3.4.0, openvino-genai 2026.4.1.0, onnx 1.23.2, llama-cpp-python 0.3.36, "
             "gguf 0.19.0\n") in out
@@ -243,8 +245,8 @@ def without_openvino(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     from autotune.model import backends
 
     real = backends.missing
-    monkeypatch.setattr(backends, "missing", lambda backend: ("openvino", "nncf") if backend == "openvino" else
-                        real(backend))
+    monkeypatch.setattr(backends, "missing", lambda backend, generates=False: ("openvino", "nncf")
+                        if backend == "openvino" else real(backend, generates))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -254,9 +256,10 @@ def test_a_backend_whose_runtime_is_not_installed_is_one_line_and_writes_nothing
         capsys: pytest.CaptureFixture[str], without_openvino: Path, command: str) -> None:
     code, out, err = run_cli(capsys, command, "--model", "resnet18", "--set", "backend=openvino", *RUNS[command])
     assert code == 2
-    install = "pip install 'autotune[openvino]' (or: pip install openvino nncf openvino-genai)"
+    install = "pip install 'autotune[openvino]' (or: pip install openvino nncf)"
+    generation = "pip install 'autotune[openvino-genai]' (or: pip install openvino-genai openvino nncf)"
     assert err == ("Error: --set backend=openvino cannot run here: OpenVINO is not installed; install it with "
-                   f"{install}; drop that --set\n" if command == "search" else
+                   f"{install} (to generate text: {generation}); drop that --set\n" if command == "search" else
                    "Error: backend=openvino needs OpenVINO, and this environment lacks openvino, nncf; install it "
                    f"with {install}\n")
     assert out == "" and list(without_openvino.iterdir()) == []

@@ -70,7 +70,8 @@ def test_a_backend_whose_runtime_is_not_installed_is_dropped_with_a_note() -> No
     fitted = adapted(openvino=False)
     assert fitted.get("backend").choices == ("eager", "torchscript", "inductor", "onnxruntime")  # type: ignore[union-attr]
     assert fitted.notes == ("backend=openvino dropped: OpenVINO is not installed; install it with pip install "
-                            "'autotune[openvino]' (or: pip install openvino nncf openvino-genai)",)
+                            "'autotune[openvino]' (or: pip install openvino nncf) (to generate text: pip install "
+                            "'autotune[openvino-genai]' (or: pip install openvino-genai openvino nncf))",)
     assert fitted.lacks(Config.from_mapping({"backend": "openvino"})) == "backend=openvino"
     with pytest.raises(SpaceError, match=r"^--set backend=openvino cannot run here: OpenVINO is not installed; "
                                          r"install it with pip install 'autotune\[openvino\]'.*; drop that --set$"):
@@ -80,8 +81,11 @@ def test_a_backend_whose_runtime_is_not_installed_is_dropped_with_a_note() -> No
 def test_what_the_machine_offers_comes_from_the_runtimes_found(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune.model import backends
 
-    monkeypatch.setattr(backends, "missing", lambda backend: ("onnxscript",) if backend == "onnxruntime" else ())
+    monkeypatch.setattr(backends, "missing", lambda backend, generates=False: ("onnxscript",)
+                        if backend == "onnxruntime" else ("openvino_genai",) if generates and backend == "openvino"
+                        else ())
     assert space_fit.runtimes_installed() == {"openvino": True, "onnxruntime": False, "llamacpp": True}
+    assert space_fit.runtimes_installed(generates=True) == {"openvino": False, "onnxruntime": False, "llamacpp": True}
 
 
 @pytest.mark.parametrize(("pinned", "narrowed"), [

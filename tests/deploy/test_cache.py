@@ -319,3 +319,29 @@ def test_a_prune_counts_what_it_removed_and_names_what_it_kept(tmp_path: Path, m
     monkeypatch.setattr(Path, "unlink", unlink)
     code, out, err = run_cli(capsys, "cache", "--cache-dir", "cache", "--prune")
     assert (code, err) == (0, "") and out.splitlines()[-1] == f"2 entries, {size}; removed 2, {size}"
+
+
+@pytest.mark.parametrize("backend", ["openvino", "llamacpp"])
+def test_what_text_generation_converts_is_listed_sized_keyed_and_pruned(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str) -> None:
+    """A peer's conversion for --task generate, as the measuring child makes it under the cache folder:
+    `autotune cache` lists the model's saved folder and what the peer converted from it, with their
+    sizes and keys; `--prune --older-than 0d` removes them, descriptions and all."""
+    import torch
+
+    from autotune.model import backends, generate, hf
+
+    if not backends.installed(backend, generates=True):
+        pytest.skip(backends.not_installed(backend, generates=True))
+    torch.manual_seed(0)
+    folder = tmp_path / "cache" / "artifacts"
+    knobs = ModelKnobs(backend=backend, precision="int8_weight_only")  # type: ignore[arg-type]
+    generate.generator(hf.load_causal("hf:qwen2@tiny"), knobs, {}, cache=folder, threads=2)
+    code, out, _ = run_cli(capsys, "cache", "--cache-dir", str(tmp_path / "cache"), "--json")
+    assert code == 0
+    entries = json.loads(out)["entries"]
+    converted = (f"{backend} generation artifact", f"backend={backend} precision=int8_weight_only", "qwen2")
+    assert {(cache.SAVED_MODEL, "", "qwen2"), converted} <= {(e["kind"], e["config"], e["model"]) for e in entries}
+    assert all(e["size_bytes"] > 1000 and len(e["key"]) == 16 and e["usable"] for e in entries), entries
+    code, out, _ = run_cli(capsys, "cache", "--cache-dir", str(tmp_path / "cache"), "--prune", "--older-than", "0d")
+    assert code == 0 and list(folder.iterdir()) == []

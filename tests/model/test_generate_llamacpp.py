@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from autotune.model.errors import ApplyError  # noqa: E402
 from autotune.model.generate import llamacpp  # noqa: E402
-from autotune.model.generate.base import PeerBuild  # noqa: E402
+from autotune.model.generate.base import Build  # noqa: E402
 
 NEW = 16
 Q8_AGREE = 12  # of 16: measured 16/16 on all three tiny models (and 3 seeds); a step may flip on a near tie
@@ -75,7 +75,7 @@ def model(request: Any, tmp_path_factory: Any) -> tuple[Path, Path, list[int]]:
 def test_fp32_matches_transformers_and_keeps_no_state(model: tuple[Path, Path, list[int]]) -> None:
     folder, work, expected = model
     setup: dict[str, Any] = {}
-    generator = llamacpp.build(PeerBuild(folder, "fp32", 2, work), setup)
+    generator = llamacpp.build(Build(folder, "fp32", 2, work), setup)
     assert tokens(generator) == expected
     assert tokens(generator) == expected  # a fresh request: no state kept
     assert setup["gguf_type"] == "F32" and setup["kv_cache_type"] == "F32" and setup["gguf_reused"] is False
@@ -83,10 +83,11 @@ def test_fp32_matches_transformers_and_keeps_no_state(model: tuple[Path, Path, l
     assert set(setup["gguf_tensor_types"]) == {"F32"} and setup["llama_cpp_version"]
 
     again: dict[str, Any] = {}
-    generator = llamacpp.build(PeerBuild(folder, "fp32", 2, work), again)
+    generator = llamacpp.build(Build(folder, "fp32", 2, work), again)
     assert again["gguf_reused"] is True and again["gguf_path"] == setup["gguf_path"] and again["convert_s"] == 0.0
     assert tokens(generator) == expected
-    assert sorted(path.name for path in work.iterdir()) == [Path(setup["gguf_path"]).name]  # no temporary left
+    name = Path(setup["gguf_path"]).name
+    assert sorted(path.name for path in work.iterdir()) == [name, f"{name}.json"]  # no temporary left
 
 
 def test_logits_of_every_position_match_transformers(model: tuple[Path, Path, list[int]]) -> None:
@@ -96,7 +97,7 @@ def test_logits_of_every_position_match_transformers(model: tuple[Path, Path, li
     with torch.no_grad():
         reference = eager(prompt()).logits
     for precision, least_cosine in (("fp32", 0.99999), ("int8_weight_only", 0.9995)):  # measured 1.0, 0.99991
-        generator = llamacpp.build(PeerBuild(folder, precision, 2, work), {})
+        generator = llamacpp.build(Build(folder, precision, 2, work), {})
         logits = generator.logits(prompt())
         assert logits.dtype == torch.float32 and logits.shape == reference.shape
         assert float(torch.nn.functional.cosine_similarity(reference, logits, dim=-1).min()) >= least_cosine
@@ -108,9 +109,9 @@ def test_logits_of_every_position_match_transformers(model: tuple[Path, Path, li
 
 def test_q8_0_mostly_matches_and_reuses_the_f32_gguf(model: tuple[Path, Path, list[int]]) -> None:
     folder, work, expected = model
-    llamacpp.build(PeerBuild(folder, "fp32", 2, work), {})
+    llamacpp.build(Build(folder, "fp32", 2, work), {})
     setup: dict[str, Any] = {}
-    generator = llamacpp.build(PeerBuild(folder, "int8_weight_only", 2, work), setup)
+    generator = llamacpp.build(Build(folder, "int8_weight_only", 2, work), setup)
     got = tokens(generator)
     assert sum(a == b for a, b in zip(got, expected, strict=True)) >= Q8_AGREE, (got, expected)
     assert setup["gguf_type"] == "Q8_0" and setup["convert_s"] == 0.0 and setup["quantize_s"] > 0
@@ -122,21 +123,21 @@ def test_bf16_and_q4_0_run(model: tuple[Path, Path, list[int]]) -> None:
     folder, work, _ = model
     for precision, kind in (("bf16", "BF16"), ("int4_weight_only", "Q4_0")):
         setup: dict[str, Any] = {}
-        generator = llamacpp.build(PeerBuild(folder, precision, 2, work), setup)
+        generator = llamacpp.build(Build(folder, precision, 2, work), setup)
         assert setup["gguf_type"] == kind and kind in setup["gguf_tensor_types"]
         assert all(0 <= token < TINY["vocab_size"] for token in tokens(generator))
 
 
 def test_what_it_refuses(tmp_path: Path) -> None:
     with pytest.raises(ApplyError, match="no precision 'int8_dynamic'.*fp32 as F32"):
-        llamacpp.build(PeerBuild(tmp_path, "int8_dynamic", 2, tmp_path / "work"), {})
+        llamacpp.build(Build(tmp_path, "int8_dynamic", 2, tmp_path / "work"), {})
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(ApplyError, match="converts model types qwen2, llama, gpt2, not 'bert'"):
-        llamacpp.build(PeerBuild(tmp_path / "bert", "fp32", 2, tmp_path / "work"), {})
+        llamacpp.build(Build(tmp_path / "bert", "fp32", 2, tmp_path / "work"), {})
     folder = tiny("qwen2", tmp_path / "model")
     setup: dict[str, Any] = {}
-    generator = llamacpp.build(PeerBuild(folder, "fp32", 2, tmp_path / "work"), setup, context=32)
+    generator = llamacpp.build(Build(folder, "fp32", 2, tmp_path / "work"), setup, context=32)
     assert setup["n_ctx"] >= 32  # llama.cpp rounds the context up (to 256)
     with pytest.raises(ApplyError, match="one sequence at a time, not a batch of 2"):
         generator.stream(prompt().repeat(2, 1), NEW)

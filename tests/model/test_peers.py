@@ -130,7 +130,18 @@ def test_a_runtime_not_installed_says_how_to_install_it(monkeypatch: pytest.Monk
     with pytest.raises(autotune.ApplyError) as raised:
         applied(tinynets.cnn(), IMAGES, ModelKnobs(backend="openvino"), tmp_path)
     assert str(raised.value) == ("backend=openvino needs OpenVINO, and this environment lacks nncf; install it with "
-                                 "pip install 'autotune[openvino]' (or: pip install openvino nncf openvino-genai)")
+                                 "pip install 'autotune[openvino]' (or: pip install openvino nncf)")
+
+
+def test_openvino_runs_a_model_without_openvino_genai(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`pip install openvino nncf`, the usual OpenVINO setup: a model runs; only generating text needs GenAI."""
+    real = base.importlib.util.find_spec
+    monkeypatch.setattr(base.importlib.util, "find_spec", lambda name: None if name == "openvino_genai" else real(name))
+    applied(tinynets.cnn(), IMAGES, ModelKnobs(backend="openvino"), tmp_path)
+    assert backends.installed("openvino") and not backends.installed("openvino", generates=True)
+    assert backends.not_installed("openvino", generates=True) == (
+        "backend=openvino needs OpenVINO GenAI to generate text, and this environment lacks openvino_genai; install "
+        "it with pip install 'autotune[openvino-genai]' (or: pip install openvino-genai openvino nncf)")
 
 
 def test_the_cache_lists_and_removes_an_openvino_artifact_with_its_weights(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Tiny GGUF files for the `--model FILE.gguf` tests: a random llama of 2 layers saved with
-save_pretrained, written as an F32 GGUF by autotune's own writer (`autotune.model.generate.llamacpp`,
+save_pretrained, written as an F32 GGUF by autotune's own writer (`autotune.model.generate.llamacpp_convert`,
 which transformers' GGUF loader reads back exactly), with a byte-level vocabulary of its own (the
 writer leaves the vocabulary out: llama.cpp gets token ids), in a few seconds."""
 
@@ -20,7 +20,7 @@ def write_tiny_gguf(path: Path, work: Path, vocabulary: bool = True, seed: int =
     import torch
     import transformers
 
-    from autotune.model.generate import llamacpp
+    from autotune.model.generate import llamacpp_convert as llamacpp
 
     tokens = tiny_vocabulary()
     torch.manual_seed(seed)

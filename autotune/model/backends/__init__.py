@@ -7,9 +7,10 @@ the kernel probe, the artifacts and the cache all read this registry.
 from __future__ import annotations
 
 from autotune.model.backends import inductor, llamacpp, onnxruntime, openvino, pytorch
-from autotune.model.backends.base import Backend, Packages
+from autotune.model.backends.base import Backend, Generation, Packages
 
-__all__ = ["REGISTRY", "Backend", "Packages", "get", "installed", "not_installed", "of_runtime"]
+__all__ = ["REGISTRY", "Backend", "Generation", "Packages", "generating", "get", "installed", "needs", "not_installed",
+           "of_runtime"]
 
 REGISTRY: tuple[Backend, ...] = (
     pytorch.EAGER,
@@ -35,19 +36,35 @@ def of_runtime(runtime: str) -> Backend:
     return next(b for b in REGISTRY if b.runtime == runtime)
 
 
-def missing(name: str) -> tuple[str, ...]:
-    """The modules `name` needs that this environment lacks (none for PyTorch's backends)."""
-    packages = get(name).packages
+def generating() -> tuple[Backend, ...]:
+    """The backends that generate text, in the registry's order (read when called, so a backend
+    registered later is among them)."""
+    return tuple(b for b in REGISTRY if b.generation is not None)
+
+
+def needs(name: str, generates: bool = False) -> Packages | None:
+    """What `backend=name` needs installed to run a model, or with `generates` to generate text
+    (None: nothing beyond torch). Each concern needs only its own packages."""
+    backend = get(name)
+    if generates:
+        return backend.generation.packages if backend.generation else None
+    return backend.packages
+
+
+def missing(name: str, generates: bool = False) -> tuple[str, ...]:
+    """The modules `name` needs (for generating text with `generates`) that this environment lacks."""
+    packages = needs(name, generates)
     return packages.missing() if packages else ()
 
 
-def installed(name: str) -> bool:
-    return not missing(name)
+def installed(name: str, generates: bool = False) -> bool:
+    return not missing(name, generates)
 
 
-def not_installed(name: str) -> str:
-    """What to say when `backend=name` is asked for and its runtime is missing."""
-    packages = get(name).packages
+def not_installed(name: str, generates: bool = False) -> str:
+    """What to say when `backend=name` is asked for and what it needs is missing."""
+    packages = needs(name, generates)
     assert packages is not None
-    return (f"backend={name} needs {packages.name}, and this environment lacks {', '.join(missing(name))}; "
-            f"install it with {packages.install}")
+    task = " to generate text" if generates else ""
+    return (f"backend={name} needs {packages.name}{task}, and this environment lacks "
+            f"{', '.join(missing(name, generates))}; install it with {packages.install}")

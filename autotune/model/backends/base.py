@@ -6,6 +6,10 @@ own (sampled only with it), how it builds an artifact from a model and loads one
 its users run, and how the kernel probe runs its runtime's operations. Everything else (the knob
 table, the search space's conditions, the recipes, the probe, the cache) reads these, so adding a
 runtime is one module and a line in the registry (`autotune.model.backends`).
+
+A backend that generates text (`--task generate`) names that other concern in `generation`: the
+module that builds its generator and the packages that module needs, so each concern requires only
+its own (forward OpenVINO needs openvino and nncf; only its generation needs openvino-genai).
 """
 
 from __future__ import annotations
@@ -58,6 +62,23 @@ class Packages:
         return found
 
 
+@dataclass(frozen=True)
+class Generation:
+    """A backend's text generation: the module of `autotune.model.generate` that builds its generator
+    (`build(Build, setup) -> Generator`, the contract `autotune.model.generate.base` states), what it
+    needs installed (None: PyTorch's own), and whether it converts the model's `save_pretrained`
+    folder (a peer) or runs the module itself (PyTorch)."""
+
+    module: str
+    packages: Packages | None = None
+    reads_folder: bool = True
+
+    def version(self) -> str | None:
+        """Its runtime's version (its first distribution's); None for PyTorch's own or where it is
+        not installed: what it converts is keyed by it."""
+        return self.packages.versions()[self.packages.distributions[0]] if self.packages else None
+
+
 class Backend:
     """A way to run a model. Subclasses set the class attributes and override what differs."""
 
@@ -67,7 +88,8 @@ class Backend:
     summary: str = ""  # what it does, in a phrase: the `backend` knob's help
     precisions: tuple[Precision, ...] = ("fp32",)
     generates: tuple[Precision, ...] = ()  # the precisions it generates text with (--task generate); () none
-    packages: Packages | None = None  # None: PyTorch's own
+    generation: Generation | None = None  # how it generates text, where it does
+    packages: Packages | None = None  # what running a model (not generating) needs; None: PyTorch's own
     knobs: tuple[Knob, ...] = ()  # its own settings (`own` adds their condition)
     suffix: str = ""  # its artifact's file suffix ("" where it saves none)
     preloaded_malloc: bool = True  # may run under a malloc preloaded with LD_PRELOAD

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.model import buckets, fallback
 from autotune.model.artifacts import GRAPH_KIND, artifact_path, mark_used, save_artifact
+from autotune.model.backends.base import Generation
 from autotune.model.backends.pytorch import TorchBackend
 from autotune.model.batches import autocast, explain, split
 from autotune.model.errors import ApplyError
@@ -40,6 +41,7 @@ class Inductor(TorchBackend):
     summary = "AOTInductor package with freezing, compiled once and loaded"
     precisions: tuple[Precision, ...] = tuple(p for p in PRECISIONS if p != "int4_weight_only")
     generates = GENERATION_PRECISIONS
+    generation = Generation("autotune.model.generate.pytorch", reads_folder=False)
     suffix = ".pt2"
     # Each its own compile: different kernels (one model per sequence-length bucket, or one dynamic
     # model), so a step between two values is measured, not assumed (`search.pruning`).

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.model import saturation
-from autotune.model.backends.base import Packages, Ready
+from autotune.model.backends.base import Generation, Packages, Ready
 from autotune.model.backends.converted import CONVERT_FAILED, Converter, Run, failed_at, flat, flat_numpy
 from autotune.model.batches import explain, split
 from autotune.model.errors import ApplyError
@@ -39,11 +39,13 @@ class OpenVINO(Converter):
     label = "OpenVINO"
     summary = "openvino.convert_model, saved as IR, compiled for the CPU plugin"
     precisions: tuple[Precision, ...] = ("fp32", "bf16", "int8")
-    # --task generate: OpenVINO GenAI's LLMPipeline (autotune.model.generate.openvino_genai)
-    generates: tuple[Precision, ...] = ("fp32", "bf16", "int8_weight_only", "int4_weight_only")
     # NNCF quantizes for OpenVINO.
-    packages = Packages("OpenVINO", "openvino", ("openvino", "nncf", "openvino-genai"),
-                        ("openvino", "nncf", "openvino_genai"))
+    packages = Packages("OpenVINO", "openvino", ("openvino", "nncf"), ("openvino", "nncf"))
+    # --task generate: OpenVINO GenAI's LLMPipeline on an IR converted by openvino and compressed by NNCF
+    generates: tuple[Precision, ...] = ("fp32", "bf16", "int8_weight_only", "int4_weight_only")
+    generation = Generation("autotune.model.generate.openvino_genai", Packages(
+        "OpenVINO GenAI", "openvino-genai", ("openvino-genai", "openvino", "nncf"),
+        ("openvino_genai", "openvino", "nncf")))
     suffix = ".xml"
     int8_remedy = "overflow_fix"
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.model import hf
 from autotune.model.artifacts import save_artifact
-from autotune.model.backends.base import OPS, Backend, Ready
+from autotune.model.backends.base import OPS, Backend, Generation, Ready
 from autotune.model.batches import autocast
 from autotune.model.kernels import CONV, REDUCED, Kernel, Quantized, inputs, quantized, torch_op
 from autotune.model.knobdefs import GENERATION_PRECISIONS, LINEAR_INT8, Knob, KnobValue, Precision
@@ -80,6 +80,7 @@ class Eager(TorchBackend):
     summary = "the module as it is (with mkldnn and weight_cache: the seed's layout and TorchScript weight cache)"
     precisions: tuple[Precision, ...] = ("fp32", "bf16", "int8_dynamic", "int8_weight_only")
     generates = GENERATION_PRECISIONS
+    generation = Generation("autotune.model.generate.pytorch", reads_folder=False)
 
     def __init__(self) -> None:
         self.knobs = (

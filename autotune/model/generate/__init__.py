@@ -1,67 +1,62 @@
-"""Text generation (`--task generate`): which runtime generates for each backend, one module each
-behind `base.Generator`, and how a model becomes a generator as the knobs say. The measuring child
-and `autotune.apply` both call `generator`, so what is measured is what is served.
+"""Text generation (`--task generate`): how a model becomes a generator as the knobs say. Which
+runtime generates for each backend is the backend's generation concern (`Backend.generation` in the
+registry of `autotune.model.backends`), one module each behind `base.Generator`. The measuring
+child and `autotune.apply` both call `generator`, so what is measured is what is served.
 
 backend=eager and backend=inductor generate in PyTorch (`pytorch`); the peers convert the model's
 `save_pretrained` folder with their own tools: backend=openvino runs OpenVINO GenAI
-(`openvino_genai`), backend=llamacpp llama.cpp (`llamacpp`).
+(`openvino_genai`), backend=llamacpp llama.cpp (`llamacpp`). That folder, and what each peer
+converts, are artifacts of the one cache (`converted.cached`).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from autotune.model import hf
+from autotune.model import backends, hf
 from autotune.model.errors import ApplyError
-from autotune.model.generate.base import Generator, PeerBuild
+from autotune.model.generate.base import Build, Generator
+from autotune.model.generate.converted import cached
 
-# backend -> the module of autotune.model.generate that generates with it
-RUNTIMES = {"eager": "pytorch", "inductor": "pytorch", "openvino": "openvino_genai", "llamacpp": "llamacpp"}
-BACKENDS = tuple(RUNTIMES)
+SAVED_KIND = "transformers"  # the saved folder's name prefix in the cache
+SAVED_SUFFIX = ".hf"  # and its suffix
 
 
-def generator(model: Any, knobs: Any, setup: dict[str, Any], *, spec: str = "", work: Path | None = None,
+def generator(model: Any, knobs: Any, setup: dict[str, Any], *, spec: str = "", cache: Path | None = None,
               threads: int | None = None) -> Generator:
     """`model` (a transformers causal LM, fp32) as the knobs say: converted in place for PyTorch, or
-    handed to a peer as its `save_pretrained` folder (`spec`'s own folder, else saved under `work`)."""
-    from autotune.model.generate import pytorch
-
-    if knobs.backend not in RUNTIMES:
-        raise ApplyError(f"backend={knobs.backend} does not generate text; use backend={'/'.join(BACKENDS)}")
-    if RUNTIMES[knobs.backend] == "pytorch":
-        pytorch.convert(model, knobs, setup)
-        setup["weight_bytes"] = pytorch.weight_bytes(model)
-        return pytorch.TorchGenerator(model, knobs.kv_cache == "static", knobs.backend == "inductor")
-    if work is None:
+    handed to a peer as its `save_pretrained` folder (`spec`'s own folder, else saved into `cache`,
+    the artifact cache where a peer also keeps what it converts)."""
+    runtime = backends.get(knobs.backend).generation if knobs.backend in names() else None
+    if runtime is None:
+        raise ApplyError(f"backend={knobs.backend} does not generate text; use backend={'/'.join(names())}")
+    if not backends.installed(knobs.backend, generates=True):
+        raise ApplyError(backends.not_installed(knobs.backend, generates=True))
+    if runtime.reads_folder and cache is None:
         raise ApplyError(f"backend={knobs.backend} converts the model into a folder; give apply an artifacts folder")
-    module = importlib.import_module(f"autotune.model.generate.{RUNTIMES[knobs.backend]}")
-    folder = Path(hf.folder_of(spec) or saved(model, work / "models"))
+    folder = Path(hf.folder_of(spec) or saved(model, cache)) if runtime.reads_folder and cache else None
     used = threads or int(os.environ.get("OMP_NUM_THREADS") or 0) or (os.cpu_count() or 1)
-    made: Generator = module.build(PeerBuild(folder, knobs.precision, used, work / knobs.backend), setup)
+    build = Build(folder, knobs.precision, used, cache or Path(), None if folder else model, knobs)
+    made: Generator = importlib.import_module(runtime.module).build(build, setup)
     return made
 
 
-def saved(model: Any, folder: Path) -> Path:
-    """The model as `save_pretrained` writes it (fp32 safetensors), under `folder`, named by its
-    weights' fingerprint; written once (into a temporary folder, then renamed), reused after."""
+def names() -> tuple[str, ...]:
+    """The backends that generate text (those of the registry with a generation concern)."""
+    return tuple(b.name for b in backends.generating())
+
+
+def saved(model: Any, cache: Path) -> Path:
+    """The model as `save_pretrained` writes it (fp32 safetensors), an artifact of the cache named
+    by its weights' fingerprint: saved once, reused after."""
     from autotune.model.artifacts import fingerprint
 
-    target = folder / fingerprint(model)
-    if (target / "config.json").is_file():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".{target.name}.{os.getpid()}"
-    hf.transformers_module().utils.logging.disable_progress_bar()
-    try:
-        model.save_pretrained(partial)
-        partial.rename(target)
-    except OSError:
-        if not (target / "config.json").is_file():  # not another process that saved it first
-            raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
+    def save(folder: Path, described: dict[str, Any]) -> None:
+        hf.transformers_module().utils.logging.disable_progress_bar()
+        model.save_pretrained(folder)
+
+    key = {"weights": fingerprint(model), "model": str(getattr(model.config, "model_type", "?"))}
+    return cached(cache, SAVED_KIND, SAVED_SUFFIX, key, save)[0]

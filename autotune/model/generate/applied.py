@@ -77,8 +77,8 @@ def apply_generation(model: Any, example_prompts: Any, knobs: Any, *, tolerance:
         setup["weight_bytes"] = generate.pytorch.weight_bytes(model)
         return Generating(eager, model, knobs, setup)
     reference = eager.logits(prompts) if check else None
-    work = artifacts if artifacts is not None else _scratch()
-    made = generate.generator(copy.deepcopy(model), knobs, setup, spec=_spec_of(model), work=work / "generate")
+    cache = artifacts if artifacts is not None else _scratch()
+    made = generate.generator(copy.deepcopy(model), knobs, setup, spec=_spec_of(model), cache=cache)
     if reference is not None:
         measure.judge(measure.logits_agreement(reference, measure.logits_of(made, prompts)), knobs.describe(),
                       knobs.precision, tolerance, setup)

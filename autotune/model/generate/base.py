@@ -1,6 +1,12 @@
-"""The one interface every text-generation runtime implements: PyTorch's own loop (eager or
-compiled, `pytorch`) and the peers a user would run instead (llama.cpp, `llamacpp`; OpenVINO GenAI,
-`openvino_genai`), each one module.
+"""The one interface every text-generation runtime implements, and what it builds from: PyTorch's
+own loop (eager or compiled, `pytorch`) and the peers a user would run instead (llama.cpp,
+`llamacpp`; OpenVINO GenAI, `openvino_genai`).
+
+A runtime is the generation concern of a backend (`Backend.generation`, in the one registry of
+`autotune.model.backends`): a module with `build(spec: Build, setup: dict) -> Generator` that
+records what it did in `setup` and keeps whatever it converts in the artifact cache (`spec.cache`,
+through `autotune.model.artifacts.save_artifact`, so that `autotune cache` lists and prunes it).
+tests/model/test_generator_contract.py runs one suite over every registered runtime.
 
 A generator takes prompts as token ids and yields the greedy next token of every sequence, one step
 at a time: the first yield ends the prefill (time to first token), each later one is a decode step
@@ -16,10 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-# The precisions of generation: the weights' format. int8_weight_only / int4_weight_only are
-# torchao's for PyTorch, GGUF Q8_0 / Q4_0 for llama.cpp, NNCF's INT8_ASYM / INT4 for OpenVINO.
-GEN_PRECISIONS = ("fp32", "bf16", "int8_weight_only", "int4_weight_only", "int8_dynamic")
 
 
 class Generator(Protocol):
@@ -38,12 +40,16 @@ class Generator(Protocol):
 
 
 @dataclass(frozen=True)
-class PeerBuild:
-    """What a peer runtime builds its generator from: the model as `save_pretrained` wrote it
-    (fp32 safetensors and config.json), the weights' precision, its threads, and a folder of its
-    own where it keeps what it converts (reused when the same model and precision come again)."""
+class Build:
+    """What a runtime builds its generator from: the model as `save_pretrained` wrote it (fp32
+    safetensors and config.json: what a peer converts), the weights' precision, its threads, and the
+    artifact cache where it keeps what it converts (reused when the same model and precision come
+    again). PyTorch's own runtime takes the model itself (`model`, converted in place) and every
+    model knob (`knobs`: kv_cache, attention, the backend that compiles) instead of the folder."""
 
-    folder: Path
+    folder: Path | None
     precision: str
     threads: int
-    work: Path
+    cache: Path
+    model: Any = None
+    knobs: Any = None

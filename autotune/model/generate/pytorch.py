@@ -24,9 +24,18 @@ from typing import TYPE_CHECKING, Any
 from autotune.model.batches import explain
 from autotune.model.errors import ApplyError
 from autotune.model.generate import int4, int8
+from autotune.model.generate.base import Build
 
 if TYPE_CHECKING:
     from autotune.model.knobs import ModelKnobs
+
+
+def build(spec: Build, setup: dict[str, Any]) -> TorchGenerator:
+    """The PyTorch generator of `spec.model`, converted in place as `spec.knobs` say (inductor: the
+    decode step compiled); it keeps nothing in the cache (inductor's kernels are torch's own cache)."""
+    convert(spec.model, spec.knobs, setup)
+    setup["weight_bytes"] = weight_bytes(spec.model)
+    return TorchGenerator(spec.model, spec.knobs.kv_cache == "static", spec.knobs.backend == "inductor")
 
 
 def convert(model: Any, knobs: ModelKnobs, setup: dict[str, Any]) -> Any:
