@@ -580,9 +580,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["cache", "--prune", "--older-than", "soon"], "--older-than 'soon' is not a duration"),
     (["cache", "--prune", "--older-than", "-3d"], "--older-than '-3d' is not a duration"),
     (["cache", "--cache-dir", "good.env"], "Invalid value for '--cache-dir'"),
-    # knobs and models take nothing
+    # knobs takes one knob at most, models nothing
     (["knobs", "--bogus"], "No such option '--bogus'."),
-    (["knobs", "extra"], "Got unexpected extra argument (extra)"),
+    (["knobs", "extra"], "unknown knob 'extra'; knobs are: backend,"),
+    (["knobs", "omp_threads", "extra"], "Got unexpected extra argument (extra)"),
     (["models", "extra"], "Got unexpected extra argument (extra)"),
     (["studies", "--storage", "studies/x.db"], "--storage 'studies/x.db' is not a storage URL; use e.g. "
                                                "sqlite:///studies/NAME.db"),

@@ -61,8 +61,13 @@ def circles(edges: Mapping[str, Set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_circle_among_autotune_modules() -> None:
-    edges = imports_of("autotune")
+@pytest.fixture(scope="module")
+def edges() -> dict[str, set[str]]:
+    """autotune's imports, drawn once for the module's tests."""
+    return imports_of("autotune")
+
+
+def test_no_circle_among_autotune_modules(edges: dict[str, set[str]]) -> None:
     assert len(edges) > 100  # the whole package was drawn
     rings = circles(edges)
     assert not rings, "modules that import each other around a circle:\n" + "\n".join(
@@ -70,10 +75,9 @@ def test_no_circle_among_autotune_modules() -> None:
         for ring in rings)
 
 
-def test_the_model_package_reads_in_one_order() -> None:
+def test_the_model_package_reads_in_one_order(edges: dict[str, set[str]]) -> None:
     """The row type, the backends, their registry, the knob table, conversion, the probe's child:
     each imports only what comes before it."""
-    edges = imports_of("autotune")
     order = ["autotune.model.knobdefs", "autotune.model.backends.base", "autotune.model.backends.pytorch",
              "autotune.model.backends", "autotune.model.knobs", "autotune.model.convert",
              "autotune.model.backends.probe"]

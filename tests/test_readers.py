@@ -24,6 +24,7 @@ from autotune.model import apply, artifacts, envfile
 from autotune.model.artifacts import ARTIFACT_FORMAT
 from autotune.model.errors import ApplyError
 from autotune.study import records, storage
+from autotune.study.kept import restore_kept
 from tests.support import probes
 
 EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,7 +148,7 @@ def test_a_measurement_kept_beside_a_study_is_recorded_or_refused(kept: Any) -> 
         path = tmp / "s.trial-0.unsaved.json"
         path.write_text(json.dumps(kept))
         try:
-            number = kept.restore_kept(study, path, Limits(latency_p90_ms=20.0))
+            number = restore_kept(study, path, Limits(latency_p90_ms=20.0))
         except AutotuneError as exc:
             assert str(exc).startswith(f"the measurement kept in {path} ") and "\n" not in str(exc)
             assert study.trials[0].state == optuna.trial.TrialState.RUNNING and path.exists()  # nothing half-done

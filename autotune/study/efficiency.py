@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.base.errors import ConfigError
 from autotune.config.knobs import Config
 from autotune.host.capabilities import precision_peak
 from autotune.model.backends import RUNTIME_OF
@@ -50,17 +51,18 @@ def of_trial(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
     if trial.user_attrs.get("generation"):
         return of_generation(study, trial)
     base = records.baseline(study)
-    work = base.user_attrs.get(WORK) if base is not None else None
-    achieved = _achieved(trial, float(work)) if work else None
+    counted = base.user_attrs.get(WORK) if base is not None else None
+    work = float(counted) if counted else 0.0
+    achieved = _achieved(trial, work) if work else None
     if achieved is None:
         return None
     config = Config.from_description(str(trial.user_attrs.get("config", "defaults")))
     precision = config.text("precision")
-    found = peak(study, precision, float(work))
+    found = peak(study, precision, work)
     if found is None:
         return None
     return {"trial": trial.number, "runtime": RUNTIME_OF[config.text("backend")], "precision": precision,
-            "gflop_per_item": round(float(work) / 1e9, 3), "achieved_gops": round(achieved, 1), **found,
+            "gflop_per_item": round(work / 1e9, 3), "achieved_gops": round(achieved, 1), **found,
             "fraction": round(achieved / found["peak_gops"], 3),
             "bandwidth_gbs": (study.user_attrs.get("probe") or {}).get("bandwidth_gbs")}
 
@@ -94,7 +96,11 @@ def _achieved(trial: FrozenTrial, work: float) -> float | None:
 
 
 def _precision(trial: FrozenTrial) -> str:
-    return Config.from_description(str(trial.user_attrs.get("config", "defaults"))).text("precision")
+    """The precision a trial ran ("" for one of a knob this autotune no longer knows)."""
+    try:
+        return Config.from_description(str(trial.user_attrs.get("config", "defaults"))).text("precision")
+    except ConfigError:
+        return ""
 
 
 def of_recommended(study: optuna.Study) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ import pytest
 
 import autotune
 from autotune.base import tempdirs
-from autotune.cli import crash, display
+from autotune.cli import crash, knob_display
 from autotune.cli.common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 from autotune.cli.main import cli, main
 from tests.conftest import FIXTURES
@@ -186,7 +186,7 @@ def _boom(*_: object) -> None:
 @pytest.fixture
 def broken_knobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """`autotune knobs` with a bug in it, and a temporary folder of the test's own."""
-    monkeypatch.setattr(display, "knobs", _boom)
+    monkeypatch.setattr(knob_display, "knobs", _boom)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     return tmp_path
 
@@ -291,7 +291,7 @@ def test_a_full_disk_is_exit_1_and_one_line_saying_what_to_free_with_no_crash_re
     def full(*_: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", "/srv/studies/tmp/run-1")
 
-    monkeypatch.setattr(display, "knobs", full)
+    monkeypatch.setattr(knob_display, "knobs", full)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     code, out, err = run_cli(capsys, "knobs")
     assert (code, out) == (EXIT_FAILED, "")

@@ -131,7 +131,7 @@ def test_the_preprocessing_is_torchvisions_bit_for_bit() -> None:
         for short_side, crop in [(256, (224, 224)), (73, (64, 64))]:
             expected = F.resize(image, [short_side], antialias=True)
             expected = F.to_dtype(F.center_crop(expected, list(crop)), torch.float32, scale=True)
-            expected = F.normalize(expected, mean=list(build.MEAN), std=list(build.STD))
+            expected = F.normalize(expected, mean=list(inputs.MEAN), std=list(inputs.STD))
             assert torch.equal(inputs.preprocess(image, short_side, crop), expected), (height, width, short_side)
 
 
