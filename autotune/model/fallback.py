@@ -1,5 +1,6 @@
-"""int8_fallback: which of PT2E's quantized layers (Conv/Linear modules) stay in fp32, chosen as
-NNCF's accuracy control and Intel Neural Compressor's fallback choose them: measured, not assumed.
+"""int8_fallback: which quantized layers stay in fp32 (PT2E's Conv/Linear modules; OpenVINO's
+Convolution/MatMul nodes, which NNCF's IgnoredScope leaves out: `backends.openvino`), chosen as NNCF's
+accuracy control and Intel Neural Compressor's fallback choose them: measured, not assumed.
 
 Each candidate layer is ranked by how close the model's output comes to eager fp32's when that
 layer alone is left in fp32 (the x86 quantizer's `set_module_name_qconfig(name, None)`): the layer
