@@ -38,7 +38,8 @@ class Converter(Backend):
     def saved_knobs(self, knobs: ModelKnobs) -> dict[str, Any]:
         """The runtime's settings apply when it loads the file, so one file serves them all (bf16 too:
         a runtime's inference precision loads the fp32 file)."""
-        saved: dict[str, Any] = {"backend": self.name, "precision": "fp32" if knobs.precision == "bf16" else knobs.precision}
+        precision = "fp32" if knobs.precision == "bf16" else knobs.precision
+        saved: dict[str, Any] = {"backend": self.name, "precision": precision}
         if knobs.int8_fallback:  # each count of layers kept its own file; 0 keys as before the knob existed
             saved["int8_fallback"] = knobs.int8_fallback
         return saved
