@@ -19,7 +19,7 @@ from autotune.config.knobs import Config
 from autotune.model import apply, fallback
 from autotune.model.errors import ApplyError
 from autotune.model.knobs import ModelKnobs
-from tests.conftest import FIXTURES, NEEDS_INT8
+from tests.conftest import FIXTURES, NEEDS_INT8, NEEDS_PEERS
 from tests.support.cli import QUICK_BENCH, assert_one_error_line
 
 INT8 = {"backend": "inductor", "precision": "int8"}
@@ -40,10 +40,10 @@ def test_the_knob_parses_travels_in_the_env_file_and_is_keyed_only_where_it_keep
 
 
 @pytest.mark.parametrize(("sets", "message"), [
-    (["precision=fp32"], "int8_fallback applies only with backend=inductor (here backend=eager)"),
+    (["precision=fp32"], "int8_fallback applies only with backend=inductor/openvino (here backend=eager)"),
     (["backend=inductor"], "int8_fallback applies only with precision=int8 (here precision=fp32)"),
-    (["backend=openvino", "precision=int8"],
-     "int8_fallback applies only with backend=inductor (here backend=openvino)"),
+    (["backend=onnxruntime", "precision=int8"],
+     "int8_fallback applies only with backend=inductor/openvino (here backend=onnxruntime)"),
     (["backend=inductor", "precision=int8_dynamic"],
      "int8_fallback applies only with precision=int8 (here precision=int8_dynamic)"),
 ])
@@ -138,10 +138,12 @@ def test_what_bench_says_of_the_layers_kept() -> None:
 
 @pytest.mark.e2e
 @NEEDS_INT8
-def test_bench_keeps_the_planted_layer_and_the_accuracy_drop_shrinks(tmp_path: Path) -> None:
-    """The real thing: labels are fp32's answers on the user's data, int8 of every layer loses many
-    of them, int8_fallback=1 keeps `head` in fp32 (ranked on the data's calibration part) and wins
-    them back; each count is an artifact of its own."""
+@pytest.mark.parametrize(("backend", "head"), [
+    ("inductor", "head"), pytest.param("openvino", "__module.head/aten::linear/MatMul", marks=NEEDS_PEERS)])
+def test_bench_keeps_the_planted_layer_and_the_accuracy_drop_shrinks(tmp_path: Path, backend: str, head: str) -> None:
+    """The real thing: labels are fp32's answers on the user's data, int8 of every layer (PT2E's, or
+    NNCF's for OpenVINO) loses many of them, int8_fallback=1 keeps `head` in fp32 (ranked on the data's
+    calibration part) and wins them back; each count is an artifact of its own."""
     import torch
 
     from tests.fixtures.models import tinynets
@@ -155,14 +157,14 @@ def test_bench_keeps_the_planted_layer_and_the_accuracy_drop_shrinks(tmp_path: P
     for k in (0, 1):
         command = [autotune, "bench", "--model", "tinynets:outlier", "--input-shape", "1x8x8", *QUICK_BENCH,
                    "--cache-dir", str(tmp_path / "cache"), "--json", "--eval-data", str(tmp_path / "data.pt"),
-                   "--tolerance", "2", "--set", "backend=inductor", "--set", "precision=int8",
+                   "--tolerance", "2", "--set", f"backend={backend}", "--set", "precision=int8",
                    "--set", f"int8_fallback={k}"]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=FIXTURES / "models")
         assert proc.returncode == 0, proc.stderr
         found[k] = json.loads(proc.stdout)
     setups = {k: data["result"]["instances"][0]["setup"] for k, data in found.items()}
     drops = {k: data["quality"]["drop"] for k, data in found.items()}
-    assert "int8_kept_fp32" not in setups[0] and setups[1]["int8_kept_fp32"] == ["head"]
+    assert "int8_kept_fp32" not in setups[0] and setups[1]["int8_kept_fp32"] == [head]
     assert setups[1]["int8_divergence"] < setups[1]["int8_divergence_full"]
     assert setups[0]["artifact_file"] != setups[1]["artifact_file"]
     assert drops[0] > 20 and drops[1] < drops[0] / 4, drops
@@ -196,7 +198,8 @@ def test_a_process_that_loads_the_artifact_says_what_it_keeps(tmp_path: Path) ->
 
 
 class _Told:
-    """A trial answering the knobs in `told` as told, the rest as FakeTrial does (recording what it was asked)."""
+    """A trial answering the knobs in `told` as told (by knob name, whatever choices Optuna's parameter is
+    named after), the rest as FakeTrial does (recording what it was asked)."""
 
     def __init__(self, told: dict[str, str]) -> None:
         from tests.support.spaces import FakeTrial
@@ -205,19 +208,20 @@ class _Told:
 
     def suggest_categorical(self, name: str, choices: Any) -> Any:
         self.inner.asked[name] = list(choices)
-        return self.told.get(name, choices[-1])
+        return self.told.get(name.split(" (")[0], choices[-1])  # `precision (fp32/...)`: named after its choices
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
         return self.inner.suggest_int(name, low, high, step=step, log=log)
 
 
-def test_the_default_space_samples_it_with_inductor_int8_only() -> None:
+@pytest.mark.parametrize("backend", ["inductor", "openvino"])
+def test_the_default_space_samples_it_with_int8_that_keeps_layers_only(backend: str) -> None:
     from autotune.config import space, space_fit
 
     adapted = space_fit.adapt(space.load(space.find("default")), cores=2, available={})
-    int8 = _Told({"backend": "inductor", "mkldnn": "off", "precision": "int8"})
+    int8 = _Told({"backend": backend, "mkldnn": "off", "precision": "int8"})
     assert adapted.sample(int8).get("int8_fallback") == 8
     assert int8.inner.asked["int8_fallback"] == ["0", "1", "2", "4", "8"]  # as Optuna keeps choices
-    for told in ({"backend": "inductor", "precision": "bf16"}, {"backend": "openvino", "precision": "int8"}):
+    for told in ({"backend": backend, "precision": "bf16"}, {"backend": "onnxruntime", "precision": "int8"}):
         other = _Told({"mkldnn": "off", **told})
         assert not adapted.sample(other).is_set("int8_fallback") and "int8_fallback" not in other.inner.asked

@@ -1,5 +1,6 @@
-"""int8_fallback: which of PT2E's quantized layers (Conv/Linear modules) stay in fp32, chosen as
-NNCF's accuracy control and Intel Neural Compressor's fallback choose them: measured, not assumed.
+"""int8_fallback: which quantized layers stay in fp32 (PT2E's Conv/Linear modules; OpenVINO's
+Convolution/MatMul nodes, which NNCF's IgnoredScope leaves out: `backends.openvino`), chosen as NNCF's
+accuracy control and Intel Neural Compressor's fallback choose them: measured, not assumed.
 
 Each candidate layer is ranked by how close the model's output comes to eager fp32's when that
 layer alone is left in fp32 (the x86 quantizer's `set_module_name_qconfig(name, None)`): the layer
@@ -112,18 +113,18 @@ def divergence(reference: Outputs, output: Outputs) -> float:
     return total / max(items, 1)
 
 
-def rank(model: Any, captured: Any, calibration: Sequence[Any], reference: Outputs,
-         without: Callable[[tuple[str, ...]], Any], reduce_range: bool) -> Ranking:
-    """Every layer ranked (the module's doc): `reference` is eager fp32's outputs on the calibration
-    batches, `without(names)` the model quantized with `names` in fp32."""
+def rank(names: Sequence[str], calibration: Sequence[Any], reference: Outputs,
+         without: Callable[[tuple[str, ...]], Any], proxy: Callable[[], dict[str, float]]) -> Ranking:
+    """Every layer of `names` ranked (the module's doc): `reference` is eager fp32's outputs on the
+    calibration batches, `without(names)` the model quantized with `names` in fp32 (called like the
+    module), `proxy()` each layer's own error, asked for only where there are more than `REVERTED`."""
     start = time.perf_counter()
-    names = layers(captured)
-    proxy = proxy_errors(model, calibration, names, reduce_range) if len(names) > REVERTED else {}
-    by_proxy = sorted(names, key=lambda name: -proxy.get(name, math.inf))  # a layer it cannot judge goes first
+    errors = proxy() if len(names) > REVERTED else {}
+    by_proxy = sorted(names, key=lambda name: -errors.get(name, math.inf))  # a layer it cannot judge goes first
     full = divergence(reference, outputs(without(()), calibration))
     reverted = {name: divergence(reference, outputs(without((name,)), calibration)) for name in by_proxy[:REVERTED]}
     order = sorted(reverted, key=reverted.__getitem__) + [name for name in by_proxy if name not in reverted]
-    return Ranking(tuple(order), full, reverted, time.perf_counter() - start, proxy)
+    return Ranking(tuple(order), full, reverted, time.perf_counter() - start, errors)
 
 
 def proxy_errors(model: Any, calibration: Sequence[Any], names: Sequence[str], reduce_range: bool) -> dict[str, float]:

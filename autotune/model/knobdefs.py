@@ -107,6 +107,17 @@ class Knob:
         raise KnobValueError(f"{self.name}={raw} is not allowed; use {self.allowed()}")
 
 
+# int8_fallback: one knob, one meaning in every runtime whose int8 can leave layers in fp32 (PT2E's
+# for inductor, NNCF's for openvino): each such backend declares it among its own knobs (`Backend.own`),
+# and the knob table merges their conditions into one knob (`knobs._knob_table`).
+INT8_FALLBACK = Knob(
+    "int8_fallback", "int", "precision=int8: the N quantized layers (Conv/Linear modules; OpenVINO's "
+    "Convolution/MatMul nodes) whose int8 moves the output furthest from eager fp32's kept in fp32, as NNCF's "
+    "accuracy control and Intel Neural Compressor's fallback do; ranked once per model and calibration by "
+    "quantizing without each, on the calibration batches (docs/int8.md); 0 = every layer int8", low=0, high=4096,
+    default=0, only_when=(("precision", ("int8",)),))
+
+
 Precision = Literal["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only", "int4_weight_only"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only", "int4_weight_only")
 # torchao's quantize_ on the model's nn.Linear layers, no calibration (`linear_int8`).

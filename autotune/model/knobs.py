@@ -71,7 +71,7 @@ def _knob_table(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> d
              "int8_weight_only/int4_weight_only = weights in 8 or 4 bits (ATen's CPU int8 and int4 kernels, bf16 "
              "activations; llama.cpp's Q8_0/Q4_0; NNCF's for OpenVINO GenAI)",
              choices=PRECISIONS, default="fp32", only_when=dense, model=True),
-        *(knob for backend in rest for knob in backend.knobs),
+        *_shared(knob for backend in rest for knob in backend.knobs),
         Knob("kv_cache", "choice", "--task generate: the KV cache; dynamic = transformers' default, grown token by "
              "token; static = allocated once for the prompt and the new tokens (backend=inductor always uses it: its "
              "compiled decode step takes fixed shapes)", choices=("dynamic", "static"), default="dynamic",
@@ -106,6 +106,22 @@ def _knob_table(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> d
              low=0, high=64, default=0),
     ]
     return {k.name: k for k in knobs}
+
+
+def _shared(declared: Iterable[Knob]) -> tuple[Knob, ...]:
+    """The backends' own knobs, one per name: a knob that several backends declare (`int8_fallback`,
+    PT2E's and NNCF's alike) is one knob applying with any of them, where its first declaration stands."""
+    merged: dict[str, Knob] = {}
+    for knob in declared:
+        first = merged.get(knob.name)
+        if first is None:
+            merged[knob.name] = knob
+            continue
+        (_, theirs), *rest = first.only_when
+        (_, mine), *my_rest = knob.only_when
+        assert rest == my_rest, f"{knob.name}: backends declare it with other conditions"
+        merged[knob.name] = replace(first, only_when=(("backend", (*theirs, *mine)), *rest))
+    return tuple(merged.values())
 
 
 def _value_conditions(registry: tuple[backends.Backend, ...] = backends.REGISTRY) -> dict[tuple[str, str], Condition]:

@@ -77,7 +77,7 @@ def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup
     if keep_fp32:
         ranking = fallback.ranked(None if folder is None else fallback.ranking_path(folder, described or {}),
                                   described or {},
-                                  lambda: fallback.rank(model, captured, calibration, reference, without, reduce_range),
+                                  lambda: _ranking(model, captured, calibration, reference, without, reduce_range),
                                   setup)
         kept = ranking.order[:keep_fp32]
         setup.update(int8_kept_fp32=list(kept), int8_divergence_full=ranking.divergence_full)
@@ -88,6 +88,14 @@ def quantized_export(model: Any, example: Any, calibration: Sequence[Any], setup
     with torch.no_grad():
         return _step("export", lambda: torch.export.export(converted, args, kwargs, strict=True,
                                                            dynamic_shapes=shapes))
+
+
+def _ranking(model: Any, captured: Any, calibration: Sequence[Any], reference: fallback.Outputs,
+             without: Any, reduce_range: bool) -> fallback.Ranking:
+    """PT2E's layers (the captured graph's Conv/Linear modules) ranked, the proxy rounding as the x86 quantizer does."""
+    names = fallback.layers(captured)
+    return fallback.rank(names, calibration, reference, without,
+                         lambda: fallback.proxy_errors(model, calibration, names, reduce_range))
 
 
 def load_graph(path: Path) -> Any:

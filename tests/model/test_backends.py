@@ -26,8 +26,11 @@ NAMES = [b.name for b in REGISTRY]
 def test_the_knob_table_is_derived_from_the_backend(name: str) -> None:
     backend = backends.get(name)
     assert name in knobs.KNOBS["backend"].choices and backend.summary in knobs.KNOBS["backend"].help
-    for knob in backend.knobs:  # its own knobs: in the table, sampled with it alone, and model knobs
-        assert knobs.KNOBS[knob.name] == knob and knob.only_when[0] == ("backend", (name,)) and knob.model
+    for knob in backend.knobs:  # its own knobs: in the table, sampled with it (and the others declaring it alike)
+        assert knob.only_when[0] == ("backend", (name,)) and knob.model
+        (_, sharing), *rest = knobs.KNOBS[knob.name].only_when
+        assert name in sharing and tuple(rest) == knob.only_when[1:]
+        assert sharing == tuple(b.name for b in REGISTRY if any(k.name == knob.name for k in b.knobs))
     for precision in PRECISIONS[1:]:
         takes = name in dict(knobs.VALUE_CONDITIONS[("precision", precision)])["backend"]
         assert takes == (precision in backend.precisions or precision in backend.generates), precision

@@ -38,7 +38,11 @@ class Converter(Backend):
     def saved_knobs(self, knobs: ModelKnobs) -> dict[str, Any]:
         """The runtime's settings apply when it loads the file, so one file serves them all (bf16 too:
         a runtime's inference precision loads the fp32 file)."""
-        return {"backend": self.name, "precision": "fp32" if knobs.precision == "bf16" else knobs.precision}
+        precision = "fp32" if knobs.precision == "bf16" else knobs.precision
+        saved: dict[str, Any] = {"backend": self.name, "precision": precision}
+        if knobs.int8_fallback:  # each count of layers kept its own file; 0 keys as before the knob existed
+            saved["int8_fallback"] = knobs.int8_fallback
+        return saved
 
     def described(self, knobs: ModelKnobs) -> dict[str, Any]:
         return {"runtime": self.version()}
@@ -52,14 +56,15 @@ class Converter(Backend):
 
         def write(tmp: Path) -> None:
             with quiet_stdout():
-                self.save(model, example, knobs, tmp, path, batches)
+                self.save(model, example, knobs, tmp, path, batches, setup, described)
 
         save_artifact(path, write, described)
         return None
 
     def save(self, model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path: Path,
-             calibration: Sequence[Any]) -> None:
-        """Write the converted model to `tmp`, which becomes `path`."""
+             calibration: Sequence[Any], setup: dict[str, Any], described: dict[str, Any]) -> None:
+        """Write the converted model to `tmp`, which becomes `path`; what it records of itself goes
+        into `setup`, and what its description keeps into `described` (written after it)."""
         raise NotImplementedError
 
     def runner(self, path: Path, knobs: ModelKnobs, threads: int) -> Run:

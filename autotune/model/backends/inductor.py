@@ -25,7 +25,7 @@ from autotune.model.backends.base import Generation
 from autotune.model.backends.pytorch import TorchBackend
 from autotune.model.batches import autocast, explain, split
 from autotune.model.errors import ApplyError
-from autotune.model.knobdefs import GENERATION_PRECISIONS, PRECISIONS, Knob, KnobValue, Precision
+from autotune.model.knobdefs import GENERATION_PRECISIONS, INT8_FALLBACK, PRECISIONS, Knob, KnobValue, Precision
 
 if TYPE_CHECKING:
     from autotune.model.convert import Quantized
@@ -53,12 +53,7 @@ class Inductor(TorchBackend):
             "length, each request padded to the smallest bucket that holds it; dynamic = one AOTInductor model "
             "exported with a dynamic sequence dimension (torch.export), each request run at its own length up to "
             "the largest bucket", choices=SHAPES, default="buckets")),
-            self.own(Knob(
-                "int8_fallback", "int", "precision=int8: the N quantized layers (Conv/Linear modules) whose int8 "
-                "moves the output furthest from eager fp32's kept in fp32, NNCF's accuracy control and Intel Neural "
-                "Compressor's fallback for PT2E; ranked once per model and calibration by quantizing without each, on "
-                "the calibration batches (docs/int8.md); 0 = every layer int8", low=0, high=4096, default=0,
-                only_when=(("precision", ("int8",)),))))
+            self.own(INT8_FALLBACK))
 
     def artifact_kind(self) -> str:
         return self.name

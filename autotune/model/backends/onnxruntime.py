@@ -59,7 +59,7 @@ class OnnxRuntime(Converter):
         return (("ONNX Runtime defaults", {"backend": self.name}),)
 
     def save(self, model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path: Path,
-             calibration: Sequence[Any]) -> None:
+             calibration: Sequence[Any], setup: dict[str, Any], described: dict[str, Any]) -> None:
         import torch
 
         args, kwargs = split(example)

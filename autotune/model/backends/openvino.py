@@ -3,6 +3,10 @@ fixed, saved as IR (an .xml beside its .bin, weights kept in fp32), compiled for
 the knobs' hint, streams, pinning, the process's thread count and the inference precision (bf16
 where precision=bf16). precision=int8: NNCF post-training quantization on the calibration batches,
 with its overflow fix (7-bit weights) where this CPU's int8 sums saturate (measured: `saturation.remedy`).
+With int8_fallback=N, the N quantized Convolution/MatMul nodes that move the output most are left out
+of the quantization (NNCF's `IgnoredScope`), ranked once per model and calibration as PT2E's layers
+are (`autotune.model.fallback`): NNCF quantizes without each candidate alone, and the closer to eager
+fp32 on the calibration batches, the more sensitive the node.
 
 The probe runs its operations as OpenVINO models (int8 with FakeQuantize, the form NNCF writes) and
 reads back which precision the CPU plugin really ran them in.
@@ -15,17 +19,18 @@ never runs under jemalloc or tcmalloc.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.model import saturation
+from autotune.model import fallback, saturation
 from autotune.model.backends.base import Generation, Packages, Ready
 from autotune.model.backends.converted import CONVERT_FAILED, Converter, Run, failed_at, flat, flat_numpy
 from autotune.model.batches import explain, split
 from autotune.model.errors import ApplyError
 from autotune.model.kernels import CONV, Kernel, inputs, quantized
-from autotune.model.knobdefs import Knob, KnobValue, Precision
+from autotune.model.knobdefs import INT8_FALLBACK, Knob, KnobValue, Precision
 
 if TYPE_CHECKING:
     from autotune.model.knobs import ModelKnobs
@@ -58,6 +63,7 @@ class OpenVINO(Converter):
                           low=0, high=4096, default=0, places=True, core_bound=True, shrinks_with="omp_threads")),
             self.own(Knob("ov_pinning", "bool", "OpenVINO pins its threads to CPUs (ENABLE_CPU_PINNING)",
                           default=True, places=True)),
+            self.own(INT8_FALLBACK),
         )
 
     def files(self, path: Path) -> tuple[Path, ...]:
@@ -77,7 +83,7 @@ class OpenVINO(Converter):
                 ("OpenVINO GenAI int8", {"backend": self.name, "precision": "int8_weight_only", "omp_threads": cores}))
 
     def save(self, model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path: Path,
-             calibration: Sequence[Any]) -> None:
+             calibration: Sequence[Any], setup: dict[str, Any], described: dict[str, Any]) -> None:
         """The IR's weights go straight to their final place first, so that no process finds an .xml
         without its .bin."""
         import openvino as ov
@@ -93,7 +99,7 @@ class OpenVINO(Converter):
             raise ApplyError(f"backend=openvino: openvino.convert_model {CONVERT_FAILED} at "
                              f"{failed_at(exc)} ({explain(exc)}); use another backend for it") from exc
         if knobs.precision == "int8":
-            converted = _nncf_quantized(model, converted, calibration)
+            converted = _int8(model, converted, calibration, knobs.int8_fallback, path.parent, described, setup)
         bin_tmp = weights_file(tmp)
         try:
             ov.save_model(converted, str(tmp), compress_to_fp16=False)
@@ -162,7 +168,80 @@ def _converted(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             raise traced from None
 
 
-def _nncf_quantized(model: Any, converted: Any, calibration: Sequence[Any]) -> Any:
+def _int8(model: Any, converted: Any, calibration: Sequence[Any], keep: int, folder: Path,
+          described: dict[str, Any], setup: dict[str, Any]) -> Any:
+    """NNCF's int8 of `converted`; with `keep` (int8_fallback), the `keep` most sensitive nodes left in
+    fp32, ranked once and kept in `folder` beside the artifact `described`, which records them."""
+    import time
+
+    start = time.perf_counter()
+    if not keep:
+        quantized = _nncf_quantized(model, converted, calibration)
+    else:
+        reference = fallback.outputs(model, calibration)
+        ranking = fallback.ranked(fallback.ranking_path(folder, described), described,
+                                  lambda: _ranking(model, converted, calibration, reference), setup)
+        kept = ranking.order[:keep]
+        quantized = _nncf_quantized(model, converted, calibration, kept)
+        setup.update(int8_kept_fp32=list(kept), int8_divergence_full=ranking.divergence_full,
+                     int8_divergence=fallback.divergence(reference, fallback.outputs(Compiled(quantized), calibration)))
+        described["int8_fallback"] = fallback.recorded(setup)
+    setup["quantize_s"] = time.perf_counter() - start
+    return quantized
+
+
+LAYER_TYPES = ("Convolution", "GroupConvolution", "MatMul")  # the nodes whose int8 int8_fallback may revert
+MODULE = re.compile(r"__module\.([^/]+)/")  # the module a node of a traced conversion came from
+
+
+def _ranking(model: Any, converted: Any, calibration: Sequence[Any], reference: fallback.Outputs) -> fallback.Ranking:
+    """The nodes NNCF quantized, ranked (`fallback.rank`): each quantized again without it alone. A
+    larger model's candidates are chosen by PyTorch's proxy on the module each node came from."""
+    full = _nncf_quantized(model, converted, calibration)
+    names = quantized_layers(converted, full)
+
+    def without(kept: tuple[str, ...]) -> Compiled:
+        return Compiled(_nncf_quantized(model, converted, calibration, kept) if kept else full)
+
+    def proxy() -> dict[str, float]:
+        modules = {name: found.group(1) for name in names if (found := MODULE.search(name))}
+        errors = fallback.proxy_errors(model, calibration, sorted(set(modules.values())), reduce_range=False)
+        return {name: errors[module] for name, module in modules.items() if module in errors}
+
+    return fallback.rank(names, calibration, reference, without, proxy)
+
+
+def quantized_layers(converted: Any, quantized: Any) -> tuple[str, ...]:
+    """The Convolution/MatMul nodes NNCF quantized, in graph order: those whose inputs now come from
+    another kind of node (a FakeQuantize, int8 weights scaled back) than in the fp32 model."""
+
+    def sources(model: Any) -> dict[str, tuple[str, ...]]:
+        return {op.get_friendly_name(): tuple(op.input_value(i).get_node().get_type_name()
+                                              for i in range(op.get_input_size()))
+                for op in model.get_ordered_ops() if op.get_type_name() in LAYER_TYPES}
+
+    before = sources(converted)
+    return tuple(name for name, inputs in sources(quantized).items() if name in before and inputs != before[name])
+
+
+class Compiled:
+    """An OpenVINO model compiled for the CPU in fp32, called like the module (torch tensors in, its
+    output tensors out, flat): what the ranking measures."""
+
+    def __init__(self, model: Any) -> None:
+        import openvino as ov
+
+        self.request = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
+        import torch
+
+        arrays = flat_numpy(kwargs if kwargs and not args else args[0] if len(args) == 1 else args)
+        return [torch.from_numpy(array.copy()) for array in self.request.infer(arrays).to_tuple()]
+
+
+def _nncf_quantized(model: Any, converted: Any, calibration: Sequence[Any], ignored: Sequence[str] = ()) -> Any:
+    """NNCF's post-training quantization, the nodes `ignored` left in fp32."""
     import logging
 
     import nncf
@@ -173,6 +252,7 @@ def _nncf_quantized(model: Any, converted: Any, calibration: Sequence[Any]) -> A
     try:
         return nncf.quantize(converted, nncf.Dataset(batches), subset_size=len(batches),
                              model_type=nncf.ModelType.TRANSFORMER if transformer else None,
+                             ignored_scope=nncf.IgnoredScope(names=list(ignored)) if ignored else None,
                              advanced_parameters=_overflow_fix())
     except Exception as exc:
         raise ApplyError(f"precision=int8: NNCF could not quantize the OpenVINO model ({explain(exc)}); use "
