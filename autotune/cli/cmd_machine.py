@@ -163,7 +163,8 @@ def models_command() -> None:
 @options.cache_dir_option
 @click.option("--prune", is_flag=True,
               help="Remove what this torch or CPU can no longer use (and, with --older-than, what nobody used).")
-@options.duration_option("--older-than", "With --prune: also remove entries not used for this long (30d, 12h).")
+@options.duration_option("--older-than", "With --prune: also remove entries not used for this long (30d, 12h; "
+                         "0d: everything).", zero=True)
 @click.option("--include-exported", is_flag=True,
               help="With --prune: remove entries that an exported env file in this folder points to, too.")
 @click.option("--dry-run", is_flag=True, help="With --prune: show what would be removed, remove nothing.")

@@ -152,23 +152,24 @@ def check_tolerance(ctx: click.Context, param: click.Parameter, value: float | N
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_duration(text: str, flag: str) -> float:
-    """Seconds from `90s`, `20m`, `1.5h` or `7d`. A bare number is refused: `--time-budget 15`
-    read as seconds stopped a search a user meant to last 15 minutes."""
+def parse_duration(text: str, flag: str, zero: bool = False) -> float:
+    """Seconds from `90s`, `20m`, `1.5h` or `7d` (and `0d` where `zero`: `cache --older-than 0d`,
+    everything). A bare number is refused: `--time-budget 15` read as seconds stopped a search a
+    user meant to last 15 minutes."""
     number, unit = text[:-1], text[-1:].lower()
     try:
         seconds = float(number) * DURATION_UNITS[unit]
     except (ValueError, KeyError):
         seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise AutotuneError(f"{flag} {text!r} is not a duration; give a positive number with s, m, h or d, "
-                            f"like 20m or 7d")
+    if not (seconds >= 0 if zero else seconds > 0) or seconds == float("inf"):
+        what = "a number" if zero else "a positive number"
+        raise AutotuneError(f"{flag} {text!r} is not a duration; give {what} with s, m, h or d, like 20m or 7d")
     return seconds
 
 
-def duration_option(name: str, help_text: str) -> Decorator:
+def duration_option(name: str, help_text: str, zero: bool = False) -> Decorator:
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-        return None if value is None else parse_duration(value, name)
+        return None if value is None else parse_duration(value, name, zero)
 
     return click.option(name, callback=check, help=help_text)
 

@@ -193,6 +193,14 @@ def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text, "--older-than") == seconds
 
 
+def test_older_than_takes_zero_for_everything_and_a_time_budget_does_not() -> None:
+    assert parse_duration("0d", "--older-than", zero=True) == 0.0
+    with pytest.raises(AutotuneError, match="'-1d' is not a duration; give a number with s, m, h or d"):
+        parse_duration("-1d", "--older-than", zero=True)
+    with pytest.raises(AutotuneError, match="give a positive number"):
+        parse_duration("0m", "--time-budget")
+
+
 @pytest.mark.parametrize("text", ["", "m", "0", "90", "-1h", "3x", "inf", "nan", "infh"])
 def test_bad_durations_say_what_to_give(text: str) -> None:
     with pytest.raises(AutotuneError, match=f"--older-than {text!r} is not a duration; give a positive number"):
@@ -337,6 +345,7 @@ def test_what_text_generation_converts_is_listed_sized_keyed_and_pruned(
     folder = tmp_path / "cache" / "artifacts"
     knobs = ModelKnobs(backend=backend, precision="int8_weight_only")  # type: ignore[arg-type]
     generate.generator(hf.load_causal("hf:qwen2@tiny"), knobs, {}, cache=folder, threads=2)
+    capsys.readouterr()  # what the conversion printed (NNCF's progress) is not the command's
     code, out, _ = run_cli(capsys, "cache", "--cache-dir", str(tmp_path / "cache"), "--json")
     assert code == 0
     entries = json.loads(out)["entries"]

@@ -22,7 +22,8 @@ def test_the_contract_suite_runs_a_runtime_added_by_one_module_and_one_registry_
     pytest.importorskip("transformers")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", SUITE, "-p", "tests.support.toy_generator", "-k", "toy", "-q",
-         "-p", "no:cacheprovider", "-o", "addopts=--strict-markers -rs"],
+         "-p", "no:cacheprovider", "-o", "addopts=--strict-markers -rs",
+         "-W", "ignore::pytest.PytestAssertRewriteWarning"],  # the plugin imports tests.support before rewriting
         cwd=ROOT, env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     collected = subprocess.run([sys.executable, "-m", "pytest", SUITE, "--collect-only", "-q", "-p",

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.model.artifacts import description
+from autotune.model.artifacts import description, installed_torch_version
 from autotune.model.errors import ApplyError
 from autotune.model.generate import converted
 from autotune.model.generate.base import Build
@@ -94,7 +94,8 @@ def ir_folder(folder: Path, weights: str, cache: Path, setup: dict[str, Any]) ->
     found = versions()
     key = {"knobs": {"backend": NAME, "precision": WEIGHTS_PRECISION[weights]}, "ir_weights": weights,
            "model": converted.model_type(folder), "weights": converted.source_key(folder), "route": ROUTE,
-           "ir_format": IR_FORMAT, "runtime": found[DISTRIBUTIONS[0]], "torch": found["torch"], "versions": found}
+           "ir_format": IR_FORMAT, "runtime": found[DISTRIBUTIONS[0]], "torch": installed_torch_version(),
+           "versions": found}
 
     def make(out: Path, described: dict[str, Any]) -> None:
         out.mkdir()
