@@ -24,7 +24,7 @@ from lib import common
 from lib.judged import bench, interval, number, recorded
 
 BATCH = 16  # the digits' batch: ms per batch
-LIMIT = 1.0  # accuracy points: the --max-quality-drop that plain int8 breaks on DigitsMobile (measured)
+LIMIT = 0.5  # accuracy points: the --max-quality-drop asked of DigitsMobile (its plain int8 dropped 0.7 in a trial run)
 FALLBACK_SPACE = "int8_fallback"  # the search's space file: this one knob of search_spaces/default.yaml
 SEARCH_SEED = 67
 INT8 = ("--set", "backend=inductor", "--set", "precision=int8")
