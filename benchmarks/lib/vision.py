@@ -95,8 +95,9 @@ def write_image_folder(folder: Path, x: Any, y: Any) -> int:
     return len(y)
 
 
-def measure(out: Path, model: str, *argv: str) -> dict[str, Any]:
-    return bench(out, model, "--model", f"digits_model:{model}", "--input-shape", "1x8x8", "--batch-size", str(BATCH),
+def measure(out: Path, name: str, model: str, *argv: str) -> dict[str, Any]:
+    """One `autotune bench` of a digits net, its output in OUT/NAME.log."""
+    return bench(out, name, "--model", f"digits_model:{model}", "--input-shape", "1x8x8", "--batch-size", str(BATCH),
                  *argv, "--duration", "1")
 
 
@@ -108,7 +109,7 @@ def cnn_runs(out: Path, openvino: bool) -> list[dict[str, Any]]:
     runs = []
     for data, backend, precision in rows:
         where = "digits_eval.pt" if data == "tensors" else "digits_images"
-        run = measure(out, "digits_cnn", "--eval-data", where, "--set", f"backend={backend}",
+        run = measure(out, f"digits-{data}-{backend}-{precision}", "digits_cnn", "--eval-data", where, "--set", f"backend={backend}",
                       "--set", f"precision={precision}")
         runs.append({"eval_data": data, "backend": backend, "precision": precision, **run})
     return runs
@@ -130,7 +131,8 @@ def mobile_runs(out: Path) -> list[dict[str, Any]]:
     rows += [(f"inductor int8, int8_fallback={k}", (*INT8, "--set", f"int8_fallback={k}")) for k in fallback_counts()]
     runs = []
     for label, sets in rows:
-        run = measure(out, "digits_mobile", "--eval-data", "digits_eval.pt", *sets)
+        name = "mobile-" + label.replace(", ", "-").replace(" ", "-").replace("=", "")
+        run = measure(out, name, "digits_mobile", "--eval-data", "digits_eval.pt", *sets)
         runs.append({"label": label, **run})
     return runs
 
