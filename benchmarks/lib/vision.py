@@ -109,8 +109,8 @@ def cnn_runs(out: Path, openvino: bool) -> list[dict[str, Any]]:
     runs = []
     for data, backend, precision in rows:
         where = "digits_eval.pt" if data == "tensors" else "digits_images"
-        run = measure(out, f"digits-{data}-{backend}-{precision}", "digits_cnn", "--eval-data", where, "--set", f"backend={backend}",
-                      "--set", f"precision={precision}")
+        run = measure(out, f"digits-{data}-{backend}-{precision}", "digits_cnn", "--eval-data", where,
+                      "--set", f"backend={backend}", "--set", f"precision={precision}")
         runs.append({"eval_data": data, "backend": backend, "precision": precision, **run})
     return runs
 
