@@ -144,7 +144,7 @@ def fallback_search(out: Path, trials: int) -> dict[str, Any]:
     for name in ("digits_model.py", "digits_mobile.pt", "digits_eval.pt"):
         (folder / name).unlink(missing_ok=True)
         (folder / name).symlink_to(out / name)
-    # backend and precision in the space too: a space's check of its conditions does not see `--set`'s pins
+    # backend and precision written in the space as well as pinned (`--set`), as this run recorded them
     (folder / "fallback.yaml").write_text(f"description: int8_fallback alone (benchmarks/quality.py)\nknobs:\n"
                                           f"  backend: [inductor]\n  precision: [int8]\n"
                                           f"  {FALLBACK_SPACE}: {list(fallback_counts())}\n")
