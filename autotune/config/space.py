@@ -267,8 +267,10 @@ def find(spec: str) -> Path:
     raise SpaceError(f"no search space {spec!r}; give a .yaml path or one of: {', '.join(names)}")
 
 
-def load(path: Path) -> SearchSpace:
-    """Read and validate a space file; every problem names the file and the key."""
+def load(path: Path, pins: Config | None = None) -> SearchSpace:
+    """Read and validate a space file; every problem names the file and the key. `pins` (`--set`):
+    a pinned knob is the value its dependants' conditions see (a space of int8_fallback alone, with
+    backend=inductor precision=int8 pinned, is one that samples)."""
     where = str(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -290,7 +292,7 @@ def load(path: Path) -> SearchSpace:
         raise SpaceError(f"{where}: unknown top-level key {sorted(extra)[0]!r}; allowed: knobs, description")
     ranges = tuple(_knob_range(where, str(name), spec) for name, spec in raw["knobs"].items())
     space = SearchSpace(source=where, knobs=ranges)
-    _check_conditions(where, space)
+    _check_conditions(where, space, pins or Config())
     return space
 
 
@@ -381,11 +383,13 @@ def _when(where: str, name: str, raw: object, definition: Knob) -> tuple[tuple[s
     return tuple(conditions.items())
 
 
-def _check_conditions(where: str, space: SearchSpace) -> None:
+def _check_conditions(where: str, space: SearchSpace, pins: Config) -> None:
+    pinned = pins.as_dict()
     for rng in space.knobs:
         for other, allowed in rng.when:
             parent = space.get(other)
-            possible = ({value_text(c) for c in parent.choices} if parent and parent.choices else
+            possible = ({value_text(pinned[other])} if other in pinned else
+                        {value_text(c) for c in parent.choices} if parent and parent.choices else
                         {value_text(KNOBS[other].default)} if parent is None else set(allowed))
             if not possible & set(allowed):
                 raise SpaceError(f"{where}: knobs.{rng.name}: can never be sampled: it needs "

@@ -165,7 +165,7 @@ def validate(request: SearchRequest, machine: Machine,
     requests.check_batch_fits(request.batch_sizes or (request.batch_size,), model.item_shape)
     available = {name: path is not None for name, path in machine.libs.paths.items()}
     available |= space_fit.runtimes_installed(model.generates)
-    adapted = space_fit.adapt(space.load(request.space), len(machine.topology.usable_cores), available)
+    adapted = space_fit.adapt(space.load(request.space, request.pins), len(machine.topology.usable_cores), available)
     task = space_fit.task_refusals(model.generates)
     probed = capabilities.refusals(probe, model.probe_op) if probe is not None else {}
     adapted = space_fit.for_task(space_fit.for_probe(adapted, probed, task), model.generates, request.pins)

@@ -24,9 +24,17 @@ LEVELS = 16.0  # the digits' grey levels run 0..16
 CLASSES = 10
 HELD_OUT = 720  # images kept out of training: autotune's calibration, search and confirmation parts
 SEED = 0
+MOBILE_STEM = 8  # DigitsMobile's first convolution's channels
+MOBILE_BLOCKS = (16, 32)  # its depthwise-separable blocks' channels, each block then max-pooled 2x2
+MOBILE_BOTTLENECK = 3  # the linear bottleneck's width: the features squeezed to 3 numbers
+MOBILE_EPOCHS = 15
+MOBILE_INPUT_SCALE = LEVELS  # it takes the raw grey levels (0..16), unnormalized: the [0, 1] input times 16
 
 
 class DigitsCNN(torch.nn.Module):
+    """Three 3x3 convolutions (16, 32, 64 channels, ReLU, 2x2 max pooling) and a Linear: int8 moves
+    none of its answers on the held-out digits."""
+
     def __init__(self) -> None:
         super().__init__()
         layers: list[torch.nn.Module] = [torch.nn.Upsample(scale_factor=4, mode="bilinear")]
@@ -37,6 +45,32 @@ class DigitsCNN(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.classifier(torch.flatten(self.features(x), 1))
+        return logits
+
+
+class DigitsMobile(torch.nn.Module):
+    """MobileNet's depthwise-separable blocks (a 3x3 convolution per channel, then a 1x1 across them),
+    narrow and without batch norm, on the raw grey levels (0..16, unnormalized), its features squeezed
+    through a linear bottleneck of 3 numbers before the classifier. Of the variants tried (with and
+    without the bottleneck, the raw levels or [0, 1], 4-8 stem channels), this one's int8 moved the
+    most answers: a few of 288, a drop of under a point (benchmarks/vision_fallback_table.md)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[torch.nn.Module] = [torch.nn.Conv2d(1, MOBILE_STEM, 3, padding=1), torch.nn.ReLU()]
+        channels = MOBILE_STEM
+        for width in MOBILE_BLOCKS:
+            layers += [torch.nn.Conv2d(channels, channels, 3, padding=1, groups=channels), torch.nn.ReLU(),
+                       torch.nn.Conv2d(channels, width, 1), torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
+            channels = width
+        self.features = torch.nn.Sequential(*layers)
+        side = 8 // 2 ** len(MOBILE_BLOCKS)  # the 8x8 image as it is, each block halving it
+        self.bottleneck = torch.nn.Linear(channels * side * side, MOBILE_BOTTLENECK)
+        self.classifier = torch.nn.Linear(MOBILE_BOTTLENECK, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = torch.flatten(self.features(x * MOBILE_INPUT_SCALE), 1)
+        logits: torch.Tensor = self.classifier(self.bottleneck(features))
         return logits
 
 
@@ -61,10 +95,11 @@ def digits(held_out: int = HELD_OUT, seed: int = SEED) -> Digits:
     return Digits(images[train], labels[train], images[held], labels[held])
 
 
-def train(data: Digits, epochs: int = 30, seed: int = SEED) -> tuple[DigitsCNN, float]:
-    """The CNN trained on the training part (Adam, batches of 64); the seconds it took."""
+def train(data: Digits, epochs: int = 30, seed: int = SEED, make: type[torch.nn.Module] = DigitsCNN) \
+        -> tuple[torch.nn.Module, float]:
+    """A `make` trained on the training part (Adam, batches of 64); the seconds it took."""
     torch.manual_seed(seed)
-    model = DigitsCNN()
+    model = make()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     start = time.perf_counter()
     model.train()
@@ -85,9 +120,9 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model(x).argmax(1) == y).double().mean()) * 100
 
 
-def load(weights: Path) -> DigitsCNN:
-    """The trained CNN from its saved state dict, in eval mode."""
-    model = DigitsCNN()
+def load(weights: Path, make: type[torch.nn.Module] = DigitsCNN) -> torch.nn.Module:
+    """A trained `make` from its saved state dict, in eval mode."""
+    model = make()
     model.load_state_dict(torch.load(weights, weights_only=True))
     return model.eval()
 

@@ -8,6 +8,7 @@ import optuna
 import pytest
 
 from autotune.config import space, space_fit
+from autotune.config.knobs import Config
 from autotune.config.space import SpaceError
 from autotune.host import capabilities
 from tests.conftest import ROOT
@@ -177,3 +178,15 @@ def test_every_optuna_sample_is_a_valid_configuration() -> None:
         config = adapted.sample(trial)  # Config.from_mapping validates conditions
         assert int(config.get("omp_threads") or 1) * int(config.get("instances") or 1) <= 4
         study.tell(trial, 1.0)
+
+
+def test_a_pinned_knob_is_what_its_dependants_conditions_see(tmp_path: Path) -> None:
+    """int8_fallback alone, with backend=inductor precision=int8 pinned by `--set`, samples; without
+    the pins it never could (benchmarks/quality.py's digits search is such a space)."""
+    path = write(tmp_path, "knobs:\n  int8_fallback: [0, 1, 2, 4, 8]\n")
+    with pytest.raises(SpaceError, match="knobs.int8_fallback: can never be sampled: it needs backend=inductor"):
+        space.load(path)
+    pinned = space.load(path, Config.from_assignments(["backend=inductor", "precision=int8"]))
+    assert pinned.names() == ("int8_fallback",)
+    with pytest.raises(SpaceError, match="it needs precision=int8"):
+        space.load(path, Config.from_assignments(["backend=inductor"]))
