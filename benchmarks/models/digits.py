@@ -53,7 +53,7 @@ class DigitsMobile(torch.nn.Module):
     narrow and without batch norm, on the raw grey levels (0..16, unnormalized), its features squeezed
     through a linear bottleneck of 3 numbers before the classifier. Of the variants tried (with and
     without the bottleneck, the raw levels or [0, 1], 4-8 stem channels), this one's int8 moved the
-    most answers: a few of 288, a drop of under a point (benchmarks/vision_fallback_table.md)."""
+    most answers: a few of 288, a drop of under a point (benchmarks/RESULTS.md, "int8_fallback on a trained net")."""
 
     def __init__(self) -> None:
         super().__init__()
