@@ -269,8 +269,9 @@ def find(spec: str) -> Path:
 
 def load(path: Path, pins: Config | None = None) -> SearchSpace:
     """Read and validate a space file; every problem names the file and the key. `pins` (`--set`):
-    a pinned knob is the value its dependants' conditions see (a space of int8_fallback alone, with
-    backend=inductor precision=int8 pinned, is one that samples)."""
+    a pinned knob's value is one more its dependants' conditions may see (a space of int8_fallback
+    alone, with backend=inductor precision=int8 pinned, is one that samples); a pin never makes a
+    knob the file offers unsamplable (mkldnn under --set backend=openvino simply does not apply)."""
     where = str(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -388,9 +389,9 @@ def _check_conditions(where: str, space: SearchSpace, pins: Config) -> None:
     for rng in space.knobs:
         for other, allowed in rng.when:
             parent = space.get(other)
-            possible = ({value_text(pinned[other])} if other in pinned else
-                        {value_text(c) for c in parent.choices} if parent and parent.choices else
+            possible = ({value_text(c) for c in parent.choices} if parent and parent.choices else
                         {value_text(KNOBS[other].default)} if parent is None else set(allowed))
+            possible |= {value_text(pinned[other])} if other in pinned else set()  # a pin adds, never narrows
             if not possible & set(allowed):
                 raise SpaceError(f"{where}: knobs.{rng.name}: can never be sampled: it needs "
                                  f"{other}={'/'.join(allowed)}, which the space never picks; add "

@@ -190,3 +190,9 @@ def test_a_pinned_knob_is_what_its_dependants_conditions_see(tmp_path: Path) -> 
     assert pinned.names() == ("int8_fallback",)
     with pytest.raises(SpaceError, match="it needs precision=int8"):
         space.load(path, Config.from_assignments(["backend=inductor"]))
+
+
+def test_a_pin_never_makes_a_knob_the_space_offers_unsamplable() -> None:
+    """`--set backend=openvino` on the default space: mkldnn (eager only) just does not apply."""
+    pinned = space.load(space.find("default"), Config.from_assignments(["backend=openvino"]))
+    assert "mkldnn" in pinned.names()
