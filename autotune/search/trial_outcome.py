@@ -67,7 +67,7 @@ def _measured_as(search: Search, trial: optuna.Trial, config: Config, batch: int
 
 
 def measure(search: Search, machine: Machine, trial: optuna.Trial, config: Config, batch: int,
-             runner: PlanRunner, *, sampled: bool) -> Outcome:
+            runner: PlanRunner, *, sampled: bool) -> Outcome:
     """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
     recorded by `_store`, so that a locked database cannot lose it. A `sampled` one (the search's
     own proposal: not the baseline, a recipe, or a trial enqueued through Optuna) whose new
@@ -93,7 +93,7 @@ def measure(search: Search, machine: Machine, trial: optuna.Trial, config: Confi
     pruner = pruning.PruneCheck(search.study, trial, request.objective)
     limit = _give_up(search, plan)
     measurement = measured_here(search, machine, plan, runner, after_each=_pruning(search, pruner),
-                                     give_up_above_ms=limit.above_ms if limit else ())
+                                give_up_above_ms=limit.above_ms if limit else ())
     if not measurement.ok:
         return Outcome(TrialState.FAIL, reason=measurement.reason, measurement=measurement, retry_of=retry_of)
     if measurement.stopped_early:
