@@ -39,8 +39,8 @@ STARVED = 0.5
 NOISY_RETRIES = 1
 NOISY_RETRY_WAIT = 5
 QUIET_HISTORY = 10
-# Before this host's floor is known, pooled IQR/median above this takes more replicates (at most
-# `max_extra`); once it is known, a window wider than the floor does.
+# Pooled IQR/median above this takes more replicates (at most `max_extra`), once this host's floor is
+# known only where the windows are wider than it too (replicates.wider).
 REMEASURE = 0.25
 
 # A trial's autotune judged dead (base/processes.py): the process now holding its pid started more

@@ -236,7 +236,7 @@ def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRu
             after_each: Callable[[int, RunResult, bool], bool] = lambda i, r, more: False,
             give_up_above_ms: Sequence[float] = (), floor: float | None = None) -> Measurement:
     """Run `plan` `policy.replicates` times, plus up to `max_extra` while the windows are wide
-    (`wider`: beyond this host's `floor`, or REMEASURE where no floor is known yet).
+    (`wider`: pooled spread above REMEASURE and, once known, beyond this host's `floor`).
     `after_each(index, run, more_planned)` may stop early (pruning) by returning True;
     it is told whether more replicates are planned, since stopping after the last saves nothing.
     Replicates in one process stop after the k-th window when its median latency is above the k-th
@@ -268,11 +268,10 @@ def measure_replicates(plan: LaunchPlan, policy: ReplicatePolicy, runner: PlanRu
 
 
 def wider(measurement: Measurement) -> bool:
-    """Whether a measurement's windows are wide enough to take another replicate: undisturbed and
-    beyond this host's floor, or, before a floor is known, pooled spread above REMEASURE. A disturbed
-    window takes none: more windows beside the same neighbour tell nothing more."""
-    if measurement.disturbed:
+    """Whether a measurement's windows are wide enough to take another replicate: undisturbed, the
+    pooled spread above REMEASURE, and (once this host's floor is known) the windows wider than the
+    floor too, so that a host whose windows always spread 30% pays no extra replicate for it. A
+    disturbed window takes none: more windows beside the same neighbour tell nothing more."""
+    if measurement.disturbed or measurement.spread <= REMEASURE:
         return False
-    if measurement.floor is None:
-        return measurement.spread > REMEASURE
-    return bool(measurement.wide_reason)
+    return measurement.floor is None or bool(measurement.wide_reason)
