@@ -3,7 +3,7 @@ statistics, noise detection and a bounded re-measure when the spread is too larg
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -179,11 +179,12 @@ class Measurement:
 
     def setup_seconds(self) -> dict[str, float]:
         """Seconds the measuring processes spent before their windows: building (loading, converting,
-        compiling) and warming up, the slowest instance of each process. A warm replicate is a part of
-        one process and carries that process's setup: counted once (the parts hold the same figures)."""
-        per_run = [max(((float(i.metrics.get("setup", {}).get("build_s", 0.0)),
-                         float(i.metrics.get("setup", {}).get("warmup_s", 0.0))) for i in r.instances),
-                       default=(0.0, 0.0)) for r in self.runs if r.ok]
+        quantizing, compiling, loading the artifact, the first forward: every `*_s` cost the child
+        records but the warm-up) and warming up, the slowest instance of each process. A warm
+        replicate is a part of one process and carries that process's setup: counted once (the
+        parts hold the same figures)."""
+        per_run = [max((_setup_costs(i.metrics.get("setup", {})) for i in r.instances), default=(0.0, 0.0))
+                   for r in self.runs if r.ok]
         distinct = list(dict.fromkeys(per_run))
         return {"build_s": round(sum(b for b, _ in distinct), 3), "warmup_s": round(sum(w for _, w in distinct), 3)}
 
@@ -200,6 +201,13 @@ class Measurement:
 def noisy_reason(run: RunResult, floor: float | None = None) -> str:
     """Why one run is not to be trusted as it is, or "": `Measurement.noisy_reason` of it alone."""
     return Measurement((run,), floor=floor).noisy_reason
+
+
+def _setup_costs(setup: Mapping[str, Any]) -> tuple[float, float]:
+    """(building, warming up) in seconds, from a child's setup record."""
+    costs = {k: float(v) for k, v in setup.items() if k.endswith("_s") and isinstance(v, (int, float))}
+    warmup = costs.pop("warmup_s", 0.0)
+    return sum(costs.values()), warmup
 
 
 def run_spread(run: RunResult) -> float:

@@ -91,7 +91,8 @@ def test_hypervisor_steal_flags_the_measurement_disturbed() -> None:
 
 def test_a_warm_processes_setup_counts_once_however_many_windows_it_is_cut_into() -> None:
     run = fake_result([20.0] * 30)
-    run.instances[0].metrics["setup"] = {"build_s": 12.5, "warmup_s": 1.5}  # type: ignore[index]
+    run.instances[0].metrics["setup"] = {"build_s": 2.5, "compile_s": 10.0, "warmup_s": 1.5,  # type: ignore[index]
+                                         "weight_bytes": 1000}
     measured = replicates.Measurement(run.parts(3))
     assert len(measured.runs) == 3
     assert measured.setup_seconds() == {"build_s": 12.5, "warmup_s": 1.5}
