@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.model import artifacts, buckets, envfile, hf, quantize
+from autotune.model.backends.base import Quantized
 from autotune.model.batches import call, inputs, leaves
-from autotune.model.convert import Quantized, guard, load_saved, prepare
+from autotune.model.convert import guard, load_saved, prepare
 from autotune.model.errors import ApplyError
 from autotune.model.knobdefs import value_text
 from autotune.model.knobs import KNOBS, MODEL_KNOBS, KnobValue, KnobValueError, ModelKnobs

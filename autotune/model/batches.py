@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model.errors import ApplyError
-
-if TYPE_CHECKING:
-    from autotune.model.knobs import ModelKnobs, Precision
+from autotune.model.knobdefs import ModelSettings, Precision
 
 
 def call(model: Any, batch: Any) -> Any:
@@ -23,7 +21,7 @@ def call(model: Any, batch: Any) -> Any:
     return model(batch)
 
 
-def inputs(batch: Any, knobs: ModelKnobs) -> Any:
+def inputs(batch: Any, knobs: ModelSettings) -> Any:
     """Floating-point inputs in the layout the knobs chose; integer inputs (token ids) untouched."""
     import torch
     from torch.utils import _pytree

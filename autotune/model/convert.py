@@ -1,7 +1,7 @@
 """How each model-level knob turns a module into what runs: mkldnn, channels_last, bf16 autocast,
 int8_dynamic and int8_weight_only (through `linear_int8`), and the backend, which builds an artifact
-once and loads it (`autotune.model.backends`: int8 gets its calibration through `Quantized`); the
-guard on the answers; the artifacts' keys, their calibration and where they are kept.
+once and loads it (`autotune.model.backends`: int8 gets its calibration through `backends.base.Quantized`);
+the guard on the answers; the artifacts' keys, their calibration and where they are kept.
 
 torch is imported inside functions. `autotune.apply` and the benchmark child both call `prepare`,
 so what is measured is what a user's program runs.
@@ -14,8 +14,7 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from autotune.model.artifacts import (
     save_batches,
     stale_artifacts,
 )
+from autotune.model.backends.base import Quantized
 from autotune.model.batches import autocast, call, dense, inputs, layout
 from autotune.model.errors import ApplyError, WrongAnswers
 from autotune.model.knobs import LINEAR_INT8, QUANTIZED, ModelKnobs, Precision
@@ -44,22 +44,6 @@ TOLERANCE: dict[Precision, float] = {"fp32": 1e-3, "bf16": 5e-2, **dict.fromkeys
 def allowed_error(precision: Precision, tolerance: float | None) -> float:
     """What a guard allows: the `--tolerance` given, else the precision's own (`TOLERANCE`)."""
     return TOLERANCE[precision] if tolerance is None else tolerance
-
-
-@dataclass(frozen=True)
-class Quantized:
-    """How precision=int8 gets its graph (`quantize.quantized_export` on the calibration batches,
-    bound by `deploy`), and what names those batches in the artifact's key. Batches the caller gave
-    (`given`) are saved beside the artifact; a caller who gave none gets the ones saved for this very
-    model, knobs and inputs (`rebind` binds the same quantizer to them), so that it loads the artifact
-    they made: the one the study measured."""
-
-    export: Callable[[Any, Any, Path, dict[str, Any]], Any]  # (model, example, folder, description) -> ExportedProgram
-    calibration: str
-    load: Callable[[Path], Any]  # a quantized graph `torch.export.save`d -> ExportedProgram
-    batches: Sequence[Any] = ()  # the calibration batches, which OpenVINO's and ONNX Runtime's quantizers observe
-    given: bool = True  # the caller's own batches; False: the example alone, for want of any
-    rebind: Callable[[Sequence[Any]], Quantized] | None = None
 
 
 def _quiet(phase: str) -> None:

@@ -1,11 +1,12 @@
-"""What a knob is (a name, its values, default and condition, and how text becomes its value), and
-the precisions: shared by the knob table (`autotune.model.knobs`) and the backends that declare
-knobs of their own (`autotune.model.backends`)."""
+"""What a knob is (a name, its values, default and condition, and how text becomes its value), the
+precisions, and the model knobs' values as the code below the knob table reads them (`ModelSettings`):
+shared by the knob table (`autotune.model.knobs`) and the backends that declare knobs of their own
+and build what the knobs say (`autotune.model.backends`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 KnobValue = bool | int | str
 KnobKind = Literal["bool", "int", "choice"]
@@ -126,3 +127,56 @@ LINEAR_INT8: tuple[Precision, ...] = ("int8_dynamic", "int8_weight_only")
 QUANTIZED: tuple[Precision, ...] = ("int8", *LINEAR_INT8, "int4_weight_only")
 # What --task generate offers (weights in int4 are for a language model's decode alone).
 GENERATION_PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8_weight_only", "int4_weight_only", "int8_dynamic")
+
+
+# The model knobs' values as types; what each takes is the knob table's (a test holds the two together).
+Backend = Literal["eager", "torchscript", "inductor", "openvino", "onnxruntime", "llamacpp"]
+MemoryFormat = Literal["contiguous", "channels_last"]
+Shapes = Literal["buckets", "dynamic"]
+OvHint = Literal["latency", "throughput"]
+OrtOptimization = Literal["disabled", "basic", "extended", "all"]
+OrtExecution = Literal["sequential", "parallel"]
+KvCache = Literal["dynamic", "static"]
+Attention = Literal["sdpa", "eager"]
+
+
+class ModelSettings(Protocol):
+    """The model knobs' values, as the backends and the conversions below the knob table read them.
+    `knobs.ModelKnobs` is what they are given: it sits above the backends' registry (its defaults and
+    its checks read it), so the modules below name this instead, and the imports run one way. Its
+    members are properties, read-only as the frozen `ModelKnobs`'s fields are."""
+
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def precision(self) -> Precision: ...
+    @property
+    def memory_format(self) -> MemoryFormat: ...
+    @property
+    def mkldnn(self) -> bool: ...
+    @property
+    def weight_cache(self) -> bool: ...
+    @property
+    def shapes(self) -> Shapes: ...
+    @property
+    def int8_fallback(self) -> int: ...
+    @property
+    def ov_hint(self) -> OvHint: ...
+    @property
+    def ov_streams(self) -> int: ...
+    @property
+    def ov_pinning(self) -> bool: ...
+    @property
+    def ort_optimization(self) -> OrtOptimization: ...
+    @property
+    def ort_execution(self) -> OrtExecution: ...
+    @property
+    def ort_inter_threads(self) -> int: ...
+    @property
+    def kv_cache(self) -> KvCache: ...
+    @property
+    def attention(self) -> Attention: ...
+
+    def without_peers(self) -> dict[str, Any]:
+        """Every knob's value but the peer runtimes' own settings."""
+        ...

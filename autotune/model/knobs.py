@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from autotune.model import backends
 from autotune.model.backends import PEER_BACKENDS, TORCH_BACKENDS
@@ -19,13 +19,21 @@ from autotune.model.knobdefs import (
     LINEAR_INT8,
     PRECISIONS,
     QUANTIZED,
+    Attention,
+    Backend,
     Condition,
     Knob,
     KnobKind,
     KnobValue,
     KnobValueError,
+    KvCache,
+    MemoryFormat,
+    OrtExecution,
+    OrtOptimization,
+    OvHint,
     Precision,
     Sets,
+    Shapes,
     value_text,
 )
 
@@ -184,31 +192,6 @@ def broken_condition(values: Mapping[str, KnobValue], set_names: Iterable[str]) 
     return None
 
 
-# The model knobs' values as types; what each takes is `knobs.KNOBS` (a test holds the two together).
-Backend = Literal["eager", "torchscript", "inductor", "openvino", "onnxruntime", "llamacpp"]
-
-
-MemoryFormat = Literal["contiguous", "channels_last"]
-
-
-Shapes = Literal["buckets", "dynamic"]
-
-
-OvHint = Literal["latency", "throughput"]
-
-
-OrtOptimization = Literal["disabled", "basic", "extended", "all"]
-
-
-OrtExecution = Literal["sequential", "parallel"]
-
-
-KvCache = Literal["dynamic", "static"]
-
-
-Attention = Literal["sdpa", "eager"]
-
-
 def _default(name: str) -> Any:
     """A model knob's default, as the table has it."""
     return KNOBS[name].default
@@ -217,7 +200,7 @@ def _default(name: str) -> Any:
 @dataclass(frozen=True)
 class ModelKnobs:
     """The knobs that change the model itself rather than its process (those are environment),
-    at the table's defaults."""
+    at the table's defaults. The backends below the table read them as `knobdefs.ModelSettings`."""
 
     backend: Backend = field(default=_default("backend"))
     precision: Precision = field(default=_default("precision"))

@@ -20,18 +20,16 @@ torchao is imported inside functions. Its configs are asked not to change induct
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model.batches import explain
 from autotune.model.errors import ApplyError
-
-if TYPE_CHECKING:
-    from autotune.model.knobs import ModelKnobs
+from autotune.model.knobdefs import ModelSettings
 
 TORCHAO_INSTALL = "pip install torchao==0.18.0"
 
 
-def quantize_linears(model: Any, knobs: ModelKnobs, setup: dict[str, Any]) -> Any:
+def quantize_linears(model: Any, knobs: ModelSettings, setup: dict[str, Any]) -> Any:
     """`model` with its nn.Linear layers quantized as `knobs.precision` says, in place (`apply`
     passes a copy: `ModelKnobs.converts_in_place`); the count and the time go to `setup`."""
     import torch

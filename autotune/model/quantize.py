@@ -17,17 +17,15 @@ import hashlib
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model import backends, buckets, fallback, saturation
 from autotune.model.artifacts import hash_tensor
 from autotune.model.batches import call, explain, rows, split
 from autotune.model.convert import allowed_error
 from autotune.model.errors import ApplyError, WrongAnswers, failed_op
+from autotune.model.knobdefs import Precision
 from autotune.model.linear_int8 import TORCHAO_INSTALL
-
-if TYPE_CHECKING:
-    from autotune.model.knobs import Precision
 
 CALIBRATION_BATCHES = 4  # default `--calibration-batches`: batches of the example inputs observed
 GUARD_ITEMS = 32  # inputs (rounded up to whole batches) the int8 guard compares with eager fp32

@@ -62,16 +62,22 @@ def test_layout_knobs_follow_the_backend_and_mkldnn() -> None:
 
 
 def test_the_model_knobs_types_and_defaults_are_the_tables() -> None:
-    """ModelKnobs's fields and their Literal types say what `model.knobs.KNOBS` says, knob by knob."""
+    """ModelKnobs's fields and their Literal types say what `model.knobs.KNOBS` says, knob by knob, and
+    `ModelSettings` (what the backends below the table read of them) names every one."""
     from dataclasses import fields
-    from typing import get_args
+    from typing import Literal, get_args, get_origin, get_type_hints
 
-    from autotune.model.knobs import KNOBS, MODEL_KNOBS, Backend, MemoryFormat, ModelKnobs, Precision, Shapes
+    from autotune.model.knobdefs import ModelSettings
+    from autotune.model.knobs import KNOBS, MODEL_KNOBS, ModelKnobs
 
     assert {f.name for f in fields(ModelKnobs)} == set(MODEL_KNOBS)
     assert {name: getattr(ModelKnobs(), name) for name in MODEL_KNOBS} == {n: KNOBS[n].default for n in MODEL_KNOBS}
-    assert [get_args(t) for t in (Backend, Precision, MemoryFormat, Shapes)] == [
-        KNOBS["backend"].choices, KNOBS["precision"].choices, KNOBS["memory_format"].choices, KNOBS["shapes"].choices]
+    hints = get_type_hints(ModelKnobs)
+    literals = {name: get_args(hints[name]) for name in MODEL_KNOBS if get_origin(hints[name]) is Literal}
+    assert set(literals) == {name for name in MODEL_KNOBS if KNOBS[name].kind == "choice"}
+    assert literals == {name: KNOBS[name].choices for name in literals}
+    assert {name for name in vars(ModelSettings) if not name.startswith("_")} == {*MODEL_KNOBS, "without_peers"}
+    assert {name: get_type_hints(vars(ModelSettings)[name].fget)["return"] for name in MODEL_KNOBS} == hints
 
 
 def test_the_child_flags_take_the_knobs_values_and_the_protocol_defaults() -> None:

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from autotune.model.knobdefs import Knob, KnobValue, Precision
-
-if TYPE_CHECKING:
-    from autotune.model.convert import Quantized
-    from autotune.model.kernels import Kernel
-    from autotune.model.knobs import ModelKnobs
+from autotune.model.kernels import Kernel
+from autotune.model.knobdefs import Knob, KnobValue, ModelSettings, Precision
 
 # A probe kernel made ready: the call to time at a thread count, and what the runtime says it ran in.
 Ready = tuple[Callable[[int], Callable[[], Any]], str]
@@ -79,6 +75,23 @@ class Generation:
         return self.packages.versions()[self.packages.distributions[0]] if self.packages else None
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """How precision=int8 gets its graph (`quantize.quantized_export` on the calibration batches,
+    bound by `deploy`), and what names those batches in the artifact's key. Batches the caller gave
+    (`given`) are saved beside the artifact; a caller who gave none gets the ones saved for this very
+    model, knobs and inputs (`rebind` binds the same quantizer to them), so that it loads the artifact
+    they made: the one the study measured. Conversion makes it (`autotune.model.convert`); a backend's
+    `build` takes it."""
+
+    export: Callable[[Any, Any, Path, dict[str, Any]], Any]  # (model, example, folder, description) -> ExportedProgram
+    calibration: str
+    load: Callable[[Path], Any]  # a quantized graph `torch.export.save`d -> ExportedProgram
+    batches: Sequence[Any] = ()  # the calibration batches, which OpenVINO's and ONNX Runtime's quantizers observe
+    given: bool = True  # the caller's own batches; False: the example alone, for want of any
+    rebind: Callable[[Sequence[Any]], Quantized] | None = None
+
+
 class Backend:
     """A way to run a model. Subclasses set the class attributes and override what differs."""
 
@@ -109,7 +122,7 @@ class Backend:
 
     # -- building and loading ----------------------------------------------------------------------
 
-    def compiles(self, knobs: ModelKnobs) -> bool:
+    def compiles(self, knobs: ModelSettings) -> bool:
         """Whether `knobs` make it save an artifact that every process loads."""
         return bool(self.suffix)
 
@@ -122,15 +135,15 @@ class Backend:
         not installed: a runtime's artifacts are keyed by it."""
         return self.packages.versions()[self.packages.distributions[0]] if self.packages else None
 
-    def saved_knobs(self, knobs: ModelKnobs) -> dict[str, Any]:
+    def saved_knobs(self, knobs: ModelSettings) -> dict[str, Any]:
         """The knobs its artifact is keyed by."""
         raise NotImplementedError
 
-    def described(self, knobs: ModelKnobs) -> dict[str, Any]:
+    def described(self, knobs: ModelSettings) -> dict[str, Any]:
         """What else its artifact's key holds (a runtime's version, a thread count baked in)."""
         return {}
 
-    def build(self, model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
+    def build(self, model: Any, example: Any, knobs: ModelSettings, setup: dict[str, Any], path: Path,
               described: dict[str, Any], quantized: Quantized | None) -> Any:
         """Save the artifact at `path` (with `described` beside it); returns a callable to run
         instead where the model cannot be saved (recorded in `setup`), else None."""
@@ -140,7 +153,7 @@ class Backend:
         """Whether `build` can make the artifact without the model (from what is kept in `folder`)."""
         return False
 
-    def load(self, path: Path, knobs: ModelKnobs, example: Any) -> Any:
+    def load(self, path: Path, knobs: ModelSettings, example: Any) -> Any:
         """The artifact at `path`, ready to call like the module it came from."""
         raise NotImplementedError
 

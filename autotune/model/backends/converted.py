@@ -14,16 +14,13 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model.artifacts import DescriptionError, description, save_artifact
-from autotune.model.backends.base import Backend
+from autotune.model.backends.base import Backend, Quantized
 from autotune.model.batches import split
 from autotune.model.errors import ApplyError, failed_op
-
-if TYPE_CHECKING:
-    from autotune.model.convert import Quantized
-    from autotune.model.knobs import ModelKnobs
+from autotune.model.knobdefs import ModelSettings
 
 CONVERT_FAILED = "could not convert the model"  # how a converter's refusal is told, child to harness
 Run = Callable[[list[Any]], list[Any]]  # numpy arrays in the model's input order -> its outputs, flat
@@ -35,7 +32,7 @@ class Converter(Backend):
 
     preloaded_malloc = False  # set True where the runtime tolerates a malloc preloaded with LD_PRELOAD
 
-    def saved_knobs(self, knobs: ModelKnobs) -> dict[str, Any]:
+    def saved_knobs(self, knobs: ModelSettings) -> dict[str, Any]:
         """The runtime's settings apply when it loads the file, so one file serves them all (bf16 too:
         a runtime's inference precision loads the fp32 file)."""
         precision = "fp32" if knobs.precision == "bf16" else knobs.precision
@@ -44,10 +41,10 @@ class Converter(Backend):
             saved["int8_fallback"] = knobs.int8_fallback
         return saved
 
-    def described(self, knobs: ModelKnobs) -> dict[str, Any]:
+    def described(self, knobs: ModelSettings) -> dict[str, Any]:
         return {"runtime": self.version()}
 
-    def build(self, model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
+    def build(self, model: Any, example: Any, knobs: ModelSettings, setup: dict[str, Any], path: Path,
               described: dict[str, Any], quantized: Quantized | None) -> Any:
         """Convert `model` (quantized on the calibration batches for int8) and save it; the output's
         structure goes into the description first, which is written with the file."""
@@ -61,16 +58,16 @@ class Converter(Backend):
         save_artifact(path, write, described)
         return None
 
-    def save(self, model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path: Path,
+    def save(self, model: Any, example: Any, knobs: ModelSettings, tmp: Path, path: Path,
              calibration: Sequence[Any], setup: dict[str, Any], described: dict[str, Any]) -> None:
         """Write the converted model to `tmp`, which becomes `path`; what it records of itself goes
         into `setup`, and what its description keeps into `described` (written after it)."""
         raise NotImplementedError
 
-    def runner(self, path: Path, knobs: ModelKnobs, threads: int) -> Run:
+    def runner(self, path: Path, knobs: ModelSettings, threads: int) -> Run:
         raise NotImplementedError
 
-    def load(self, path: Path, knobs: ModelKnobs, example: Any) -> Any:
+    def load(self, path: Path, knobs: ModelSettings, example: Any) -> Any:
         """The saved model run by its runtime with the knobs' settings and this process's thread count,
         called like the module it came from (keyword inputs in any order: the runtimes take them in
         the example's)."""

@@ -17,19 +17,23 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model import buckets, fallback
 from autotune.model.artifacts import GRAPH_KIND, artifact_path, mark_used, save_artifact
-from autotune.model.backends.base import Generation
+from autotune.model.backends.base import Generation, Quantized
 from autotune.model.backends.pytorch import TorchBackend
 from autotune.model.batches import autocast, explain, split
 from autotune.model.errors import ApplyError
-from autotune.model.knobdefs import GENERATION_PRECISIONS, INT8_FALLBACK, PRECISIONS, Knob, KnobValue, Precision
-
-if TYPE_CHECKING:
-    from autotune.model.convert import Quantized
-    from autotune.model.knobs import ModelKnobs
+from autotune.model.knobdefs import (
+    GENERATION_PRECISIONS,
+    INT8_FALLBACK,
+    PRECISIONS,
+    Knob,
+    KnobValue,
+    ModelSettings,
+    Precision,
+)
 
 NO_SPACE = "No space left on device"  # ENOSPC as the C library words it, in a compiler's or linker's output
 SHAPES = ("buckets", "dynamic")  # how a compiled model serves sequence-length buckets (`autotune.model.buckets`)
@@ -58,14 +62,14 @@ class Inductor(TorchBackend):
     def artifact_kind(self) -> str:
         return self.name
 
-    def described(self, knobs: ModelKnobs) -> dict[str, Any]:
+    def described(self, knobs: ModelSettings) -> dict[str, Any]:
         """Inductor bakes the thread count into its kernels (`omp parallel num_threads(N)`, and no
         parallel loops at all for 1 thread), so each thread count is its own artifact."""
         import torch
 
         return {"threads": torch.get_num_threads()}
 
-    def build(self, model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
+    def build(self, model: Any, example: Any, knobs: ModelSettings, setup: dict[str, Any], path: Path,
               described: dict[str, Any], quantized: Quantized | None) -> Any:
         if quantized is not None:
             exported = _int8_graph(model, example, quantized, path.parent, described, setup)
@@ -86,7 +90,7 @@ class Inductor(TorchBackend):
         """int8 compiles for another thread count from the quantized graph an earlier one saved."""
         return quantized is not None and graph_path(folder, meta).exists()
 
-    def load(self, path: Path, knobs: ModelKnobs, example: Any) -> Any:
+    def load(self, path: Path, knobs: ModelSettings, example: Any) -> Any:
         return Package(str(path))
 
     def recipes(self, cores: int) -> tuple[tuple[str, dict[str, KnobValue]], ...]:
@@ -160,7 +164,7 @@ def _aot_compile(exported: Any, tmp: Path) -> None:
                          f"check that a C++ compiler is installed, or use backend=torchscript") from exc
 
 
-def _export(model: Any, example: Any, knobs: ModelKnobs) -> Any:
+def _export(model: Any, example: Any, knobs: ModelSettings) -> Any:
     """The model (bf16: under autocast) as torch.export captures it on `example`; shapes=dynamic
     makes its sequence length a dimension, up to the example's (`buckets.dynamic_shapes`)."""
     import torch

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model import saturation
 from autotune.model.backends.base import Packages, Ready
@@ -20,10 +20,7 @@ from autotune.model.backends.converted import CONVERT_FAILED, Converter, Run, fa
 from autotune.model.batches import explain, split
 from autotune.model.errors import ApplyError
 from autotune.model.kernels import CONV, Kernel, inputs, quantized
-from autotune.model.knobdefs import Knob, KnobValue, Precision
-
-if TYPE_CHECKING:
-    from autotune.model.knobs import ModelKnobs
+from autotune.model.knobdefs import Knob, KnobValue, ModelSettings, Precision
 
 ORT_OPTIMIZATION = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
                     "all": "ORT_ENABLE_ALL"}
@@ -58,7 +55,7 @@ class OnnxRuntime(Converter):
         """At its defaults: the full graph optimization."""
         return (("ONNX Runtime defaults", {"backend": self.name}),)
 
-    def save(self, model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path: Path,
+    def save(self, model: Any, example: Any, knobs: ModelSettings, tmp: Path, path: Path,
              calibration: Sequence[Any], setup: dict[str, Any], described: dict[str, Any]) -> None:
         import torch
 
@@ -76,7 +73,7 @@ class OnnxRuntime(Converter):
             if knobs.precision == "int8":
                 _quantized(exported, tmp, calibration, Path(folder))
 
-    def runner(self, path: Path, knobs: ModelKnobs, threads: int) -> Run:
+    def runner(self, path: Path, knobs: ModelSettings, threads: int) -> Run:
         session = _session(path, knobs, threads)
         names = [i.name for i in session.get_inputs()]
 
@@ -127,7 +124,7 @@ def _quantized(exported: Path, tmp: Path, calibration: Sequence[Any], folder: Pa
                          f"precision=fp32 with backend=onnxruntime") from exc
 
 
-def _session(path: Path, knobs: ModelKnobs | None, threads: int) -> Any:
+def _session(path: Path, knobs: ModelSettings | None, threads: int) -> Any:
     """A session of the model at `path` as `knobs` say (None: ONNX Runtime's own settings)."""
     import onnxruntime as ort
 
@@ -142,7 +139,7 @@ def _session(path: Path, knobs: ModelKnobs | None, threads: int) -> Any:
                          f"model anew") from exc
 
 
-def _configured(options: Any, knobs: ModelKnobs) -> None:
+def _configured(options: Any, knobs: ModelSettings) -> None:
     import onnxruntime as ort
 
     options.inter_op_num_threads = knobs.ort_inter_threads

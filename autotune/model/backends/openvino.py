@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model import fallback, saturation
 from autotune.model.backends.base import Generation, Packages, Ready
@@ -30,10 +30,7 @@ from autotune.model.backends.converted import CONVERT_FAILED, Converter, Run, fa
 from autotune.model.batches import explain, split
 from autotune.model.errors import ApplyError
 from autotune.model.kernels import CONV, Kernel, inputs, quantized
-from autotune.model.knobdefs import INT8_FALLBACK, Knob, KnobValue, Precision
-
-if TYPE_CHECKING:
-    from autotune.model.knobs import ModelKnobs
+from autotune.model.knobdefs import INT8_FALLBACK, Knob, KnobValue, ModelSettings, Precision
 
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}  # int8: the quantized layers run int8 anyway
 
@@ -82,7 +79,7 @@ class OpenVINO(Converter):
         return (("OpenVINO GenAI int4", {"backend": self.name, "precision": "int4_weight_only", "omp_threads": cores}),
                 ("OpenVINO GenAI int8", {"backend": self.name, "precision": "int8_weight_only", "omp_threads": cores}))
 
-    def save(self, model: Any, example: Any, knobs: ModelKnobs, tmp: Path, path: Path,
+    def save(self, model: Any, example: Any, knobs: ModelSettings, tmp: Path, path: Path,
              calibration: Sequence[Any], setup: dict[str, Any], described: dict[str, Any]) -> None:
         """The IR's weights go straight to their final place first, so that no process finds an .xml
         without its .bin."""
@@ -107,7 +104,7 @@ class OpenVINO(Converter):
         finally:
             bin_tmp.unlink(missing_ok=True)
 
-    def runner(self, path: Path, knobs: ModelKnobs, threads: int) -> Run:
+    def runner(self, path: Path, knobs: ModelSettings, threads: int) -> Run:
         import openvino as ov
 
         config: dict[str, Any] = {"PERFORMANCE_HINT": knobs.ov_hint.upper(), "INFERENCE_NUM_THREADS": threads,

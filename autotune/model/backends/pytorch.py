@@ -11,18 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model import hf
 from autotune.model.artifacts import save_artifact
 from autotune.model.backends.base import OPS, Backend, Generation, Ready
+from autotune.model.backends.base import Quantized as Calibration
 from autotune.model.batches import autocast
 from autotune.model.kernels import CONV, REDUCED, Kernel, Quantized, inputs, quantized, torch_op
-from autotune.model.knobdefs import GENERATION_PRECISIONS, LINEAR_INT8, Knob, KnobValue, Precision
-
-if TYPE_CHECKING:
-    from autotune.model.convert import Quantized as Calibration
-    from autotune.model.knobs import ModelKnobs
+from autotune.model.knobdefs import GENERATION_PRECISIONS, LINEAR_INT8, Knob, KnobValue, ModelSettings, Precision
 
 
 class TorchBackend(Backend):
@@ -34,7 +31,7 @@ class TorchBackend(Backend):
     def artifact_kind(self) -> str:
         return "torchscript"
 
-    def saved_knobs(self, knobs: ModelKnobs) -> dict[str, Any]:
+    def saved_knobs(self, knobs: ModelSettings) -> dict[str, Any]:
         """Every knob but the peers' own (`shapes` only where it is dynamic, `int8_fallback` where it
         keeps a layer): a PyTorch artifact bakes them in."""
         saved = knobs.without_peers()
@@ -44,7 +41,7 @@ class TorchBackend(Backend):
             saved.pop("int8_fallback")
         return saved
 
-    def build(self, model: Any, example: Any, knobs: ModelKnobs, setup: dict[str, Any], path: Path,
+    def build(self, model: Any, example: Any, knobs: ModelSettings, setup: dict[str, Any], path: Path,
               described: dict[str, Any], quantized: Calibration | None) -> Any:
         import torch
 
@@ -53,7 +50,7 @@ class TorchBackend(Backend):
         save_artifact(path, lambda tmp: torch.jit.save(scripted, str(tmp)), described)
         return None
 
-    def load(self, path: Path, knobs: ModelKnobs, example: Any) -> Any:
+    def load(self, path: Path, knobs: ModelSettings, example: Any) -> Any:
         import torch
 
         return torch.jit.load(str(path))
@@ -91,7 +88,7 @@ class Eager(TorchBackend):
                           default=False)),
         )
 
-    def compiles(self, knobs: ModelKnobs) -> bool:
+    def compiles(self, knobs: ModelSettings) -> bool:
         return knobs.weight_cache
 
     def recipes(self, cores: int) -> tuple[tuple[str, dict[str, KnobValue]], ...]:
@@ -120,13 +117,13 @@ class TorchScript(TorchBackend):
     summary = "trace + freeze (saved, cached on disk) + optimize_for_inference"
     precisions: tuple[Precision, ...] = ("fp32", "bf16")
 
-    def load(self, path: Path, knobs: ModelKnobs, example: Any) -> Any:
+    def load(self, path: Path, knobs: ModelSettings, example: Any) -> Any:
         import torch
 
         return torch.jit.optimize_for_inference(torch.jit.load(str(path)))
 
 
-def torchscript(model: Any, example: Any, knobs: ModelKnobs) -> Any:
+def torchscript(model: Any, example: Any, knobs: ModelSettings) -> Any:
     """backend=torchscript and weight_cache: traced and frozen. With mkldnn, not frozen (freezing
     inlines the oneDNN weights, which torch.jit.save cannot write) and scripted, as the seed's recipe
     does; a transformers model is traced instead: TorchScript cannot script it (it cannot read the

@@ -19,15 +19,13 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.model.batches import explain
 from autotune.model.errors import ApplyError
 from autotune.model.generate import int4, int8
 from autotune.model.generate.base import Build
-
-if TYPE_CHECKING:
-    from autotune.model.knobs import ModelKnobs
+from autotune.model.knobdefs import ModelSettings
 
 
 def build(spec: Build, setup: dict[str, Any]) -> TorchGenerator:
@@ -38,7 +36,7 @@ def build(spec: Build, setup: dict[str, Any]) -> TorchGenerator:
     return TorchGenerator(spec.model, spec.knobs.kv_cache == "static", spec.knobs.backend == "inductor")
 
 
-def convert(model: Any, knobs: ModelKnobs, setup: dict[str, Any]) -> Any:
+def convert(model: Any, knobs: ModelSettings, setup: dict[str, Any]) -> Any:
     """`model` (fp32, eval) with the knobs' attention and precision, in place; what it did goes to `setup`."""
     import torch
 
