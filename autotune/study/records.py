@@ -32,7 +32,7 @@ UNDECIDED_FINAL = "undecided_final"  # a trial's: its configuration's last attem
 KILLED_RERUNS = 1
 LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fail_cause
 SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predicted to lose
-SKIPPED_ON = "not_compiled_on"  # a skipped trial's: what its prediction read (pruning.Evidence.mark)
+SKIPPED_ON = "not_compiled_on"  # a skipped trial's: what its prediction read (compile_skip.Evidence.mark)
 HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
 WRONG_ANSWERS = "wrong_answers"  # a failed trial's: its converted model failed the guard (`wrong_models`)
 QUALITY, QUALITY_KEY = "quality", "quality_key"  # a trial's quality on the user's data, and what it is of
@@ -366,8 +366,8 @@ def not_compiled_configs(trials: Sequence[FrozenTrial], digest: str) -> int:
 
 
 def record_skipped(trial: optuna.Trial, reason: str, evidence: str) -> None:
-    """Pruned before it ran: its compile was predicted to lose (pruning.skip_compile), on
-    `evidence` (what the prediction read, pruning.Evidence.mark)."""
+    """Pruned before it ran: its compile was predicted to lose (compile_skip.skip_compile), on
+    `evidence` (what the prediction read, compile_skip.Evidence.mark)."""
     record_pruned(trial, reason)
     trial.set_user_attr(SKIPPED, True)
     trial.set_user_attr(SKIPPED_ON, evidence)
