@@ -347,13 +347,13 @@ def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Map
 
 
 def first_call(measurement: Measurement) -> dict[str, float]:
-    """Set-up costs never mixed into latency: build, convert, trace, first forward (worst instance)."""
+    """Set-up costs never mixed into latency (`InstanceResult.setup_costs`: build, convert, compile,
+    first forward, warm-up...), each the worst instance's."""
     costs: dict[str, float] = {}
     for run in measurement.runs:
         for inst in run.instances:
-            for key, value in inst.metrics.get("setup", {}).items():
-                if key.endswith("_s") and isinstance(value, (int, float)):
-                    costs[key] = round(max(costs.get(key, 0.0), float(value)), 3)
+            for key, value in inst.setup_costs().items():
+                costs[key] = round(max(costs.get(key, 0.0), value), 3)
     return costs
 
 
