@@ -4,7 +4,8 @@
 A cache folder (`--cache-dir`, default studies/cache) holds compiled artifacts in `artifacts/`
 (an AOTInductor package or a TorchScript file, each with a `.json` description, see
 `model.convert`; for text generation, the model's saved folder and what each peer converted from
-it, a GGUF file or an OpenVINO IR folder, described alike, see `model.generate.converted`),
+it, a GGUF file or an OpenVINO IR folder, and the transformers folder a `--model FILE.gguf` was
+converted into, described alike, see `model.generate.converted`),
 inductor's kernel cache in `inductor/<torch version>/`, and the eager outputs
 that let a process load an artifact without building the model in `references/<torch version>/`. An export folder
 (`autotune export --artifacts DIR`) holds artifacts directly. Exported env files in the current
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.base.errors import AutotuneError
-from autotune.model import apply, backends, cpu, envfile, fallback, references
+from autotune.model import apply, backends, cpu, envfile, fallback, gguf_source, references
 from autotune.model.artifacts import (
     ARTIFACT_FORMAT,
     CALIBRATION_KIND,
@@ -47,6 +48,8 @@ RANKING = "int8 layer ranking"  # model.fallback: which layers int8_fallback kee
 REFERENCES = "eager outputs"  # model.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
 SAVED_MODEL = "saved model artifact"  # a causal LM's save_pretrained folder, which the peers convert
+GGUF_MODEL = "converted GGUF artifact"  # the transformers folder of a --model FILE.gguf (model.gguf_source)
+OLD_GGUF = "converted GGUF files"  # where autotunes before that artifact converted them (artifacts/gguf/)
 LOOSE_KERNELS = "torch unknown"  # the config of what older autotunes left loose in the kernel folder
 
 
@@ -98,7 +101,8 @@ class Export:
 def scan(cache_dir: Path, here: Here, exports: Sequence[Export] = ()) -> list[Entry]:
     """Every entry of the cache folder, artifacts first, each marked with the env files keeping it."""
     found = [*artifacts(cache_dir / "artifacts", here), *artifacts(cache_dir, here),
-             *kernels(cache_dir / "inductor", here), *per_torch(cache_dir / references.FOLDER, here, REFERENCES)]
+             *kernels(cache_dir / "inductor", here), *per_torch(cache_dir / references.FOLDER, here, REFERENCES),
+             *_old_conversions(cache_dir / "artifacts" / gguf_source.OLD_FOLDER)]
     return [_kept(entry, exports) for entry in found]
 
 
@@ -127,6 +131,15 @@ def _generated(files: Sequence[Path], here: Here) -> list[Entry]:
         path = described.with_suffix("")
         found.append(_artifact(path, here) if path.exists() else _orphan(described))
     return found
+
+
+def _old_conversions(folder: Path) -> list[Entry]:
+    """The GGUF files older autotunes converted outside the artifacts, in one entry: never read again
+    (a GGUF file is converted into an artifact the next time it is used), so unusable, and pruned."""
+    if not folder.is_dir():
+        return []
+    return [Entry(OLD_GGUF, folder, "any", "", _tree_size(folder), _tree_mtime(folder),
+                  "converted before conversions were artifacts; a file used again is converted again")]
 
 
 def _ranking(path: Path, here: Here) -> Entry:
@@ -182,6 +195,8 @@ def _kind(path: Path) -> str:
     meta = _meta(path) if path.suffix not in KINDS else {}
     if meta.get("task") == GENERATED:
         backend = (meta.get("knobs") or {}).get("backend")
+        if path.name.startswith(f"{gguf_source.KIND}-"):
+            return GGUF_MODEL
         return f"{backend} generation artifact" if backend else SAVED_MODEL
     return KINDS.get(path.suffix, "artifact")
 
