@@ -15,7 +15,7 @@ LOOK_STEP = 2  # the fewest rounds between two looks: a cap close to the first l
 CONFIRM_SHARE = 1 / 3  # of --time-budget: the most a search's confirmation may take past its first look
 CONFIRM_RERUNS = 2  # a confirmation run flagged noisy is run again at most this many times in its round
 
-# Stopping a trial early (search/pruning.py).
+# Stopping a trial early (search/pruning.py), or not starting it (search/compile_skip.py).
 MARGIN = 0.05  # worse by more than this (relative) counts; a hair behind stays for confirmation
 MIN_REPLICATES = 2  # one disturbed process alone never prunes
 GIVE_UP = (2.0, 1.5)  # after its k-th window, a warmed trial this many times worse than the best stops (GiveUp)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 STUDIES_DIR = "studies"  # where studies live by default, relative to where autotune runs
 CACHE_DIR = f"{STUDIES_DIR}/cache"  # compiled artifacts (artifacts/) and inductor's kernels, shared by every study
+HELD = "held_s"  # in a child's setup record: the seconds it waited, built, for another plan's turn (--hold)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from autotune.child.evaldata import SPLITS
-from autotune.child.settings import CACHE_DIR, MeasureSettings
+from autotune.child.settings import CACHE_DIR, HELD, MeasureSettings
 from autotune.child.timing import Window, limits, timed_loop, warm_up
 from autotune.model.artifacts import installed_torch_version
 from autotune.model.files import write_atomically
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.hold:
             held_from = time.perf_counter()
             wait_for_turn(args.ready_fd)
-            setup["held_s"] = time.perf_counter() - held_from
+            setup[HELD] = time.perf_counter() - held_from
         say_phase(args.ready_fd, "warming up")
         with torch.no_grad():
             if found is not None and knobs_of(args).shapes == "dynamic":  # not eager: see rounds.fill

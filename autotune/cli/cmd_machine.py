@@ -179,19 +179,19 @@ def cache_command(cache_dir: Path, prune: bool, older_than: float | None, includ
       autotune cache
       autotune cache --prune --older-than 30d
     """
-    from autotune.deploy import cache
+    from autotune.deploy import cache, cache_prune
 
     if not prune and (older_than is not None or include_exported or dry_run):
         raise AutotuneError("--older-than, --include-exported and --dry-run only apply with --prune; add --prune")
     exports, notes = cache.exports_in(Path.cwd())
     entries = cache.scan(cache_dir, cache.Here.now(), exports)
-    chosen = cache.to_prune(entries, older_than, time.time(), include_exported) if prune else []
+    chosen = cache_prune.to_prune(entries, older_than, time.time(), include_exported) if prune else []
     pruned = None
     if chosen and not dry_run:
         with holding("cache --prune", no_wait):  # never delete what a measurement is loading
-            pruned = cache.prune(chosen)
+            pruned = cache_prune.prune(chosen)
     elif prune and not dry_run:
-        pruned = cache.Pruned()
+        pruned = cache_prune.Pruned()
     for line in notes:
         note(line)
     removed = chosen if dry_run else pruned.removed if pruned else ()  # with --dry-run: what would go
@@ -201,4 +201,4 @@ def cache_command(cache_dir: Path, prune: bool, older_than: float | None, includ
             "kept": [{"path": str(e.path), "reason": why} for e, why in pruned.kept] if pruned else []}
     emit("cache", data, as_json, lambda _: display.cache(entries, chosen, pruned, time.time()))
     if pruned and pruned.kept:  # the table said which; the exit code and one line say that it failed
-        raise AutotuneError(cache.unremoved(pruned))
+        raise AutotuneError(cache_prune.unremoved(pruned))

@@ -1,9 +1,11 @@
-"""What the cache folder holds, whether this torch and CPU can still use it, and pruning it.
+"""What the cache folder holds and whether this torch and CPU can still use it (pruning it is
+`cache_prune`'s).
 
 A cache folder (`--cache-dir`, default studies/cache) holds compiled artifacts in `artifacts/`
 (an AOTInductor package or a TorchScript file, each with a `.json` description, see
 `model.convert`; for text generation, the model's saved folder and what each peer converted from
-it, a GGUF file or an OpenVINO IR folder, described alike, see `model.generate.converted`),
+it, a GGUF file or an OpenVINO IR folder, and the transformers folder a `--model FILE.gguf` was
+converted into, described alike, see `model.generate.converted`),
 inductor's kernel cache in `inductor/<torch version>/`, and the eager outputs
 that let a process load an artifact without building the model in `references/<torch version>/`. An export folder
 (`autotune export --artifacts DIR`) holds artifacts directly. Exported env files in the current
@@ -15,15 +17,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.base.errors import AutotuneError
-from autotune.model import apply, backends, cpu, envfile, fallback, references
+from autotune.model import apply, backends, cpu, envfile, fallback, gguf_source, references
 from autotune.model.artifacts import (
     ARTIFACT_FORMAT,
     CALIBRATION_KIND,
@@ -47,6 +48,9 @@ RANKING = "int8 layer ranking"  # model.fallback: which layers int8_fallback kee
 REFERENCES = "eager outputs"  # model.references: what a process that only loads an artifact checks it with
 UNFINISHED_AFTER_S = 3600.0  # a temporary file this old is a compile that was killed, not one running
 SAVED_MODEL = "saved model artifact"  # a causal LM's save_pretrained folder, which the peers convert
+GGUF_MODEL = "converted GGUF artifact"  # the transformers folder of a --model FILE.gguf (model.gguf_source)
+OLD_GGUF = "converted GGUF files"  # where autotunes before that artifact converted them (artifacts/gguf/)
+LOOSE_KERNELS = "torch unknown"  # the config of what older autotunes left loose in the kernel folder
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,8 @@ class Export:
 def scan(cache_dir: Path, here: Here, exports: Sequence[Export] = ()) -> list[Entry]:
     """Every entry of the cache folder, artifacts first, each marked with the env files keeping it."""
     found = [*artifacts(cache_dir / "artifacts", here), *artifacts(cache_dir, here),
-             *kernels(cache_dir / "inductor", here), *per_torch(cache_dir / references.FOLDER, here, REFERENCES)]
+             *kernels(cache_dir / "inductor", here), *per_torch(cache_dir / references.FOLDER, here, REFERENCES),
+             *_old_conversions(cache_dir / "artifacts" / gguf_source.OLD_FOLDER)]
     return [_kept(entry, exports) for entry in found]
 
 
@@ -126,6 +131,15 @@ def _generated(files: Sequence[Path], here: Here) -> list[Entry]:
         path = described.with_suffix("")
         found.append(_artifact(path, here) if path.exists() else _orphan(described))
     return found
+
+
+def _old_conversions(folder: Path) -> list[Entry]:
+    """The GGUF files older autotunes converted outside the artifacts, in one entry: never read again
+    (a GGUF file is converted into an artifact the next time it is used), so unusable, and pruned."""
+    if not folder.is_dir():
+        return []
+    return [Entry(OLD_GGUF, folder, "any", "", _tree_size(folder), _tree_mtime(folder),
+                  "converted before conversions were artifacts; a file used again is converted again")]
 
 
 def _ranking(path: Path, here: Here) -> Entry:
@@ -165,6 +179,11 @@ def _files(path: Path, meta: dict[str, Any]) -> tuple[Path, ...]:
     return backends.get(backend).files(path) if backend in backends.NAMES else (path,)
 
 
+def artifact_files(path: Path) -> tuple[Path, ...]:
+    """An artifact's files but its description, as its description says it was saved."""
+    return _files(path, _meta(path))
+
+
 def _kind(path: Path) -> str:
     """What an artifact file is; int8's quantized graph, from which each thread count's artifact is
     compiled, is no artifact an env file loads (so none keeps it); int8's calibration batches are
@@ -176,6 +195,8 @@ def _kind(path: Path) -> str:
     meta = _meta(path) if path.suffix not in KINDS else {}
     if meta.get("task") == GENERATED:
         backend = (meta.get("knobs") or {}).get("backend")
+        if path.name.startswith(f"{gguf_source.KIND}-"):
+            return GGUF_MODEL
         return f"{backend} generation artifact" if backend else SAVED_MODEL
     return KINDS.get(path.suffix, "artifact")
 
@@ -249,7 +270,7 @@ def kernels(folder: Path, here: Here) -> list[Entry]:
     versioned = [entry.path for entry in entries]
     loose = [p for p in folder.iterdir() if p not in versioned]
     if loose:
-        entries.append(Entry("inductor kernels", folder, "any", "torch unknown", sum(_tree_size(p) for p in loose),
+        entries.append(Entry("inductor kernels", folder, "any", LOOSE_KERNELS, sum(_tree_size(p) for p in loose),
                              max(_tree_mtime(p) for p in loose), "made before kernels were kept per torch version"))
     return entries
 
@@ -258,13 +279,14 @@ def per_torch(folder: Path, here: Here, kind: str) -> list[Entry]:
     """One entry per torch version folder: what that torch made, usable by that torch only."""
     if not folder.is_dir():
         return []
-    versioned = [p for p in sorted(folder.iterdir()) if p.is_dir() and _looks_like_version(p.name)]
+    versioned = [p for p in sorted(folder.iterdir()) if p.is_dir() and is_version_folder(p.name)]
     return [Entry(kind, p, "any", f"torch {p.name}", _tree_size(p), _tree_mtime(p),
                   "" if p.name == here.torch else f"built by torch {p.name}, this is {here.torch}")
             for p in versioned]
 
 
-def _looks_like_version(name: str) -> bool:
+def is_version_folder(name: str) -> bool:
+    """A folder named by the torch version that made what it holds (`2.5.1`, `2.6.0+cpu`)."""
     return name[:1].isdigit() and "." in name
 
 
@@ -315,62 +337,6 @@ def exports_in(folder: Path) -> tuple[list[Export], list[str]]:
                                 int(threads) if threads.isdigit() else None))
     return found, notes
 
-
-def to_prune(entries: Iterable[Entry], older_than_s: float | None, now: float,
-             include_exported: bool) -> list[Entry]:
-    """Entries this torch or CPU cannot use, and entries unused for longer than `older_than_s`;
-    never one that an env file keeps unless `include_exported`."""
-    chosen = [e for e in entries if e.unusable or (older_than_s is not None and now - e.last_used > older_than_s)]
-    return [e for e in chosen if include_exported or not e.kept_by]
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """What a prune did: the entries it removed, and those it kept, each with why (`remove`'s reason)."""
-
-    removed: tuple[Entry, ...] = ()
-    kept: tuple[tuple[Entry, str], ...] = ()
-
-
-def prune(chosen: Iterable[Entry]) -> Pruned:
-    """Remove each chosen entry; what was removed and what stayed are told apart, never assumed."""
-    outcomes = [(entry, remove(entry)) for entry in chosen]
-    return Pruned(tuple(e for e, why in outcomes if not why), tuple((e, why) for e, why in outcomes if why))
-
-
-def unremoved(pruned: Pruned) -> str:
-    """What a prune could not remove, in one line with what to do ("" when it removed all it chose)."""
-    if not pruned.kept:
-        return ""
-    (first, why), count = pruned.kept[0], len(pruned.kept) + len(pruned.removed)
-    more = f", and {len(pruned.kept) - 1} more" if len(pruned.kept) > 1 else ""
-    return (f"{len(pruned.kept)} of the {count} entries to prune could not be removed (cannot remove {first.path}: "
-            f"{why}{more}); they are kept: make the cache folder writable for this user, then prune again")
-
-
-def remove(entry: Entry) -> str:
-    """Delete one entry: the artifact before its description, so that a stop halfway leaves an
-    orphan description that the next prune removes, never an artifact that looks described.
-    Returns "" or why it could not be removed (the system's words: "Permission denied")."""
-    try:
-        if entry.path.is_dir():
-            shutil.rmtree(entry.path) if entry.config != "torch unknown" else _remove_loose(entry.path)
-            if not entry.kind.endswith("artifact"):
-                return ""
-        for path in () if entry.path.is_dir() else _files(entry.path, _meta(entry.path)):
-            path.unlink(missing_ok=True)
-        if entry.kind.endswith("artifact"):
-            Path(f"{entry.path}.json").unlink(missing_ok=True)
-    except OSError as exc:
-        return str(exc.strerror or exc)
-    return ""
-
-
-def _remove_loose(folder: Path) -> None:
-    for path in list(folder.iterdir()):
-        if path.is_dir() and _looks_like_version(path.name):
-            continue
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def _size(path: Path) -> int:

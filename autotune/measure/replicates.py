@@ -3,7 +3,7 @@ statistics, noise detection and a bounded re-measure when the spread is too larg
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -11,7 +11,7 @@ from typing import Any
 from autotune.base.thresholds import BUSY_MACHINE, REMEASURE, STARVED
 from autotune.measure import stats
 from autotune.measure.plan import LaunchPlan, stretched
-from autotune.measure.results import RunResult, generation_figures
+from autotune.measure.results import InstanceResult, RunResult, generation_figures
 from autotune.measure.stats import median
 
 PERCENTILES = tuple(range(101))  # the stored summary of all samples: p0..p100, a fixed size
@@ -179,11 +179,11 @@ class Measurement:
 
     def setup_seconds(self) -> dict[str, float]:
         """Seconds the measuring processes spent before their windows: building (loading, converting,
-        quantizing, compiling, loading the artifact, the first forward: every `*_s` cost the child
-        records but the warm-up) and warming up, the slowest instance of each process. A warm
-        replicate is a part of one process and carries that process's setup: counted once (the
-        parts hold the same figures)."""
-        per_run = [max((_setup_costs(i.metrics.get("setup", {})) for i in r.instances), default=(0.0, 0.0))
+        quantizing, compiling, loading the artifact, the first forward: every set-up cost the child
+        records, `InstanceResult.setup_costs`, but the warm-up) and warming up, the slowest instance
+        of each process. A warm replicate is a part of one process and carries that process's setup:
+        counted once (the parts hold the same figures)."""
+        per_run = [max((_setup_costs(i) for i in r.instances), default=(0.0, 0.0))
                    for r in self.runs if r.ok]
         distinct = list(dict.fromkeys(per_run))
         return {"build_s": round(sum(b for b, _ in distinct), 3), "warmup_s": round(sum(w for _, w in distinct), 3)}
@@ -203,9 +203,9 @@ def noisy_reason(run: RunResult, floor: float | None = None) -> str:
     return Measurement((run,), floor=floor).noisy_reason
 
 
-def _setup_costs(setup: Mapping[str, Any]) -> tuple[float, float]:
-    """(building, warming up) in seconds, from a child's setup record."""
-    costs = {k: float(v) for k, v in setup.items() if k.endswith("_s") and isinstance(v, (int, float))}
+def _setup_costs(instance: InstanceResult) -> tuple[float, float]:
+    """(building, warming up) in seconds: the instance's set-up costs summed, the warm-up apart."""
+    costs = instance.setup_costs()
     warmup = costs.pop("warmup_s", 0.0)
     return sum(costs.values()), warmup
 

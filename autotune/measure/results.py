@@ -10,11 +10,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autotune.child.settings import HELD
 from autotune.measure.stats import median, percentile
 
 STDERR_TAIL_CHARS = 2000  # of a failed child's output: what a result carries and a trial keeps
 
 STOPPED_BY = "stopped because instance"  # the reason of an instance another one's failure stopped
+
+# A measuring child's set-up costs: every number of its `setup` record under a key ending in `_s`
+# (build_s, quantize_s, compile_s, load_s, first_forward_s, warmup_s, ...), but the time it waited
+# for another plan's turn (`HELD`): that is the other plan's, not this configuration's.
+# `InstanceResult.setup_costs` is the one reading of it.
+SECONDS_SUFFIX = "_s"
+NOT_COSTS = (HELD,)
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,12 @@ class InstanceResult:
 
     def percentile(self, q: float) -> float:
         return percentile(self.metrics["latencies_ms"], q)
+
+    def setup_costs(self) -> dict[str, float]:
+        """The seconds this instance's process spent setting up, per cost as it recorded them."""
+        setup: Mapping[str, Any] = self.metrics.get("setup", {})
+        return {key: float(value) for key, value in setup.items()
+                if key.endswith(SECONDS_SUFFIX) and key not in NOT_COSTS and isinstance(value, (int, float))}
 
 
 @dataclass(frozen=True)

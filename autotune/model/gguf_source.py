@@ -8,33 +8,36 @@ vocabulary, of its tokenizer. A quantized file's weights (Q4_1, Q8_0, ...) stay 
 quantization grid in fp32: the folder is that quantized model, not the one it was quantized from
 (`source.json` names the file's type, `file_type`).
 
-The folder is `<artifacts>/gguf/<key>/<stem>/`: `key` hashes the file's bytes (with `FORMAT`), so a
-copy of the same file elsewhere reuses it and a changed file gets a folder of its own; `stem` is the
-file's name without `.gguf`, lowercased, which names a study (`smollm2-135m-instruct.q4_1-generate-...`).
-It is written into a temporary folder and renamed, as `generate.saved` does, and reused after.
+The folder is an artifact of the one cache (`generate.converted.cached`, as `generate.saved` is):
+`<artifacts>/gguf-<hash>.hf/<stem>/`, described beside it, listed, sized and pruned by `autotune
+cache`. Its key is the hash of the file's bytes (with `FORMAT`), so a copy of the same file elsewhere
+reuses it and a changed file gets a folder of its own, and `stem`: the file's name without `.gguf`,
+lowercased, which names a study (`smollm2-135m-instruct.q4_1-generate-...`). It is saved whole or
+not at all, and reused after (a pruned one is converted again).
 
 torch and transformers are imported inside functions; recognising a GGUF file imports nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from autotune.model import hf
 from autotune.model.batches import explain
 from autotune.model.errors import ApplyError
+from autotune.model.files import unwritable
+from autotune.model.generate.converted import cached
 
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"  # the first four bytes of every GGUF file
-FOLDER = "gguf"  # under the artifacts folder
+KIND = "gguf"  # the converted folder's name prefix in the artifact cache (`autotune cache` names it by it)
+FOLDER_SUFFIX = ".hf"  # and its suffix: a transformers folder inside, as `generate.saved`'s
+OLD_FOLDER = "gguf"  # under the artifacts folder: where autotunes before the artifact left their conversions
 FORMAT = "autotune-gguf-v1"  # part of the key: bumped when what a converted folder holds changes
 SOURCE = "source.json"  # in the folder: the file it came from
 NEEDS = ("gguf", "accelerate")  # what transformers' GGUF loader imports
@@ -59,12 +62,6 @@ def missing_packages() -> list[str]:
     return [name for name in NEEDS if importlib.util.find_spec(name) is None]
 
 
-def target(path: Path, artifacts: Path) -> Path:
-    """Where the converted folder of the GGUF file at `path` lives under `artifacts`."""
-    stat = path.stat()
-    return artifacts / FOLDER / key(str(path.resolve()), stat.st_size, stat.st_mtime_ns) / path.stem.lower()
-
-
 @functools.lru_cache(maxsize=8)
 def key(path: str, size: int, mtime_ns: int) -> str:
     """The hash of the file's bytes (and FORMAT): read once per process for one file as it is (a
@@ -77,36 +74,34 @@ def key(path: str, size: int, mtime_ns: int) -> str:
 
 
 def converted(path: Path, artifacts: Path) -> Path:
-    """The transformers folder of the GGUF file at `path`: converted under `artifacts` unless it
-    already is. Raises ApplyError when it cannot be (a package missing, a file transformers cannot
-    load, a folder that cannot be written); nothing half-written stays."""
-    folder = target(path, artifacts)
-    if (folder / "config.json").is_file():
-        return folder
-    missing = missing_packages()
-    if missing:
-        raise ApplyError(f"loading a GGUF file needs {' and '.join(missing)}, not installed; {INSTALL}")
-    made = [f for f in (folder.parent, *folder.parent.parents) if not f.exists()]
-    partial = folder.parent / f".{folder.name}.{os.getpid()}"
+    """The transformers folder of the GGUF file at `path`: an artifact of the cache `artifacts`,
+    converted unless it already is. Raises ApplyError when it cannot be (a package missing, a file
+    transformers cannot load, a folder that cannot be written); nothing half-written stays."""
+    stat = path.stat()
+    stem = path.stem.lower()
+    described = {"gguf": key(str(path.resolve()), stat.st_size, stat.st_mtime_ns), "model": stem}
+
+    def convert(artifact: Path, meta: dict[str, Any]) -> None:
+        missing = missing_packages()
+        if missing:
+            raise ApplyError(f"loading a GGUF file needs {' and '.join(missing)}, not installed; {INSTALL}")
+        artifact.mkdir()
+        meta["file_type"] = _convert(path, artifact / stem)
+
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        _convert(path, partial)
-        partial.rename(folder)
-    except OSError as exc:
-        if not (folder / "config.json").is_file():  # not another process that converted it first
-            raise ApplyError(f"cannot write the converted model into {folder.parent}: {exc.strerror or exc}; "
-                             f"give a writable --cache-dir") from None
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-        for made_folder in made:  # deepest first, where the conversion failed
-            with contextlib.suppress(OSError):
-                made_folder.rmdir()
-    return folder
+        artifact, _ = cached(artifacts, KIND, FOLDER_SUFFIX, described, convert)
+    except ApplyError:
+        why = unwritable(artifacts, make=False)
+        if why:
+            raise ApplyError(f"cannot write the converted model into {artifacts}: {why}; give a writable "
+                             f"--cache-dir") from None
+        raise
+    return artifact / stem
 
 
-def _convert(path: Path, folder: Path) -> None:
+def _convert(path: Path, folder: Path) -> str:
     """transformers' load of the GGUF file, dequantized to fp32, saved into `folder` with its
-    tokenizer (when the file has a vocabulary) and `source.json`."""
+    tokenizer (when the file has a vocabulary) and `source.json`; returns the file's type."""
     import torch
 
     transformers = hf.transformers_module()
@@ -130,6 +125,7 @@ def _convert(path: Path, folder: Path) -> None:
                  "file_type": file_type(fields), "tokenizer": tokenizer is not None,
                  "transformers": transformers.__version__}
     (folder / SOURCE).write_text(json.dumps(described, indent=1) + "\n")
+    return str(described["file_type"])
 
 
 def _fields(path: Path) -> dict[str, Any]:

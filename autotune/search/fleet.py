@@ -31,7 +31,7 @@ from autotune.config.knobs import Config, identity_of
 from autotune.config.space import BATCH_PARAM, SearchSpace
 from autotune.host.machine import class_id, host_name
 from autotune.measure.replicates import Measurement
-from autotune.search import proposals, pruning, warm
+from autotune.search import compile_skip, proposals, warm
 from autotune.study import holders, quality_records, records, storage, undecided
 from autotune.study.storage import StudyError, StudyLocked
 
@@ -146,7 +146,7 @@ def _abandon(worker: Worker, trial: optuna.Trial, reason: str) -> None:
 def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     """The baseline first; then trials enqueued through Optuna (by a user, or by an autotune
     stopped between enqueueing and asking), sampled as they are; then a configuration that has not
-    run, nor was skipped on the evidence there is now (`pruning.held`; None: the space is
+    run, nor was skipped on the evidence there is now (`compile_skip.held`; None: the space is
     exhausted). `trials`: the study as `current_trials` read it."""
     if not baseline_taken(trials, worker.klass):
         return "baseline"
@@ -158,8 +158,8 @@ def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     retry = undecided.due(trials, worker.digest)
     if retry is not None:
         return worker.proposer.again(retry)
-    held = pruning.held(worker.space, trials, worker.klass, worker.digest)
-    cover = pruning.uncovered(worker.space, trials, worker.klass)
+    held = compile_skip.held(worker.space, trials, worker.klass, worker.digest)
+    cover = compile_skip.uncovered(worker.space, trials, worker.klass)
     wrong = quality_records.wrong_models(trials, worker.digest, worker.klass)
     proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held, cover, wrong)
     waiting = undecided.pending(trials, worker.digest)

@@ -29,7 +29,7 @@ from autotune.measure.runner import run_plan
 from autotune.search import budget, confirm, fleet, opening, proposals, trial_outcome
 from autotune.search.opening import Search, SearchRequest
 from autotune.search.trial_outcome import Outcome, patiently
-from autotune.study import quality_records, records, storage, undecided
+from autotune.study import accounting, quality_records, records, storage, undecided
 from autotune.study.storage import StudyLocked
 
 
@@ -64,7 +64,7 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
     def account() -> None:  # only a session that added trials counts; workers of a fleet end together
         with storage.exclusive(search.study):
             if records.finished(search.study) > before:
-                records.account(search.study, time.monotonic() - start)
+                accounting.account(search.study, time.monotonic() - start)
 
     try:
         stopped = _trials(search, machine, on_event, runner, start, clock)
@@ -81,7 +81,7 @@ def run_search(search: Search, machine: Machine, on_event: Callable[[TrialEvent]
 def _trials(search: Search, machine: Machine, on_event: Callable[[TrialEvent], None], runner: PlanRunner,
             start: float, clock: Callable[[], float]) -> str:
     study = search.study
-    began, prior = clock(), patiently(search, lambda: records.wall_per_trial(study))
+    began, prior = clock(), patiently(search, lambda: accounting.wall_per_trial(study))
     spent: list[budget.Spent] = []
     while (finished := patiently(search, lambda: records.finished(study))) < search.request.trials:
         limit = _time_budget(search.request)

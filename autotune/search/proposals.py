@@ -79,7 +79,7 @@ class Proposer:
              wrong: Collection[Model] = ()) -> Proposal | None:
         """The next configuration to measure, or None when every one of the space has run: what
         won in other studies of this host class (`warm`), the recipes, then `cover` (configurations
-        the search compiles before the sampler's next, `pruning.uncovered`), then the sampler's.
+        the search compiles before the sampler's next, `compile_skip.uncovered`), then the sampler's.
         `trials`: the study's, as the caller read them (the sampler sees them, nothing reads again).
         Beyond the recipes, nothing of a model in `wrong` (`quality_records.wrong_models`: it gave wrong
         answers) is proposed."""

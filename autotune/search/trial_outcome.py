@@ -21,7 +21,7 @@ from autotune.measure.objectives import values_of
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import Measurement, PlanRunner, measure_replicates, undisturbed_spreads
 from autotune.measure.results import RunResult
-from autotune.search import fleet, opening, pruning
+from autotune.search import compile_skip, fleet, opening, pruning
 from autotune.search.opening import Search
 from autotune.study import quality_records, records, storage, undecided
 from autotune.study.storage import StudyLocked
@@ -71,12 +71,12 @@ def measure(search: Search, machine: Machine, trial: optuna.Trial, config: Confi
     """Measure one trial's configuration; a failure is a reason, never an exception. What ran is
     recorded by `_store`, so that a locked database cannot lose it. A `sampled` one (the search's
     own proposal: not the baseline, a recipe, or a trial enqueued through Optuna) whose new
-    compile is predicted to lose is pruned without running (`pruning.skip_compile`)."""
+    compile is predicted to lose is pruned without running (`compile_skip.skip_compile`)."""
     request = search.request
     duplicate = patiently(search, lambda: _measured_as(search, trial, config, batch)) if config.values else None
     if duplicate is not None:
         return _reuse(search, trial, duplicate)
-    skipped = patiently(search, lambda: pruning.skip_compile(search.study, search.space, request.objective,
+    skipped = patiently(search, lambda: compile_skip.skip_compile(search.study, search.space, request.objective,
                                                               config, search.klass)) if sampled else None
     if skipped is not None:
         patiently(search, lambda: records.record_skipped(trial, skipped.reason, skipped.evidence))

@@ -32,7 +32,7 @@ UNDECIDED_FINAL = "undecided_final"  # a trial's: its configuration's last attem
 KILLED_RERUNS = 1
 LEGACY_CUT_SHORT = (INTERRUPTED_BY, "left running by")  # trials from before fail_cause
 SKIPPED = "not_compiled"  # a trial's: pruned before it ran, its compile predicted to lose
-SKIPPED_ON = "not_compiled_on"  # a skipped trial's: what its prediction read (pruning.Evidence.mark)
+SKIPPED_ON = "not_compiled_on"  # a skipped trial's: what its prediction read (compile_skip.Evidence.mark)
 HOST_CLASS = "host_class"  # a trial's: the class id of the host that ran it (fleet.py owns the study's)
 WRONG_ANSWERS = "wrong_answers"  # a failed trial's: its converted model failed the guard (`wrong_models`)
 QUALITY, QUALITY_KEY = "quality", "quality_key"  # a trial's quality on the user's data, and what it is of
@@ -130,54 +130,6 @@ def distinct_configs(study: optuna.Study) -> int:
     baseline included."""
     return len({(_identity(t), t.user_attrs.get("batch_size"))
                 for t in counted(study.get_trials(deepcopy=False)) if "config" in t.user_attrs})
-
-
-def account(study: optuna.Study, session_s: float) -> dict[str, Any]:
-    """What the study's searches cost and measured, over all their sessions: wall time, timed
-    seconds (the windows samples were taken in; a duplicate's reused ones once), their ratio,
-    distinct configurations, the trials that count toward --trials, those pruned before
-    compiling (which do not) and the attempts stopped on a noisy window (undecided), and counted
-    trials per hour. Stored as the study's `accounting`."""
-    before = study.user_attrs.get("accounting", {})
-    wall = float(before.get("wall_s", 0.0)) + session_s
-    trials = study.get_trials(deepcopy=False, states=FINISHED)
-    timed = sum(float(t.user_attrs.get("timed_s", 0.0)) for t in trials if not is_duplicate(t))
-    number = len(counted(trials))
-    accounting = {"wall_s": round(wall, 2), "timed_s": round(timed, 2),
-                  "efficiency": round(timed / wall, 3) if wall else 0.0,
-                  "breakdown": breakdown(trials, wall),
-                  "distinct_configurations": distinct_configs(study), "trials": number,
-                  "not_compiled": not_compiled(trials),
-                  "undecided": sum(fail_cause(t) == UNDECIDED for t in trials),
-                  "trials_per_hour": round(number / wall * 3600, 1) if wall else 0.0,
-                  "sessions": int(before.get("sessions", 0)) + 1}
-    study.set_user_attr("accounting", accounting)
-    return accounting
-
-
-def breakdown(trials: Sequence[FrozenTrial], wall_s: float) -> dict[str, float]:
-    """Where a study's search wall time went, in seconds: building (loading, converting, compiling)
-    and warming up the measuring processes, their timed windows, the attempts that decided nothing
-    (undecided: their whole measuring wall, measured again later), and the rest (process starts,
-    quality judging, the sampler, the database). A duplicate reuses another trial's and counts nothing."""
-    measured = [t for t in trials if not is_duplicate(t) and "measure_wall_s" in t.user_attrs]
-    wasted = [t for t in measured if fail_cause(t) == UNDECIDED]
-    decided = [t for t in measured if fail_cause(t) != UNDECIDED]
-
-    def total(key: str, among: Sequence[FrozenTrial]) -> float:
-        return sum(float(t.user_attrs.get(key) or 0.0) for t in among)
-
-    parts = {"build_s": total("build_s", decided), "warmup_s": total("warmup_s", decided),
-             "timed_s": total("timed_s", decided), "undecided_s": total("measure_wall_s", wasted)}
-    parts["other_s"] = max(wall_s - sum(parts.values()), 0.0)
-    return {key: round(value, 1) for key, value in parts.items()}
-
-
-def wall_per_trial(study: optuna.Study) -> float | None:
-    """Wall seconds per finished trial over the study's earlier searches (None before any)."""
-    before = study.user_attrs.get("accounting", {})
-    trials = int(before.get("trials", 0))
-    return float(before["wall_s"]) / trials if trials and "wall_s" in before else None
 
 
 def record_end(study: optuna.Study, ended: dict[str, Any]) -> None:
@@ -366,8 +318,8 @@ def not_compiled_configs(trials: Sequence[FrozenTrial], digest: str) -> int:
 
 
 def record_skipped(trial: optuna.Trial, reason: str, evidence: str) -> None:
-    """Pruned before it ran: its compile was predicted to lose (pruning.skip_compile), on
-    `evidence` (what the prediction read, pruning.Evidence.mark)."""
+    """Pruned before it ran: its compile was predicted to lose (compile_skip.skip_compile), on
+    `evidence` (what the prediction read, compile_skip.Evidence.mark)."""
     record_pruned(trial, reason)
     trial.set_user_attr(SKIPPED, True)
     trial.set_user_attr(SKIPPED_ON, evidence)
@@ -395,13 +347,13 @@ def record_metrics(trial: optuna.Trial, measurement: Measurement, reference: Map
 
 
 def first_call(measurement: Measurement) -> dict[str, float]:
-    """Set-up costs never mixed into latency: build, convert, trace, first forward (worst instance)."""
+    """Set-up costs never mixed into latency (`InstanceResult.setup_costs`: build, convert, compile,
+    first forward, warm-up...), each the worst instance's."""
     costs: dict[str, float] = {}
     for run in measurement.runs:
         for inst in run.instances:
-            for key, value in inst.metrics.get("setup", {}).items():
-                if key.endswith("_s") and isinstance(value, (int, float)):
-                    costs[key] = round(max(costs.get(key, 0.0), float(value)), 3)
+            for key, value in inst.setup_costs().items():
+                costs[key] = round(max(costs.get(key, 0.0), value), 3)
     return costs
 
 

@@ -72,7 +72,8 @@ def test_a_missing_package_is_named_with_the_pip_command(tmp_path: Path, tiny_gg
 def test_a_gguf_file_becomes_a_transformers_folder_once(tmp_path: Path, tiny_gguf: Path) -> None:
     spec = resolve(str(tiny_gguf), task="generate", seq_len=16, new_tokens=8, cache_dir=tmp_path / "cache")
     folder = Path(hf.folder_of(spec.name) or "")
-    assert folder.parent.parent == tmp_path / "cache" / "artifacts" / "gguf" and folder.name == "tiny-llama.f32"
+    artifact = folder.parent  # an artifact of the one cache (tests/deploy/test_cache_gguf.py lists and prunes it)
+    assert artifact.parent == tmp_path / "cache" / "artifacts" and folder.name == "tiny-llama.f32"
     assert (spec.kind, spec.task, spec.item_shape) == ("huggingface", "generate", (16, 8))
     assert gguf_source.source_of(folder) == {
         "format": gguf_source.FORMAT, "gguf": str(tiny_gguf), "bytes": tiny_gguf.stat().st_size,
@@ -80,7 +81,8 @@ def test_a_gguf_file_becomes_a_transformers_folder_once(tmp_path: Path, tiny_ggu
     made = (folder / "model.safetensors").stat().st_mtime_ns
     assert resolve(str(tiny_gguf), task="generate", cache_dir=tmp_path / "cache").name == spec.name
     assert (folder / "model.safetensors").stat().st_mtime_ns == made  # reused, not converted again
-    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temporary folder left
+    assert [p.name for p in artifact.iterdir()] == [folder.name]
+    assert sorted(p.name for p in artifact.parent.iterdir()) == [artifact.name, f"{artifact.name}.json"]  # no temporary
     request = opening.SearchRequest(model=str(tiny_gguf), trials=2, space=space.find("generate"), task="generate")
     assert opening.study_name(request, spec) == "tiny-llama.f32-generate-bs1-latency"
 

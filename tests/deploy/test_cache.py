@@ -15,7 +15,7 @@ import pytest
 
 from autotune.base.errors import AutotuneError
 from autotune.cli.options import parse_duration
-from autotune.deploy import cache, export
+from autotune.deploy import cache, cache_prune, export
 from autotune.model import apply, references
 from autotune.model.artifacts import ARTIFACT_FORMAT, installed_torch_version
 from autotune.model.convert import saved_knobs
@@ -92,9 +92,9 @@ def test_the_kept_eager_outputs_are_entries_per_torch_version(tmp_path: Path) ->
     assert entries[HERE.torch].unusable == "" and entries[HERE.torch].size == 7
     assert entries["2.13.0"].unusable == "built by torch 2.13.0, this is 2.14.1+cu130"
     assert entries["2.12.0"].last_used < time.time() - 39 * DAY
-    chosen = cache.to_prune(entries.values(), None, time.time(), False)
+    chosen = cache_prune.to_prune(entries.values(), None, time.time(), False)
     assert sorted(e.path.name for e in chosen) == ["2.12.0", "2.13.0"]
-    assert all(cache.remove(e) == "" for e in chosen)
+    assert all(cache_prune.remove(e) == "" for e in chosen)
     assert [p.name for p in (tmp_path / references.FOLDER).iterdir()] == [HERE.torch]
 
 
@@ -107,9 +107,10 @@ def test_prune_takes_the_unusable_and_the_unused_but_never_what_an_env_file_keep
     keeper = cache.Export("best.env", folder, ModelKnobs(backend="inductor"), 2)
     entries = cache.scan(tmp_path, HERE, [keeper])
     names = lambda chosen: sorted(e.path.name for e in chosen)  # noqa: E731
-    assert names(cache.to_prune(entries, None, time.time(), False)) == ["torchscript-stale.pt"]
-    assert names(cache.to_prune(entries, 30 * DAY, time.time(), False)) == ["inductor-old.pt2", "torchscript-stale.pt"]
-    assert names(cache.to_prune(entries, 30 * DAY, time.time(), True)) == [
+    assert names(cache_prune.to_prune(entries, None, time.time(), False)) == ["torchscript-stale.pt"]
+    assert names(cache_prune.to_prune(entries, 30 * DAY, time.time(), False)) == ["inductor-old.pt2",
+                                                                                  "torchscript-stale.pt"]
+    assert names(cache_prune.to_prune(entries, 30 * DAY, time.time(), True)) == [
         "inductor-kept.pt2", "inductor-old.pt2", "torchscript-stale.pt"]
     other_threads = cache.Export("one.env", folder, ModelKnobs(backend="inductor"), 1)
     assert not any(e.kept_by for e in cache.scan(tmp_path, HERE, [other_threads]))
@@ -126,7 +127,7 @@ def test_an_int8_graph_is_listed_as_such_and_no_env_file_keeps_it(tmp_path: Path
     entries = {e.path.name: e for e in cache.scan(tmp_path, HERE, [keeper])}
     assert entries[graph.name].kind == "int8 quantized graph" and entries[graph.name].kept_by == ()
     assert entries[compiled.name].kind == "inductor artifact" and entries[compiled.name].kept_by == ("best.env",)
-    assert [e.path.name for e in cache.to_prune(entries.values(), 30 * DAY, time.time(), False)] == [graph.name]
+    assert [e.path.name for e in cache_prune.to_prune(entries.values(), 30 * DAY, time.time(), False)] == [graph.name]
 
 
 def test_an_int8_layer_ranking_is_listed_pruned_with_its_torch_and_a_damaged_one_is_unusable(tmp_path: Path) -> None:
@@ -147,7 +148,7 @@ def test_an_int8_layer_ranking_is_listed_pruned_with_its_torch_and_a_damaged_one
     assert entries[path.name].config == "backend=inductor precision=int8 inputs 1x64:float32:contiguous"
     assert entries[path.name].unusable == f"built for torch 2.13.0, this is {HERE.torch}"
     assert entries[damaged.name].unusable == "it cannot be read; it is ranked again"
-    assert not cache.prune(cache.to_prune(entries.values(), None, time.time(), False)).kept
+    assert not cache_prune.prune(cache_prune.to_prune(entries.values(), None, time.time(), False)).kept
     assert list(folder.iterdir()) == []
 
 
@@ -159,9 +160,9 @@ def test_int8_calibration_batches_are_listed_and_kept_by_the_env_file_that_loads
     batches = artifact(folder, "int8calibration-a.pt", int8, age_s=40 * DAY, batches=4)
     entries = {e.path.name: e for e in cache.scan(tmp_path, HERE, [cache.Export("best.env", folder, int8, 1)])}
     assert entries[batches.name].kind == cache.CALIBRATION and entries[batches.name].kept_by == ("best.env",)
-    assert cache.to_prune(entries.values(), 30 * DAY, time.time(), False) == []
+    assert cache_prune.to_prune(entries.values(), 30 * DAY, time.time(), False) == []
     alone = cache.scan(tmp_path, HERE, [])
-    assert [e.path.name for e in cache.to_prune(alone, 30 * DAY, time.time(), False)] == [batches.name]
+    assert [e.path.name for e in cache_prune.to_prune(alone, 30 * DAY, time.time(), False)] == [batches.name]
 
 
 def test_a_guard_record_is_kept_in_the_description_and_a_damaged_one_is_no_record(tmp_path: Path) -> None:
@@ -184,7 +185,7 @@ def test_a_guard_record_is_kept_in_the_description_and_a_damaged_one_is_no_recor
 def test_remove_deletes_the_artifact_and_its_description(tmp_path: Path) -> None:
     path = artifact(tmp_path / "artifacts", "inductor-a.pt2", INDUCTOR)
     (entry,) = cache.scan(tmp_path, HERE)
-    assert cache.remove(entry) == ""
+    assert cache_prune.remove(entry) == ""
     assert list((tmp_path / "artifacts").iterdir()) == [] and not path.exists()
 
 
@@ -267,7 +268,7 @@ def test_a_description_of_the_wrong_types_is_as_good_as_none(tmp_path: Path, des
     (entry,) = cache.scan(tmp_path / "cache", HERE)
     assert (entry.kind, entry.model, entry.config) == ("inductor artifact", "?", "?")
     assert entry.unusable == f"its description {path.name}.json cannot be used ({why})"
-    assert cache.to_prune([entry], None, time.time(), False) == [entry]  # pruned as unusable, never loaded
+    assert cache_prune.to_prune([entry], None, time.time(), False) == [entry]  # pruned as unusable, never loaded
     listed = cli(tmp_path, "--cache-dir", "cache", "--json")
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["entries"][0]["unusable_reason"] == entry.unusable

@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from autotune.deploy import cache  # noqa: E402
+from autotune.deploy import cache, cache_prune  # noqa: E402
 from autotune.model import backends, generate, hf  # noqa: E402
 from autotune.model.knobs import ModelKnobs  # noqa: E402
 
@@ -116,6 +116,6 @@ def test_what_it_keeps_is_the_caches_to_list_reuse_and_prune(built: tuple[str, A
     assert all(e.kind.endswith("artifact") and e.key and e.size > 0 and e.unusable == "" for e in entries), entries
     build(name, causal_lm, folder)
     assert {e.path for e in cache.scan(folder, here)} == {e.path for e in entries}  # reused, not made again
-    chosen = cache.to_prune(cache.scan(folder, here), 0.0, time.time() + 1, include_exported=False)
-    assert not cache.prune(chosen).kept
+    chosen = cache_prune.to_prune(cache.scan(folder, here), 0.0, time.time() + 1, include_exported=False)
+    assert not cache_prune.prune(chosen).kept
     assert kept(folder) == set()

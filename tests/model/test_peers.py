@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import autotune
-from autotune.deploy import cache
+from autotune.deploy import cache, cache_prune
 from autotune.model import apply, backends
 from autotune.model.backends import base
 from autotune.model.knobs import ModelKnobs
@@ -153,7 +153,7 @@ def test_the_cache_lists_and_removes_an_openvino_artifact_with_its_weights(tmp_p
     meta = json.loads(Path(f"{xml}.json").read_text())
     assert meta["knobs"] == {"backend": "openvino", "precision": "fp32"}
     assert meta["runtime"] == backends.get("openvino").version()
-    assert cache.remove(entry) == ""
+    assert cache_prune.remove(entry) == ""
     assert not list((tmp_path / "artifacts").iterdir())
 
 

@@ -20,7 +20,7 @@ from autotune.host.machine import Machine
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy
 from autotune.measure.results import RunResult
-from autotune.search import fleet, loop, opening, proposals, pruning
+from autotune.search import compile_skip, fleet, loop, opening, proposals
 from autotune.study import holders, records, references
 from tests.conftest import lscpu
 from tests.support import probes
@@ -390,7 +390,7 @@ PRECISION_LATENCY = {"fp32": 0.9, "bf16": 0.5, "int8": 0.4, "int8_dynamic": 0.45
 
 def test_every_precision_and_layout_compiles_at_the_best_trials_threads(tmp_path: Path, here: Machine,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Coverage (pruning.uncovered): whatever the sampler draws, each precision x layout the space
+    """Coverage (compile_skip.uncovered): whatever the sampler draws, each precision x layout the space
     offers runs with inductor at the thread count of the best trial, after the recipes."""
 
     def runner(plan: LaunchPlan, timeout_s: float) -> RunResult:
@@ -404,9 +404,9 @@ def test_every_precision_and_layout_compiles_at_the_best_trials_threads(tmp_path
     loop.run_search(opened, here, lambda event: None, runner=runner)
     trials = opened.study.get_trials()
     best = min((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: float(t.values[0]))
-    threads = pruning.compile_key(opened.space, space.config_of_params(best.params))
+    threads = compile_skip.compile_key(opened.space, space.config_of_params(best.params))
     assert threads is not None
-    ran = {pruning.compile_key(opened.space, space.config_of_params(t.params)) for t in trials}
+    ran = {compile_skip.compile_key(opened.space, space.config_of_params(t.params)) for t in trials}
     offered = opened.space.get("precision").choices  # type: ignore[union-attr]
     assert "int8_dynamic" not in offered  # a CNN: its work is not in Linear layers (space_fit.for_model)
     assert {(p, m, threads[2], "buckets") for p in offered for m in ("contiguous", "channels_last")} <= ran

@@ -20,7 +20,7 @@ import pytest
 
 from autotune.config import space, space_fit
 from autotune.config.knobs import Config
-from autotune.search import pruning
+from autotune.search import compile_skip
 
 CORES = 16
 HOST = space_fit.adapt(space.load(space.find("default")), CORES, {"bf16": True, "int8": True})
@@ -35,7 +35,7 @@ NOISE = 0.03
 RECIPES = (("fp32", "channels_last"), ("bf16", "channels_last"), ("int8", "channels_last"))
 
 
-Key = tuple[str, str, int]  # precision, layout, threads: a pruning.CompileKey at shapes=buckets
+Key = tuple[str, str, int]  # precision, layout, threads: a compile_skip.CompileKey at shapes=buckets
 
 
 def true_ms(key: Key) -> float:
@@ -83,12 +83,12 @@ def replay(seed: int, proposals: int = 80) -> list[tuple[Key, int | None]]:
     decided: list[tuple[Key, int | None]] = []
     for _ in range(proposals):
         key = rng.choice(KEYS)
-        skip = pruning.skip_compile(study, HOST, "latency", compiled(key), HERE)
+        skip = compile_skip.skip_compile(study, HOST, "latency", compiled(key), HERE)
         if skip is None:
             measure(study, compiled(key), true_ms(key) * math.exp(rng.gauss(0.0, NOISE)))
             decided.append((key, None))
         else:
-            best = pruning.evidence(HOST, study.get_trials(), HERE).best
+            best = compile_skip.evidence(HOST, study.get_trials(), HERE).best
             assert best is not None
             decided.append((key, best.threads))
     return decided
@@ -115,16 +115,16 @@ def test_a_disturbed_bf16_at_16_threads_no_longer_skips_every_bf16_key() -> None
     """bf16's recipe measured 1.7x slower than the host runs it puts it past 1.5x the best: read as
     "no change" along the unmeasured thread steps, that skipped bf16 at 1 to 15 threads."""
     study = opened(random.Random(0), disturbed=1.7)
-    best = pruning.evidence(HOST, study.get_trials(), HERE).best
+    best = compile_skip.evidence(HOST, study.get_trials(), HERE).best
     assert best is not None and study.get_trials()[2].values[0] > 1.5 * best.value
     for layout in ("channels_last", "contiguous"):
         for threads in range(1, CORES):
-            assert pruning.skip_compile(study, HOST, "latency", compiled(("bf16", layout, threads)), HERE) is None
+            assert compile_skip.skip_compile(study, HOST, "latency", compiled(("bf16", layout, threads)), HERE) is None
     # with int8's layout step measured at 16 threads, bf16 contiguous at 16 is predicted from the
     # disturbed recipe, past 1.5x the best; it compiles all the same, at the best trial's threads
     measure(study, compiled(("int8", "contiguous", CORES)), true_ms(("int8", "contiguous", CORES)))
-    predicted = pruning.predict_compile(HOST, study.get_trials(), ("bf16", "contiguous", CORES, "buckets"), HERE)
-    best = pruning.evidence(HOST, study.get_trials(), HERE).best
+    predicted = compile_skip.predict_compile(HOST, study.get_trials(), ("bf16", "contiguous", CORES, "buckets"), HERE)
+    best = compile_skip.evidence(HOST, study.get_trials(), HERE).best
     assert best is not None and best.threads == CORES
     assert predicted is not None and predicted.value > 1.5 * best.value
-    assert pruning.skip_compile(study, HOST, "latency", compiled(("bf16", "contiguous", CORES)), HERE) is None
+    assert compile_skip.skip_compile(study, HOST, "latency", compiled(("bf16", "contiguous", CORES)), HERE) is None

@@ -22,7 +22,7 @@ from autotune.host.libs import Libraries
 from autotune.host.machine import Machine
 from autotune.measure.plan import LaunchPlan
 from autotune.measure.results import RunResult
-from autotune.search import loop, opening, pruning
+from autotune.search import compile_skip, loop, opening
 from autotune.study import records
 from tests.conftest import FIXTURES, lscpu
 from tests.support.samplers import Scripted
@@ -66,45 +66,47 @@ def searched() -> optuna.Study:
 
 def test_the_key_of_a_recipe_is_what_it_runs_and_eager_has_none() -> None:
     recipe = Config.from_mapping({"backend": "inductor", "memory_format": "channels_last", "precision": "int8"})
-    assert pruning.compile_key(DEFAULT, recipe) == ("int8", "channels_last", 2, "buckets")  # all the cores
-    assert pruning.compile_key(DEFAULT, compiled("bf16", "contiguous", 1, instances=2)) == ("bf16", "contiguous", 1,
-                                                                                            "buckets")
-    assert pruning.compile_key(DEFAULT, Config()) is None
-    assert pruning.compile_key(DEFAULT, Config.from_mapping({"backend": "torchscript"})) is None
+    assert compile_skip.compile_key(DEFAULT, recipe) == ("int8", "channels_last", 2, "buckets")  # all the cores
+    assert compile_skip.compile_key(DEFAULT, compiled("bf16", "contiguous", 1, instances=2)) == (
+        "bf16", "contiguous", 1, "buckets")
+    assert compile_skip.compile_key(DEFAULT, Config()) is None
+    assert compile_skip.compile_key(DEFAULT, Config.from_mapping({"backend": "torchscript"})) is None
 
 
 def test_a_key_is_predicted_from_a_measured_key_times_the_measured_steps() -> None:
     trials = searched().get_trials()
     # bf16 at 1 thread: bf16 at 2 (49.0, trial 2) times int8's 1 thread over 2 (59.0 / 33.5)
-    bf16 = pruning.predict_compile(DEFAULT, trials, ("bf16", "channels_last", 1, "buckets"), HERE)
-    assert bf16 == pruning.Prediction(pytest.approx(49.0 * 59.0 / 33.5), 2, (("omp_threads", (4, 3)),))
+    bf16 = compile_skip.predict_compile(DEFAULT, trials, ("bf16", "channels_last", 1, "buckets"), HERE)
+    assert bf16 == compile_skip.Prediction(pytest.approx(49.0 * 59.0 / 33.5), 2, (("omp_threads", (4, 3)),))
     # the most hopeful route: fp32 contiguous from fp32 channels_last and int8's layout step
-    fp32 = pruning.predict_compile(DEFAULT, trials, ("fp32", "contiguous", 2, "buckets"), HERE)
-    assert fp32 == pruning.Prediction(pytest.approx(101.0 * 60.0 / 59.0), 1, (("memory_format", (5, 4)),))
+    fp32 = compile_skip.predict_compile(DEFAULT, trials, ("fp32", "contiguous", 2, "buckets"), HERE)
+    assert fp32 == compile_skip.Prediction(pytest.approx(101.0 * 60.0 / 59.0), 1, (("memory_format", (5, 4)),))
     # two steps away: fp32 contiguous at 1 thread, fp32 channels_last times both of int8's steps
-    far = pruning.predict_compile(DEFAULT, trials, ("fp32", "contiguous", 1, "buckets"), HERE)
+    far = compile_skip.predict_compile(DEFAULT, trials, ("fp32", "contiguous", 1, "buckets"), HERE)
     assert far is not None and far.value == pytest.approx(101.0 * 59.0 / 33.5 * 60.0 / 59.0)
-    assert pruning.predict_compile(DEFAULT, trials, ("int8", "channels_last", 1, "buckets"), HERE) is None  # measured
-    assert pruning.predict_compile(DEFAULT, [], ("int8", "channels_last", 1, "buckets"), HERE) is None  # none measured
+    int8 = ("int8", "channels_last", 1, "buckets")
+    assert compile_skip.predict_compile(DEFAULT, trials, int8, HERE) is None  # measured
+    assert compile_skip.predict_compile(DEFAULT, [], int8, HERE) is None  # none measured
     # one dynamic model for every sequence length: no pair measured the step from a model per length
-    assert pruning.predict_compile(DEFAULT, trials, ("int8", "channels_last", 1, "dynamic"), HERE) is None
+    assert compile_skip.predict_compile(DEFAULT, trials, ("int8", "channels_last", 1, "dynamic"), HERE) is None
 
 
 def test_a_step_no_pair_measured_is_unknown_and_gives_no_prediction() -> None:
     recipes = searched().get_trials()[:4]
     # the recipes' int8 at 1 thread: no thread step measured, so no prediction (it used to be int8
     # at 2 threads' own value, "no change")
-    assert pruning.predict_compile(DEFAULT, recipes, ("int8", "channels_last", 1, "buckets"), HERE) is None
+    assert compile_skip.predict_compile(DEFAULT, recipes, ("int8", "channels_last", 1, "buckets"), HERE) is None
     # bf16 contiguous at 1 thread: neither step measured; once int8's are (trials 4 and 5), bf16 at
     # 2 threads' 49.0 times both
-    assert pruning.predict_compile(DEFAULT, recipes, ("bf16", "contiguous", 1, "buckets"), HERE) is None
-    measured = pruning.predict_compile(DEFAULT, searched().get_trials(), ("bf16", "contiguous", 1, "buckets"), HERE)
+    assert compile_skip.predict_compile(DEFAULT, recipes, ("bf16", "contiguous", 1, "buckets"), HERE) is None
+    measured = compile_skip.predict_compile(DEFAULT, searched().get_trials(), ("bf16", "contiguous", 1, "buckets"),
+                                            HERE)
     assert measured is not None and measured.value == pytest.approx(49.0 * 59.0 / 33.5 * 60.0 / 59.0)
     # one measured step is not enough for a route that needs two: fp32 contiguous at 1 thread from
     # the recipes and int8 at 1 thread in channels_last alone (a thread step, no layout step)
     thread_only = searched().get_trials()[:5]
-    assert pruning.predict_compile(DEFAULT, thread_only, ("fp32", "contiguous", 1, "buckets"), HERE) is None
-    assert pruning.predict_compile(DEFAULT, thread_only, ("fp32", "channels_last", 1, "buckets"), HERE) is not None
+    assert compile_skip.predict_compile(DEFAULT, thread_only, ("fp32", "contiguous", 1, "buckets"), HERE) is None
+    assert compile_skip.predict_compile(DEFAULT, thread_only, ("fp32", "channels_last", 1, "buckets"), HERE) is not None
 
 
 def test_a_prediction_reads_only_trials_of_this_host_class() -> None:
@@ -114,24 +116,24 @@ def test_a_prediction_reads_only_trials_of_this_host_class() -> None:
     study = optuna.create_study()
     study.add_trials(trials)
     trials = study.get_trials()
-    assert pruning.predict_compile(DEFAULT, trials, ("bf16", "channels_last", 1, "buckets"), HERE) is None
-    assert pruning.skip_compile(study, DEFAULT, "latency", compiled("bf16", "channels_last", 1), HERE) is None
+    assert compile_skip.predict_compile(DEFAULT, trials, ("bf16", "channels_last", 1, "buckets"), HERE) is None
+    assert compile_skip.skip_compile(study, DEFAULT, "latency", compiled("bf16", "channels_last", 1), HERE) is None
     # that class reads its own trials and those recorded before host classes (the recipes here)
-    there = pruning.predict_compile(DEFAULT, trials, ("bf16", "channels_last", 1, "buckets"), "elsewhere")
-    assert there == pruning.Prediction(pytest.approx(49.0 * 59.0 / 33.5), 2, (("omp_threads", (4, 3)),))
-    assert [t.number for t in pruning.measured_here(trials, HERE)] == [0, 1, 2, 3]
+    there = compile_skip.predict_compile(DEFAULT, trials, ("bf16", "channels_last", 1, "buckets"), "elsewhere")
+    assert there == compile_skip.Prediction(pytest.approx(49.0 * 59.0 / 33.5), 2, (("omp_threads", (4, 3)),))
+    assert [t.number for t in compile_skip.measured_here(trials, HERE)] == [0, 1, 2, 3]
 
 
 def test_a_prediction_says_where_it_comes_from() -> None:
-    assert pruning.Prediction(86.3, 2, (("omp_threads", (4, 3)),)).why() == "trial 2 times trial 4 over trial 3"
-    assert pruning.Prediction(9.0, 1, (("precision", (2, 3)), ("memory_format", (5, 4)))).why() == \
+    assert compile_skip.Prediction(86.3, 2, (("omp_threads", (4, 3)),)).why() == "trial 2 times trial 4 over trial 3"
+    assert compile_skip.Prediction(9.0, 1, (("precision", (2, 3)), ("memory_format", (5, 4)))).why() == \
         "trial 1 times trial 2 over trial 3 times trial 5 over trial 4"
-    assert pruning.Prediction(9.0, 1).why() == "trial 1"
+    assert compile_skip.Prediction(9.0, 1).why() == "trial 1"
 
 
 def test_a_latency_search_skips_a_compile_predicted_to_lose_by_more_than_the_margin() -> None:
     study = searched()
-    skip = pruning.skip_compile(study, DEFAULT, "latency", compiled("bf16", "channels_last", 1), HERE)
+    skip = compile_skip.skip_compile(study, DEFAULT, "latency", compiled("bf16", "channels_last", 1), HERE)
     assert skip is not None and skip.reason == (
         "not compiled: bf16 channels_last at 1 thread(s) predicted at 86.30 ms (trial 2 times trial 4 over "
         "trial 3), more than 1.5x trial 3's 33.50 ms")
@@ -140,31 +142,31 @@ def test_a_latency_search_skips_a_compile_predicted_to_lose_by_more_than_the_mar
     # after the recipes alone: fp32 contiguous has no prediction (no layout step measured), compiled
     recipes = optuna.create_study()
     recipes.add_trials(study.get_trials()[:4])
-    assert pruning.skip_compile(recipes, DEFAULT, "latency", compiled("fp32", "contiguous", 2), HERE) is None
+    assert compile_skip.skip_compile(recipes, DEFAULT, "latency", compiled("fp32", "contiguous", 2), HERE) is None
     # int8 contiguous at 2 threads, the winner of that search: predicted at 34.07 ms, compiled
-    assert pruning.skip_compile(study, DEFAULT, "latency", compiled("int8", "contiguous", 2), HERE) is None
+    assert compile_skip.skip_compile(study, DEFAULT, "latency", compiled("int8", "contiguous", 2), HERE) is None
     # already compiled (another allocator): it runs, as does eager
-    assert pruning.skip_compile(study, DEFAULT, "latency", compiled("int8", "channels_last", 1,
+    assert compile_skip.skip_compile(study, DEFAULT, "latency", compiled("int8", "channels_last", 1,
                                                                     allocator="jemalloc", instances=2), HERE) is None
-    assert pruning.skip_compile(study, DEFAULT, "latency", Config.from_mapping({"omp_threads": 1}), HERE) is None
+    assert compile_skip.skip_compile(study, DEFAULT, "latency", Config.from_mapping({"omp_threads": 1}), HERE) is None
     # throughput is not predicted from latencies
-    assert pruning.skip_compile(study, DEFAULT, "throughput", compiled("bf16", "channels_last", 1), HERE) is None
+    assert compile_skip.skip_compile(study, DEFAULT, "throughput", compiled("bf16", "channels_last", 1), HERE) is None
 
 
 def test_every_precision_and_layout_compiles_at_the_threads_of_the_best_trial() -> None:
     study = searched()
     # fp32 contiguous at 2 threads is predicted at 102.71 ms, over 1.5x the best's 33.50, but the
     # best (trial 3) runs 2 threads: it compiles, as fp32 contiguous at 1 thread does not
-    predicted = pruning.predict_compile(DEFAULT, study.get_trials(), ("fp32", "contiguous", 2, "buckets"), HERE)
+    predicted = compile_skip.predict_compile(DEFAULT, study.get_trials(), ("fp32", "contiguous", 2, "buckets"), HERE)
     assert predicted is not None and predicted.value > thresholds.SKIP_COMPILE * 33.5
-    assert pruning.skip_compile(study, DEFAULT, "latency", compiled("fp32", "contiguous", 2), HERE) is None
-    assert pruning.skip_compile(study, DEFAULT, "latency", compiled("fp32", "contiguous", 1), HERE) is not None
+    assert compile_skip.skip_compile(study, DEFAULT, "latency", compiled("fp32", "contiguous", 2), HERE) is None
+    assert compile_skip.skip_compile(study, DEFAULT, "latency", compiled("fp32", "contiguous", 1), HERE) is not None
 
 
 def test_a_skipped_configuration_is_held_until_the_evidence_changes() -> None:
     study = searched()
     config = compiled("bf16", "channels_last", 1)
-    skip = pruning.skip_compile(study, DEFAULT, "latency", config, HERE)
+    skip = compile_skip.skip_compile(study, DEFAULT, "latency", config, HERE)
     assert skip is not None
     study.enqueue_trial(DEFAULT.params(config))
     trial = study.ask()
@@ -180,11 +182,11 @@ def test_a_skipped_configuration_is_held_until_the_evidence_changes() -> None:
     assert records.same_config(study, 99, config.identity(), 1, "d") is None
     assert records.not_compiled_configs(trials, "d") == 1
     # but held while the evidence is what it was skipped on ...
-    assert pruning.held(DEFAULT, trials, HERE, "d") == {(config.identity(), 1)}
-    assert pruning.held(DEFAULT, trials, "elsewhere", "d") == set()  # another class decides for itself
+    assert compile_skip.held(DEFAULT, trials, HERE, "d") == {(config.identity(), 1)}
+    assert compile_skip.held(DEFAULT, trials, "elsewhere", "d") == set()  # another class decides for itself
     # ... and proposable again once a measurement changes it (a new key: fp32 contiguous at 2)
     told(study, compiled("fp32", "contiguous", 2), 104.0)
-    assert pruning.held(DEFAULT, study.get_trials(), HERE, "d") == set()
+    assert compile_skip.held(DEFAULT, study.get_trials(), HERE, "d") == set()
 
 
 def test_the_search_records_a_skipped_trial_as_pruned_and_never_runs_it(
@@ -276,10 +278,11 @@ def test_coverage_offers_both_shapes_where_the_space_has_buckets() -> None:
     """With sequence-length buckets (`shapes` in the space) each precision x layout is covered at the
     best's threads with a model per bucket and with one dynamic model; without buckets, as before."""
     study = searched()
-    offered = pruning.uncovered(DEFAULT, study.get_trials(), HERE)
-    keys = [pruning.compile_key(DEFAULT, Config.from_mapping(dict(wanted))) for wanted, _ in offered]
+    offered = compile_skip.uncovered(DEFAULT, study.get_trials(), HERE)
+    keys = [compile_skip.compile_key(DEFAULT, Config.from_mapping(dict(wanted))) for wanted, _ in offered]
     assert ("int8", "channels_last", 2, "dynamic") in keys and ("int8", "channels_last", 2, "buckets") not in keys
     assert keys[:2] == [("fp32", "contiguous", 2, "buckets"), ("fp32", "contiguous", 2, "dynamic")]
     unbucketed = space_fit.for_buckets(DEFAULT, bucketed=False)
-    assert {key[3] for key in (pruning.compile_key(unbucketed, Config.from_mapping(dict(wanted)))
-                               for wanted, _ in pruning.uncovered(unbucketed, study.get_trials(), HERE))} == {"buckets"}
+    offered = compile_skip.uncovered(unbucketed, study.get_trials(), HERE)
+    assert {key[3] for key in (compile_skip.compile_key(unbucketed, Config.from_mapping(dict(wanted)))
+                               for wanted, _ in offered)} == {"buckets"}

@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from autotune.measure import replicates
 from autotune.measure.objectives import Limits
-from autotune.study import quality_records, records
+from autotune.study import accounting, quality_records, records
 from tests.support.studies import run_with
 
 
@@ -166,6 +166,36 @@ def test_a_searchs_wall_time_is_broken_down_where_it_went() -> None:
               trial(TrialState.PRUNED, build_s=30.0, warmup_s=1.0, timed_s=2.0),
               trial(TrialState.FAIL, build_s=8.0, warmup_s=1.0, timed_s=6.0, fail_cause=records.UNDECIDED),
               trial(TrialState.COMPLETE, build_s=8.0, warmup_s=1.0, timed_s=6.0, duplicate_of=0)]
-    assert records.breakdown(trials, 100.0) == {"build_s": 38.0, "warmup_s": 2.0, "timed_s": 8.0,
-                                                "undecided_s": 20.0, "other_s": 32.0}
-    assert records.breakdown(trials, 10.0)["other_s"] == 0.0  # never below nothing
+    assert accounting.breakdown(trials, 100.0) == {"build_s": 38.0, "warmup_s": 2.0, "timed_s": 8.0,
+                                                   "undecided_s": 20.0, "other_s": 32.0}
+    assert accounting.breakdown(trials, 10.0)["other_s"] == 0.0  # never below nothing
+
+
+
+def test_a_trials_first_call_and_its_measurements_set_up_seconds_read_the_same_costs() -> None:
+    """One rule says which of a child's `setup` figures are set-up costs (`InstanceResult.setup_costs`):
+    a trial's `first_call_s` keeps each cost's worst instance, the measurement's build and warm-up add
+    up one instance's per process. Both read the same costs: never the wait for another plan's turn
+    (`held_s`), nor a figure that is no duration."""
+    from dataclasses import replace
+
+    from tests.support.studies import fake_result
+
+    one = {"build_s": 2.0, "quantize_s": 4.0, "compile_s": 10.0, "load_s": 0.5, "first_forward_s": 1.5,
+           "warmup_s": 1.0, "held_s": 30.0, "warmup_iterations": 12, "weight_bytes": 1000, "first_request_s": "?"}
+    other = {"build_s": 3.0, "compile_s": 8.0, "first_forward_s": 2.5, "warmup_s": 0.5, "held_s": 0.1}
+
+    def measured(*setups: dict[str, object]) -> replicates.Measurement:
+        run = fake_result([20.0] * 5)
+        instances = tuple(replace(run.instances[0], index=i, metrics={**run.instances[0].metrics, "setup": setup})
+                          for i, setup in enumerate(setups))
+        return replicates.Measurement((replace(run, instances=instances),))
+
+    alone = measured(one)
+    costs = records.first_call(alone)
+    assert costs == {"build_s": 2.0, "quantize_s": 4.0, "compile_s": 10.0, "load_s": 0.5, "first_forward_s": 1.5,
+                     "warmup_s": 1.0}
+    assert alone.setup_seconds() == {"build_s": sum(costs.values()) - costs["warmup_s"], "warmup_s": costs["warmup_s"]}
+    both = measured(one, other)
+    assert records.first_call(both) == costs | {"build_s": 3.0, "first_forward_s": 2.5}  # each cost's worst
+    assert both.setup_seconds() == {"build_s": 18.0, "warmup_s": 1.0}  # the slower instance's process
