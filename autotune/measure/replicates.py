@@ -204,10 +204,12 @@ def noisy_reason(run: RunResult, floor: float | None = None) -> str:
 
 
 def _setup_costs(setup: Mapping[str, Any]) -> tuple[float, float]:
-    """(building, warming up) in seconds, from a child's setup record."""
+    """(building, warming up) in seconds, from a child's setup record: building is its `ready_s`, from
+    the start of the build to the warm-up (its parts nest: quantize_s inside compile_s); a child
+    that recorded none (an older one) gives the sum of its parts."""
     costs = {k: float(v) for k, v in setup.items() if k.endswith("_s") and isinstance(v, (int, float))}
     warmup = costs.pop("warmup_s", 0.0)
-    return sum(costs.values()), warmup
+    return costs.get("ready_s", sum(costs.values())), warmup
 
 
 def run_spread(run: RunResult) -> float:
