@@ -204,10 +204,12 @@ def noisy_reason(run: RunResult, floor: float | None = None) -> str:
 
 
 def _setup_costs(instance: InstanceResult) -> tuple[float, float]:
-    """(building, warming up) in seconds: the instance's set-up costs summed, the warm-up apart."""
+    """(building, warming up) in seconds: the instance's set-up costs, the warm-up apart; building is
+    its `ready_s`, from the start of the build to the warm-up (the parts nest: quantize_s inside
+    compile_s), or for a child that recorded none (an older one) the sum of its parts."""
     costs = instance.setup_costs()
     warmup = costs.pop("warmup_s", 0.0)
-    return sum(costs.values()), warmup
+    return costs.get("ready_s", sum(costs.values())), warmup
 
 
 def run_spread(run: RunResult) -> float:

@@ -66,6 +66,10 @@ class Knob:
     shrinks_with: str = ""  # the knob whose sampled value caps this one (threads x instances fit the cores)
     needs: tuple[tuple[str, str], ...] = ()  # (value, the library it preloads): a machine without it lacks it
     sets: tuple[Sets, ...] = ()  # the environment variables it sets (an export unsets them when it does not)
+    # Its values other than the default only buy back quality at a cost in speed (layers kept in fp32):
+    # a search proposes them for a model only once that model without them fell short on quality
+    # (`quality_records.short_on_quality`); a space that offers nothing else proposes them as it is.
+    remedy: bool = False
 
     @property
     def variables(self) -> tuple[str, ...]:
@@ -116,7 +120,7 @@ INT8_FALLBACK = Knob(
     "Convolution/MatMul nodes) whose int8 moves the output furthest from eager fp32's kept in fp32, as NNCF's "
     "accuracy control and Intel Neural Compressor's fallback do; ranked once per model and calibration by "
     "quantizing without each, on the calibration batches (docs/int8.md); 0 = every layer int8", low=0, high=4096,
-    default=0, only_when=(("precision", ("int8",)),))
+    default=0, only_when=(("precision", ("int8",)),), remedy=True)
 
 
 Precision = Literal["fp32", "bf16", "int8", "int8_dynamic", "int8_weight_only", "int4_weight_only"]

@@ -161,7 +161,8 @@ def _propose(worker: Worker, trials: Sequence[FrozenTrial]) -> Next | None:
     held = compile_skip.held(worker.space, trials, worker.klass, worker.digest)
     cover = compile_skip.uncovered(worker.space, trials, worker.klass)
     wrong = quality_records.wrong_models(trials, worker.digest, worker.klass)
-    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held, cover, wrong)
+    short = quality_records.short_on_quality(trials, worker.digest, worker.klass)
+    proposal = worker.proposer.next(worker.study, trials, taken(trials, worker.digest) | held, cover, wrong, short)
     waiting = undecided.pending(trials, worker.digest)
     if proposal is None and waiting:  # nothing else left: the noisy stops are measured again now
         return worker.proposer.again(waiting[0])

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import RunFailed
-from autotune.config.knobs import Config
+from autotune.config.knobs import KNOBS, Config
 from autotune.host.machine import (
     Machine,
     host_name,
@@ -123,6 +123,10 @@ def _exhausted(search: Search) -> str:
     if wrong:
         more += (f", and no other configuration of the model{'s' if len(wrong) > 1 else ''} that gave wrong answers "
                  f"in trial{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}")
+    remedies = [name for name in search.space.names() if KNOBS[name].remedy]
+    if remedies and not quality_records.short_on_quality(trials, search.settings_digest, search.klass):
+        more += (f", and none of {', '.join(remedies)}'s other values: no model fell short on quality "
+                 f"without them")
     return (f"every configuration of the space has run ({records.distinct_configs(search.study)} distinct, "
             f"baseline included{more}); widen the space (--space) to search further")
 

@@ -8,7 +8,10 @@ run: fewest knobs changed, ties broken at random. That keeps exploiting where th
 instead of spending a trial on a repeat. When every configuration of the space has run there is
 nothing to propose, and the search stops and says so. A configuration whose model gave wrong
 answers in an earlier trial (the guard's verdict, the same in every process that runs that model)
-is not proposed either: only the recipes run regardless, as named references.
+is not proposed either: only the recipes run regardless, as named references. Nor is a remedy
+(`Knob.remedy`: int8_fallback, layers kept in fp32) for a model that has not fallen short on
+quality without it (`quality_records.short_on_quality`): it can only cost speed there, and its
+quantizing and ranking were half of a 50-trial resnext101 search's time before this rule.
 
 The copy shows the sampler every trial with every knob the space samples: the baseline and the
 recipes set few, and the rest run at their defaults (`_as_sampled`).
@@ -76,13 +79,13 @@ class Proposer:
 
     def next(self, study: optuna.Study, trials: Sequence[FrozenTrial], measured: set[Identity],
              cover: Sequence[tuple[Mapping[str, KnobValue], int]] = (),
-             wrong: Collection[Model] = ()) -> Proposal | None:
+             wrong: Collection[Model] = (), short: Collection[Model] = ()) -> Proposal | None:
         """The next configuration to measure, or None when every one of the space has run: what
         won in other studies of this host class (`warm`), the recipes, then `cover` (configurations
         the search compiles before the sampler's next, `compile_skip.uncovered`), then the sampler's.
         `trials`: the study's, as the caller read them (the sampler sees them, nothing reads again).
         Beyond the recipes, nothing of a model in `wrong` (`quality_records.wrong_models`: it gave wrong
-        answers) is proposed."""
+        answers) is proposed, nor a remedy's value for a model not in `short` (`remedy_unneeded`)."""
         for winner in self.warm:
             proposal = replace(self._fixed(winner.config, self.batch_sizes[0], "warm start"), warm=winner.to_json())
             if proposal.identity not in measured:
@@ -91,7 +94,7 @@ class Proposer:
             proposal = self._recipe(recipe)
             if proposal.identity not in measured:
                 return proposal
-        is_open = partial(_open, measured=measured, wrong=wrong)
+        is_open = partial(_open, measured=measured, wrong=wrong, space=self.space, short=short)
         for wanted, batch in cover:
             config = self.space.sample(_Preferring(wanted))
             if all(config.as_dict().get(k) == v for k, v in wanted.items() if k in COVERED):
@@ -166,11 +169,32 @@ class Proposer:
         return Proposal(config, batch, params, origin=origin)
 
 
-def _open(config: Config, batch: int, measured: set[Identity], wrong: Collection[Model]) -> bool:
-    """Whether a configuration may be proposed: it has not run, and its model gave no wrong answers."""
+def _open(config: Config, batch: int, measured: set[Identity], wrong: Collection[Model],
+          space: SearchSpace | None = None, short: Collection[Model] = ()) -> bool:
+    """Whether a configuration may be proposed: it has not run, its model gave no wrong answers, and
+    it sets no remedy its model does not need."""
     if (config.identity(), batch) in measured:
         return False
-    return not wrong or quality_records.model_of(config, batch) not in wrong
+    if wrong and quality_records.model_of(config, batch) in wrong:
+        return False
+    return space is None or not remedy_unneeded(space, config, batch, short)
+
+
+def remedy_unneeded(space: SearchSpace, config: Config, batch: int, short: Collection[Model]) -> bool:
+    """Whether `config` sets a remedy knob (`Knob.remedy`) off its default for a model that, with
+    every remedy at its default, has not fallen short on quality (`short`: `quality_records.
+    short_on_quality`). A space whose remedy knob does not offer its default (a pin: --set
+    int8_fallback=4) is taken at its word."""
+    values = config.as_dict()
+    remedies = {name: value for name, value in values.items() if KNOBS[name].remedy and value != KNOBS[name].default}
+    if not remedies:
+        return False
+    for name in remedies:
+        offered = space.get(name)
+        if offered is None or KNOBS[name].default not in (offered.choices or (offered.low,)):
+            return False
+    plain = Config.from_mapping({name: value for name, value in values.items() if name not in remedies})
+    return quality_records.model_of(plain, batch) not in short
 
 
 @lru_cache(maxsize=4)

@@ -86,6 +86,26 @@ def model_of(config: Config, batch: int) -> tuple[str, int]:
     return model_knobs(config).answers, batch
 
 
+def short_on_quality(trials: Sequence[FrozenTrial], digest: str, klass: str) -> dict[tuple[str, int], int]:
+    """`model_of` each model that fell short on quality on this host class under these settings, and
+    the first trial that showed it: it gave wrong answers (the guard), or its drop on the user's data
+    was over --max-quality-drop. What a remedy knob (`Knob.remedy`: int8_fallback) is proposed for."""
+    found = dict(wrong_models(trials, digest, klass))
+    over = Limits.constraint("quality_drop")
+    for trial in sorted(trials, key=lambda t: t.number):
+        attrs = trial.user_attrs
+        excess = attrs.get(f"constraint_{over}")
+        if (not isinstance(excess, (int, float)) or excess <= 0 or attrs.get("settings_digest") != digest
+                or attrs.get(HOST_CLASS, klass) != klass):
+            continue
+        try:
+            config = Config.from_description(str(attrs.get("config")))
+        except ConfigError:
+            continue
+        found.setdefault(model_of(config, int(attrs.get("batch_size", 0))), trial.number)
+    return found
+
+
 def wrong_models(trials: Sequence[FrozenTrial], digest: str, klass: str) -> dict[tuple[str, int], int]:
     """`model_of` each model that gave wrong answers on this host class under these settings (the
     tolerance, the calibration), and the first trial that showed it: a search proposes no other

@@ -48,7 +48,7 @@ class Inductor(TorchBackend):
     generation = Generation("autotune.model.generate.pytorch", reads_folder=False)
     suffix = ".pt2"
     # Each its own compile: different kernels (one model per sequence-length bucket, or one dynamic
-    # model), so a step between two values is measured, not assumed (`search.pruning`).
+    # model), so a step between two values is measured, not assumed (`search.compile_skip`).
     compiled_for = ("precision", "memory_format", "omp_threads", "shapes")
 
     def __init__(self) -> None:
