@@ -7,7 +7,7 @@ TORCHINDUCTOR_CACHE_DIR says, so without it every run after a machine's first wo
 
 The search runs in OUT/search (its log, its study under studies/ for a later look, its compiled
 models under studies/cache: delete OUT when done); the table goes to OUT/search_cost.md and
-stdout. Takes 11.5 min on the 2-core AVX-512 EPYC at batch 1 (50 trials with their confirmation),
+stdout. Takes 17.8 min on the 2-core AVX-512 EPYC at batch 1 (50 trials with their confirmation),
 32 min at batch 8 throughput; --quick (resnet18, 6 trials, the quick space, short windows) is meant
 to take minutes.
 
