@@ -50,7 +50,8 @@ def main() -> int:
             "--batch-size", args.batch_size, "--confirm-rounds", str(args.confirm_rounds), "--seed", str(args.seed),
             *args.extra]
     start = time.monotonic()
-    code = common.autotune(folder, *argv, log="search.log")
+    # beside an earlier run (--after), a log of its own: the earlier search's stays
+    code = common.autotune(folder, *argv, log=f"search-{args.model}.log" if args.after else "search.log")
     wall = time.monotonic() - start
     [db] = sorted(set((folder / "studies").glob("*.db")) - before) or [max(
         (folder / "studies").glob("*.db"), key=lambda p: p.stat().st_mtime)]

@@ -191,7 +191,8 @@ def _start_trial(worker: Worker, trial: optuna.Trial, proposal: Next) -> tuple[C
     holders.claim_trial(trial, worker.klass)
     is_baseline = proposal == "baseline"
     if isinstance(proposal, proposals.Proposal):
-        exact = proposal.recipe or proposal.waiting is not None  # its knobs, not one more sampled
+        # its knobs, not one more sampled: a recipe, a killed trial's retry, a warm start (which may be a recipe)
+        exact = proposal.recipe or proposal.waiting is not None or proposal.warm is not None
         config = worker.space.sample(trial, only=proposal.config if exact else None)
         if config != proposal.config:  # the enqueued parameters were not taken: never measure a surprise
             raise AutotuneError(f"trial {trial.number} sampled {config.describe()} instead of the proposed "

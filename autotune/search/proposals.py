@@ -87,7 +87,10 @@ class Proposer:
         Beyond the recipes, nothing of a model in `wrong` (`quality_records.wrong_models`: it gave wrong
         answers) is proposed, nor a remedy's value for a model not in `short` (`remedy_unneeded`)."""
         for winner in self.warm:
-            proposal = replace(self._fixed(winner.config, self.batch_sizes[0], "warm start"), warm=winner.to_json())
+            named = next((r for r in self.recipes if r.config.identity() == winner.config.identity()), None)
+            fixed = replace(self._recipe(named), origin="warm start") if named is not None else \
+                self._fixed(winner.config, self.batch_sizes[0], "warm start")
+            proposal = replace(fixed, warm=winner.to_json())
             if proposal.identity not in measured:
                 return proposal
         for recipe in self.recipes:

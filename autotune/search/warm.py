@@ -4,8 +4,11 @@ What wins on a host class carries across models and batch sizes more often than 
 the runtime that runs it best, the allocator, the OpenMP runtime); a cold search spends its first
 dozen trials finding that again. So a study that holds no trial yet looks at the other studies of
 its storage (and, for the default SQLite files, the other `studies/*.db`) that ran on this host
-class with the same objective, and takes from each what won: the trial its confirmation recommended,
-or, unconfirmed, its best feasible trial. The `MOST` fastest of those configurations (by their
+class with the same objective, and takes from each what won: the trial its confirmation recommended
+and the references it could not tell apart from it (the best expert recipe or peer, undecided or
+shown equivalent: on another model either may be the faster), or, unconfirmed, its best feasible
+trial. A recipe is taken as the recipe, its knobs alone (proposed under its name, so the comparisons
+with the recipes still find it). The `MOST` fastest of those configurations (by their
 speedup over their own baseline), where this study's space can sample them exactly, are proposed
 right after the baseline, before the experts' recipes (`proposals.Proposer.warm`), each enqueued
 into Optuna like every fixed proposal and recorded as such (`warm_start`: the study and trial it
@@ -68,8 +71,9 @@ def winners(study: optuna.Study, url: str, studies_dir: Path, host_class: Mappin
         attrs = other.user_attrs
         if attrs.get(records.HOST_CLASS) != dict(host_class) or attrs.get("objective") != objective:
             continue
-        winner = _winner(other)
-        if winner is not None and _fits(space, winner.config):
+        for winner in _winners(other):
+            if not _fits(space, winner.config):
+                continue
             kept = found.get(winner.config.identity())
             if kept is None or (winner.speedup or 0) > (kept.speedup or 0):
                 found[winner.config.identity()] = winner
@@ -104,17 +108,30 @@ def summary(trials: Sequence[FrozenTrial], best: FrozenTrial | None) -> dict[str
             "best_first_measured_at": first}
 
 
-def _winner(study: optuna.Study) -> Winner | None:
-    """What won in `study`: the trial its confirmation recommended, else its best feasible trial;
-    None when that is the baseline (the defaults win nothing to start from) or nothing completed."""
+TIED = ("undecided", "equivalent")  # a reference's status against the recommended trial: not told apart
+
+
+def _winners(study: optuna.Study) -> list[Winner]:
+    """What won in `study`: the trial its confirmation recommended and the references (best recipe,
+    best peer) it could not tell apart from it, else its best feasible trial; never the baseline
+    (the defaults win nothing to start from)."""
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    recommended = (study.user_attrs.get("confirmation") or {}).get("recommended_trial")
-    chosen = next((t for t in trials if t.number == recommended), None)
-    confirmed = chosen is not None
-    if chosen is None:
-        best = records.best_trials(study)
-        chosen = best[0] if best else None
-    if chosen is None or chosen.user_attrs.get("baseline") or not chosen.params:
+    confirmation = study.user_attrs.get("confirmation") or {}
+    recommended = confirmation.get("recommended_trial")
+    chosen = [t for t in trials if t.number == recommended]
+    confirmed = bool(chosen)
+    if confirmed:
+        tied = {ref.get("trial") for ref in (confirmation.get("against_recipe"), confirmation.get("against_peer"))
+                if isinstance(ref, dict) and ref.get("status") in TIED}
+        chosen += [t for t in trials if t.number in tied and t.number != recommended]
+    else:
+        chosen = records.best_trials(study)[:1]
+    found = (_winner(study, t, confirmed) for t in chosen)
+    return [w for w in found if w is not None]
+
+
+def _winner(study: optuna.Study, chosen: FrozenTrial, confirmed: bool) -> Winner | None:
+    if chosen.user_attrs.get("baseline") or not chosen.params:
         return None
     try:
         config = config_of_params(chosen.params)
@@ -128,13 +145,14 @@ def _winner(study: optuna.Study) -> Winner | None:
 
 
 def _fits(space: SearchSpace, config: Config) -> bool:
-    """Whether this study's space samples exactly `config` from its parameters (a knob it does not
-    offer, or a value outside its range, is no configuration to start with)."""
+    """Whether this study's space samples exactly `config`'s knobs from its parameters (a knob it
+    does not offer, or a value outside its range, is no configuration to start with); a recipe's
+    knobs alone, as the search runs a recipe."""
     probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     with storage.quiet_optuna():
         probe.enqueue_trial(space.params(config))
         try:
-            return space.sample(probe.ask()) == config
+            return space.sample(probe.ask(), only=config) == config
         except (ConfigError, ValueError):
             return False
 

@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from autotune.host.machine import Machine
+from autotune.measure.replicates import PlanRunner
 from autotune.search import loop, opening, warm
 from tests.conftest import lscpu
-from tests.support.studies import fake_runner, request
+from tests.support.studies import DEFAULT, fake_runner, ok_runner, request
 
 
-def run(tmp_path: Path, here: Machine, trials: int, **kw: object) -> opening.Search:
+def run(tmp_path: Path, here: Machine, trials: int, runner: PlanRunner = fake_runner, **kw: object) -> opening.Search:
     opened = opening.open_search(request(tmp_path, trials, **kw), here)
-    loop.run_search(opened, here, lambda event: None, runner=fake_runner)
+    loop.run_search(opened, here, lambda event: None, runner=runner)
     return opened
 
 
@@ -68,3 +69,34 @@ def test_search_json_says_what_the_warm_start_gave(tmp_path: Path, here: Machine
     body = summaries.search(second.study, second.storage, [second.study.best_trial], "", False)
     found = json.loads(json.dumps(body))["warm_start"]
     assert [e["study"] for e in found["enqueued"]] == ["first"] and found["best_from_warm_start"] is True
+
+
+def test_a_reference_the_confirmation_could_not_tell_apart_starts_too_and_a_recipe_as_itself(
+        tmp_path: Path, here: Machine) -> None:
+    """On another model the recipe the first study's winner tied with may be the faster: both start
+    the second study, the recipe with its knobs alone and under its name (the comparison with the
+    best recipe finds it), and not measured again among the recipes."""
+    first = run(tmp_path, here, 5, ok_runner, study="first", space=DEFAULT)
+    trials = first.study.get_trials()
+    recipe = next(t for t in trials if t.user_attrs.get("recipe") and t.number != first.study.best_trial.number)
+    best = first.study.best_trial
+    assert recipe.number != best.number
+    first.study.set_user_attr("confirmation", {
+        "recommended_trial": best.number,
+        "against_recipe": {"trial": recipe.number, "recipe": recipe.user_attrs["recipe"], "status": "undecided"},
+        "against_peer": {"trial": best.number, "status": "beats"}})
+    second = run(tmp_path, here, 5, ok_runner, study="second", space=DEFAULT)
+    started = [t for t in second.study.get_trials() if warm.ATTR in t.user_attrs]
+    assert [t.user_attrs[warm.ATTR]["trial"] for t in started] == [best.number, recipe.number]  # fastest first
+    assert all(t.user_attrs[warm.ATTR]["confirmed"] for t in started)
+    again = started[1]
+    assert again.user_attrs["recipe"] == recipe.user_attrs["recipe"] and again.user_attrs["proposed_by"] == "warm start"
+    assert again.user_attrs["config"] == recipe.user_attrs["config"]  # its knobs alone
+    ran = [t.user_attrs.get("config") for t in second.study.get_trials()]
+    assert ran.count(recipe.user_attrs["config"]) == 1
+    # a reference the confirmation told apart (it "beats" or "is slower") does not start anything
+    first.study.set_user_attr("confirmation", {"recommended_trial": best.number,
+                                               "against_recipe": {"trial": recipe.number, "status": "beats"}})
+    third = run(tmp_path, here, 3, ok_runner, study="third", space=DEFAULT)
+    assert [t.user_attrs[warm.ATTR]["trial"] for t in third.study.get_trials() if warm.ATTR in t.user_attrs] == \
+        [best.number]
