@@ -44,15 +44,17 @@ class Winner:
     trial: int
     config: Config
     speedup: float | None
-    confirmed: bool
+    confirmed: bool  # its study's confirmation recommended it
+    tied: str = ""  # else a reference the confirmation could not tell from the one it recommended: how it stood
 
     def to_json(self) -> dict[str, Any]:
         """What a warm-started trial records of where its configuration won (`ATTR`)."""
         return {"study": self.study, "trial": self.trial, "config": self.config.describe(), "speedup": self.speedup,
-                "confirmed": self.confirmed}
+                "confirmed": self.confirmed, **({"tied": self.tied} if self.tied else {})}
 
     def describe(self) -> str:
-        how = "confirmed" if self.confirmed else "best, unconfirmed"
+        how = f"{self.tied} against its confirmed winner" if self.tied else \
+            "confirmed" if self.confirmed else "best, unconfirmed"
         fast = f", {self.speedup:.2f}x its baseline" if self.speedup else ""
         return f"study {self.study}'s trial {self.trial} ({how}{fast})"
 
@@ -120,17 +122,19 @@ def _winners(study: optuna.Study) -> list[Winner]:
     recommended = confirmation.get("recommended_trial")
     chosen = [t for t in trials if t.number == recommended]
     confirmed = bool(chosen)
+    tied: dict[int, str] = {}
     if confirmed:
-        tied = {ref.get("trial") for ref in (confirmation.get("against_recipe"), confirmation.get("against_peer"))
-                if isinstance(ref, dict) and ref.get("status") in TIED}
-        chosen += [t for t in trials if t.number in tied and t.number != recommended]
+        tied = {int(ref["trial"]): str(ref["status"]) for ref in (confirmation.get("against_recipe"),
+                                                                   confirmation.get("against_peer"))
+                if isinstance(ref, dict) and ref.get("status") in TIED and ref.get("trial") != recommended}
+        chosen += [t for t in trials if t.number in tied]
     else:
         chosen = records.best_trials(study)[:1]
-    found = (_winner(study, t, confirmed) for t in chosen)
+    found = (_winner(study, t, confirmed and t.number not in tied, tied.get(t.number, "")) for t in chosen)
     return [w for w in found if w is not None]
 
 
-def _winner(study: optuna.Study, chosen: FrozenTrial, confirmed: bool) -> Winner | None:
+def _winner(study: optuna.Study, chosen: FrozenTrial, confirmed: bool, tied: str = "") -> Winner | None:
     if chosen.user_attrs.get("baseline") or not chosen.params:
         return None
     try:
@@ -141,7 +145,7 @@ def _winner(study: optuna.Study, chosen: FrozenTrial, confirmed: bool) -> Winner
         return None
     speedup = records.speedup(chosen, "speedup_latency" if study.user_attrs.get("objective") == "latency"
                               else "speedup_throughput", study.user_attrs)
-    return Winner(study.study_name, chosen.number, config, speedup, confirmed)
+    return Winner(study.study_name, chosen.number, config, speedup, confirmed, tied)
 
 
 def _fits(space: SearchSpace, config: Config) -> bool:

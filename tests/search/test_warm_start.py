@@ -22,7 +22,7 @@ def run(tmp_path: Path, here: Machine, trials: int, runner: PlanRunner = fake_ru
 
 
 def test_a_second_study_on_this_host_class_starts_with_what_won_in_the_first(tmp_path: Path, here: Machine) -> None:
-    first = run(tmp_path, here, 6, study="first")
+    first = run(tmp_path, here, 20, study="first")  # every configuration of the space: its best among them
     won = first.study.best_trial.user_attrs["config"]
     assert "jemalloc" in won and "intel" in won  # the landscape's best: 70 ms
     second = run(tmp_path, here, 3, study="second", batch_size=2)
@@ -88,7 +88,10 @@ def test_a_reference_the_confirmation_could_not_tell_apart_starts_too_and_a_reci
     second = run(tmp_path, here, 5, ok_runner, study="second", space=DEFAULT)
     started = [t for t in second.study.get_trials() if warm.ATTR in t.user_attrs]
     assert [t.user_attrs[warm.ATTR]["trial"] for t in started] == [best.number, recipe.number]  # fastest first
-    assert all(t.user_attrs[warm.ATTR]["confirmed"] for t in started)
+    assert [(t.user_attrs[warm.ATTR]["confirmed"], t.user_attrs[warm.ATTR].get("tied")) for t in started] == \
+        [(True, None), (False, "undecided")]
+    assert any(f"from study first's trial {recipe.number} (undecided against its confirmed winner" in note
+               for note in second.notes)
     again = started[1]
     assert again.user_attrs["recipe"] == recipe.user_attrs["recipe"] and again.user_attrs["proposed_by"] == "warm start"
     assert again.user_attrs["config"] == recipe.user_attrs["config"]  # its knobs alone
