@@ -38,6 +38,9 @@ STARVED = 0.5
 # Not at all when each of the last QUIET_HISTORY measured trials was disturbed: no quiet is in sight.
 NOISY_RETRIES = 1
 NOISY_RETRY_WAIT = 5
+# The kernel probe, run beside other work (other processes' or steal's share above BUSY_MACHINE),
+# runs again after NOISY_RETRY_WAIT seconds at most this many times; then it is used, not kept.
+PROBE_RETRIES = 2
 QUIET_HISTORY = 10
 # Pooled IQR/median above this takes more replicates (at most `max_extra`), once this host's floor is
 # known only where the windows are wider than it too (replicates.wider).

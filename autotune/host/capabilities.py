@@ -20,12 +20,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.base.errors import AutotuneError
-from autotune.base.thresholds import PROBE_AGREES, PROBE_SLOWER
+from autotune.base.thresholds import NOISY_RETRY_WAIT, PROBE_AGREES, PROBE_RETRIES, PROBE_SLOWER
+from autotune.host import cpustat
 from autotune.model import backends, cpu, schema
 from autotune.model.backends import probe as kernel_probe
 from autotune.model.files import NotAFile, read_text, unwritable, write_atomically
@@ -255,9 +256,13 @@ Runner = Callable[[Sequence[int], Path], dict[str, Any]]
 
 
 def load(cache_dir: Path, cores: int, rerun: bool = False, say: Callable[[str], None] = lambda _: None,
-         runner: Runner | None = None) -> Probe:
+         runner: Runner | None = None, wait: Callable[[float], None] = time.sleep) -> Probe:
     """This machine's probe: the kept one, unless `rerun` or none is kept for this host, its limits
-    and versions; then the probe runs (`runner`: the child, or a fake) and is kept."""
+    and versions; then the probe runs (`runner`: the child, or a fake) and is kept. A probe that ran
+    beside other work (`disturbed`) runs again after a pause, at most PROBE_RETRIES times; one
+    disturbed every time is used by this command only and not kept, so the next probes again: a
+    neighbour's share of the CPUs is not this host's speed (the noisy-neighbour benchmark's probe
+    read 2 threads 35 times slower than 1)."""
     wanted = key(cores)
     path = probe_path(cache_dir, wanted)
     kept = read(path, say if not rerun else lambda _: None)  # a folder there is refused before probing
@@ -265,15 +270,35 @@ def load(cache_dir: Path, cores: int, rerun: bool = False, say: Callable[[str], 
         return kept
     check_writable(path.parent)
     say(f"probing what this CPU runs and how fast (once per host and library versions; {path})")
-    result = (runner or run_child)(thread_counts(cores), path.parent)
+    for attempt in range(PROBE_RETRIES + 1):
+        result = (runner or run_child)(thread_counts(cores), path.parent)
+        shared = disturbed(result)
+        if not shared:
+            break
+        if attempt < PROBE_RETRIES:
+            say(f"the probe ran beside other work ({shared}); probing again in {NOISY_RETRY_WAIT} s")
+            wait(NOISY_RETRY_WAIT)
     result |= {"key": wanted, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     try:
         probe = Probe.from_json(result, str(path))
     except schema.SchemaError as exc:
         raise ProbeError(f"the kernel probe wrote a result this autotune cannot read ({exc}); run `python -m "
                          f"autotune.model.backends.probe --out probe.json --threads 1` to see why") from None
+    if shared:
+        say(f"the probe ran beside other work every time ({shared}): this command uses it, but it is not kept, "
+            f"and the next command probes again; for figures of this host alone, stop what else runs")
+        return replace(probe, path="")
     write_atomically(path, json.dumps(result, indent=1))
     return probe
+
+
+def disturbed(result: Mapping[str, Any]) -> str:
+    """Why a probe's result is not this host's alone (other processes' or the hypervisor's share of
+    the CPUs while it ran, `run_child`'s `noise`), or ""."""
+    noise = result.get("noise")
+    if not isinstance(noise, Mapping):
+        return ""
+    return cpustat.busy_reason(float(noise.get("other_cpu_share", 0.0)), float(noise.get("steal_share", 0.0)))
 
 
 def read(path: Path, say: Callable[[str], None]) -> Probe | None:
@@ -308,6 +333,7 @@ def run_child(threads: Sequence[int], folder: Path) -> dict[str, Any]:
     hangs is recorded as failed with what happened, and a new child goes on after it."""
     deadline = time.monotonic() + TIMEOUT_S
     done: list[dict[str, Any]] = []
+    before, spent = cpustat.snapshot(), cpustat.children_cpu_s()
     with tempfile.TemporaryDirectory(dir=folder, prefix=".probe-") as tmp:
         out = Path(tmp) / "result.json"
         for _ in range(len(kernel_probe.all_kernels()) + 2):
@@ -316,15 +342,25 @@ def run_child(threads: Sequence[int], folder: Path) -> dict[str, Any]:
             partial = _partial(out)
             done += partial.get("kernels", [])
             if code == 0 and partial:
-                return partial | {"kernels": done}
+                return partial | {"kernels": done} | _noise(before, spent)
             running = str(partial.get("running", ""))
             if running == "bandwidth":  # every kernel measured: the probe stands without it
-                return partial | {"kernels": done, "bandwidth": {}, "bandwidth_error": why}
+                return partial | {"kernels": done, "bandwidth": {}, "bandwidth_error": why} | _noise(before, spent)
             if not running:
                 raise ProbeError(f"the kernel probe failed ({why}) before it measured anything; run `python -m "
                                  f"autotune.model.backends.probe --out probe.json --threads 1` to see why")
             done.append(_crashed(running, why))
     raise ProbeError("the kernel probe kept failing; run `autotune doctor --probe` to try again")
+
+
+def _noise(before: cpustat.Snapshot | None, spent: float) -> dict[str, Any]:
+    """What other processes and the hypervisor took of the CPUs while the probe's children ran
+    (their own CPU time is theirs), as `disturbed` reads it; nothing where /proc/stat is unreadable."""
+    after = cpustat.snapshot()
+    if before is None or after is None:
+        return {}
+    other, steal = cpustat.others(before, after, cpustat.children_cpu_s() - spent)
+    return {"noise": {"other_cpu_share": round(other, 4), "steal_share": round(steal, 4)}}
 
 
 def _child(threads: Sequence[int], out: Path, skip: Sequence[str], timeout_s: float) -> tuple[int, str]:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from autotune.base.thresholds import BUSY_MACHINE, REMEASURE, STARVED
+from autotune.base.thresholds import REMEASURE, STARVED
+from autotune.host.cpustat import busy_reason
 from autotune.measure import stats
 from autotune.measure.plan import LaunchPlan, stretched
 from autotune.measure.results import InstanceResult, RunResult, generation_figures
@@ -110,11 +111,8 @@ class Measurement:
     def disturbed_reason(self) -> str:
         """Evidence that something outside the measurement took CPU while it measured, or "": other
         processes' CPU use, hypervisor steal, a child starved of CPU time. Such a window never decides."""
-        reasons = []
-        if self.other_cpu_share > BUSY_MACHINE:
-            reasons.append(f"other processes used {self.other_cpu_share:.0%} of the CPUs > {BUSY_MACHINE:.0%}")
-        if self.steal_share > BUSY_MACHINE:
-            reasons.append(f"the hypervisor took {self.steal_share:.0%} of the CPUs (steal) > {BUSY_MACHINE:.0%}")
+        busy = busy_reason(self.other_cpu_share, self.steal_share)
+        reasons = [busy] if busy else []
         own = self.own_cpu_share
         if own is not None and own < STARVED:
             reasons.append(f"the child got {own:.0%} of its threads' CPU time < {STARVED:.0%}")

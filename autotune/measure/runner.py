@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from autotune.base import tempdirs
+from autotune.host import cpustat
 from autotune.measure import noise
 from autotune.measure.children import (
     MEASURING,
@@ -59,7 +60,7 @@ SIDE_BY_SIDE = 2
 # rest is for the page cache, autotune and whatever else the machine runs.
 MEMORY_SHARE = 0.8
 # The CPUs' snapshots at the start of a plan's window and when its last timed loop ended.
-_Window = tuple[noise.Snapshot | None, noise.Snapshot | None]
+_Window = tuple[cpustat.Snapshot | None, cpustat.Snapshot | None]
 
 
 def run_plan(plan: LaunchPlan, timeout_s: float, parent_env: Mapping[str, str] | None = None,
@@ -222,10 +223,10 @@ def _measure(children: list[Child], duration_s: float, deadline: float, timeout_
     for child in children:
         on_phase(child.plan.index, MEASURING)
     time.sleep(max(window_start - time.monotonic(), 0.0))
-    before = noise.snapshot()
+    before = cpustat.snapshot()
     if not hear(children, b"done", deadline, stop_on_exit=False):
         stop_unfinished(children, f"timed out after {timeout_s:g}s while measuring")
-    after = noise.snapshot()
+    after = cpustat.snapshot()
     wait_done(children, deadline, timeout_s)
     return before, after
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from autotune.base import thresholds
 from autotune.host import capabilities, topology
 from autotune.host.capabilities import Probe, ProbeError
 from autotune.model.backends import probe as kernel_probe
@@ -91,6 +92,74 @@ def test_the_kept_probe_is_reused_and_run_again_on_a_new_torch(tmp_path: Path, m
     assert runs.count == 3 and newer.path != first.path and newer.key["versions"]["torch"] == "2.15.0"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # an instruction-set limit is another machine
     assert capabilities.load(tmp_path, 2, runner=runs).path not in (first.path, newer.path)
+
+
+class Beside(Runs):
+    """A made-up probe child that other processes shared the CPUs with in its first `busy` runs."""
+
+    def __init__(self, busy: int) -> None:
+        super().__init__()
+        self.busy = busy
+
+    def __call__(self, threads: Sequence[int], folder: Path) -> dict[str, Any]:
+        share = 0.6 if self.count < self.busy else 0.01
+        return super().__call__(threads, folder) | {"noise": {"other_cpu_share": share, "steal_share": 0.0}}
+
+
+@pytest.mark.real_probe
+def test_a_probe_beside_other_work_runs_again_and_is_kept_once_it_ran_alone(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(capabilities.PROBE_DIR_ENV, raising=False)
+    runs, said, waits = Beside(busy=1), [], []
+    probe = capabilities.load(tmp_path, 2, say=said.append, runner=runs, wait=waits.append)
+    assert runs.count == 2 and waits == [thresholds.NOISY_RETRY_WAIT]
+    assert said[1] == ("the probe ran beside other work (other processes used 60% of the CPUs > 25%); probing again "
+                       f"in {thresholds.NOISY_RETRY_WAIT} s")
+    assert json.loads(Path(probe.path).read_text())["noise"]["other_cpu_share"] == 0.01  # the quiet one is kept
+    assert capabilities.load(tmp_path, 2, runner=runs) == probe and runs.count == 2
+
+
+@pytest.mark.real_probe
+def test_a_probe_beside_other_work_every_time_is_used_once_and_not_kept(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(capabilities.PROBE_DIR_ENV, raising=False)
+    runs, said, waits = Beside(busy=99), [], []
+    probe = capabilities.load(tmp_path, 2, say=said.append, runner=runs, wait=waits.append)
+    assert runs.count == 1 + thresholds.PROBE_RETRIES and len(waits) == thresholds.PROBE_RETRIES
+    assert probe.kernels and probe.path == "" and not list((tmp_path / "probe").glob("probe-*.json"))
+    assert said[-1].startswith("the probe ran beside other work every time (other processes used 60% of the CPUs "
+                               "> 25%): this command uses it, but it is not kept, and the next command probes again")
+    alone = Beside(busy=0)
+    assert Path(capabilities.load(tmp_path, 2, runner=alone).path).exists() and alone.count == 1
+
+
+def _busy(seconds: float) -> list[str]:
+    """A process that keeps one CPU busy for `seconds`."""
+    loop = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    return [sys.executable, "-c", loop]
+
+
+def test_the_probe_counts_its_own_children_as_its_own_and_a_process_beside_it_as_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real processes: the probe's child keeps a CPU busy for a second; run alone, other processes'
+    share stays under the limit; with a busy process beside it, that process's second is someone else's."""
+    def child(threads: Sequence[int], out: Path, skip: Sequence[str], timeout_s: float) -> tuple[int, str]:
+        subprocess.run(_busy(1.0), check=True)
+        out.write_text(json.dumps({"threads": [1], "kernels": [probes.kernel("torch", "fp32", "conv")],
+                                   "bandwidth": {}, "running": ""}))
+        return 0, ""
+
+    monkeypatch.setattr(capabilities, "_child", child)
+    alone = capabilities.run_child([1], tmp_path)
+    assert alone["noise"]["other_cpu_share"] < thresholds.BUSY_MACHINE and capabilities.disturbed(alone) == ""
+    neighbour = subprocess.Popen(_busy(60.0))
+    try:
+        beside = capabilities.run_child([1], tmp_path)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert beside["noise"]["other_cpu_share"] > thresholds.BUSY_MACHINE
+    assert capabilities.disturbed(beside).startswith("other processes used")
 
 
 @pytest.mark.real_probe
