@@ -201,7 +201,7 @@ def _confirm(found: Any, top: int, rounds: int, min_effect: float, timeout: floa
     here = machine.this_machine()
     verdict = confirm.confirm(found, top, rounds, min_effect, timeout, verdicts.confirm_progress, seed=seed,
                               ran_on=machine.host_identity(here), time_limit_s=time_limit_s,
-                              floor=floor.here(cache_dir, len(here.topology.usable_cores)).threshold)
+                              floor=floor.Kept(cache_dir, len(here.topology.usable_cores)))
     if not as_json:
         verdicts.confirmation(verdict)
     return verdict

@@ -68,6 +68,24 @@ class Floor:
                 f"spread less; their median {ordered[len(ordered) // 2]:.1%})")
 
 
+@dataclass(frozen=True)
+class Kept:
+    """This host's floor where it is kept, for a series of measurements: read afresh before each
+    judgement (another search on this host may have added to it meanwhile) and taught each
+    undisturbed window as it comes, whether the window was a search trial's or a confirmation's."""
+
+    cache_dir: Path
+    cores: int
+
+    def threshold(self) -> float | None:
+        return here(self.cache_dir, self.cores).threshold
+
+    def learn(self, spreads: Iterable[float]) -> None:
+        new = list(spreads)
+        if new:
+            save(here(self.cache_dir, self.cores).adding(new))
+
+
 def here(cache_dir: Path, cores: int) -> Floor:
     """This host's floor, kept in the cache folder (not the probe's shared folder: a test suite's
     fake windows would teach every other test, and the real searches, a fake floor)."""

@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.base.errors import AutotuneError
 from autotune.base.thresholds import ALPHA
+from autotune.host.floor import Kept
 from autotune.measure import quality, sequential
 from autotune.measure.objectives import Limits, metric_of, min_rounds
 from autotune.measure.replicates import SeriesRunner
@@ -67,12 +68,13 @@ def candidates(study: optuna.Study, top: int) -> tuple[FrozenTrial, list[FrozenT
 def confirm(study: optuna.Study, top: int, rounds: int, min_effect: float, timeout_s: float,
             on_run: Callable[[RunEvent], None], runner: SeriesRunner | None = None, seed: int | None = None,
             ran_on: Mapping[str, str] | None = None, time_limit_s: float | None = None,
-            clock: Callable[[], float] = time.monotonic, floor: float | None = None) -> dict[str, Any]:
+            clock: Callable[[], float] = time.monotonic, floor: float | Kept | None = None) -> dict[str, Any]:
     """Re-measure, decide, and store the verdict on the study (user attribute `confirmation`):
     rounds up to `rounds` (the cap), stopping at the first look that decides (past the first look, none
     starts that would end after `time_limit_s`); `ran_on` is the host that measured it
     (`machine.host_identity`), recorded in the verdict; `floor`: this host's spread floor
-    (host/floor.py), against which a run is flagged noisy and run again."""
+    (host/floor.py), against which a run is flagged noisy and run again: the kept one is read before
+    each round and taught each undisturbed run (`rounds.until_decided`)."""
     check_rounds(rounds, top)
     base, chosen = candidates(study, top)
     metric = metric_of(str(study.user_attrs.get("objective", "latency")))

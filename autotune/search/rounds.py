@@ -9,7 +9,11 @@ by round up to each look of a sequential design and stops when the caller's verd
 child's CPU share, the spread of its samples; `replicates.noisy_reason`) is run again at the end
 of its round, at most `CONFIRM_RERUNS` times: the round keeps its first quiet run, or when every
 run was noisy the one with the median value, so that one disturbed process cannot decide a
-comparison. Every run, kept or not, is recorded with its flag.
+comparison. Every run, kept or not, is recorded with its flag. Given the host's kept floor
+(`floor.Kept`), each round is judged against the floor as it then stands, and every run no
+disturbance touched teaches it its spread, as a search trial's windows do: the spread of a
+confirmation's fresh processes is this host's too (a floor learned from search windows alone
+flagged 7 of 32 quiet confirmation runs on the Xeon host, 7-9% against its 6.9%).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autotune.base.thresholds import CONFIRM_RERUNS
+from autotune.host.floor import Kept
 from autotune.measure import stats
 from autotune.measure.objectives import Metric, lower_is_better, metric_value
 from autotune.measure.plan import LaunchPlan
-from autotune.measure.replicates import SeriesRunner, noisy_reason
+from autotune.measure.replicates import Measurement, SeriesRunner, noisy_reason, undisturbed_spreads
 from autotune.measure.results import RunResult
 from autotune.measure.sequential import Design, Look
 from autotune.measure.stats import PairedComparison
@@ -145,11 +150,12 @@ def interleave(contenders: Sequence[Contender], rounds: int, metric: Metric, tim
 def until_decided(contenders: Sequence[Contender], design: Design, metric: Metric, timeout_s: float,
                   runner: SeriesRunner, on_run: Callable[[RunEvent], None], decided: Callable[[Rounds, Look], bool],
                   seed: int | None = None, time_limit_s: float | None = None,
-                  clock: Callable[[], float] = time.monotonic, floor: float | None = None) -> Stopped:
+                  clock: Callable[[], float] = time.monotonic, floor: float | Kept | None = None) -> Stopped:
     """Rounds up to each look of `design` in turn, until `decided(rounds, look)` says every
     decision is made, or the last look. With `time_limit_s`, no look after the first starts when
     its rounds, at the pace of those so far, would end past the limit: the rounds stop at the look
-    before ("time")."""
+    before ("time"). `floor`: this host's spread floor, a fixed value or the kept one (read before
+    each round, taught each undisturbed run)."""
     seed = new_seed() if seed is None else seed
     orders = schedule(len(contenders), design.cap, seed)
     runs: list[list[RoundRun]] = [[] for _ in contenders]
@@ -159,7 +165,11 @@ def until_decided(contenders: Sequence[Contender], design: Design, metric: Metri
         if measured is not None and _past_limit(clock() - start, measured.count, look.rounds, time_limit_s):
             return Stopped(measured, judged, "time", clock() - start)
         for number in range(measured.count if measured else 0, look.rounds):
-            kept = _round(contenders, number, orders[number], metric, timeout_s, runner, on_run, design.cap, floor)
+            threshold = floor.threshold() if isinstance(floor, Kept) else floor
+            kept, results = _round(contenders, number, orders[number], metric, timeout_s, runner, on_run, design.cap,
+                                   threshold)
+            if isinstance(floor, Kept):
+                floor.learn(undisturbed_spreads(Measurement(tuple(results))))
             for position, run in kept.items():
                 runs[position].append(run)
         measured = Rounds(tuple(contenders), tuple(tuple(r) for r in runs), tuple(orders[:look.rounds]), seed)
@@ -177,9 +187,10 @@ def _past_limit(elapsed_s: float, done: int, planned: int, limit_s: float | None
 
 def _round(contenders: Sequence[Contender], number: int, order: Sequence[int], metric: Metric, timeout_s: float,
            runner: SeriesRunner, on_run: Callable[[RunEvent], None], rounds: int,
-           floor: float | None = None) -> dict[int, RoundRun]:
+           floor: float | None = None) -> tuple[dict[int, RoundRun], list[RunResult]]:
     """One round in `order`; then each contender whose run ran and was flagged noisy (against this
-    host's spread `floor`) runs again, at most `CONFIRM_RERUNS` times, in the same order."""
+    host's spread `floor`) runs again, at most `CONFIRM_RERUNS` times, in the same order. What each
+    contender's round keeps, and every run it took (reruns included)."""
     attempts: dict[int, list[RunResult]] = {position: [] for position in order}
     waiting = list(order)
     for attempt in range(CONFIRM_RERUNS + 1):
@@ -190,7 +201,8 @@ def _round(contenders: Sequence[Contender], number: int, order: Sequence[int], m
         waiting = [p for p in waiting if attempts[p][-1].ok and noisy_reason(attempts[p][-1], floor)]
         if not waiting:
             break
-    return {position: round_run(tuple(attempts[position]), metric, checked=True, floor=floor) for position in order}
+    kept = {position: round_run(tuple(attempts[position]), metric, checked=True, floor=floor) for position in order}
+    return kept, [result for position in order for result in attempts[position]]
 
 
 def _series(contenders: Sequence[Contender], turns: Sequence[tuple[int, int]], timeout_s: float,

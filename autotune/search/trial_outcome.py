@@ -128,11 +128,10 @@ def measured_here(search: Search, machine: Machine, plan: LaunchPlan, runner: Pl
                   **how: Any) -> Measurement:
     """`measure_replicates` judged against this host's spread floor as it stands before the
     measurement; its undisturbed windows then join the floor."""
-    cores = len(machine.topology.usable_cores)
-    measurement = measure_replicates(plan, search.request.replicates, runner,
-                                     floor=host_floor.here(search.request.cache_dir, cores).threshold, **how)
-    if measurement.ok:  # read again: another search on this host may have added to it meanwhile
-        host_floor.save(host_floor.here(search.request.cache_dir, cores).adding(undisturbed_spreads(measurement)))
+    kept = host_floor.Kept(search.request.cache_dir, len(machine.topology.usable_cores))
+    measurement = measure_replicates(plan, search.request.replicates, runner, floor=kept.threshold(), **how)
+    if measurement.ok:
+        kept.learn(undisturbed_spreads(measurement))
     return measurement
 
 

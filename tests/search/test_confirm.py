@@ -17,8 +17,9 @@ from optuna.trial import TrialState
 from autotune.cli import verdicts
 from autotune.config.knobs import Config
 from autotune.deploy import export
+from autotune.host import floor
 from autotune.host.machine import Machine
-from autotune.measure import sequential
+from autotune.measure import sequential, stats
 from autotune.measure.plan import BenchSpec, LaunchPlan
 from autotune.measure.replicates import ReplicatePolicy, one_by_one
 from autotune.measure.results import InstanceResult, RunResult
@@ -192,6 +193,35 @@ def test_a_noisy_run_is_run_again_within_its_round_and_the_quiet_one_counts(tmp_
     assert row["median"] == pytest.approx(50.35, abs=0.01)  # the 200 ms run decided nothing
     assert verdict["baseline_median"] == pytest.approx(100.35, abs=0.01)  # the baseline's fifth round: 106 ms
     assert verdict["speedup"] == pytest.approx(2.0, rel=0.03) and verdict["significant"]
+
+
+def test_each_round_is_judged_against_the_kept_floor_and_teaches_it(tmp_path: Path, here: Machine) -> None:
+    """This host's kept floor holds 8 earlier windows of a quarter of the spread every confirmation
+    run has (nothing else ran: the spread is the host's own). The first round's two runs are wider
+    than that floor, so each runs twice more; those 6 undisturbed runs join the floor, whose 95th
+    percentile is then their spread, so no later round runs anything again. Every run taught it."""
+    fake_runner.calls = []  # type: ignore[attr-defined]
+    result = searched(tmp_path, here, slow_intel)
+    shape = (0.94, 0.96, 0.98, 1.0, 1.02, 1.04, 1.06)
+    spread = stats.relative_iqr(sorted(shape))
+    kept = floor.Kept(tmp_path / "cache", 2)
+    floor.save(floor.here(kept.cache_dir, kept.cores).adding([spread / 4] * 8))
+    assert kept.threshold() == pytest.approx(spread / 4)
+
+    def wide(plan: LaunchPlan, timeout_s: float) -> RunResult:
+        latency = 50.0 if plan.config.get("allocator") == "jemalloc" else 100.0
+        return fake_result([latency * x for x in shape])
+
+    events: list[rounds.RunEvent] = []
+    verdict = confirm.confirm(result, top=1, rounds=8, min_effect=0.03, timeout_s=60, on_run=events.append,
+                              runner=one_by_one(wide), seed=4, floor=kept)
+    again = [(e.round, e.attempt) for e in events if e.noisy]
+    assert sorted(again) == [(0, 0), (0, 0), (0, 1), (0, 1), (0, 2), (0, 2)]
+    assert all("> this host's floor" in e.noisy for e in events if e.noisy)
+    assert verdict["noisy_reruns"] == 4 and verdict["significant"]
+    assert verdict["rounds"] == sequential.design(8, 1).looks[0].rounds  # decided at the first look
+    learned = floor.here(kept.cache_dir, kept.cores)
+    assert len(learned.spreads) == 8 + len(events) and learned.threshold == pytest.approx(spread)
 
 
 def test_rounds_stop_before_a_look_that_would_end_past_the_time_limit(tmp_path: Path, here: Machine) -> None:
