@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from autotune.model.errors import ApplyError  # noqa: E402
-from autotune.model.generate import llamacpp  # noqa: E402
+from autotune.model.generate import llamacpp, llamacpp_context  # noqa: E402
 from autotune.model.generate.base import Build  # noqa: E402
 
 NEW = 16
@@ -117,6 +117,24 @@ def test_q8_0_mostly_matches_and_reuses_the_f32_gguf(model: tuple[Path, Path, li
     assert setup["gguf_type"] == "Q8_0" and setup["convert_s"] == 0.0 and setup["quantize_s"] > 0
     assert setup["gguf_tensor_types"]["Q8_0"] >= 2 * 4  # at least every layer's 2-D weights
     assert tokens(generator) == got
+
+
+def test_a_gguf_whose_repacked_decode_kills_its_child_loads_without_repacking(
+        model: tuple[Path, Path, list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where llama.cpp's repacked weights crash (its AMX matmul on some Xeons: SIGSEGV), the check's
+    child dies and the generator loads the GGUF without them, and says so; here the child is made to
+    die that way on any CPU."""
+    folder, work, expected = model
+    monkeypatch.setattr(llamacpp_context, "_REPACKED_CHECK", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    llamacpp_context.repacked_crash.cache_clear()
+    try:
+        setup: dict[str, Any] = {}
+        generator = llamacpp.build(Build(folder, "int8_weight_only", 2, work), setup)
+        assert setup["repacked_weights"] == "off: a child decoding with them was killed by SIGSEGV"
+        got = tokens(generator)
+        assert sum(a == b for a, b in zip(got, expected, strict=True)) >= Q8_AGREE, (got, expected)
+    finally:
+        llamacpp_context.repacked_crash.cache_clear()
 
 
 def test_bf16_and_q4_0_run(model: tuple[Path, Path, list[int]]) -> None:

@@ -123,6 +123,7 @@ def build(spec: Build, setup: dict[str, Any], context: int | None = None) -> Gen
         n_threads_batch=spec.threads,
         kv_cache_type=generator.kv_cache_type,
         flash_attn="auto (llama.cpp's default)",
+        repacked_weights=generator.repacked,
         sampling="greedy: argmax of the last position's logits (numpy)",
     )
     return generator

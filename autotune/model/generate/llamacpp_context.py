@@ -6,6 +6,12 @@ The generator feeds token ids straight to `llama_decode` and takes the argmax of
 logits itself (`logits` hands back every position's, for the guard), so the GGUF needs no real
 vocabulary (`llamacpp_convert` writes llama.cpp's "no_vocab" tokenizer).
 
+llama.cpp repacks weights into its extra buffer types where the CPU has them (AMX tiles, interleaved
+layouts). On some AMX Xeons its AMX matmul kills the process (SIGSEGV in ggml_backend_amx_mul_mat,
+ggml-org/llama.cpp#20824, open upstream; seen here with Q8_0). So whether a GGUF runs repacked is
+measured, not assumed: a child process loads it with them and decodes, once per process and GGUF
+(`repacked_crash`), and where that child dies the generator loads without them and says so.
+
 llama_cpp, numpy and torch are imported inside functions: this module imports without them.
 """
 
@@ -13,6 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import signal
+import subprocess
+import sys
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +75,36 @@ def context_length(config: dict[str, Any], context: int | None) -> int:
     return min(int(trained), MAX_CONTEXT)
 
 
+# The child `repacked_crash` runs: the GGUF (argv[1]) loaded as llama.cpp loads it by default, with
+# repacked weights, then a prompt of 8 token ids and one step decoded on argv[2] threads.
+_REPACKED_CHECK = """
+import sys
+import llama_cpp
+model = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]), verbose=False)
+model.eval(list(range(1, 9)))
+model.eval([9])
+"""
+REPACKED_CHECK_S = 120.0
+
+
+@functools.cache
+def repacked_crash(path: Path, threads: int) -> str:
+    """Why the GGUF at `path` cannot run with llama.cpp's repacked weights on this CPU (a child that
+    loaded it so and decoded was killed by a signal, or hung), or "" where it ran, or failed otherwise
+    (the load in this process then says why)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _REPACKED_CHECK, str(path), str(threads)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=REPACKED_CHECK_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"a child decoding with them did not finish within {REPACKED_CHECK_S:.0f} s"
+    if done.returncode < 0:
+        number = -done.returncode
+        name = signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+        return f"a child decoding with them was killed by {name}"
+    return ""
+
+
 class LlamaCppGenerator:
     """A loaded llama.cpp model and context, generating greedily from token ids (batch 1)."""
 
@@ -77,6 +117,10 @@ class LlamaCppGenerator:
         self._batch: Any = None
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0
+        crash = repacked_crash(Path(path), threads)
+        if crash:
+            model_params.use_extra_bufts = False
+        self.repacked = f"off: {crash}" if crash else "llama.cpp's default (on where this CPU has them)"
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
             raise ApplyError(f"llama.cpp could not load {path}: {llama_log()}; delete it and its .json to convert "
