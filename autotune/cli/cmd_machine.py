@@ -31,8 +31,9 @@ def doctor(cache_dir: Path, rerun: bool, no_wait: bool, as_json: bool) -> None:
 
     The precisions and peaks come from the kernel probe: a convolution and a matmul in every
     precision and runtime, and the memory bandwidth, measured once per host and library versions
-    (about 15 s) and kept in the cache folder. The timing floor is the spread this host's windows
-    showed with nothing else running, gathered by searches: a wider window is flagged noisy.
+    (about 15 s) and kept in the cache folder when nothing else ran meanwhile. The timing floor is
+    the spread this host's windows showed with nothing else running, gathered by searches and
+    confirmations: a wider window is flagged noisy.
 
     \b
     Example:
