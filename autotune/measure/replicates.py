@@ -181,7 +181,7 @@ class Measurement:
         records, `InstanceResult.setup_costs`, but the warm-up) and warming up, the slowest instance
         of each process. A warm replicate is a part of one process and carries that process's setup:
         counted once (the parts hold the same figures)."""
-        per_run = [max((_setup_costs(i) for i in r.instances), default=(0.0, 0.0))
+        per_run = [max((setup_split(i) for i in r.instances), default=(0.0, 0.0))
                    for r in self.runs if r.ok]
         distinct = list(dict.fromkeys(per_run))
         return {"build_s": round(sum(b for b, _ in distinct), 3), "warmup_s": round(sum(w for _, w in distinct), 3)}
@@ -201,7 +201,7 @@ def noisy_reason(run: RunResult, floor: float | None = None) -> str:
     return Measurement((run,), floor=floor).noisy_reason
 
 
-def _setup_costs(instance: InstanceResult) -> tuple[float, float]:
+def setup_split(instance: InstanceResult) -> tuple[float, float]:
     """(building, warming up) in seconds: the instance's set-up costs, the warm-up apart; building is
     its `ready_s`, from the start of the build to the warm-up (the parts nest: quantize_s inside
     compile_s), or for a child that recorded none (an older one) the sum of its parts."""

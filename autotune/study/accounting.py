@@ -12,6 +12,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.measure.replicates import setup_split
+from autotune.measure.results import InstanceResult
 from autotune.study.records import (
     FINISHED,
     UNDECIDED,
@@ -58,10 +60,24 @@ def breakdown(trials: Sequence[FrozenTrial], wall_s: float) -> dict[str, float]:
     def total(key: str, among: Sequence[FrozenTrial]) -> float:
         return sum(float(t.user_attrs.get(key) or 0.0) for t in among)
 
-    parts = {"build_s": total("build_s", decided), "warmup_s": total("warmup_s", decided),
+    set_up = [_set_up(t) for t in decided]
+    parts = {"build_s": sum(b for b, _ in set_up), "warmup_s": sum(w for _, w in set_up),
              "timed_s": total("timed_s", decided), "undecided_s": total("measure_wall_s", wasted)}
     parts["other_s"] = max(wall_s - sum(parts.values()), 0.0)
     return {key: round(value, 1) for key, value in parts.items()}
+
+
+def _set_up(trial: FrozenTrial) -> tuple[float, float]:
+    """(building, warming up) seconds of a trial's measuring processes, as the trial recorded them;
+    a trial recorded before trials did (a study an older autotune ran) has them read from the
+    set-up records of its last run's instances, the slowest one's (`setup_split`'s rule): one
+    process's, so that such a trial measured in several processes counts the last alone."""
+    attrs = trial.user_attrs
+    if "build_s" in attrs or "warmup_s" in attrs:
+        return float(attrs.get("build_s") or 0.0), float(attrs.get("warmup_s") or 0.0)
+    instances = [InstanceResult(0, True, "", 0, "", {"setup": i.get("setup") or {}})
+                 for i in attrs.get("instances") or () if isinstance(i, dict)]
+    return max((setup_split(i) for i in instances), default=(0.0, 0.0))
 
 
 def wall_per_trial(study: optuna.Study) -> float | None:

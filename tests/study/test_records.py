@@ -171,6 +171,23 @@ def test_a_searchs_wall_time_is_broken_down_where_it_went() -> None:
     assert accounting.breakdown(trials, 10.0)["other_s"] == 0.0  # never below nothing
 
 
+def test_a_trial_an_older_autotune_recorded_is_broken_down_from_its_instances_set_up() -> None:
+    """Trials recorded before trials kept build_s and warm-up (issue 68's "before" studies) read
+    them from their last run's instances: the slowest one's set-up, its parts summed where the
+    child recorded no ready_s, its ready_s where it did; a trial with neither counts nothing."""
+    def old(*setups: dict[str, float]) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={
+            "measure_wall_s": 30.0, "timed_s": 6.0,
+            "instances": [{"index": i, "setup": s} for i, s in enumerate(setups)]})
+
+    parts = {"build_s": 2.9, "compile_s": 17.0, "artifact_load_s": 1.3, "first_forward_s": 0.5, "warmup_s": 1.4}
+    trials = [old(parts, {"build_s": 1.0, "warmup_s": 5.0}),  # the slowest instance: 21.7 s to build
+              old({"ready_s": 9.0, "compile_s": 7.5, "warmup_s": 1.0}),  # ready_s holds compile_s
+              optuna.trial.create_trial(state=TrialState.COMPLETE, values=[1.0], user_attrs={"measure_wall_s": 5.0})]
+    assert accounting.breakdown(trials, 100.0) == {"build_s": 30.7, "warmup_s": 2.4, "timed_s": 12.0,
+                                                   "undecided_s": 0.0, "other_s": 54.9}
+
+
 
 def test_a_trials_first_call_and_its_measurements_set_up_seconds_read_the_same_costs() -> None:
     """One rule says which of a child's `setup` figures are set-up costs (`InstanceResult.setup_costs`):
