@@ -64,8 +64,8 @@ def test_studies_of_another_host_class_or_objective_and_files_that_are_no_study_
 def test_search_json_says_what_the_warm_start_gave(tmp_path: Path, here: Machine) -> None:
     from autotune.cli import summaries
 
-    run(tmp_path, here, 6, study="first")
-    second = run(tmp_path, here, 3, study="second", batch_size=2)
+    run(tmp_path, here, 20, study="first")  # every configuration: 6 unseeded trials may miss the best, and then
+    second = run(tmp_path, here, 3, study="second", batch_size=2)  # the second's own sample may beat its warm start
     body = summaries.search(second.study, second.storage, [second.study.best_trial], "", False)
     found = json.loads(json.dumps(body))["warm_start"]
     assert [e["study"] for e in found["enqueued"]] == ["first"] and found["best_from_warm_start"] is True
